@@ -1,0 +1,129 @@
+"""Small file-system helpers: atomic writes, fsync, preallocation, checksums.
+
+Every write path of mmstore goes through these functions, so a fault test can
+wrap them in one place (see ``NOTE [crash points]``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections.abc import Iterable
+from typing import Any
+
+import numpy as np
+
+__all__ = [
+    "atomic_write",
+    "crash_point",
+    "fallocate",
+    "fsync_dir",
+    "fsync_file",
+    "hasher",
+    "pwrite_all",
+    "record_checksum",
+]
+
+# NOTE [crash points]: tests set MMSTORE_CRASH_AT="phase:k" (phase one of
+# write, fsync, commit, rename, or "any") to make the process die with
+# os._exit(77) just before the k-th such operation, counted per process. It
+# costs one dict lookup per call when unset and is how the fault suite walks
+# every numbered point of an ingest in turn.
+_CRASH = os.environ.get("MMSTORE_CRASH_AT", "")
+_COUNTS: dict[str, int] = {}
+
+
+def crash_point(phase: str) -> None:
+    """Die here if ``MMSTORE_CRASH_AT`` names this occurrence of ``phase``."""
+    if not _CRASH:
+        return
+    want, _, k = _CRASH.partition(":")
+    if want not in (phase, "any"):
+        return
+    key = want
+    _COUNTS[key] = _COUNTS.get(key, 0) + 1
+    if str(_COUNTS[key]) == k:
+        os._exit(77)
+
+
+def fsync_file(fd: int) -> None:
+    """fsync ``fd`` (a crash point)."""
+    crash_point("fsync")
+    os.fsync(fd)
+
+
+def fsync_dir(path: str) -> None:
+    """fsync a directory so a rename or create inside it is durable."""
+    crash_point("fsync")
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def pwrite_all(fd: int, data: Any, offset: int) -> None:
+    """Write all of ``data`` (a buffer) at ``offset``, looping on short writes."""
+    crash_point("write")
+    mv = memoryview(data).cast("B")
+    done = 0
+    n = mv.nbytes
+    while done < n:
+        w = os.pwrite(fd, mv[done:], offset + done)
+        if w <= 0:
+            raise OSError(errno.EIO, f"pwrite wrote {w} bytes at offset {offset + done}")
+        done += w
+
+
+def fallocate(fd: int, offset: int, length: int, path: str) -> None:
+    """Reserve disk blocks for ``[offset, offset+length)``.
+
+    A write through a memory map into a sparse file on a full disk kills the
+    process with SIGBUS; reserving the blocks first turns that into a clean
+    ``ENOSPC`` here. File systems without ``fallocate`` (some network or FUSE
+    file systems answer EOPNOTSUPP/EINVAL) fall back to extending the file
+    with ``ftruncate``, which is all they can offer.
+    """
+    if length <= 0:
+        return
+    try:
+        os.posix_fallocate(fd, offset, length)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EINVAL, getattr(errno, "ENOTSUP", -1)):
+            if os.fstat(fd).st_size < offset + length:
+                os.ftruncate(fd, offset + length)
+            return
+        raise OSError(
+            exc.errno,
+            f"{path}: cannot reserve {length} bytes ({os.strerror(exc.errno or 0)}); "
+            "free some space or choose another destination",
+        ) from None
+
+
+def atomic_write(path: str, data: bytes) -> None:
+    """Write ``path`` atomically: temp file, fsync, rename, fsync the dir."""
+    tmp = path + ".tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        pwrite_all(fd, data, 0)
+        fsync_file(fd)
+    finally:
+        os.close(fd)
+    crash_point("rename")
+    os.replace(tmp, path)
+    fsync_dir(os.path.dirname(os.path.abspath(path)))
+
+
+def hasher() -> Any:
+    """A fresh xxh3_64 hasher (imported lazily: the core needs numpy only)."""
+    import xxhash
+
+    return xxhash.xxh3_64()
+
+
+def record_checksum(arrays: Iterable[np.ndarray]) -> int:
+    """xxh3_64 of the concatenated bytes of C-contiguous ``arrays``."""
+    h = hasher()
+    for a in arrays:
+        h.update(memoryview(a).cast("B") if a.ndim else a.tobytes())
+    return int(h.intdigest())

@@ -1,0 +1,82 @@
+"""One small error hierarchy, rooted in the built-in exceptions.
+
+Every mmstore error derives from :class:`MmstoreError` *and* from the built-in
+exception a caller would naturally catch (``FileNotFoundError`` for a missing
+or unfinished store, ``ValueError`` for bad data or arguments), so plain
+``except ValueError`` clauses keep working.
+
+A message names the file, says what was expected and what was found, and what
+to do next.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ChecksumError",
+    "DecodeError",
+    "FormatError",
+    "IncompleteStoreError",
+    "IngestError",
+    "LockedError",
+    "MmstoreError",
+    "ResumeMismatchError",
+    "SchemaError",
+    "StoreExistsError",
+    "VersionError",
+]
+
+
+class MmstoreError(Exception):
+    """Base class of every error raised by mmstore."""
+
+
+class FormatError(MmstoreError, ValueError):
+    """A store on disk does not match the format: garbled manifest, wrong
+    file size, wrong dtype, missing field file, unsafe names."""
+
+
+class VersionError(FormatError):
+    """The store was written by a format version this mmstore cannot read."""
+
+
+class ChecksumError(FormatError):
+    """A record's bytes do not match its stored checksum."""
+
+
+class IncompleteStoreError(MmstoreError, FileNotFoundError):
+    """No store here, or one whose ingest did not finish (no manifest)."""
+
+
+class StoreExistsError(MmstoreError, FileExistsError):
+    """The destination already holds a store (pass ``overwrite=True``)."""
+
+
+class LockedError(MmstoreError, BlockingIOError):
+    """Another live process is writing to the same destination."""
+
+
+class SchemaError(MmstoreError, ValueError):
+    """A sample or schema does not fit: unknown field, wrong shape, lossy cast."""
+
+
+class DecodeError(MmstoreError, ValueError):
+    """An input could not be decoded into a record.
+
+    ``reason`` is a short, stable string whose first word is a category
+    (``empty``, ``not-an-image``, ``truncated``, ``corrupt``, ``too-large``,
+    ``unreadable``, ``wrong-shape``, ``unsupported``).
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class IngestError(MmstoreError, RuntimeError):
+    """An ingest stopped (too many errors, a worker died, disk full ...);
+    the ``.partial`` directory is kept so the run can resume."""
+
+
+class ResumeMismatchError(IngestError, ValueError):
+    """A resume was asked with inputs or parameters that differ from the
+    interrupted run's (the fingerprint in the ``.partial`` does not match)."""

@@ -1,0 +1,470 @@
+"""The mmstore on-disk format, version 1.0: the one place it is specified.
+
+This docstring is the contract. Code elsewhere imports the constants and the
+``parse_*`` / ``npy_*`` helpers below and never repeats a literal. "MUST" and
+"SHOULD" are duties of writers and readers.
+
+A store is a directory
+======================
+
+::
+
+    STORE/
+      manifest.json        the manifest; written last; its presence means "complete"
+      <field>.npy          memmap backend: one standard .npy file per field
+      records.mdb          lmdb backend: one LMDB environment in one file
+      _checksums.npy       <u8, shape (slots,): one checksum per slot
+      _keys_offsets.npy    <u8, shape (slots + 1,): offsets into _keys.bin
+      _keys.bin            the source keys, concatenated raw bytes
+      _index.npy           <u8, shape (records,): dataset index -> slot (only with holes)
+      errors.jsonl         one JSON object per skipped input (only with holes)
+
+No other file belongs in a finished store. Names starting with ``_`` are
+reserved for the store's own bookkeeping, so field names never start with one.
+
+While a writer works, the directory is named ``STORE.partial`` (see
+``PARTIAL_SUFFIX``) and may hold extra bookkeeping files; a writer MUST only
+rename it to ``STORE`` after everything above is written and fsynced, and
+MUST fsync the parent directory after the rename.
+
+Slots, records, holes
+---------------------
+
+Data files are arrays of ``slots`` fixed-size entries. A *slot* is written
+once, at its position, by any writer in any order. A slot whose input failed
+to decode is a *hole*: its bytes are zero (memmap) or its key is absent
+(lmdb), its checksum is 0, and ``errors.jsonl`` says why. The *records* are
+the slots that are not holes, in slot order: dataset index ``i`` maps to
+``_index.npy[i]`` when the file exists, else to slot ``i`` (then
+``records == slots``). ``_index.npy`` MUST be absent when there are no holes
+and present (strictly increasing slots) when there are.
+
+``errors.jsonl``: UTF-8, one object per line, sorted by slot:
+``{"slot": int, "key": str, "reason": str}``; ``key`` decoded as described
+under "Source keys". Present only when ``records < slots``.
+
+The same records written in any order, by any number of writers, MUST give
+byte-identical data files, checksums, keys and index: nothing time- or
+random-dependent lives outside ``manifest.json``.
+
+manifest.json
+-------------
+
+UTF-8 JSON object, at most ``MANIFEST_MAX_BYTES`` bytes (readers MUST check
+the size before parsing). Keys (readers MUST ignore unknown keys of the same
+major version):
+
+``format``       the string ``"mmstore"`` (``FORMAT_NAME``).
+``version``      ``[major, minor]``. This document is ``[1, 0]``. Readers MUST
+                 refuse another major version (``VersionError``); a new minor
+                 version only adds optional keys.
+``store_id``     32 lowercase hex digits, random per store (identifies a store
+                 in reports; never written inside data files).
+``backend``      ``"memmap"`` or ``"lmdb"``.
+``records``      int >= 0, number of records (dataset length).
+``slots``        int >= records.
+``schema``       list of ``{"name": str, "dtype": str, "shape": [int, ...]}``
+                 in packing order. ``name`` matches ``FIELD_NAME_RE``;
+                 ``dtype`` is numpy's explicit little-endian (or ``|`` for
+                 one-byte types) type string of a bool, int, uint, float or
+                 complex type, e.g. ``"|u1"``, ``"<i8"``, ``"<f2"``, ``"|b1"``;
+                 ``shape`` a list of ints >= 0 (``[]`` for a scalar).
+``checksum``     ``{"algorithm": "xxh3_64", "digest": HEX16}``: the algorithm of
+                 the per-slot checksums and the xxh3_64 (hex, 16 digits) of the
+                 data bytes of ``_checksums.npy`` (after its header), so a
+                 manifest copied from another store is detected by ``verify``.
+``files``        ``{file name: size in bytes}`` of every file of the store but
+                 the manifest. Readers MUST check every size on open.
+``label_names``  list of strings (label ``k`` is ``label_names[k]``) or null.
+``provenance``   free-form JSON object: source, parameters, tool version,
+                 time. Nothing else in the store may depend on it.
+
+Writing it: write ``manifest.json.tmp``, fsync it, ``os.replace`` it to
+``manifest.json``, fsync the directory.
+
+memmap backend
+--------------
+
+One file ``<name>.npy`` per schema field, a standard NumPy ``.npy`` file,
+version 1.0, that ``numpy.load(path, mmap_mode="r")`` opens: the 6 bytes
+``\\x93NUMPY``, the bytes ``1 0``, a little-endian ``<u2`` header length, then
+the ASCII header ``{'descr': DTYPE, 'fortran_order': False, 'shape': (SLOTS,
+*SHAPE), }`` padded with spaces and ended with ``\\n``. The padding makes the
+data start at the smallest multiple of 64 bytes that would also fit the header
+with a 20-digit row count, so the header length depends on the dtype and the
+field shape only, never on the slot count (``npy_header`` builds it byte for
+byte). The same rule applies to every ``.npy`` file of the store. The data is
+``slots`` C-ordered entries of ``prod(shape) * itemsize`` bytes each; slot
+``s`` starts at ``header_len + s * entry_bytes``. The file size MUST be
+exactly ``header_len + slots * entry_bytes``.
+
+lmdb backend
+------------
+
+One LMDB environment stored as the single file ``records.mdb`` (opened with
+``subdir=False``; no lock file is kept in the store). Main (unnamed)
+database. Key: the slot as 8-byte big-endian unsigned integer (so key order is
+slot order). Value: exactly ``record_bytes`` bytes, the fields packed in
+schema order at fixed offsets with no padding: field ``k`` occupies
+``[off_k, off_k + entry_bytes_k)`` with ``off_0 = 0`` and
+``off_{k+1} = off_k + entry_bytes_k``; each field is its C-ordered
+little-endian bytes. Holes have no key. Writers insert keys in ascending
+order, ``LMDB_TXN_RECORDS`` records per write transaction, into a fresh
+environment, so the same records give the same file.
+
+Checksums
+---------
+
+``_checksums.npy`` (standard .npy, ``<u8``, shape ``(slots,)``): for each
+slot, xxh3_64 (seed 0) of the record's packed bytes, i.e. the concatenation of
+its fields' bytes in schema order (the same bytes as an lmdb value), so a
+store converted between backends keeps its checksums. Holes hold 0.
+
+Source keys
+-----------
+
+``_keys_offsets.npy`` (standard .npy, ``<u8``, shape ``(slots + 1,)``,
+``offsets[0] == 0``, non-decreasing, ``offsets[-1] == size of _keys.bin``) and
+``_keys.bin``: the key of slot ``s`` is ``_keys.bin[offsets[s]:offsets[s+1]]``
+(empty: no key). Keys are bytes. A key given as ``str`` is encoded as UTF-8
+with the ``surrogateescape`` error handler, which is how Python represents a
+file name that is not valid UTF-8 (``os.fsdecode``): such a name is stored as
+its original bytes, losslessly, and readers decode keys as UTF-8 with
+``surrogateescape``, so ``os.fsencode(store.key(i))`` gives back the original
+file name bytes. Keys are paths relative to the source root, ids, or
+``"<source key>"`` forms chosen by the ingest; they are for tracing and repair.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any
+
+import numpy as np
+
+from .errors import FormatError, VersionError
+
+__all__ = [
+    "CHECKSUMS_FILE",
+    "CHECKSUM_ALGORITHM",
+    "ERRORS_FILE",
+    "FIELD_NAME_RE",
+    "FORMAT_NAME",
+    "FORMAT_VERSION",
+    "INDEX_FILE",
+    "KEYS_BLOB_FILE",
+    "KEYS_OFFSETS_FILE",
+    "KEY_DTYPE",
+    "LMDB_FILE",
+    "LMDB_TXN_RECORDS",
+    "MANIFEST_FILE",
+    "MANIFEST_MAX_BYTES",
+    "PARTIAL_SUFFIX",
+    "SUPPORTED_BACKENDS",
+    "decode_key",
+    "encode_key",
+    "field_file",
+    "lmdb_key",
+    "normalize_dtype",
+    "npy_header",
+    "parse_manifest",
+    "read_manifest",
+    "read_npy_header",
+]
+
+FORMAT_NAME = "mmstore"
+FORMAT_VERSION = (1, 0)
+MANIFEST_FILE = "manifest.json"
+MANIFEST_MAX_BYTES = 64 * 1024 * 1024
+PARTIAL_SUFFIX = ".partial"
+CHECKSUMS_FILE = "_checksums.npy"
+KEYS_OFFSETS_FILE = "_keys_offsets.npy"
+KEYS_BLOB_FILE = "_keys.bin"
+INDEX_FILE = "_index.npy"
+ERRORS_FILE = "errors.jsonl"
+LMDB_FILE = "records.mdb"
+LMDB_TXN_RECORDS = 1024
+CHECKSUM_ALGORITHM = "xxh3_64"
+SUPPORTED_BACKENDS = ("memmap", "lmdb")
+KEY_DTYPE = np.dtype("<u8")
+FIELD_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,62}$")
+_NPY_MAGIC = b"\x93NUMPY"
+_NPY_ALIGN = 64
+_NPY_WIDEST_ROWS = 10**20 - 1  # header length is the one for a 20-digit row count
+_DTYPE_KINDS = "biufc"
+
+
+def field_file(name: str) -> str:
+    """File name of field ``name`` in a memmap store."""
+    return f"{name}.npy"
+
+
+def lmdb_key(slot: int) -> bytes:
+    """LMDB key of ``slot``: 8-byte big-endian unsigned."""
+    return int(slot).to_bytes(8, "big")
+
+
+def encode_key(key: str | bytes | os.PathLike[str] | os.PathLike[bytes]) -> bytes:
+    """Encode a source key for storage (see "Source keys")."""
+    if isinstance(key, os.PathLike):
+        key = os.fspath(key)
+    if isinstance(key, bytes):
+        return key
+    if isinstance(key, str):
+        return key.encode("utf-8", "surrogateescape")
+    raise TypeError(f"a source key must be str or bytes, got {type(key).__name__}")
+
+
+def decode_key(raw: bytes) -> str:
+    """Decode a stored key (UTF-8 with ``surrogateescape``)."""
+    return bytes(raw).decode("utf-8", "surrogateescape")
+
+
+def normalize_dtype(dtype: Any, *, where: str = "dtype") -> np.dtype:
+    """Return ``dtype`` as an explicit little-endian numpy dtype.
+
+    Raises
+    ------
+    FormatError
+        When it is not a bool, int, uint, float or complex type.
+    """
+    try:
+        dt = np.dtype(dtype)
+    except TypeError as exc:
+        raise FormatError(f"{where}: {dtype!r} is not a numpy dtype ({exc})") from None
+    if dt.kind not in _DTYPE_KINDS or dt.fields is not None or dt.subdtype is not None:
+        raise FormatError(
+            f"{where}: dtype {dt.str!r} is not supported; expected a bool, int, uint, "
+            "float or complex type such as '|u1', '<i8', '<f4'"
+        )
+    if dt.itemsize > 1:
+        dt = dt.newbyteorder("<")
+    return dt
+
+
+def _npy_text(dtype: np.dtype, shape: tuple[int, ...]) -> str:
+    shape_txt = "(" + ", ".join(str(int(d)) for d in shape) + ("," if len(shape) == 1 else "") + ")"
+    return "{'descr': %r, 'fortran_order': False, 'shape': %s, }" % (dtype.str, shape_txt)
+
+
+def npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """The exact bytes of a version 1.0 ``.npy`` header for a C-ordered array.
+
+    The header is padded so that its length does not depend on ``shape[0]``
+    (the slot count): see "memmap backend".
+    """
+    text = _npy_text(dtype, shape)
+    widest = _npy_text(dtype, (_NPY_WIDEST_ROWS,) + tuple(shape[1:])) if shape else text
+    prefix = len(_NPY_MAGIC) + 2 + 2
+    total = -(-(prefix + len(widest) + 1) // _NPY_ALIGN) * _NPY_ALIGN
+    body = (text + " " * (total - prefix - len(text) - 1) + "\n").encode("latin1")
+    if len(body) > 0xFFFF:
+        raise FormatError(f"npy header too long ({len(body)} bytes) for shape {shape}")
+    return _NPY_MAGIC + b"\x01\x00" + len(body).to_bytes(2, "little") + body
+
+
+def read_npy_header(path: str, fh: Any) -> tuple[np.dtype, tuple[int, ...], int]:
+    """Parse the header of an open ``.npy`` file.
+
+    Returns ``(dtype, shape, data_offset)``.
+
+    Raises
+    ------
+    FormatError
+        Not an .npy file, Fortran order, or an unreadable header.
+    """
+    try:
+        major, minor = np.lib.format.read_magic(fh)
+        if (major, minor) == (1, 0):
+            shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh, max_header_size=65536)
+        elif (major, minor) in ((2, 0), (3, 0)):
+            shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh, max_header_size=65536)
+        else:
+            raise ValueError(f"unknown .npy version {major}.{minor}")
+    except (ValueError, OSError, SyntaxError, TypeError, EOFError) as exc:
+        raise FormatError(
+            f"{path}: not a readable .npy header ({exc}); the file is damaged: "
+            "run `mmstore verify` or re-create the store"
+        ) from None
+    if fortran:
+        raise FormatError(f"{path}: Fortran-ordered .npy is not a store file")
+    return dtype, tuple(int(d) for d in shape), fh.tell()
+
+
+# --------------------------------------------------------------------------
+# manifest parsing: untrusted JSON -> typed values, or FormatError naming the key
+
+
+def _fail(path: str, what: str) -> FormatError:
+    return FormatError(f"{path}: {what}; the manifest is damaged or not an mmstore manifest")
+
+
+def _parse_int(path: str, obj: dict[str, Any], key: str, minimum: int = 0) -> int:
+    val = obj.get(key)
+    if isinstance(val, bool) or not isinstance(val, int) or val < minimum:
+        raise _fail(path, f"'{key}' must be an integer >= {minimum}, found {val!r}")
+    return val
+
+
+def _parse_schema(path: str, raw: object) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+    if not isinstance(raw, list) or not raw:
+        raise _fail(path, f"'schema' must be a non-empty list of fields, found {type(raw).__name__}")
+    out: list[tuple[str, np.dtype, tuple[int, ...]]] = []
+    seen: set[str] = set()
+    for i, ent in enumerate(raw):
+        if not isinstance(ent, dict):
+            raise _fail(path, f"schema[{i}] must be an object")
+        name, dts, shape = ent.get("name"), ent.get("dtype"), ent.get("shape")
+        if not isinstance(name, str) or not FIELD_NAME_RE.match(name):
+            raise _fail(path, f"schema[{i}].name {name!r} is not a valid field name (letters, digits, _)")
+        if name in seen:
+            raise _fail(path, f"field {name!r} appears twice in the schema")
+        seen.add(name)
+        if not isinstance(dts, str):
+            raise _fail(path, f"schema[{i}].dtype must be a string, found {dts!r}")
+        try:
+            dt = normalize_dtype(dts, where=f"{path}: field {name!r}")
+        except FormatError:
+            raise
+        if dt.str != dts:
+            raise _fail(path, f"field {name!r} dtype {dts!r} is not explicit; expected {dt.str!r}")
+        if (
+            not isinstance(shape, list)
+            or len(shape) > 32
+            or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape)
+        ):
+            raise _fail(path, f"field {name!r} shape must be a list of ints >= 0, found {shape!r}")
+        out.append((name, dt, tuple(shape)))
+    return out
+
+
+def parse_manifest(raw: bytes, path: str = MANIFEST_FILE) -> dict[str, Any]:
+    """Validate manifest bytes and return a normalised dict.
+
+    The result has the keys of the spec with typed values: ``version`` a
+    tuple, ``schema`` a list of ``(name, np.dtype, shape tuple)``, and
+    ``checksum_digest`` split out of ``checksum``.
+
+    Raises
+    ------
+    VersionError
+        Another major version.
+    FormatError
+        Anything else that does not match the spec.
+    """
+    if len(raw) > MANIFEST_MAX_BYTES:
+        raise _fail(path, f"size {len(raw)} bytes exceeds the {MANIFEST_MAX_BYTES}-byte limit")
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+        raise _fail(path, f"not valid UTF-8 JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise _fail(path, f"expected a JSON object, found {type(obj).__name__}")
+    if obj.get("format") != FORMAT_NAME:
+        raise _fail(path, f"'format' must be {FORMAT_NAME!r}, found {obj.get('format')!r}")
+    ver = obj.get("version")
+    if (
+        not isinstance(ver, list)
+        or len(ver) != 2
+        or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in ver)
+    ):
+        raise _fail(path, f"'version' must be [major, minor], found {ver!r}")
+    if ver[0] != FORMAT_VERSION[0]:
+        raise VersionError(
+            f"{path}: store format version {ver[0]}.{ver[1]}, but this mmstore reads "
+            f"{FORMAT_VERSION[0]}.x; upgrade mmstore (pip install -U mmstore) or "
+            "re-create the store with this version"
+        )
+    store_id = obj.get("store_id")
+    if not isinstance(store_id, str) or not re.fullmatch(r"[0-9a-f]{32}", store_id):
+        raise _fail(path, f"'store_id' must be 32 hex digits, found {store_id!r}")
+    backend = obj.get("backend")
+    if backend not in SUPPORTED_BACKENDS:
+        raise _fail(path, f"'backend' must be one of {SUPPORTED_BACKENDS}, found {backend!r}")
+    records = _parse_int(path, obj, "records")
+    slots = _parse_int(path, obj, "slots")
+    if records > slots:
+        raise _fail(path, f"'records' ({records}) exceeds 'slots' ({slots})")
+    schema = _parse_schema(path, obj.get("schema"))
+    ck = obj.get("checksum")
+    if (
+        not isinstance(ck, dict)
+        or ck.get("algorithm") != CHECKSUM_ALGORITHM
+        or not isinstance(ck.get("digest"), str)
+        or not re.fullmatch(r"[0-9a-f]{16}", ck["digest"])
+    ):
+        raise _fail(path, f"'checksum' must be {{'algorithm': '{CHECKSUM_ALGORITHM}', 'digest': 16 hex}}, found {ck!r}")
+    files = obj.get("files")
+    if not isinstance(files, dict):
+        raise _fail(path, f"'files' must be an object of file sizes, found {type(files).__name__}")
+    for name, size in files.items():
+        if (
+            not isinstance(name, str)
+            or name in ("", ".", "..")
+            or "/" in name
+            or "\\" in name
+            or "\x00" in name
+            or name == MANIFEST_FILE
+        ):
+            raise _fail(path, f"'files' names an unsafe file {name!r}")
+        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+            raise _fail(path, f"'files'[{name!r}] must be a size >= 0, found {size!r}")
+    labels = obj.get("label_names")
+    if labels is not None and (not isinstance(labels, list) or not all(isinstance(s, str) for s in labels)):
+        raise _fail(path, "'label_names' must be a list of strings or null")
+    prov = obj.get("provenance", {})
+    if not isinstance(prov, dict):
+        raise _fail(path, "'provenance' must be an object")
+    out = dict(obj)
+    out.update(
+        version=tuple(ver),
+        records=records,
+        slots=slots,
+        schema=schema,
+        checksum_digest=ck["digest"],
+        files=dict(files),
+        label_names=labels,
+        provenance=prov,
+    )
+    return out
+
+
+def read_manifest(store_dir: str) -> dict[str, Any]:
+    """Read and validate ``store_dir/manifest.json`` (size capped first)."""
+    from .errors import IncompleteStoreError
+
+    path = os.path.join(store_dir, MANIFEST_FILE)
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        if os.path.isdir(store_dir + PARTIAL_SUFFIX) and not os.path.isdir(store_dir):
+            raise IncompleteStoreError(
+                f"{store_dir}: no store here, but {store_dir + PARTIAL_SUFFIX} exists: an ingest "
+                "into it did not finish; rerun the same `mmstore ingest ... --resume` command to "
+                "complete it"
+            ) from None
+        if os.path.isdir(store_dir):
+            raise IncompleteStoreError(
+                f"{store_dir}: no {MANIFEST_FILE}: this is not a finished mmstore store (an "
+                "ingest that did not finish leaves STORE.partial; rerun it with --resume)"
+            ) from None
+        raise IncompleteStoreError(f"{store_dir}: no such store (directory not found)") from None
+    except IsADirectoryError:
+        raise FormatError(f"{path}: is a directory, expected the manifest file") from None
+    try:
+        size = os.fstat(fd).st_size
+        if size > MANIFEST_MAX_BYTES:
+            raise _fail(path, f"size {size} bytes exceeds the {MANIFEST_MAX_BYTES}-byte limit")
+        chunks = []
+        while True:
+            b = os.read(fd, 1 << 20)
+            if not b:
+                break
+            chunks.append(b)
+            if sum(map(len, chunks)) > MANIFEST_MAX_BYTES:
+                raise _fail(path, f"larger than the {MANIFEST_MAX_BYTES}-byte limit")
+    finally:
+        os.close(fd)
+    return parse_manifest(b"".join(chunks), path)

@@ -1,0 +1,377 @@
+"""Reading stores: ``mmstore.open(path) -> Store``.
+
+NOTE [fork safety]: a ``Store`` holds only plain data (paths, the parsed
+manifest, small numpy arrays) plus per-process handles that it creates on
+first use and tags with the pid that created them. After ``fork`` the child
+sees a different pid and opens its own mappings/environment (an LMDB
+environment must never be used across fork); pickling keeps the path and
+options only, so DataLoader workers under fork, forkserver and spawn all
+work, including when the parent read from the store first.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from .backends import Backend, backend_class
+from .backends.base import check_npy
+from .errors import FormatError
+from .format import (
+    CHECKSUMS_FILE,
+    ERRORS_FILE,
+    INDEX_FILE,
+    KEY_DTYPE,
+    KEYS_BLOB_FILE,
+    KEYS_OFFSETS_FILE,
+    decode_key,
+    read_manifest,
+)
+from .schema import Schema
+
+__all__ = ["Store", "open_store"]
+
+
+class Store:
+    """A finished store, opened read-only. Use :func:`mmstore.open`.
+
+    Indexing follows the dataset order (holes excluded): ``store[i]`` is a dict
+    ``{field: array}``; ``store[a:b]``, ``store[index_array]`` and
+    :meth:`read_batch` return batched arrays in the requested order.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, lmdb_readahead: bool | None = None) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        self._lmdb_readahead = lmdb_readahead
+        self.manifest: dict[str, Any] = read_manifest(self.path)
+        m = self.manifest
+        self.schema = Schema(m["schema"])
+        self.slots: int = m["slots"]
+        self.records: int = m["records"]
+        self.backend_name: str = m["backend"]
+        self.label_names: list[str] | None = m["label_names"]
+        self._check_files()
+        self._pid = -1
+        self._backend: Backend | None = None
+        self._index: np.ndarray | None = None
+        self._key_offsets: np.ndarray | None = None
+        self._key_blob: Any = None
+
+    # -- opening ------------------------------------------------------------------
+    def _check_files(self) -> None:
+        m = self.manifest
+        files = m["files"]
+        cls = backend_class(self.backend_name)
+        needed = cls.data_file_names(self.schema) + [CHECKSUMS_FILE, KEYS_OFFSETS_FILE, KEYS_BLOB_FILE]
+        holes = self.records < self.slots
+        if holes:
+            needed += [INDEX_FILE, ERRORS_FILE]
+        for name in needed:
+            if name not in files:
+                raise FormatError(f"{self.path}/manifest.json: 'files' does not list {name}, which a {self.backend_name} store needs")
+        extra = set(files) - set(needed)
+        if extra:
+            raise FormatError(f"{self.path}/manifest.json: 'files' lists unexpected file(s) {sorted(extra)}")
+        backend = cls(self.path, self.schema, self.slots, files)
+        backend.check()
+        j = lambda n: os.path.join(self.path, n)  # noqa: E731
+        self._ck_offset = check_npy(j(CHECKSUMS_FILE), KEY_DTYPE, (self.slots,), files[CHECKSUMS_FILE])
+        self._ko_offset = check_npy(j(KEYS_OFFSETS_FILE), KEY_DTYPE, (self.slots + 1,), files[KEYS_OFFSETS_FILE])
+        blob_size = _size(j(KEYS_BLOB_FILE))
+        if blob_size != files[KEYS_BLOB_FILE]:
+            raise FormatError(
+                f"{j(KEYS_BLOB_FILE)}: expected {files[KEYS_BLOB_FILE]} bytes, found {blob_size}; "
+                "the file was truncated or extended"
+            )
+        with open(j(KEYS_OFFSETS_FILE), "rb") as fh:
+            fh.seek(self._ko_offset + 8 * self.slots)
+            last = int.from_bytes(fh.read(8), "little")
+        if last != blob_size:
+            raise FormatError(
+                f"{j(KEYS_OFFSETS_FILE)}: the last offset is {last} but {KEYS_BLOB_FILE} has "
+                f"{blob_size} bytes; the key files are from different stores or damaged"
+            )
+        if holes:
+            self._ix_offset = check_npy(j(INDEX_FILE), KEY_DTYPE, (self.records,), files[INDEX_FILE])
+            if _size(j(ERRORS_FILE)) != files[ERRORS_FILE]:
+                raise FormatError(f"{j(ERRORS_FILE)}: size differs from the manifest's {files[ERRORS_FILE]} bytes")
+        elif os.path.exists(j(INDEX_FILE)):
+            raise FormatError(f"{j(INDEX_FILE)}: present, but the manifest says the store has no holes")
+
+    def _b(self) -> Backend:
+        pid = os.getpid()
+        if self._backend is None or self._pid != pid:
+            cls = backend_class(self.backend_name)
+            kw = {"readahead": self._lmdb_readahead} if self.backend_name == "lmdb" else {}
+            self._backend = cls(self.path, self.schema, self.slots, self.manifest["files"], **kw)
+            self._pid = pid
+            self._index = None
+            self._key_offsets = None
+            self._key_blob = None
+        return self._backend
+
+    @property
+    def backend(self) -> Backend:
+        """This process's backend object."""
+        return self._b()
+
+    def _map_npy(self, name: str, offset: int, count: int) -> np.ndarray:
+        if count == 0:
+            return np.zeros(0, KEY_DTYPE)
+        with open(os.path.join(self.path, name), "rb") as fh:
+            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        return np.frombuffer(mm, dtype=KEY_DTYPE, count=count, offset=offset)
+
+    @property
+    def index(self) -> np.ndarray | None:
+        """dataset index -> slot (a mapped ``<u8`` array), or None when identity."""
+        self._b()
+        if self.records == self.slots:
+            return None
+        if self._index is None:
+            self._index = self._map_npy(INDEX_FILE, self._ix_offset, self.records)
+        return self._index
+
+    # -- pickling / lifetime ----------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "lmdb_readahead": self._lmdb_readahead, "store_id": self.manifest["store_id"]}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["path"], lmdb_readahead=state["lmdb_readahead"])  # type: ignore[misc]
+        if self.manifest["store_id"] != state["store_id"]:
+            raise FormatError(
+                f"{self.path}: the store was replaced since it was opened (store id "
+                f"{state['store_id']} -> {self.manifest['store_id']}); reopen it"
+            )
+
+    def close(self) -> None:
+        """Release this process's mappings and environment."""
+        if self._backend is not None and self._pid == os.getpid():
+            self._backend.close()
+        self._backend = None
+        self._index = self._key_offsets = self._key_blob = None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<mmstore.Store {self.path!r} {self.backend_name} records={self.records} {self.schema!r}>"
+
+    # -- basic info ------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.records
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """Field names in schema order."""
+        return self.schema.names
+
+    @property
+    def store_id(self) -> str:
+        return str(self.manifest["store_id"])
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        return dict(self.manifest["provenance"])
+
+    def data_paths(self) -> list[str]:
+        """Every file of the store but the manifest (for warm/evict)."""
+        return [os.path.join(self.path, n) for n in self.manifest["files"]]
+
+    # -- indices ------------------------------------------------------------------
+    def _as_indices(self, indices: Any) -> np.ndarray:
+        idx = np.asarray(indices)
+        if idx.dtype == bool:
+            raise TypeError("boolean masks are not supported; pass np.flatnonzero(mask)")
+        if idx.ndim != 1:
+            idx = idx.reshape(-1)
+        if idx.size and idx.dtype.kind not in "iu":
+            raise TypeError(f"indices must be integers, got dtype {idx.dtype}")
+        idx = idx.astype(np.int64, copy=True)
+        n = self.records
+        neg = idx < 0
+        if neg.any():
+            idx[neg] += n
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            bad = np.asarray(indices).reshape(-1)[(idx < 0) | (idx >= n)][0]
+            raise IndexError(f"index {int(bad)} is out of range for a store of {n} records")
+        return idx
+
+    def slots_of(self, indices: Any) -> np.ndarray:
+        """Slots of dataset indices (int64)."""
+        idx = self._as_indices(indices)
+        ix = self.index
+        return idx if ix is None else ix[idx].astype(np.int64)
+
+    def slot(self, i: int) -> int:
+        """Slot of dataset index ``i``."""
+        return int(self.slots_of([i])[0])
+
+    # -- reads --------------------------------------------------------------------
+    def __getitem__(self, item: Any) -> dict[str, np.ndarray]:
+        if isinstance(item, (int, np.integer)) and not isinstance(item, bool):
+            out = self.read_batch([int(item)])
+            return {k: v[0] for k, v in out.items()}
+        if isinstance(item, slice):
+            return self.read_batch(np.arange(*item.indices(self.records)))
+        if isinstance(item, str):
+            raise TypeError(f"use store.column({item!r}) for a whole field")
+        return self.read_batch(item)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        step = 256
+        for a in range(0, self.records, step):
+            batch = self.read_batch(np.arange(a, min(a + step, self.records)))
+            for j in range(len(next(iter(batch.values())))):
+                yield {k: v[j] for k, v in batch.items()}
+
+    def _field_list(self, fields: Sequence[str] | str | None) -> list[str]:
+        if fields is None:
+            return list(self.schema.names)
+        if isinstance(fields, str):
+            fields = [fields]
+        for f in fields:
+            if f not in self.schema:
+                raise KeyError(f"no field {f!r}; fields are {list(self.schema.names)}")
+        return list(fields)
+
+    def read_batch(
+        self,
+        indices: Any,
+        fields: Sequence[str] | str | None = None,
+        out: dict[str, np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Read records ``indices`` (any order, duplicates, negatives).
+
+        Reads happen in ascending slot order (locality); results come back in
+        the requested order.
+
+        Parameters
+        ----------
+        indices
+            Integer dataset indices.
+        fields
+            Field names to read (default: all).
+        out
+            Optional ``{field: array}`` of shape ``(len(indices), *shape)``,
+            the field's dtype, C-contiguous and writable (e.g. a pinned host
+            buffer's numpy view); filled in place and returned.
+
+        Returns
+        -------
+        dict
+            ``{field: array of shape (len(indices), *shape)}``.
+        """
+        names = self._field_list(fields)
+        slots = self.slots_of(indices)
+        n = len(slots)
+        result: dict[str, np.ndarray] = {}
+        for name in names:
+            f = self.schema[name]
+            if out is not None and name in out:
+                buf = out[name]
+                if not isinstance(buf, np.ndarray):
+                    raise TypeError(f"out[{name!r}] must be a numpy array, got {type(buf).__name__}")
+                if buf.shape != (n, *f.shape) or buf.dtype != f.dtype:
+                    raise ValueError(
+                        f"out[{name!r}] must have shape {(n, *f.shape)} and dtype {f.dtype.str}, "
+                        f"got {buf.shape} {buf.dtype.str}"
+                    )
+                if not buf.flags.c_contiguous or not buf.flags.writeable:
+                    raise ValueError(f"out[{name!r}] must be C-contiguous and writable")
+                result[name] = buf
+            else:
+                result[name] = np.empty((n, *f.shape), f.dtype)
+        if n:
+            if n > 1 and np.any(slots[1:] < slots[:-1]):
+                rows = np.argsort(slots, kind="stable")
+                sorted_slots = slots[rows]
+            else:
+                rows = np.arange(n)
+                sorted_slots = slots
+            self._b().read_into(sorted_slots, rows, names, result)
+        return result
+
+    def column(self, name: str) -> np.ndarray:
+        """A whole field in dataset order (a copy; cheap for small fields)."""
+        return self.read_batch(np.arange(self.records), fields=[name])[name]
+
+    # -- keys and bookkeeping -------------------------------------------------------
+    def _keys(self) -> tuple[np.ndarray, Any]:
+        self._b()
+        if self._key_offsets is None:
+            self._key_offsets = self._map_npy(KEYS_OFFSETS_FILE, self._ko_offset, self.slots + 1)
+            size = int(self.manifest["files"][KEYS_BLOB_FILE])
+            if size:
+                with open(os.path.join(self.path, KEYS_BLOB_FILE), "rb") as fh:
+                    self._key_blob = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+            else:
+                self._key_blob = b""
+        return self._key_offsets, self._key_blob
+
+    def slot_key_bytes(self, slot: int) -> bytes:
+        """Raw key bytes of ``slot`` (holes included)."""
+        if not 0 <= slot < self.slots:
+            raise IndexError(f"slot {slot} is out of range for {self.slots} slots")
+        offs, blob = self._keys()
+        a, b = int(offs[slot]), int(offs[slot + 1])
+        if not 0 <= a <= b <= len(blob):
+            raise FormatError(f"{self.path}/{KEYS_OFFSETS_FILE}: bad offsets {a}..{b} for slot {slot}")
+        return bytes(blob[a:b])
+
+    def key(self, i: int) -> str:
+        """The source key (path or id) of dataset index ``i``."""
+        return decode_key(self.slot_key_bytes(self.slot(i)))
+
+    def skipped(self) -> list[dict[str, Any]]:
+        """The skipped inputs (``errors.jsonl``): slot, key, reason."""
+        if self.records == self.slots:
+            return []
+        out = []
+        with open(os.path.join(self.path, ERRORS_FILE), "rb") as fh:
+            for lineno, line in enumerate(fh, 1):
+                if not line.strip():
+                    continue
+                try:
+                    out.append(json.loads(line.decode("utf-8", "surrogateescape")))
+                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+                    raise FormatError(f"{self.path}/{ERRORS_FILE}: line {lineno} is not JSON ({exc})") from None
+        return out
+
+    def checksums(self) -> np.ndarray:
+        """The stored per-slot checksums (a mapped ``<u8`` array)."""
+        return self._map_npy(CHECKSUMS_FILE, self._ck_offset, self.slots)
+
+
+def _size(path: str) -> int:
+    try:
+        return os.stat(path).st_size
+    except FileNotFoundError:
+        raise FormatError(f"{path}: missing, but the manifest lists it; the store is damaged") from None
+
+
+def open_store(path: str | os.PathLike[str], **kw: Any) -> Store:
+    """Open the store at ``path`` read-only.
+
+    Reads and validates the manifest and checks every file's exact size and
+    header; reads no record data, so it costs the same for 1,000 or 10
+    million records.
+
+    Raises
+    ------
+    IncompleteStoreError
+        No store there, or an unfinished one (no manifest).
+    VersionError
+        Written by another major format version.
+    FormatError
+        Damaged or inconsistent manifest or files.
+    """
+    return Store(path, **kw)

@@ -1,0 +1,559 @@
+"""Writing stores: ``StoreWriter`` (one process) and ``SlotWriter`` (workers).
+
+A writer fills ``PATH.partial/``: preallocated slot files written with
+``pwrite`` at each slot's offset (never through a memory map: a full disk
+then gives a clean ``ENOSPC``/``EFBIG`` error instead of SIGBUS), plus
+``_checksums.npy``. On a clean close it writes keys, index and errors, the
+manifest last, and renames the directory to ``PATH`` (see ``format.py``).
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import shutil
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from . import __version__
+from ._io import atomic_write, crash_point, fallocate, fsync_dir, fsync_file, hasher, pwrite_all, record_checksum
+from .backends import SlotFile, backend_class
+from .backends.base import check_npy
+from .errors import LockedError, SchemaError, StoreExistsError
+from .format import (
+    CHECKSUM_ALGORITHM,
+    CHECKSUMS_FILE,
+    ERRORS_FILE,
+    FORMAT_NAME,
+    FORMAT_VERSION,
+    INDEX_FILE,
+    KEY_DTYPE,
+    KEYS_BLOB_FILE,
+    KEYS_OFFSETS_FILE,
+    MANIFEST_FILE,
+    PARTIAL_SUFFIX,
+    SUPPORTED_BACKENDS,
+    decode_key,
+    encode_key,
+    npy_header,
+)
+from .schema import Schema
+
+__all__ = ["SlotWriter", "StoreWriter", "WRITER_STATE_FILE", "acquire_lock", "publish"]
+
+WRITER_STATE_FILE = "_writer.json"
+_UNSET, _WRITTEN, _HOLE = 0, 1, 2
+_GROW_MIN_SLOTS = 1024
+
+
+def acquire_lock(path: str) -> int:
+    """Take the exclusive writer lock of destination ``path``; return its fd.
+
+    The lock is an ``flock`` on ``PATH.lock``: the kernel drops it when the
+    holder dies, so a killed ingest never leaves a lock that blocks the next
+    run (a left-over ``PATH.lock`` file is harmless). ``flock`` is advisory and
+    not reliable on every network file system.
+
+    Raises
+    ------
+    LockedError
+        Another live process holds it.
+    """
+    lock_path = os.path.abspath(path) + ".lock"
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise LockedError(
+            f"{path}: another process is writing this store right now (lock {lock_path} is held); "
+            "wait for it to finish, or stop it first"
+        ) from None
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+    return fd
+
+
+def _release_lock(path: str, fd: int, unlink: bool) -> None:
+    if unlink:
+        try:
+            os.unlink(os.path.abspath(path) + ".lock")
+        except FileNotFoundError:
+            pass
+    os.close(fd)
+
+
+class SlotWriter:
+    """Writes records at their slots into an existing ``.partial`` directory.
+
+    This is what ingest worker processes use: pixels go straight from the
+    decoder to the file at the slot's offset, never through a pipe. Each
+    ``write`` also stores the record's checksum. Not thread-safe per instance;
+    any number of instances (processes) may write disjoint slots at once.
+
+    Parameters
+    ----------
+    partial_dir
+        A directory created by :class:`StoreWriter`.
+    """
+
+    def __init__(self, partial_dir: str, _state: dict[str, Any] | None = None) -> None:
+        self.partial_dir = partial_dir
+        if _state is None:
+            with open(os.path.join(partial_dir, WRITER_STATE_FILE), "rb") as fh:
+                _state = json.loads(fh.read())
+        self.schema = Schema([(f["name"], f["dtype"], tuple(f["shape"])) for f in _state["schema"]])
+        self.backend = _state["backend"]
+        self.capacity = int(_state["capacity"])
+        self.layout: list[SlotFile] = backend_class(self.backend).write_layout(self.schema)
+        self.layout.append(SlotFile(CHECKSUMS_FILE, KEY_DTYPE, (), 8, {}))
+        self._fds: list[int] = []
+        self._offsets: list[int] = []
+        self._where: dict[str, tuple[int, int, int]] = {}
+        for i, sf in enumerate(self.layout):
+            path = os.path.join(partial_dir, sf.name)
+            self._fds.append(os.open(path, os.O_RDWR))
+            self._offsets.append(len(npy_header(sf.dtype, (0, *sf.entry_shape))))
+            for name, inner in sf.fields.items():
+                self._where[name] = (i, inner, self.schema[name].nbytes)
+        self._zeros = b""
+
+    def write(self, slot: int, sample: Mapping[str, Any]) -> int:
+        """Validate ``sample`` and write it at ``slot``; return its checksum."""
+        arrays = self.schema.validate(sample)
+        return self.write_arrays(slot, arrays)
+
+    def write_arrays(self, slot: int, arrays: Mapping[str, np.ndarray]) -> int:
+        """Write already validated C-contiguous arrays (see ``Schema.validate``)."""
+        self._check_slot(slot)
+        for f in self.schema:
+            i, inner, nb = self._where[f.name]
+            if nb:
+                pwrite_all(self._fds[i], arrays[f.name], self._offsets[i] + slot * self.layout[i].stride + inner)
+        ck = record_checksum(arrays[f.name] for f in self.schema)
+        pwrite_all(self._fds[-1], int(ck).to_bytes(8, "little"), self._offsets[-1] + 8 * slot)
+        return ck
+
+    def zero(self, slot: int) -> None:
+        """Make ``slot`` a hole: zero bytes, checksum 0."""
+        self._check_slot(slot)
+        for i, sf in enumerate(self.layout):
+            if len(self._zeros) < sf.stride:
+                self._zeros = bytes(sf.stride)
+            if sf.stride:
+                pwrite_all(self._fds[i], memoryview(self._zeros)[: sf.stride], self._offsets[i] + slot * sf.stride)
+
+    def _check_slot(self, slot: int) -> None:
+        if not 0 <= slot < self.capacity:
+            raise IndexError(f"slot {slot} is outside 0..{self.capacity - 1}")
+
+    def grow(self, capacity: int) -> None:
+        """Preallocate every slot file for ``capacity`` slots."""
+        for i, sf in enumerate(self.layout):
+            path = os.path.join(self.partial_dir, sf.name)
+            old = self._offsets[i] + self.capacity * sf.stride
+            new = self._offsets[i] + capacity * sf.stride
+            if new > old:
+                fallocate(self._fds[i], old, new - old, path)
+        self.capacity = max(self.capacity, capacity)
+
+    def sync(self) -> None:
+        """fsync every slot file (a chunk's data is durable after this)."""
+        for fd in self._fds:
+            fsync_file(fd)
+
+    def close(self) -> None:
+        """Close the files (does not sync)."""
+        for fd in self._fds:
+            os.close(fd)
+        self._fds = []
+
+    def __enter__(self) -> SlotWriter:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class StoreWriter:
+    """Write a store; a context manager.
+
+    Parameters
+    ----------
+    path
+        Destination directory; work happens in ``PATH.partial``.
+    schema
+        A :class:`Schema` or ``{name: (dtype, shape)}``.
+    slots
+        Number of slots, or ``None`` to grow with :meth:`append`.
+    backend
+        ``"memmap"`` or ``"lmdb"``.
+    overwrite
+        Replace an existing store (and discard a left-over ``.partial``).
+    resume
+        Continue in an existing ``PATH.partial`` (same schema, slots and
+        backend); slots already written keep their bytes.
+    label_names, provenance
+        Stored in the manifest (may also be set as attributes before close).
+
+    Examples
+    --------
+    >>> with StoreWriter("out", {"x": ("<f4", (3,))}, slots=2) as w:   # doctest: +SKIP
+    ...     w.write(1, {"x": [1, 2, 3]}, key="b")
+    ...     w.write(0, {"x": [0, 0, 0]}, key="a")
+
+    Raises
+    ------
+    StoreExistsError
+        ``PATH`` exists (or a ``.partial`` does, without ``resume``).
+    LockedError
+        Another process is writing ``PATH``.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        schema: Schema | Mapping[str, Any],
+        slots: int | None = None,
+        backend: str = "memmap",
+        *,
+        overwrite: bool = False,
+        resume: bool = False,
+        label_names: list[str] | None = None,
+        provenance: dict[str, Any] | None = None,
+    ) -> None:
+        self.path = os.path.abspath(os.fspath(path))
+        self.partial = self.path + PARTIAL_SUFFIX
+        self.schema = schema if isinstance(schema, Schema) else Schema(schema)
+        if backend not in SUPPORTED_BACKENDS:
+            raise ValueError(f"backend must be one of {SUPPORTED_BACKENDS}, got {backend!r}")
+        if slots is not None and (isinstance(slots, bool) or int(slots) != slots or slots < 0):
+            raise ValueError(f"slots must be an integer >= 0 or None, got {slots!r}")
+        self.backend = backend
+        self.fixed = slots is not None
+        self.label_names = list(label_names) if label_names is not None else None
+        self.provenance = dict(provenance or {})
+        self._keys: dict[int, bytes] = {}
+        self._bulk_keys: tuple[np.ndarray, bytes | np.ndarray] | None = None
+        self._skips: dict[int, tuple[bytes, str]] = {}
+        self._next = 0
+        self._closed = False
+        if os.path.exists(self.path) and not overwrite:
+            raise StoreExistsError(f"{self.path}: already exists; pass overwrite=True (--overwrite) to replace it")
+        self._lock = acquire_lock(self.path)
+        try:
+            self._open(int(slots) if slots is not None else 0, overwrite, resume)
+        except BaseException:
+            _release_lock(self.path, self._lock, unlink=False)
+            raise
+
+    # -- setup ------------------------------------------------------------------
+    def _state_dict(self, capacity: int) -> dict[str, Any]:
+        return {
+            "schema": self.schema.to_json(),
+            "backend": self.backend,
+            "fixed": self.fixed,
+            "capacity": capacity,
+        }
+
+    def _open(self, slots: int, overwrite: bool, resume: bool) -> None:
+        state_path = os.path.join(self.partial, WRITER_STATE_FILE)
+        if os.path.exists(self.partial):
+            if resume and os.path.exists(state_path):
+                with open(state_path, "rb") as fh:
+                    old = json.loads(fh.read())
+                same = (old.get("schema"), old.get("backend"), old.get("fixed")) == (
+                    self.schema.to_json(), self.backend, self.fixed
+                ) and (not self.fixed or old.get("capacity") == slots)
+                if not same:
+                    raise StoreExistsError(
+                        f"{self.partial}: holds an unfinished write with another schema, slot count "
+                        "or backend; remove it (or pass overwrite=True) to start over"
+                    )
+                self._slots_writer = SlotWriter(self.partial)
+                self._state = np.zeros(self._slots_writer.capacity, np.uint8)
+                return
+            if not overwrite:
+                raise StoreExistsError(
+                    f"{self.partial}: an unfinished write is here; pass resume=True to continue it "
+                    "or overwrite=True to discard it"
+                )
+            shutil.rmtree(self.partial)
+        os.makedirs(self.partial)
+        capacity = slots if self.fixed else 0
+        layout = backend_class(self.backend).write_layout(self.schema)
+        layout.append(SlotFile(CHECKSUMS_FILE, KEY_DTYPE, (), 8, {}))
+        for sf in layout:
+            path = os.path.join(self.partial, sf.name)
+            header = npy_header(sf.dtype, (capacity, *sf.entry_shape))
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                pwrite_all(fd, header, 0)
+                fallocate(fd, len(header), capacity * sf.stride, path)
+            finally:
+                os.close(fd)
+        atomic_write(state_path, json.dumps(self._state_dict(capacity)).encode())
+        self._slots_writer = SlotWriter(self.partial)
+        self._state = np.zeros(capacity, np.uint8)
+
+    # -- writing ------------------------------------------------------------------
+    def _need(self, slot: int) -> None:
+        if isinstance(slot, bool) or not isinstance(slot, (int, np.integer)):
+            raise TypeError(f"slot must be an int, got {type(slot).__name__}")
+        if slot < 0:
+            raise IndexError(f"slot {slot} is negative")
+        cap = self._slots_writer.capacity
+        if slot < cap:
+            return
+        if self.fixed:
+            raise IndexError(f"slot {slot} is outside this store's {cap} slots")
+        new = max(slot + 1, 2 * cap, _GROW_MIN_SLOTS)
+        self._slots_writer.grow(new)
+        state = np.zeros(new, np.uint8)
+        state[: len(self._state)] = self._state
+        self._state = state
+
+    def write(self, slot: int, sample: Mapping[str, Any], key: Any = None) -> None:
+        """Write ``sample`` (``{field: array}``) at ``slot``, in any order."""
+        self._need(slot)
+        self._slots_writer.write(int(slot), sample)
+        self._state[slot] = _WRITTEN
+        self._skips.pop(int(slot), None)
+        if key is not None:
+            self.set_key(slot, key)
+        self._next = max(self._next, int(slot) + 1)
+
+    def append(self, sample: Mapping[str, Any], key: Any = None) -> int:
+        """Write ``sample`` at the next slot; return the slot."""
+        slot = self._next
+        self.write(slot, sample, key)
+        return slot
+
+    def skip(self, slot: int, key: Any, reason: str) -> None:
+        """Leave ``slot`` as a hole (its input failed), remembering why."""
+        self._need(slot)
+        self._slots_writer.zero(int(slot))
+        self._state[slot] = _HOLE
+        kb = encode_key(key) if key is not None else b""
+        self._skips[int(slot)] = (kb, str(reason))
+        self.set_key(slot, kb)
+        self._next = max(self._next, int(slot) + 1)
+
+    def set_key(self, slot: int, key: Any) -> None:
+        """Set the source key of ``slot`` (str or bytes; see format.py)."""
+        self._keys[int(slot)] = encode_key(key)
+
+    def set_keys(self, offsets: np.ndarray, blob: bytes | np.ndarray) -> None:
+        """Set all keys at once: ``offsets`` (slots + 1) into ``blob``.
+
+        Keys given with ``set_key``/``write(key=)`` take precedence.
+        """
+        offsets = np.asarray(offsets, dtype=np.uint64)
+        if offsets.ndim != 1 or len(offsets) < 1 or offsets[0] != 0 or np.any(np.diff(offsets.astype(np.int64)) < 0):
+            raise ValueError("offsets must start at 0 and never decrease")
+        if int(offsets[-1]) != len(blob):
+            raise ValueError(f"offsets end at {int(offsets[-1])} but the blob has {len(blob)} bytes")
+        self._bulk_keys = (offsets, blob)
+
+    def mark_written(self, slots: Any) -> None:
+        """Record that ``slots`` were written by :class:`SlotWriter` workers."""
+        s = np.asarray(slots, dtype=np.int64)
+        if s.size:
+            self._need(int(s.max()))
+            self._state[s] = _WRITTEN
+            for x in s.tolist():
+                self._skips.pop(x, None)
+            self._next = max(self._next, int(s.max()) + 1)
+
+    def sync(self) -> None:
+        """fsync the data written so far (commit points of a resumable ingest)."""
+        self._slots_writer.sync()
+
+    @property
+    def slot_writer(self) -> SlotWriter:
+        """The writer's own :class:`SlotWriter` (data files of ``.partial``)."""
+        return self._slots_writer
+
+    # -- closing ------------------------------------------------------------------
+    def __enter__(self) -> StoreWriter:
+        return self
+
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+    def abort(self) -> None:
+        """Stop without publishing; ``PATH.partial`` stays for a resume."""
+        if self._closed:
+            return
+        self._closed = True
+        self._slots_writer.close()
+        _release_lock(self.path, self._lock, unlink=False)
+
+    def close(self) -> str:
+        """Finish: write everything, publish ``PATH`` atomically; return it."""
+        if self._closed:
+            return self.path
+        try:
+            self._finish()
+        except BaseException:
+            self.abort()
+            raise
+        self._closed = True
+        _release_lock(self.path, self._lock, unlink=True)
+        return self.path
+
+    def _finish(self) -> None:
+        sw = self._slots_writer
+        slots = sw.capacity if self.fixed else self._next
+        state = self._state[:slots]
+        missing = np.flatnonzero(state == _UNSET)
+        if len(missing):
+            raise SchemaError(
+                f"{self.path}: {len(missing)} of {slots} slots were never written or skipped "
+                f"(first: {missing[:5].tolist()}); write or skip every slot before closing"
+            )
+        if not self.fixed:
+            self._shrink_to(slots)
+        sw.sync()
+        sw.close()
+        holes = state == _HOLE
+        backend_class(self.backend).finalize(self.partial, self.schema, slots, holes)
+        self._write_keys(slots)
+        names = backend_class(self.backend).data_file_names(self.schema)
+        names += [CHECKSUMS_FILE, KEYS_OFFSETS_FILE, KEYS_BLOB_FILE]
+        records = int(slots - holes.sum())
+        if records < slots:
+            index = np.flatnonzero(~holes).astype(KEY_DTYPE)
+            self._write_npy(INDEX_FILE, index)
+            lines = [
+                json.dumps({"slot": s, "key": decode_key(k), "reason": r}, ensure_ascii=False)
+                for s, (k, r) in sorted(self._skips.items())
+                if s < slots
+            ]
+            self._write_file(ERRORS_FILE, ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"))
+            names += [INDEX_FILE, ERRORS_FILE]
+        digest = _checksums_digest(os.path.join(self.partial, CHECKSUMS_FILE), slots)
+        files = {n: os.stat(os.path.join(self.partial, n)).st_size for n in names}
+        prov = dict(self.provenance)
+        prov.setdefault("tool", f"mmstore {__version__}")
+        prov.setdefault("time", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        manifest = {
+            "format": FORMAT_NAME,
+            "version": list(FORMAT_VERSION),
+            "store_id": uuid.uuid4().hex,
+            "backend": self.backend,
+            "records": records,
+            "slots": slots,
+            "schema": self.schema.to_json(),
+            "checksum": {"algorithm": CHECKSUM_ALGORITHM, "digest": digest},
+            "files": files,
+            "label_names": self.label_names,
+            "provenance": prov,
+        }
+        atomic_write(
+            os.path.join(self.partial, MANIFEST_FILE),
+            json.dumps(manifest, indent=1, ensure_ascii=False).encode("utf-8") + b"\n",
+        )
+        publish(self.path)
+
+    def _shrink_to(self, slots: int) -> None:
+        sw = self._slots_writer
+        for i, sf in enumerate(sw.layout):
+            header = npy_header(sf.dtype, (slots, *sf.entry_shape))
+            pwrite_all(sw._fds[i], header, 0)
+            os.ftruncate(sw._fds[i], len(header) + slots * sf.stride)
+
+    def _write_keys(self, slots: int) -> None:
+        if self._bulk_keys is not None and not self._keys:
+            offsets, blob = self._bulk_keys
+            if len(offsets) != slots + 1:
+                raise SchemaError(f"set_keys got {len(offsets) - 1} keys for {slots} slots")
+            offsets = offsets.astype(KEY_DTYPE)
+        else:
+            lens = np.zeros(slots, np.int64)
+            parts: list[bytes] = []
+            bulk = self._bulk_keys
+            for s in range(slots):
+                k = self._keys.get(s)
+                if k is None and bulk is not None and s + 1 < len(bulk[0]):
+                    k = bytes(bulk[1][int(bulk[0][s]) : int(bulk[0][s + 1])])
+                if k:
+                    lens[s] = len(k)
+                    parts.append(k)
+            offsets = np.zeros(slots + 1, KEY_DTYPE)
+            offsets[1:] = np.cumsum(lens)
+            blob = b"".join(parts)
+        self._write_npy(KEYS_OFFSETS_FILE, offsets)
+        self._write_file(KEYS_BLOB_FILE, blob)
+
+    def _write_npy(self, name: str, arr: np.ndarray) -> None:
+        arr = np.ascontiguousarray(arr)
+        self._write_file(name, npy_header(arr.dtype, arr.shape), arr)
+
+    def _write_file(self, name: str, head: Any, body: Any = None) -> None:
+        path = os.path.join(self.partial, name)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            pwrite_all(fd, head, 0)
+            if body is not None and len(body):
+                pwrite_all(fd, body, len(head))
+            fsync_file(fd)
+        finally:
+            os.close(fd)
+
+
+def _checksums_digest(path: str, slots: int) -> str:
+    offset = check_npy(path, KEY_DTYPE, (slots,))
+    h = hasher()
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        while True:
+            b = fh.read(1 << 22)
+            if not b:
+                break
+            h.update(b)
+    return h.hexdigest()
+
+
+def publish(path: str) -> None:
+    """Rename a finished ``PATH.partial`` (manifest written) to ``PATH``.
+
+    Bookkeeping files that are not part of the store (writer and ingest
+    state) are removed first; an existing ``PATH`` is replaced.
+    """
+    from .format import read_manifest
+
+    partial = path + PARTIAL_SUFFIX
+    man = read_manifest(partial)
+    keep = set(man["files"]) | {MANIFEST_FILE}
+    for name in os.listdir(partial):
+        if name not in keep:
+            p = os.path.join(partial, name)
+            if os.path.isdir(p) and not os.path.islink(p):
+                shutil.rmtree(p)
+            else:
+                os.unlink(p)
+    fsync_dir(partial)
+    old = None
+    if os.path.exists(path):
+        old = f"{path}.replaced-{uuid.uuid4().hex[:8]}"
+        os.rename(path, old)
+    crash_point("rename")
+    try:
+        os.rename(partial, path)
+    except OSError as exc:
+        if old is not None:
+            os.rename(old, path)
+        raise OSError(exc.errno or errno.EIO, f"{partial} -> {path}: rename failed ({exc.strerror})") from None
+    fsync_dir(os.path.dirname(path) or ".")
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
