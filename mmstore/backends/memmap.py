@@ -69,6 +69,13 @@ class MemmapBackend(Backend):
             self._arrays[name] = arr
         return arr
 
+    def field_location(self, name: str) -> tuple[str, int, int]:
+        """``(path, data_offset, entry_bytes)`` of field ``name``: slot ``s``
+        is at ``data_offset + s * entry_bytes`` (for ``os.preadv`` readers)."""
+        if not self._offsets:
+            self.check()
+        return os.path.join(self.root, field_file(name)), self._offsets[name], self.schema[name].nbytes
+
     def mapping(self, name: str) -> mmap.mmap | None:
         """The mmap object behind field ``name`` (for kernel hints)."""
         self.array(name)
