@@ -350,6 +350,37 @@ class Store:
         """The stored per-slot checksums (a mapped ``<u8`` array)."""
         return self._map_npy(CHECKSUMS_FILE, self._ck_offset, self.slots)
 
+    # -- page cache -------------------------------------------------------------
+    def warm(
+        self,
+        *,
+        progress: Any = None,
+        max_fraction: float | None = 0.9,
+        chunk_bytes: int = 16 << 20,
+        stop_event: Any = None,
+    ) -> Any:
+        """Pull the store into the page cache with one sequential pass.
+
+        Files are read smallest first (bookkeeping, then the data files). When
+        the store does not fit in ``max_fraction`` of the available memory
+        the pass stops where the budget runs out; the returned
+        ``mmstore._sys.WarmReport`` then says ``complete=False`` and why.
+        ``progress(bytes_done, bytes_planned)`` is called after each chunk.
+        """
+        from . import _sys
+
+        paths = sorted(self.data_paths(), key=lambda p: (os.path.getsize(p), p))
+        return _sys.warm(paths, chunk_bytes=chunk_bytes, progress=progress,
+                         max_fraction=max_fraction, stop_event=stop_event)
+
+    def evict(self, *, sync: bool = False) -> None:
+        """Drop the store's files from the page cache (``POSIX_FADV_DONTNEED``;
+        a hint: pages mapped by other processes, dirty pages and tmpfs stay)."""
+        from . import _sys
+
+        for p in self.data_paths() + [os.path.join(self.path, "manifest.json")]:
+            _sys.evict(p, sync=sync)
+
 
 def _size(path: str) -> int:
     try:

@@ -235,6 +235,10 @@ class StoreWriter:
             raise ValueError(f"backend must be one of {SUPPORTED_BACKENDS}, got {backend!r}")
         if slots is not None and (isinstance(slots, bool) or int(slots) != slots or slots < 0):
             raise ValueError(f"slots must be an integer >= 0 or None, got {slots!r}")
+        if backend == "lmdb":
+            from .backends.lmdb import _lmdb
+
+            _lmdb()  # fail now, not after hours of writing, when lmdb is missing
         self.backend = backend
         self.fixed = slots is not None
         self.label_names = list(label_names) if label_names is not None else None

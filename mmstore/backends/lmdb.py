@@ -33,6 +33,7 @@ STAGING_FILE = "_staging.npy"
 # fetches one fault at a time. So readahead follows the record size.
 READAHEAD_MIN_RECORD_BYTES = 16384
 _memmove = ctypes.memmove
+_ENVS: dict[tuple[str, int], list[Any]] = {}
 
 
 def _lmdb() -> Any:
@@ -154,19 +155,50 @@ class LmdbBackend(Backend):
                 f"{path}: expected {want} bytes, found {st.st_size}: the file is {what}; "
                 "run `mmstore verify` and re-create or repair the store"
             )
+        if self.slots == 0:
+            return
+        try:  # one record's length tells whether the schema describes these values
+            with self.env().begin(buffers=True) as txn:
+                cur = txn.cursor()
+                if cur.first():
+                    k, v = cur.item()
+                    if len(k) != 8 or len(v) != self.schema.record_bytes:
+                        raise FormatError(
+                            f"{path}: first record has a {len(k)}-byte key and {len(v)}-byte value; "
+                            f"the manifest's schema needs 8-byte keys and {self.schema.record_bytes}-byte "
+                            "values: the manifest and the data belong to different stores"
+                        )
+        finally:
+            self.close()
 
     def env(self) -> Any:
-        """The read-only environment of this process (opened on first use)."""
+        """The read-only environment of this process (opened on first use).
+
+        py-lmdb refuses to open one environment twice in a process, so
+        Stores on the same file share one, counted per process (see
+        ``NOTE [fork safety]`` in reader.py for why the pid is part of the key).
+        """
         if self._env is None:
-            lmdb = _lmdb()
-            path = os.path.join(self.root, LMDB_FILE)
-            try:
-                self._env = lmdb.open(
-                    path, subdir=False, readonly=True, lock=False, readahead=self.readahead,
-                    meminit=False, max_dbs=0, max_spare_txns=4,
-                )
-            except lmdb.Error as exc:
-                raise FormatError(f"{path}: not a readable LMDB environment ({exc})") from None
+            path = os.path.realpath(os.path.join(self.root, LMDB_FILE))
+            key = (path, os.getpid())
+            ent = _ENVS.get(key)
+            if ent is None:
+                for stale in [k for k in _ENVS if k[0] == path]:
+                    # inherited through fork: LMDB counts it as open in this
+                    # process; close this process's copy (the parent keeps its own)
+                    _ENVS.pop(stale)[0].close()
+                lmdb = _lmdb()
+                try:
+                    env = lmdb.open(
+                        path, subdir=False, readonly=True, lock=False, readahead=self.readahead,
+                        meminit=False, max_dbs=0, max_spare_txns=4,
+                    )
+                except lmdb.Error as exc:
+                    raise FormatError(f"{path}: not a readable LMDB environment ({exc})") from None
+                ent = _ENVS[key] = [env, 0]
+            ent[1] += 1
+            self._env = ent[0]
+            self._env_key = key
         return self._env
 
     def read_into(
@@ -222,5 +254,10 @@ class LmdbBackend(Backend):
 
     def close(self) -> None:
         if self._env is not None:
-            self._env.close()
+            ent = _ENVS.get(self._env_key)
             self._env = None
+            if ent is not None:
+                ent[1] -= 1
+                if ent[1] <= 0:
+                    del _ENVS[self._env_key]
+                    ent[0].close()

@@ -1,0 +1,213 @@
+"""One contract, subclassed per backend (the same tests run on memmap and lmdb)."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+import mmstore
+from storetest import SMALL_SCHEMA, assert_same_files, sample, write_store
+
+
+def expected(slots, fields=None):
+    recs = [sample(s) for s in slots]
+    names = fields or list(SMALL_SCHEMA)
+    return {k: np.stack([r[k] for r in recs]) if recs else None for k in names}
+
+
+class BackendContract:
+    backend = ""
+
+    def make(self, tmp_path, n=40, holes=(), **kw):
+        return write_store(os.path.join(tmp_path, f"{self.backend}.store"), n, self.backend, holes=holes, **kw)
+
+    def test_reads_every_record(self, tmp_path):
+        s = mmstore.open(self.make(tmp_path))
+        assert len(s) == 40 and s.fields == ("image", "label", "score")
+        for i in range(40):
+            rec = s[i]
+            for k, v in sample(i).items():
+                np.testing.assert_array_equal(rec[k], v)
+            assert s.key(i) == f"in/{i:05d}.jpg"
+
+    def test_batch_any_order_duplicates_negatives(self, tmp_path):
+        s = mmstore.open(self.make(tmp_path))
+        idx = [5, 3, 3, -1, 0, 39, 5, -40]
+        b = s.read_batch(idx)
+        exp = expected([i % 40 for i in idx])
+        for k in SMALL_SCHEMA:
+            np.testing.assert_array_equal(b[k], exp[k])
+
+    def test_slices_arrays_and_fields(self, tmp_path):
+        s = mmstore.open(self.make(tmp_path))
+        b = s[10:20:3]
+        np.testing.assert_array_equal(b["label"], expected(range(10, 20, 3))["label"])
+        b = s[np.array([7, 2])]
+        np.testing.assert_array_equal(b["image"], expected([7, 2])["image"])
+        b = s.read_batch([4, 1], fields=["score"])
+        assert list(b) == ["score"]
+        np.testing.assert_array_equal(b["score"], expected([4, 1])["score"])
+        np.testing.assert_array_equal(s.column("label"), np.arange(40) % 7)
+
+    def test_out_buffers_filled_in_place(self, tmp_path):
+        s = mmstore.open(self.make(tmp_path))
+        out = {"image": np.full((3, 8, 6, 3), 9, np.uint8), "label": np.zeros(3, np.int64)}
+        got = s.read_batch([30, 1, 30], fields=["image", "label"], out=out)
+        assert got["image"] is out["image"]
+        np.testing.assert_array_equal(out["image"], expected([30, 1, 30])["image"])
+        with pytest.raises(ValueError, match="shape"):
+            s.read_batch([1, 2], fields=["label"], out={"label": np.zeros(3, np.int64)})
+        with pytest.raises(ValueError, match="dtype"):
+            s.read_batch([1], fields=["label"], out={"label": np.zeros(1, np.int32)})
+        with pytest.raises(ValueError, match="C-contiguous"):
+            s.read_batch([1, 2], fields=["label"], out={"label": np.zeros(4, np.int64)[::2]})
+
+    def test_index_errors(self, tmp_path):
+        s = mmstore.open(self.make(tmp_path))
+        with pytest.raises(IndexError, match="40"):
+            s[40]
+        with pytest.raises(IndexError):
+            s.read_batch([0, -41])
+        with pytest.raises(TypeError):
+            s.read_batch([0.5])
+        with pytest.raises(KeyError, match="nope"):
+            s.read_batch([0], fields=["nope"])
+        assert {k: v.shape for k, v in s.read_batch([]).items()}["image"] == (0, 8, 6, 3)
+
+    def test_holes_are_skipped_and_reported(self, tmp_path):
+        s = mmstore.open(self.make(tmp_path, n=12, holes=(0, 5, 11)))
+        live = [i for i in range(12) if i not in (0, 5, 11)]
+        assert len(s) == 9 and s.slots == 12
+        np.testing.assert_array_equal(s.index, live)
+        b = s.read_batch(range(9))
+        np.testing.assert_array_equal(b["image"], expected(live)["image"])
+        assert [s.key(i) for i in range(9)] == [f"in/{x:05d}.jpg" for x in live]
+        sk = s.skipped()
+        assert [e["slot"] for e in sk] == [0, 5, 11] and sk[1]["key"] == "in/00005.jpg"
+        assert sk[1]["reason"] == "corrupt: test hole 5"
+        ck = s.checksums()
+        assert ck[0] == 0 and ck[5] == 0 and ck[1] != 0
+
+    def test_empty_and_single(self, tmp_path):
+        s0 = mmstore.open(write_store(os.path.join(tmp_path, "zero"), 0, self.backend))
+        assert len(s0) == 0 and s0.read_batch([])["label"].shape == (0,)
+        with pytest.raises(IndexError):
+            s0[0]
+        s1 = mmstore.open(write_store(os.path.join(tmp_path, "one"), 1, self.backend))
+        np.testing.assert_array_equal(s1[-1]["image"], sample(0)["image"])
+
+    def test_pickle_reopens_by_path(self, tmp_path):
+        s = mmstore.open(self.make(tmp_path))
+        s.read_batch([1, 2])
+        blob = pickle.dumps(s)
+        assert len(blob) < 1000  # the path, not handles or data
+        t = pickle.loads(blob)
+        np.testing.assert_array_equal(t[3]["image"], sample(3)["image"])
+
+    def test_checksums_match_records(self, tmp_path):
+        from mmstore._io import record_checksum
+
+        s = mmstore.open(self.make(tmp_path, n=6, holes=(2,)))
+        ck = s.checksums()
+        for slot, packed in s.backend.iter_packed(0, 6):
+            if slot == 2:
+                assert ck[slot] == 0
+                continue
+            assert packed is not None
+            rec = sample(slot)
+            assert int(ck[slot]) == record_checksum([rec[k] for k in SMALL_SCHEMA])
+            import xxhash
+
+            assert int(ck[slot]) == xxhash.xxh3_64_intdigest(bytes(packed))
+
+    def test_non_utf8_keys_round_trip(self, tmp_path):
+        path = os.path.join(tmp_path, "keys")
+        raw = os.fsdecode(b"caf\xe9/\xff\xfe.jpg")
+        with mmstore.StoreWriter(path, SMALL_SCHEMA, slots=3, backend=self.backend) as w:
+            w.write(0, sample(0), key=raw)
+            w.write(1, sample(1), key="ünïcode/猫.jpg")
+            w.write(2, sample(2), key=b"\x00bytes\x80")
+        s = mmstore.open(path)
+        assert os.fsencode(s.key(0)) == b"caf\xe9/\xff\xfe.jpg"
+        assert s.key(1) == "ünïcode/猫.jpg"
+        assert s.slot_key_bytes(2) == b"\x00bytes\x80"
+
+    def test_order_of_writes_gives_identical_files(self, tmp_path):
+        a = write_store(os.path.join(tmp_path, "a"), 30, self.backend, holes=(4, 17))
+        rng = np.random.default_rng(1)
+        b = write_store(os.path.join(tmp_path, "b"), 30, self.backend, holes=(4, 17), order=rng.permutation(30))
+        assert_same_files(a, b)
+
+
+class TestMemmap(BackendContract):
+    backend = "memmap"
+
+    def test_plain_numpy_opens_every_file(self, tmp_path):
+        path = self.make(tmp_path, n=9, holes=(3,))
+        for name in SMALL_SCHEMA:
+            arr = np.load(os.path.join(path, f"{name}.npy"), mmap_mode="r")
+            assert arr.shape[0] == 9
+            for s in range(9):
+                want = np.zeros_like(sample(s)[name]) if s == 3 else sample(s)[name]
+                np.testing.assert_array_equal(arr[s], want)
+        ck = np.load(os.path.join(path, "_checksums.npy"), mmap_mode="r")
+        np.testing.assert_array_equal(ck, mmstore.open(path).checksums())
+        ix = np.load(os.path.join(path, "_index.npy"))
+        np.testing.assert_array_equal(ix, [0, 1, 2, 4, 5, 6, 7, 8])
+
+    def test_large_records_take_memmove_path(self, tmp_path):
+        schema = {"image": ("|u1", (64, 64, 3)), "label": ("<i8", ())}
+
+        def make(i):
+            return {"image": np.full((64, 64, 3), i % 251, np.uint8), "label": np.int64(i)}
+
+        path = write_store(os.path.join(tmp_path, "big"), 50, "memmap", schema=schema, make=make)
+        s = mmstore.open(path)
+        idx = np.array([49, 3, 4, 5, 6, 1, 1, 48])
+        b = s.read_batch(idx)
+        np.testing.assert_array_equal(b["image"][:, 0, 0, 0], idx % 251)
+        np.testing.assert_array_equal(b["label"], idx)
+        b = s.read_batch(np.arange(10, 30))  # one run: a single memmove
+        np.testing.assert_array_equal(b["image"][:, 5, 5, 1], np.arange(10, 30))
+
+
+class TestLmdb(BackendContract):
+    backend = "lmdb"
+
+    def test_one_file_no_lock_and_readahead_by_size(self, tmp_path):
+        path = self.make(tmp_path, n=5)
+        assert "records.mdb" in os.listdir(path)
+        assert not any(n.endswith("-lock") for n in os.listdir(path))
+        assert mmstore.open(path).backend.readahead is False  # 200-byte records
+        assert mmstore.open(path, lmdb_readahead=True).backend.readahead is True
+
+    def test_keys_are_big_endian_slots_values_packed(self, tmp_path):
+        import lmdb
+
+        path = self.make(tmp_path, n=4, holes=(2,))
+        env = lmdb.open(os.path.join(path, "records.mdb"), subdir=False, readonly=True, lock=False)
+        with env.begin() as txn:
+            items = list(txn.cursor())
+        env.close()
+        assert [k for k, _ in items] == [s.to_bytes(8, "big") for s in (0, 1, 3)]
+        rec = sample(3)
+        assert items[2][1] == rec["image"].tobytes() + rec["label"].tobytes() + rec["score"].tobytes()
+
+    def test_many_records_across_transactions(self, tmp_path):
+        path = write_store(os.path.join(tmp_path, "many"), 2500, "lmdb", holes=(0, 1024, 2499))
+        s = mmstore.open(path)
+        assert len(s) == 2497
+        np.testing.assert_array_equal(s.column("label"), np.array([i % 7 for i in range(2500) if i not in (0, 1024, 2499)]))
+
+
+def test_memmap_equals_lmdb(tmp_path):
+    a = mmstore.open(write_store(os.path.join(tmp_path, "m"), 25, "memmap", holes=(3,)))
+    b = mmstore.open(write_store(os.path.join(tmp_path, "l"), 25, "lmdb", holes=(3,)))
+    idx = np.random.default_rng(0).integers(-24, 24, 100)
+    ra, rb = a.read_batch(idx), b.read_batch(idx)
+    for k in SMALL_SCHEMA:
+        np.testing.assert_array_equal(ra[k], rb[k])
+    np.testing.assert_array_equal(a.checksums(), b.checksums())
