@@ -75,6 +75,11 @@ major version):
                  manifest copied from another store is detected by ``verify``.
 ``files``        ``{file name: size in bytes}`` of every file of the store but
                  the manifest. Readers MUST check every size on open.
+``digests``      ``{file name: HEX16}``: xxh3_64 of the whole content of each
+                 bookkeeping file (``_keys_offsets.npy``, ``_keys.bin``, and
+                 ``_index.npy`` and ``errors.jsonl`` when present), so a flipped
+                 bit in a key or in the index is found by ``verify`` (record
+                 data is covered by the per-slot checksums instead).
 ``label_names``  list of strings (label ``k`` is ``label_names[k]``) or null.
 ``provenance``   free-form JSON object: source, parameters, tool version,
                  time. Nothing else in the store may depend on it.
@@ -411,6 +416,11 @@ def parse_manifest(raw: bytes, path: str = MANIFEST_FILE) -> dict[str, Any]:
             raise _fail(path, f"'files' names an unsafe file {name!r}")
         if isinstance(size, bool) or not isinstance(size, int) or size < 0:
             raise _fail(path, f"'files'[{name!r}] must be a size >= 0, found {size!r}")
+    digests = obj.get("digests", {})
+    if not isinstance(digests, dict) or any(
+        n not in files or not isinstance(d, str) or not re.fullmatch(r"[0-9a-f]{16}", d) for n, d in digests.items()
+    ):
+        raise _fail(path, "'digests' must map files listed in 'files' to 16 hex digits")
     labels = obj.get("label_names")
     if labels is not None and (not isinstance(labels, list) or not all(isinstance(s, str) for s in labels)):
         raise _fail(path, "'label_names' must be a list of strings or null")
@@ -425,6 +435,7 @@ def parse_manifest(raw: bytes, path: str = MANIFEST_FILE) -> dict[str, Any]:
         schema=schema,
         checksum_digest=ck["digest"],
         files=dict(files),
+        digests=dict(digests),
         label_names=labels,
         provenance=prov,
     )

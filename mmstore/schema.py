@@ -195,3 +195,11 @@ def _coerce(f: Field, value: Any) -> np.ndarray:
             f"(e.g. range {arr.min()!r}..{arr.max()!r}); convert explicitly or widen the field's dtype"
         )
     return np.ascontiguousarray(cast)
+
+
+def _coerce_rows(f: Field, value: Any) -> np.ndarray:
+    """Like ``_coerce`` for a block of rows: shape ``(n, *f.shape)``."""
+    arr = np.asarray(value)
+    if arr.shape[1:] != f.shape:
+        raise SchemaError(f"field {f.name!r}: expected rows of shape {f.shape}, found {arr.shape[1:]}")
+    return _coerce(Field(f.name, f.dtype, arr.shape), arr)

@@ -3,7 +3,9 @@
 Writers fill a staging ``.npy`` of packed records at their slots (so any
 number of processes can write in any order), then ``finalize`` inserts the
 records into a fresh environment in key order, which makes the file the same
-for the same records whatever order they were written in.
+for the same records whatever order they were written in. The staging file
+is removed by ``publish`` (regression: a crash between its removal and the
+manifest left a ``.partial`` that could not resume).
 """
 
 from __future__ import annotations
@@ -135,8 +137,9 @@ class LmdbBackend(Backend):
             fsync_file(fd)
         finally:
             os.close(fd)
-        os.unlink(staging)
         fsync_dir(partial_dir)
+        # the staging file stays until publish() removes what the manifest does
+        # not list: a crash before the manifest is durable must find it on resume
 
     # -- read side -----------------------------------------------------------
     def check(self) -> None:

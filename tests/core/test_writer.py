@@ -179,3 +179,23 @@ def test_no_stray_files_in_published_store(tmp_path, backend):
     data = {"image.npy", "label.npy", "score.npy"} if backend == "memmap" else {"records.mdb"}
     assert names == base | data
     assert not os.path.exists(path + ".lock") and not os.path.exists(path + ".partial")
+
+
+def test_write_batch_equals_per_record_writes(tmp_path, backend):
+    a = write_store(os.path.join(tmp_path, "a"), 20, backend, holes=(19,))
+    b = os.path.join(tmp_path, "b")
+    recs = [sample(i) for i in range(19)]
+    cols = {k: np.stack([r[k] for r in recs]) for k in SMALL_SCHEMA}
+    with mmstore.StoreWriter(b, SMALL_SCHEMA, slots=20, backend=backend) as w:
+        w.write_batch(0, {k: v[:7] for k, v in cols.items()}, keys=[f"in/{i:05d}.jpg" for i in range(7)])
+        w.write_batch(7, {k: v[7:] for k, v in cols.items()}, keys=[f"in/{i:05d}.jpg" for i in range(7, 19)])
+        w.skip(19, "in/00019.jpg", "corrupt: test hole 19")
+    assert_same_files(a, b)
+    with mmstore.StoreWriter(os.path.join(tmp_path, "c"), SMALL_SCHEMA, slots=3, backend=backend) as w:
+        with pytest.raises(SchemaError, match="same number of rows"):
+            w.write_batch(0, {**{k: v[:3] for k, v in cols.items()}, "label": cols["label"][:2]})
+        with pytest.raises(SchemaError, match="'label'.*change values"):
+            w.write_batch(0, {**{k: v[:3] for k, v in cols.items()}, "label": [0.5, 1, 2]})
+        with pytest.raises(IndexError):
+            w.write_batch(1, {k: v[:3] for k, v in cols.items()})
+        w.write_batch(0, {k: v[:3] for k, v in cols.items()})
