@@ -36,6 +36,8 @@ from .schema import Schema
 
 __all__ = ["Store", "open_store"]
 
+_ROW0 = np.zeros(1, np.int64)
+
 
 class Store:
     """A finished store, opened read-only. Use :func:`mmstore.open`.
@@ -218,7 +220,15 @@ class Store:
     # -- reads --------------------------------------------------------------------
     def __getitem__(self, item: Any) -> dict[str, np.ndarray]:
         if isinstance(item, (int, np.integer)) and not isinstance(item, bool):
-            out = self.read_batch([int(item)])
+            i = int(item)  # the one-record fast path (no sort, no validation of an array)
+            if i < 0:
+                i += self.records
+            if not 0 <= i < self.records:
+                raise IndexError(f"index {int(item)} is out of range for a store of {self.records} records")
+            ix = self.index
+            slot = i if ix is None else int(ix[i])
+            out = {f.name: np.empty((1, *f.shape), f.dtype) for f in self.schema}
+            self._b().read_into(np.array([slot], np.int64), _ROW0, self.schema.names, out)
             return {k: v[0] for k, v in out.items()}
         if isinstance(item, slice):
             return self.read_batch(np.arange(*item.indices(self.records)))

@@ -14,6 +14,7 @@ import ctypes
 import math
 import mmap
 import os
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -35,7 +36,7 @@ STAGING_FILE = "_staging.npy"
 # fetches one fault at a time. So readahead follows the record size.
 READAHEAD_MIN_RECORD_BYTES = 16384
 _memmove = ctypes.memmove
-_ENVS: dict[tuple[str, int], list[Any]] = {}
+_ENVS: dict[tuple[int, int], list[Any]] = {}  # (dev, inode) -> [env, users, opener pid]
 
 
 def _lmdb() -> Any:
@@ -177,19 +178,25 @@ class LmdbBackend(Backend):
     def env(self) -> Any:
         """The read-only environment of this process (opened on first use).
 
-        py-lmdb refuses to open one environment twice in a process, so
-        Stores on the same file share one, counted per process (see
-        ``NOTE [fork safety]`` in reader.py for why the pid is part of the key).
+        NOTE [lmdb and fork]: py-lmdb refuses to open one environment twice
+        in a process, and a forked child inherits that registry. Closing the
+        inherited environment in the child can hang (a parent thread may have
+        held a transaction at fork time), so a child keeps using the inherited
+        one: it is read-only and opened with ``lock=False`` (no reader table,
+        no pid-bound lock state), its mapping is inherited intact, and new
+        transactions in the child only read the meta pages (tested under a
+        reader thread in the parent). Stores on the same file share one
+        environment; only the process that opened it ever closes it.
         """
         if self._env is None:
             path = os.path.realpath(os.path.join(self.root, LMDB_FILE))
-            key = (path, os.getpid())
+            try:
+                st = os.stat(path)
+            except FileNotFoundError:
+                raise FormatError(f"{path}: missing; the store was moved or deleted while open") from None
+            key = (st.st_dev, st.st_ino)  # a store re-created at the same path is another file
             ent = _ENVS.get(key)
             if ent is None:
-                for stale in [k for k in _ENVS if k[0] == path]:
-                    # inherited through fork: LMDB counts it as open in this
-                    # process; close this process's copy (the parent keeps its own)
-                    _ENVS.pop(stale)[0].close()
                 lmdb = _lmdb()
                 try:
                     env = lmdb.open(
@@ -198,10 +205,12 @@ class LmdbBackend(Backend):
                     )
                 except lmdb.Error as exc:
                     raise FormatError(f"{path}: not a readable LMDB environment ({exc})") from None
-                ent = _ENVS[key] = [env, 0]
+                ent = _ENVS[key] = [env, 0, os.getpid()]
             ent[1] += 1
             self._env = ent[0]
             self._env_key = key
+            # a Store dropped without close() must still give its share back
+            self._release = weakref.finalize(self, _release_env, key)
         return self._env
 
     def read_into(
@@ -257,10 +266,14 @@ class LmdbBackend(Backend):
 
     def close(self) -> None:
         if self._env is not None:
-            ent = _ENVS.get(self._env_key)
             self._env = None
-            if ent is not None:
-                ent[1] -= 1
-                if ent[1] <= 0:
-                    del _ENVS[self._env_key]
-                    ent[0].close()
+            self._release()
+
+
+def _release_env(key: tuple[int, int]) -> None:
+    ent = _ENVS.get(key)
+    if ent is not None:
+        ent[1] -= 1
+        if ent[1] <= 0 and ent[2] == os.getpid():  # see NOTE [lmdb and fork]
+            del _ENVS[key]
+            ent[0].close()

@@ -21,7 +21,7 @@ __all__ = ["COMMANDS", "EXIT_OK", "EXIT_PROBLEM", "EXIT_USAGE", "main"]
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 
 # module names in mmstore.cli, in the order `mmstore --help` lists them
-COMMANDS: tuple[str, ...] = ("demo",)
+COMMANDS: tuple[str, ...] = ("demo", "ingest", "merge", "inspect", "verify", "show", "warm", "doctor", "bench", "convert")
 
 
 class _Parser(argparse.ArgumentParser):

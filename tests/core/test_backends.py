@@ -196,6 +196,28 @@ class TestLmdb(BackendContract):
         rec = sample(3)
         assert items[2][1] == rec["image"].tobytes() + rec["label"].tobytes() + rec["score"].tobytes()
 
+    def test_regression_environment_released_when_a_store_is_dropped(self, tmp_path):
+        """Bug: a Store dropped without close() kept its LMDB environment (and
+        its mapping of the whole file) open for the life of the process."""
+        import gc
+
+        import mmstore.backends.lmdb as lb
+
+        path = self.make(tmp_path, n=5)
+        before = len(lb._ENVS)
+        s = mmstore.open(path)
+        s[1]
+        t = mmstore.open(path)
+        t[2]
+        assert len(lb._ENVS) == before + 1  # shared
+        del s
+        gc.collect()
+        assert len(lb._ENVS) == before + 1  # t still uses it
+        np.testing.assert_array_equal(t[4]["image"], sample(4)["image"])
+        del t
+        gc.collect()
+        assert len(lb._ENVS) == before
+
     def test_many_records_across_transactions(self, tmp_path):
         path = write_store(os.path.join(tmp_path, "many"), 2500, "lmdb", holes=(0, 1024, 2499))
         s = mmstore.open(path)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
+import time
 
 import numpy as np
 import pytest
@@ -30,3 +32,66 @@ def test_children_read_what_the_parent_reads(tmp_path, backend, method):
         assert pid != os.getpid()
         assert got == want
     assert {k: v.tobytes() for k, v in store.read_batch(idx).items()} == want
+
+
+def test_regression_lmdb_fork_while_a_parent_thread_reads(tmp_path):
+    """Bug: a forked child closed the LMDB environment it inherited, which hung
+    when another parent thread held a read transaction at fork time. Children
+    now reuse the inherited (read-only, lock-free) environment."""
+    import threading
+
+    path = write_store(os.path.join(tmp_path, "s"), 200, "lmdb")
+    store = mmstore.open(path)
+    want = store.read_batch(np.arange(0, 200, 7))["image"].tobytes()
+    stop = threading.Event()
+
+    def reader():
+        s = mmstore.open(path)
+        while not stop.is_set():
+            s.read_batch(np.arange(200))
+
+    t = threading.Thread(target=reader)
+    t.start()
+    try:
+        for _ in range(40):
+            pid = os.fork()
+            if pid == 0:
+                ok = False
+                try:
+                    got = mmstore.open(path).read_batch(np.arange(0, 200, 7))["image"].tobytes()
+                    ok = got == want and store.read_batch(np.arange(0, 200, 7))["image"].tobytes() == want
+                finally:
+                    os._exit(0 if ok else 3)
+            assert _wait(pid, timeout=20) == 0
+    finally:
+        stop.set()
+        t.join()
+
+
+def _wait(pid, timeout):
+    """Exit code of child ``pid``; a hung child is killed and fails the test
+    (instead of hanging the suite)."""
+    t0 = time.monotonic()
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        if time.monotonic() - t0 > timeout:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            raise AssertionError("a forked child hung reading the store")
+        time.sleep(0.005)
+
+
+def test_lmdb_store_recreated_at_the_same_path_reads_the_new_file(tmp_path):
+    path = os.path.join(tmp_path, "s")
+    old = mmstore.open(write_store(path, 5, "lmdb"))
+    old.read_batch([0])  # keeps the first file's environment open
+    from storetest import SMALL_SCHEMA
+
+    with mmstore.StoreWriter(path, SMALL_SCHEMA, slots=3, backend="lmdb", overwrite=True) as w:
+        for i in range(3):
+            rec = {k: np.zeros_like(v) for k, v in __import__("storetest").sample(i).items()}
+            w.write(i, rec)
+    new = mmstore.open(path)
+    assert len(new) == 3 and int(new[0]["image"].sum()) == 0

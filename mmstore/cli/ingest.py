@@ -1,0 +1,164 @@
+"""``mmstore ingest SOURCE DEST``: decode a dataset once into a store."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import signal
+import sys
+
+EXAMPLE = """examples:
+  mmstore ingest photos/ photos.store --size 224x224            # ImageFolder or flat folder
+  mmstore ingest train.csv gld.store --size 256x256 --root images/ \\
+      --path-column id --label-column landmark_id --path-template '{id[0]}/{id[1]}/{id[2]}/{id}.jpg'
+  mmstore ingest bedroom_train_lmdb/ lsun.store --size 128x128 --resize center-crop
+  mmstore ingest features.npy feats.store
+  mmstore ingest photos/ part0.store --size 224x224 --shard 0/4 --resume   # one of 4 jobs; then
+  mmstore merge part0.store part1.store part2.store part3.store photos.store
+
+Interrupted (Ctrl-C, SIGTERM, SIGKILL, disk full)? Rerun the same command with
+--resume: it continues from the last committed chunk and ends byte-identical to
+an uninterrupted run (a command that always passes --resume is safe to requeue).
+
+Folder rule: hidden names are skipped; files with an image extension are always
+inputs (broken ones become holes listed in errors.jsonl); other files are
+included only when their content is an image; directories are always walked.
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "ingest",
+        help="decode images (folder, csv/tsv list, LMDB, .npy/.npz) once into a store",
+        description="Decode SOURCE once into fixed-shape records at DEST. SOURCE is recognised from "
+        "what it is: a directory of images (ImageFolder layout gives labels), a .csv/.tsv list, an "
+        "LMDB directory of encoded images, or a .npy/.npz file.",
+        epilog=EXAMPLE,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("source", help="image folder, .csv/.tsv list, LMDB directory, or .npy/.npz file")
+    p.add_argument("dest", help="store directory to create")
+    g = p.add_argument_group("decode")
+    g.add_argument("--size", metavar="HxW", help="target size, e.g. 224x224 (required for images)")
+    g.add_argument("--resize", choices=["center-crop", "stretch", "pad", "none"], default="center-crop",
+                   help="how a source becomes the target size (default center-crop)")
+    g.add_argument("--channels", type=int, choices=[1, 3], default=3, help="output channels (default 3)")
+    g.add_argument("--layout", choices=["hwc", "chw"], default="hwc", help="record layout (default hwc)")
+    g.add_argument("--bgr", action="store_true", help="store BGR instead of RGB")
+    g.add_argument("--interp-up", choices=["linear", "cubic"], default="linear",
+                   help="kernel when enlarging (shrinking uses area; default linear)")
+    g.add_argument("--pad-value", type=int, default=0, help="letterbox fill for --resize pad (default 0)")
+    g.add_argument("--fast-decode", action="store_true",
+                   help="let libjpeg decode at 1/2..1/8 scale when the target is small (faster, approximate)")
+    g.add_argument("--max-pixels", type=int, default=None, help="reject sources with more pixels (0: no limit)")
+    g.add_argument("--no-strict-jpeg", action="store_true", help="accept JPEGs whose scan data is corrupt")
+    s = p.add_argument_group("source")
+    s.add_argument("--labels", choices=["auto", "folders", "none"], default=None,
+                   help="folders: class sub-folders give labels; auto (default) decides from the layout")
+    s.add_argument("--root", help="list: directory that relative paths start from (default: the list's directory)")
+    s.add_argument("--path-column", help="list: column name or 0-based index of the path/id")
+    s.add_argument("--label-column", help="list: column of the label (default: 'label' if present; '' for none)")
+    s.add_argument("--path-template", help="list: id -> relative path, e.g. '{id[0]}/{id[1]}/{id[2]}/{id}.jpg'")
+    s.add_argument("--delimiter", help="list: field separator (default: tab for .tsv, else comma)")
+    s.add_argument("--no-header", dest="header", action="store_const", const=False, default=None,
+                   help="list: the first row is data (default: auto, a header unless its path cell is a file)")
+    s.add_argument("--image-key", help=".npz: name of the image array")
+    s.add_argument("--label-key", help=".npz: name of the label array")
+    r = p.add_argument_group("run")
+    r.add_argument("--workers", type=int, default=None, help="decoder processes (default: CPU cores; 0: none)")
+    r.add_argument("--on-error", choices=["skip", "fail"], default="skip",
+                   help="skip (default): a bad input becomes a hole; fail: stop at the first")
+    r.add_argument("--max-errors", metavar="N|P%", help="stop once more than N (or P%%) inputs failed")
+    r.add_argument("--resume", action="store_true", help="continue DEST.partial left by an interrupted run")
+    r.add_argument("--overwrite", action="store_true", help="replace DEST (and discard a DEST.partial)")
+    r.add_argument("--shard", metavar="K/N", help="ingest only part K (from 0) of N; join parts with mmstore merge")
+    r.add_argument("--backend", choices=["memmap", "lmdb"], default="memmap", help="store backend (default memmap)")
+    r.add_argument("--chunk", type=int, default=None, help=argparse.SUPPRESS)
+    r.add_argument("--log-interval", type=float, default=10.0, help=argparse.SUPPRESS)
+    r.add_argument("--quiet", "-q", action="store_true", help="no progress and no summary")
+    p.set_defaults(func=run)
+
+
+# options that must be repeated for a resume (they enter the fingerprint)
+_REPEAT = (
+    "size", "resize", "channels", "layout", "bgr", "interp_up", "pad_value", "fast_decode", "max_pixels",
+    "no_strict_jpeg", "labels", "root", "path_column", "label_column", "path_template", "delimiter", "header",
+    "image_key", "label_key", "shard", "backend", "workers", "on_error", "max_errors", "quiet",
+)
+_DEFAULTS = {"resize": "center-crop", "channels": 3, "layout": "hwc", "interp_up": "linear", "pad_value": 0,
+             "backend": "memmap", "on_error": "skip"}
+
+
+def resume_command(args: argparse.Namespace) -> str:
+    argv = ["mmstore", "ingest", args.source, args.dest]
+    for k in _REPEAT:
+        v = getattr(args, k, None)
+        if k == "header":
+            argv += ["--no-header"] if v is False else []
+            continue
+        if v is None or v is False or _DEFAULTS.get(k) == v:
+            continue
+        flag = "--" + k.replace("_", "-")
+        argv += [flag] if v is True else [flag, str(v)]
+    argv.append("--resume")
+    return shlex.join(argv)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..errors import IngestError
+    from ..ingest import ingest
+
+    hint = f"resume with: {resume_command(args)}"
+    old_term = None
+    try:
+        old_term = signal.signal(signal.SIGTERM, _term_to_interrupt)
+    except ValueError:  # not the main thread
+        pass
+    try:
+        res = ingest(
+            args.source,
+            args.dest,
+            args.size,
+            workers=args.workers,
+            on_error=args.on_error,
+            max_errors=args.max_errors,
+            resume=args.resume,
+            overwrite=args.overwrite,
+            shard=args.shard,
+            quiet=args.quiet,
+            backend=args.backend,
+            chunk=args.chunk,
+            progress_interval=args.log_interval,
+            resume_hint=hint,
+            resize=args.resize,
+            channels=args.channels,
+            layout=args.layout,
+            bgr=args.bgr,
+            interp_up=args.interp_up,
+            pad_value=args.pad_value,
+            fast_decode=args.fast_decode,
+            max_pixels=args.max_pixels,
+            strict_jpeg=not args.no_strict_jpeg,
+            **{k: getattr(args, k) for k in ("labels", "root", "path_column", "label_column", "path_template",
+                                             "delimiter", "header", "image_key", "label_key")
+               if getattr(args, k) is not None},
+        )
+    except KeyboardInterrupt:
+        print(f"mmstore ingest: interrupted; the committed work is kept in {args.dest}.partial\n{hint}",
+              file=sys.stderr)
+        return 130
+    except (ValueError, TypeError) as exc:
+        if isinstance(exc, IngestError) or type(exc).__module__.startswith("mmstore"):
+            raise
+        print(f"mmstore ingest: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+    if not args.quiet:
+        print(res.summary(), file=sys.stderr)
+    return 0
+
+
+def _term_to_interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt

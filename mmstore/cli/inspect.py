@@ -1,0 +1,108 @@
+"""``mmstore inspect STORE``: what is in a store and where it came from."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..tools._cli import add_common, emit_json, subparser, usage_error
+
+EXAMPLE = """examples:
+  mmstore inspect /data/landmarks.store
+  mmstore inspect /data/landmarks.store --sample 5000 --json | jq .channel_mean
+
+exit codes: 0 ok, 2 not a store (or a usage error), 1 the store cannot be opened
+(damaged: run `mmstore verify` for the full list)
+"""
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = subparser(
+        sub, "inspect", "describe a store: schema, sizes, provenance, labels, cache residency",
+        "Print the format version, backend, record and slot counts, schema, bytes per file, "
+        "provenance, skipped inputs and their reasons, labels with a histogram, per-channel "
+        "image mean/std from a sample, and how much of the store is in the page cache.",
+        EXAMPLE,
+    )
+    add_common(p)
+    p.add_argument("--sample", type=int, default=1000, metavar="N",
+                   help="images sampled for the channel mean/std (default 1000; 0 to skip)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the image sample (default 0)")
+    p.add_argument("--image-field", help="the image field (default: detected)")
+    p.add_argument("--label-field", help="the label field (default: a scalar integer field named label)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..tools.inspect import inspect_store
+
+    if args.sample < 0:
+        return usage_error("inspect", "--sample must be >= 0")
+    rep = inspect_store(args.store, sample=args.sample, seed=args.seed,
+                        image_field=args.image_field, label_field=args.label_field)
+    if args.json:
+        emit_json(rep)
+    else:
+        print(render(rep))
+    return 0
+
+
+def render(rep) -> str:  # noqa: ANN001
+    from ..tools._common import fmt_bytes, table
+
+    out = [f"store        {rep.path}",
+           f"id           {rep.store_id}   format {'.'.join(map(str, rep.format_version))}   backend {rep.backend}",
+           f"records      {rep.records:,} in {rep.slots:,} slots ({rep.skipped:,} skipped), "
+           f"{fmt_bytes(rep.record_bytes)} per record",
+           "schema"]
+    out.append(table([[f["name"], f["dtype"], "x".join(map(str, f["shape"])) or "scalar"] for f in rep.schema]))
+    out.append(f"files        {fmt_bytes(rep.bytes_on_disk)} in all")
+    out.append(table([[n, f"{s:,}", fmt_bytes(s)] for n, s in sorted(rep.files.items())]))
+    prov = rep.provenance or {}
+    out.append("provenance")
+    rows = []
+    for k in ("source", "source_type", "resize", "size", "decode", "tool", "time", "converted_from"):
+        if k in prov:
+            rows.append([k, _short(prov[k])])
+    dec = (prov.get("ingest") or {}).get("params", {}).get("decode") if isinstance(prov.get("ingest"), dict) else None
+    if isinstance(dec, dict) and "decode" not in prov:
+        rows.append(["decode", _short({k: v for k, v in dec.items() if k not in ("max_pixels",)}, 120)])
+    for k, v in prov.items():
+        if k not in {r[0] for r in rows}:
+            rows.append([k, _short(v)])
+    out.append(table(rows) if rows else "  (none)")
+    if rep.skipped:
+        out.append(f"skipped      {rep.skipped:,} inputs; top reasons:")
+        out.append(table([[r["count"], r["reason"], _short(r["example"], 70)] for r in rep.skipped_reasons]))
+    if rep.label_histogram is not None:
+        out.append(f"labels       field {rep.label_field!r}, {len(rep.label_histogram)} distinct values")
+        top = max((r["count"] for r in rep.label_histogram), default=1)
+        hist = rep.label_histogram if len(rep.label_histogram) <= 30 else sorted(
+            rep.label_histogram, key=lambda r: -r["count"])[:30]
+        out.append(table([[r["label"], r["name"] or "", f"{r['count']:,}", "#" * max(1, round(30 * r["count"] / top))]
+                          for r in hist]))
+        if len(rep.label_histogram) > 30:
+            out.append(f"  ... {len(rep.label_histogram) - 30} more labels (see --json)")
+    elif rep.label_names:
+        out.append(f"labels       {len(rep.label_names)} names, no label field found")
+    if rep.channel_mean is not None:
+        out.append(f"images       field {rep.image_field!r} ({rep.image_layout}); from a sample of "
+                   f"{rep.image_sample:,}: mean {rep.channel_mean} std {rep.channel_std} (0-255 scale)")
+    if rep.cache_resident_bytes is not None:
+        frac = rep.cache_fraction or 0.0
+        avail = rep.mem_effective_available or rep.mem_available
+        fits = rep.fits_in_memory
+        hint = "" if fits is None else (
+            "  (fits: `mmstore warm` pulls it in)" if fits and frac < 0.99 else
+            "" if fits else "  (larger than available memory: use a block shuffle)")
+        out.append(f"page cache   {fmt_bytes(rep.cache_resident_bytes)} of {fmt_bytes(rep.cache_bytes_total)} "
+                   f"resident ({100 * frac:.0f}%); available memory {fmt_bytes(avail)}{hint}")
+    for n in rep.notes:
+        out.append(f"note         {n}")
+    return "\n".join(out)
+
+
+def _short(v, n: int = 90) -> str:  # noqa: ANN001
+    import json
+
+    s = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+    return s if len(s) <= n else s[: n - 3] + "..."

@@ -1,0 +1,216 @@
+"""One-time ingest: turn a folder, a list, an LMDB, arrays or any Dataset into a store.
+
+Library API
+-----------
+``ingest(source, dest, size=(224, 224), ...)``
+    SOURCE is recognised from what it is (see :func:`detect_source`): an image
+    folder (flat or ImageFolder), a ``.csv``/``.tsv`` list, an LMDB directory
+    of encoded images, a ``.npy``/``.npz`` file.
+``from_dataset(ds, dest, size=None, ...)``
+    Freeze any map-style dataset (items: arrays, tensors, PIL images or
+    ``(image, label)``) into a store in one call.
+``merge(parts, dest)``
+    Join the stores written by ``--shard K/N`` jobs into one store.
+
+Stored fields: ``image`` (``|u1``, ``spec.record_shape()``), ``label``
+(``<i8``, when there are labels), ``orig_size`` (``<i4`` ``(2,)``: source
+``(h, w)`` after EXIF orientation) and ``box`` (``<i4`` ``(4,)``: source
+region ``(x0, y0, x1, y1)``, end exclusive, that was resampled; see
+``mmstore.decode``). Arrays stored without a target size keep their own
+dtype and shape and have only ``image`` (and ``label``).
+
+Crash safety and resume: see ``resume.py`` (commit log) and ``pipeline.py``
+(workers). Resume rule: pass ``resume=True`` (CLI ``--resume``); it
+continues ``DEST.partial`` when there is one and starts a fresh run when there
+is none, so an always-``--resume`` command line is safe to requeue. Without
+it, an existing ``DEST.partial`` is an error that says to add ``--resume``.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from .merge import merge
+from .pipeline import IngestResult, parse_shard, parse_size, run_ingest
+from .sources import (
+    IMAGE_EXTENSIONS,
+    ArraySource,
+    DatasetSource,
+    FolderSource,
+    LmdbSource,
+    ListSource,
+    Source,
+    detect_source,
+)
+
+__all__ = [
+    "IMAGE_EXTENSIONS",
+    "ArraySource",
+    "DatasetSource",
+    "FolderSource",
+    "IngestResult",
+    "LmdbSource",
+    "ListSource",
+    "Source",
+    "detect_source",
+    "from_dataset",
+    "ingest",
+    "make_spec",
+    "merge",
+]
+
+
+def make_spec(
+    size: Any = None,
+    *,
+    resize: str = "center-crop",
+    channels: int = 3,
+    layout: str = "hwc",
+    bgr: bool = False,
+    interp_up: str = "linear",
+    pad_value: int = 0,
+    fast_decode: bool = False,
+    max_pixels: int | None = None,
+    strict_jpeg: bool = True,
+) -> Any:
+    """A :class:`mmstore.decode.DecodeSpec` from ingest options (None without a size)."""
+    hw = parse_size(size)
+    if hw is None:
+        return None
+    from ..decode import DecodeSpec
+
+    kw: dict[str, Any] = {}
+    if max_pixels is not None:
+        kw["max_pixels"] = int(max_pixels)
+    return DecodeSpec(
+        size=hw,
+        resize=resize,
+        channels=int(channels),
+        layout=layout,
+        bgr=bool(bgr),
+        interp_up=interp_up,
+        pad_value=int(pad_value),
+        fast_decode=bool(fast_decode),
+        strict_jpeg=bool(strict_jpeg),
+        **kw,
+    )
+
+
+_SPEC_KEYS = ("resize", "channels", "layout", "bgr", "interp_up", "pad_value", "fast_decode", "max_pixels", "strict_jpeg")
+_SOURCE_KEYS = (
+    "labels", "root", "path_column", "label_column", "path_template", "delimiter", "header", "image_key", "label_key",
+)
+
+
+def ingest(
+    source: str | os.PathLike[str] | Source,
+    dest: str | os.PathLike[str],
+    size: Any = None,
+    *,
+    workers: int | None = None,
+    on_error: str = "skip",
+    max_errors: str | int | None = None,
+    resume: bool = False,
+    overwrite: bool = False,
+    shard: Any = None,
+    quiet: bool = False,
+    backend: str = "memmap",
+    chunk: int | None = None,
+    progress_interval: float = 10.0,
+    resume_hint: str | None = None,
+    **options: Any,
+) -> IngestResult:
+    """Decode SOURCE once into a store at DEST.
+
+    Parameters
+    ----------
+    source
+        A path (kind recognised by :func:`detect_source`) or a :class:`Source`.
+    dest
+        The store directory to create (work happens in ``DEST.partial``).
+    size
+        Target ``(H, W)`` or ``"HxW"``; required for encoded images.
+    workers
+        Decoder processes (default: the usable CPU cores; 0 = in this process).
+    on_error, max_errors
+        ``"skip"`` (default) leaves a hole per bad input; ``"fail"`` stops at
+        the first. ``max_errors`` (``N`` or ``"P%"``) stops once more inputs
+        than that failed. A stopped run keeps ``DEST.partial``.
+    resume
+        Continue ``DEST.partial`` if present (refused when inputs or
+        parameters differ: ``ResumeMismatchError``).
+    shard
+        ``(K, N)`` or ``"K/N"``: ingest only the K-th (from 0) of N contiguous
+        parts of the sorted inputs; join the parts with :func:`merge`.
+    **options
+        Decode options (``resize``, ``channels``, ``layout``, ``bgr``,
+        ``interp_up``, ``pad_value``, ``fast_decode``, ``max_pixels``,
+        ``strict_jpeg``) and source options (``labels`` for folders; ``root``,
+        ``path_column``, ``label_column``, ``path_template``, ``delimiter``,
+        ``header`` for lists; ``image_key``, ``label_key`` for .npz).
+
+    Returns
+    -------
+    IngestResult
+        Counts, reasons of the skipped inputs, timing; ``summary()`` renders it.
+    """
+    unknown = set(options) - set(_SPEC_KEYS) - set(_SOURCE_KEYS)
+    if unknown:
+        raise TypeError(f"unknown ingest option(s): {sorted(unknown)}")
+    spec_kw = {k: options[k] for k in _SPEC_KEYS if k in options}
+    src_kw = {k: options[k] for k in _SOURCE_KEYS if k in options}
+    if isinstance(source, Source):
+        if src_kw:
+            raise TypeError(f"source options {sorted(src_kw)} need a source path, not a Source object")
+        src = source
+    else:
+        src = detect_source(os.fspath(source), **src_kw)
+    spec = make_spec(size, **spec_kw)
+    if spec is None and not src.decoded:
+        from ..errors import IngestError
+
+        raise IngestError(f"{src.path}: encoded images need a target size: pass size=(H, W) (CLI: --size HxW)")
+    return run_ingest(
+        src,
+        os.fspath(dest),
+        spec,
+        workers=workers,
+        chunk=chunk,
+        on_error=on_error,
+        max_errors=max_errors,
+        resume=resume,
+        overwrite=overwrite,
+        shard=parse_shard(shard),
+        quiet=quiet,
+        backend=backend,
+        progress_interval=progress_interval,
+        resume_hint=resume_hint,
+    )
+
+
+def from_dataset(
+    ds: Any,
+    dest: str | os.PathLike[str],
+    size: Any = None,
+    *,
+    label_names: list[str] | None = None,
+    workers: int | None = None,
+    **kwargs: Any,
+) -> IngestResult:
+    """Freeze a map-style dataset into a store at ``dest``.
+
+    ``ds`` needs ``len(ds)`` and ``ds[i]``; items are numpy arrays, torch
+    tensors (``CHW`` 3-D tensors are made ``HWC``), PIL images, ``(image,
+    label)`` pairs or ``{"image": ..., "label": ...}`` dicts. Without ``size``
+    every image must have the shape and dtype of item 0 and is stored as is
+    (only ``image`` and ``label``); with ``size`` each is fitted like a decoded
+    file (``resize`` policy etc.) and ``orig_size``/``box`` are stored too.
+    ``label_names`` defaults to ``ds.classes`` when present.
+
+    Workers are forked processes that inherit ``ds`` (nothing is pickled);
+    pass ``workers=0`` for a dataset that must stay in this process. Other
+    keyword arguments are those of :func:`ingest`.
+    """
+    src = DatasetSource(ds, label_names=label_names)
+    return ingest(src, dest, size, workers=workers, **kwargs)

@@ -1,0 +1,61 @@
+"""Helpers shared by the checking commands' CLI modules (argparse glue,
+JSON output, progress bars). Library code never imports this."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from ._common import dumps
+
+__all__ = ["add_common", "emit_json", "progress_bar", "subparser", "usage_error"]
+
+
+def subparser(sub: argparse._SubParsersAction, name: str, help: str, description: str, example: str) -> argparse.ArgumentParser:
+    return sub.add_parser(
+        name,
+        help=help,
+        description=description,
+        epilog=example,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def add_common(p: argparse.ArgumentParser, store: bool = True) -> None:
+    if store:
+        p.add_argument("store", metavar="STORE", help="the store directory")
+    p.add_argument("--json", action="store_true", help="print the report as JSON (for scripts)")
+
+
+def emit_json(report: Any) -> None:
+    sys.stdout.write(dumps(report) + "\n")
+    sys.stdout.flush()
+
+
+class _NoBar:
+    def update(self, n: int) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    total: Any = None
+
+
+def progress_bar(enabled: bool, desc: str, total: int | None = None, unit: str = "B") -> Any:
+    """A tqdm bar on stderr (bytes, shows MB/s) when enabled and stderr is a
+    terminal, else a no-op object with the same ``update``/``close``."""
+    if not enabled or not sys.stderr.isatty():
+        return _NoBar()
+    try:
+        from tqdm import tqdm
+    except ImportError:
+        return _NoBar()
+    return tqdm(total=total, desc=desc, unit=unit, unit_scale=True, unit_divisor=1000, file=sys.stderr,
+                dynamic_ncols=True, leave=False)
+
+
+def usage_error(command: str, message: str) -> int:
+    print(f"mmstore {command}: error: {message}", file=sys.stderr)
+    return 2

@@ -1,0 +1,189 @@
+"""Shared helpers of the checking tools: report serialisation, tables,
+byte/rate formatting, and finding the image and label fields of a schema."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..schema import Field, Schema
+
+__all__ = [
+    "find_image_field",
+    "find_label_field",
+    "fmt_bytes",
+    "fmt_rate",
+    "fmt_seconds",
+    "image_layout",
+    "table",
+    "to_jsonable",
+]
+
+
+def to_jsonable(obj: Any) -> Any:
+    """Dataclasses, numpy scalars/arrays, tuples -> plain JSON values."""
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        out = {f.name: to_jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+        for name in getattr(obj, "_json_extra", ()):
+            out[name] = to_jsonable(getattr(obj, name))
+        return out
+    if isinstance(obj, dict):
+        return {str(k): to_jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [to_jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return to_jsonable(obj.tolist())
+    if isinstance(obj, np.generic):
+        return to_jsonable(obj.item())
+    if isinstance(obj, float):
+        if math.isnan(obj) or math.isinf(obj):
+            return None
+        return obj
+    if isinstance(obj, (str, int, bool)) or obj is None:
+        return obj
+    if isinstance(obj, os.PathLike):
+        return os.fspath(obj)
+    return str(obj)
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(to_jsonable(obj), indent=1, ensure_ascii=False)
+
+
+def fmt_bytes(n: float | int | None) -> str:
+    if n is None:
+        return "unknown"
+    n = float(n)
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
+def fmt_rate(bytes_per_s: float | None) -> str:
+    if bytes_per_s is None:
+        return "unknown"
+    return f"{bytes_per_s / 1e6:,.0f} MB/s"
+
+
+def fmt_seconds(s: float | None) -> str:
+    if s is None or (isinstance(s, float) and (math.isnan(s) or math.isinf(s))):
+        return "n/a"
+    if s < 1:
+        return f"{s * 1e3:.0f} ms"
+    if s < 120:
+        return f"{s:.1f} s"
+    if s < 7200:
+        return f"{s / 60:.1f} min"
+    return f"{s / 3600:.1f} h"
+
+
+def table(rows: Sequence[Sequence[Any]], header: Sequence[str] | None = None, indent: str = "  ") -> str:
+    """A plain left/right aligned text table (numbers right-aligned)."""
+    all_rows = [list(map(str, header))] if header else []
+    all_rows += [[str(c) for c in r] for r in rows]
+    if not all_rows:
+        return ""
+    ncol = max(len(r) for r in all_rows)
+    for r in all_rows:
+        r += [""] * (ncol - len(r))
+    widths = [max(len(r[c]) for r in all_rows) for c in range(ncol)]
+
+    def is_num(s: str) -> bool:
+        t = s.replace(",", "").replace("%", "").replace("x", "").strip()
+        try:
+            float(t.split()[0] if t else "x")
+            return True
+        except ValueError:
+            return False
+
+    lines = []
+    for k, r in enumerate(all_rows):
+        cells = [
+            (r[c].rjust(widths[c]) if (is_num(r[c]) and not (header and k == 0)) else r[c].ljust(widths[c]))
+            for c in range(ncol)
+        ]
+        lines.append(indent + "  ".join(cells).rstrip())
+        if header and k == 0:
+            lines.append(indent + "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+def image_layout(f: Field) -> str | None:
+    """``"hwc"`` / ``"chw"`` when ``f`` is a uint8 image field (1 or 3
+    channels), else None. ``(H, W)`` uint8 counts as a 1-channel ``"hw"``."""
+    if f.dtype != np.dtype("|u1"):
+        return None
+    s = f.shape
+    if len(s) == 3 and s[2] in (1, 3) and s[0] > 0 and s[1] > 0:
+        return "hwc"
+    if len(s) == 3 and s[0] in (1, 3) and s[1] > 3 and s[2] > 3:
+        return "chw"
+    if len(s) == 2 and s[0] > 1 and s[1] > 1:
+        return "hw"
+    return None
+
+
+def find_image_field(schema: Schema, name: str | None = None) -> tuple[Field, str] | None:
+    """The image field: ``name`` if given, else one named ``image``/``img``,
+    else the first uint8 field of image shape."""
+    if name is not None:
+        f = schema[name]
+        lay = image_layout(f)
+        if lay is None:
+            raise ValueError(
+                f"field {name!r} ({f.dtype.str} {list(f.shape)}) is not a uint8 image of shape "
+                "(H, W, 1|3), (1|3, H, W) or (H, W)"
+            )
+        return f, lay
+    cands = [(f, image_layout(f)) for f in schema]
+    cands = [(f, lay) for f, lay in cands if lay is not None]
+    for f, lay in cands:
+        if f.name.lower() in ("image", "img", "images", "pixels"):
+            return f, lay
+    for f, lay in cands:
+        if lay != "hw":
+            return f, lay
+    return cands[0] if cands else None
+
+
+def find_label_field(schema: Schema, name: str | None = None) -> Field | None:
+    """The label field: ``name``, else one named ``label``/``labels``/``target``/
+    ``class``, else None. Must be an integer scalar."""
+    if name is not None:
+        return schema[name]
+    for f in schema:
+        if f.name.lower() in ("label", "labels", "target", "targets", "class", "y") and f.shape == () and f.dtype.kind in "iub":
+            return f
+    return None
+
+
+def to_hwc(arr: np.ndarray, layout: str) -> np.ndarray:
+    """Image(s) in ``layout`` -> (..., H, W, C)."""
+    if layout == "hwc":
+        return arr
+    if layout == "chw":
+        return np.moveaxis(arr, -3, -1)
+    return arr[..., None]
+
+
+def sample_indices(n: int, k: int, seed: int = 0) -> np.ndarray:
+    """``min(n, k)`` distinct sorted random indices of ``range(n)``."""
+    k = min(int(n), int(k))
+    if k <= 0:
+        return np.zeros(0, np.int64)
+    rng = np.random.default_rng(seed)
+    if k >= n:
+        return np.arange(n, dtype=np.int64)
+    return np.sort(rng.choice(n, size=k, replace=False)).astype(np.int64)
+
+
+def iter_chunks(n: int, step: int) -> Iterable[tuple[int, int]]:
+    for a in range(0, n, step):
+        yield a, min(n, a + step)

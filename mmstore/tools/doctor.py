@@ -1,0 +1,308 @@
+"""``doctor``: measure this machine and this store, predict epoch times, advise.
+
+Measurements (all sampled, bounded by ``budget_s``):
+
+- sequential read speed of the largest data file (a range of it is evicted
+  first, so this is the disk, not the cache);
+- cold random record reads per second: a sample of records is evicted from
+  the page cache (memmap: exactly their byte ranges, page-aligned), then read
+  one by one through ``Store.read_batch``, by one reader and by ``threads``
+  concurrent readers (what ``mmstore.torch.Loader`` does); for lmdb, whose
+  record positions are not known, random record-sized reads of
+  ``records.mdb`` stand in;
+- warm random record reads per second: the same records again, now cached,
+  in batches;
+- memory available (MemAvailable and the cgroup limit) against the store size.
+
+The model (N records of R bytes, S bytes of data, h = the share of the store
+the page cache can hold):
+
+- full shuffle, cold: epoch 1 = N / cold_rate; epoch 2 = N / warm_rate when the
+  store fits, else N * ((1 - h) / cold_rate + h / warm_rate);
+- full shuffle after ``warm``: S / seq_speed + N / warm_rate, then N / warm_rate
+  (only when it fits; else as cold);
+- block shuffle (``BlockShuffle.auto`` sizes from the measured latency and
+  speed): blocks * latency + S / seq_speed of I/O overlapped with
+  N / warm_rate of copying; epoch 2 as epoch 1 unless it fits.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .. import _sys
+from ..reader import Store, open_store
+from ._common import fmt_bytes, fmt_seconds, sample_indices
+
+__all__ = ["DoctorReport", "Prediction", "doctor_store"]
+
+
+@dataclass
+class Prediction:
+    order: str
+    epoch1_s: float | None
+    epoch2_s: float | None
+    note: str = ""
+
+
+@dataclass
+class DoctorReport:
+    path: str
+    backend: str
+    records: int
+    record_bytes: int
+    store_bytes: int
+    disk: dict[str, Any] = field(default_factory=dict)
+    resident_bytes: int | None = None
+    mem_available: int | None = None
+    effective_available: int | None = None
+    seq_mb_per_s: float | None = None
+    seq_bytes: int = 0
+    seq_cold: bool | None = None
+    cold_sample: int = 0
+    cold_reads_per_s_1: float | None = None
+    cold_reads_per_s: float | None = None
+    cold_threads: int = 0
+    cold_evicted: bool | None = None
+    warm_reads_per_s: float | None = None
+    latency_ms: float | None = None
+    block: dict[str, Any] | None = None
+    predictions: list[Prediction] = field(default_factory=list)
+    fits: bool | None = None
+    recommendation: str = ""
+    notes: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def _evict_records(store: Store, slots: np.ndarray) -> bool:
+    """Drop the pages of ``slots`` of every memmap field; True if mincore then
+    shows none of them resident."""
+    page = _sys.PAGE_SIZE
+    ok = True
+    for f in store.schema:
+        if not f.nbytes:
+            continue
+        path, off, nb = store.backend.field_location(f.name)
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            size = os.fstat(fd).st_size
+            for s in slots.tolist():
+                a = off + s * nb
+                b = a + nb
+                for align in (page, 64 << 10, 2 << 20):
+                    lo, hi = a - a % align, -(-b // align) * align
+                    os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
+                    try:
+                        if _sys._resident_fd(fd, size, a, nb) == 0:
+                            break
+                    except (OSError, NotImplementedError, AttributeError):
+                        break
+                else:
+                    ok = False
+        finally:
+            os.close(fd)
+    return ok
+
+
+def _time_reads(store: Store, idx: np.ndarray, threads: int, deadline: float) -> tuple[int, float]:
+    """Read ``idx`` one record per call with ``threads`` readers; return (reads, seconds)."""
+    counts = [0] * threads
+
+    def work(t: int) -> None:
+        for i in idx[t::threads].tolist():
+            store.read_batch([i])
+            counts[t] += 1
+            if time.perf_counter() > deadline:
+                break
+
+    t0 = time.perf_counter()
+    if threads <= 1:
+        work(0)
+    else:
+        with ThreadPoolExecutor(threads) as ex:
+            list(ex.map(work, range(threads)))
+    return sum(counts), time.perf_counter() - t0
+
+
+def doctor_store(
+    path: str | os.PathLike[str],
+    *,
+    samples: int = 256,
+    threads: int = 8,
+    budget_s: float = 30.0,
+    seq_bytes: int = 256 << 20,
+    cold: bool = True,
+    seed: int = 0,
+) -> DoctorReport:
+    """Measure and advise (see the module docstring). ``cold=False`` skips
+    every eviction (the cold figures are then not measured); ``budget_s``
+    bounds the time of the measurements (about 40% sequential, 40% cold
+    random, 20% warm)."""
+    t_start = time.perf_counter()
+    store = open_store(path)
+    try:
+        data = [os.path.join(store.path, n) for n in store.backend.data_file_names(store.schema)]
+        sbytes = sum(os.path.getsize(p) for p in data)
+        rep = DoctorReport(store.path, store.backend_name, store.records, store.schema.record_bytes, sbytes)
+        rep.disk = _sys.disk_info(store.path)
+        try:
+            rep.resident_bytes = sum(_sys.resident_bytes(p)[0] for p in data)
+        except (OSError, NotImplementedError):
+            pass
+        rep.mem_available = _sys.mem_available()
+        rep.effective_available = _sys.effective_available()
+        if rep.disk.get("tmpfs"):
+            rep.notes.append("the store is on a memory file system (tmpfs): it is always 'in the page cache'; "
+                             "cold figures are memory speeds")
+        if rep.disk.get("network"):
+            rep.notes.append(f"the store is on a network file system ({rep.disk.get('fs_type')}): latency is "
+                             "high and eviction may not reach the server's cache")
+        if store.records == 0:
+            rep.recommendation = "the store is empty"
+            return rep
+        # 1. sequential
+        big = max(data, key=os.path.getsize)
+        sp = _sys.seq_read_speed(big, max_bytes=seq_bytes, cold=cold, max_seconds=0.4 * budget_s)
+        rep.seq_mb_per_s = sp.mb_per_s or None
+        rep.seq_bytes = sp.bytes
+        rep.seq_cold = (sp.resident_before == 0) if cold and sp.resident_before is not None else None
+        # 2. cold random records
+        idx = sample_indices(store.records, samples, seed)
+        np.random.default_rng(seed).shuffle(idx)
+        rep.cold_sample = len(idx)
+        rep.cold_threads = threads
+        deadline = time.perf_counter() + 0.4 * budget_s
+        if cold:
+            if store.backend_name == "memmap":
+                half = max(1, len(idx) // 2)
+                a, b = idx[:half], idx[half:]
+                rep.cold_evicted = _evict_records(store, store.slots_of(idx))
+                n1, t1 = _time_reads(store, a, 1, time.perf_counter() + 0.2 * budget_s)
+                rep.cold_reads_per_s_1 = n1 / t1 if t1 > 0 and n1 else None
+                if len(b):
+                    n2, t2 = _time_reads(store, b, threads, deadline)
+                    rep.cold_reads_per_s = n2 / t2 if t2 > 0 and n2 else None
+                else:
+                    rep.cold_reads_per_s = rep.cold_reads_per_s_1
+            else:
+                rb = store.schema.record_bytes
+                r1 = _sys.random_read_speed(big, rb, n=max(1, len(idx) // 2), cold=True, threads=1, seed=seed,
+                                            max_seconds=0.2 * budget_s)
+                r2 = _sys.random_read_speed(big, rb, n=max(1, len(idx) // 2), cold=True, threads=threads,
+                                            seed=seed + 1, max_seconds=0.2 * budget_s)
+                rep.cold_reads_per_s_1 = r1.ops_per_s or None
+                rep.cold_reads_per_s = r2.ops_per_s or None
+                rep.cold_evicted = r1.resident_before == 0 if r1.resident_before is not None else None
+                rep.notes.append("lmdb: cold figures are random record-sized reads of records.mdb")
+                store.read_batch(np.sort(idx))  # bring the sampled records in for the warm figure
+            if rep.cold_evicted is False:
+                rep.notes.append("eviction did not take (tmpfs, locked or dirty pages): cold figures are too high")
+        else:
+            store.read_batch(np.sort(idx))
+        if rep.cold_reads_per_s_1:
+            rep.latency_ms = 1e3 / rep.cold_reads_per_s_1
+        # 3. warm random records (the sample is now cached), in batches of 64
+        t0 = time.perf_counter()
+        reads = 0
+        end = t0 + max(0.05, 0.2 * budget_s)
+        while reads < 20 * len(idx) and time.perf_counter() < end:
+            for a in range(0, len(idx), 64):
+                store.read_batch(idx[a : a + 64])
+            reads += len(idx)
+        dt = time.perf_counter() - t0
+        rep.warm_reads_per_s = reads / dt if dt > 0 else None
+        _predict(rep)
+        return rep
+    finally:
+        store.close()
+        try:
+            rep.seconds = time.perf_counter() - t_start
+        except NameError:
+            pass
+
+
+def _predict(rep: DoctorReport) -> None:
+    from ..order import BlockShuffle
+
+    n, S, R = rep.records, rep.store_bytes, max(1, rep.record_bytes)
+    avail = rep.effective_available or rep.mem_available
+    seq = (rep.seq_mb_per_s or 0) * 1e6 or None
+    cold = rep.cold_reads_per_s
+    warm = rep.warm_reads_per_s
+    resident = rep.resident_bytes or 0
+    rep.fits = None if avail is None else S <= 0.9 * (avail + 0) or resident >= 0.95 * S
+    h = 1.0 if rep.fits or avail is None else min(1.0, 0.9 * avail / max(S, 1))
+    t_warm = n / warm if warm else None
+    t_cold = n / cold if cold else None
+
+    def mix(hit: float) -> float | None:
+        if warm is None or cold is None:
+            return None
+        return n * ((1 - hit) / cold + hit / warm)
+
+    preds = []
+    e2 = t_warm if rep.fits else mix(h)
+    preds.append(Prediction("full shuffle, cold", t_cold, e2,
+                            "epoch 1 reads every record from disk" + ("" if rep.fits else
+                            f"; only {100 * h:.0f}% of the store can stay cached")))
+    if rep.fits:
+        e1 = (S / seq if seq else 0) + (t_warm or 0) if seq and t_warm else None
+        preds.append(Prediction("full shuffle after `mmstore warm`", e1, t_warm,
+                                f"one sequential pass ({fmt_seconds(S / seq) if seq else 'n/a'}) then memory copies"))
+    else:
+        preds.append(Prediction("full shuffle after `mmstore warm`", mix(h), mix(h),
+                                "does not fit: warm can only cache part of the store"))
+    latency = (rep.latency_ms or 8.0) / 1e3
+    bw = seq or 150e6
+    try:
+        sizes = BlockShuffle.auto_sizes(n, R, int(avail) if avail else None, seek_s=max(latency, 1e-5), bandwidth=bw)
+    except ValueError:
+        sizes = None
+    rep.block = sizes
+    if sizes:
+        io = sizes["blocks"] * latency + S / bw
+        e1 = max(io, t_warm or 0)
+        preds.append(Prediction(
+            f"block shuffle (block {sizes['block']}, window {sizes['window']})", e1,
+            t_warm if rep.fits else e1,
+            f"{sizes['blocks']:,} blocks of {fmt_bytes(sizes['block_bytes'])} read sequentially, "
+            f"windows of {fmt_bytes(sizes['window_bytes'])}"))
+    rep.predictions = preds
+    rep.recommendation = _advise(rep, sizes, t_cold, t_warm)
+
+
+def _advise(rep: DoctorReport, sizes: dict[str, Any] | None, t_cold: float | None, t_warm: float | None) -> str:
+    S = rep.store_bytes
+    avail = rep.effective_available or rep.mem_available
+    if rep.resident_bytes is not None and rep.resident_bytes >= 0.95 * S and rep.fits:
+        return ("the store is already in the page cache: use the full shuffle (order='permutation'); "
+                f"an epoch should take about {fmt_seconds(t_warm)}")
+    if rep.fits:
+        p = next((x for x in rep.predictions if x.order.startswith("full shuffle after")), None)
+        gain = ""
+        if t_cold and p and p.epoch1_s:
+            gain = f" (epoch 1: {fmt_seconds(p.epoch1_s)} instead of {fmt_seconds(t_cold)} cold)"
+        return (f"the store ({fmt_bytes(S)}) fits in RAM ({fmt_bytes(avail)} available): run `mmstore warm "
+                f"{rep.path}` first (or Loader(..., warm=True)), then use the full shuffle{gain}")
+    if avail is None:
+        return "available memory is unknown: use the block shuffle (order='block') to be safe"
+    ratio = S / max(avail, 1)
+    blk = f"block={sizes['block']}, window={sizes['window']}" if sizes else "auto sizes"
+    bp = next((x for x in rep.predictions if x.order.startswith("block")), None)
+    fp = rep.predictions[0] if rep.predictions else None
+    cmp = ""
+    if bp and fp and bp.epoch1_s and fp.epoch1_s:
+        if fp.epoch1_s <= 1.3 * bp.epoch1_s:
+            return (f"the store is {ratio:.1f}x your available memory, but random reads are fast here "
+                    f"({rep.cold_reads_per_s or 0:,.0f} records/s cold): the full shuffle costs "
+                    f"{fmt_seconds(fp.epoch1_s)} per epoch, close to the block shuffle's {fmt_seconds(bp.epoch1_s)}; "
+                    "keep the full shuffle")
+        cmp = f" (about {fmt_seconds(bp.epoch1_s)} per epoch instead of {fmt_seconds(fp.epoch1_s)} for the full shuffle)"
+    return (f"the store is {ratio:.1f}x your available memory: use the block shuffle with {blk} "
+            f"(Loader(store, batch_size, order='block')){cmp}")

@@ -1,0 +1,163 @@
+"""``inspect``: what is in a store, where it came from, and how much of it is
+in the page cache right now."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..reader import open_store
+from ._common import find_image_field, find_label_field, sample_indices, to_hwc
+
+__all__ = ["InspectReport", "inspect_store", "reason_category"]
+
+
+@dataclass
+class InspectReport:
+    path: str
+    store_id: str
+    format_version: list[int]
+    backend: str
+    records: int
+    slots: int
+    record_bytes: int
+    schema: list[dict[str, Any]]
+    files: dict[str, int]
+    bytes_on_disk: int
+    provenance: dict[str, Any]
+    skipped: int = 0
+    skipped_reasons: list[dict[str, Any]] = field(default_factory=list)
+    label_field: str | None = None
+    label_names: list[str] | None = None
+    label_histogram: list[dict[str, Any]] | None = None
+    image_field: str | None = None
+    image_layout: str | None = None
+    image_sample: int = 0
+    channel_mean: list[float] | None = None
+    channel_std: list[float] | None = None
+    cache_resident: dict[str, int] | None = None
+    cache_resident_bytes: int | None = None
+    cache_bytes_total: int = 0
+    mem_available: int | None = None
+    mem_effective_available: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+    _json_extra = ("cache_fraction", "fits_in_memory")
+
+    @property
+    def cache_fraction(self) -> float | None:
+        if self.cache_resident_bytes is None:
+            return None
+        return self.cache_resident_bytes / self.cache_bytes_total if self.cache_bytes_total else 1.0
+
+    @property
+    def fits_in_memory(self) -> bool | None:
+        avail = self.mem_effective_available or self.mem_available
+        if avail is None:
+            return None
+        return self.cache_bytes_total - (self.cache_resident_bytes or 0) <= 0.9 * avail
+
+
+def reason_category(reason: str) -> str:
+    """First word of a skip reason (``corrupt: ...`` -> ``corrupt``)."""
+    head = str(reason).strip().split(None, 1)[0] if str(reason).strip() else "unknown"
+    return head.rstrip(":;,.")
+
+
+def inspect_store(
+    path: str | os.PathLike[str],
+    *,
+    sample: int = 1000,
+    seed: int = 0,
+    cache: bool = True,
+    image_field: str | None = None,
+    label_field: str | None = None,
+) -> InspectReport:
+    """Describe the store at ``path`` (opens it: a damaged store raises
+    ``FormatError``; use :func:`verify_store` to list every problem).
+
+    ``sample`` images (random, ``seed``) give the per-channel mean/std;
+    the label histogram reads the whole label column.
+    """
+    store = open_store(path)
+    try:
+        m = store.manifest
+        files = {n: int(s) for n, s in m["files"].items()}
+        files["manifest.json"] = os.stat(os.path.join(store.path, "manifest.json")).st_size
+        rep = InspectReport(
+            path=store.path,
+            store_id=store.store_id,
+            format_version=list(m["version"]),
+            backend=store.backend_name,
+            records=store.records,
+            slots=store.slots,
+            record_bytes=store.schema.record_bytes,
+            schema=store.schema.to_json(),
+            files=files,
+            bytes_on_disk=sum(files.values()),
+            provenance=store.provenance,
+            label_names=store.label_names,
+        )
+        skipped = store.skipped()
+        rep.skipped = store.slots - store.records
+        if skipped:
+            cats: Counter[str] = Counter()
+            example: dict[str, str] = {}
+            for e in skipped:
+                c = reason_category(e.get("reason", ""))
+                cats[c] += 1
+                example.setdefault(c, f"{e.get('key', '')}: {e.get('reason', '')}")
+            rep.skipped_reasons = [{"reason": c, "count": n, "example": example[c]} for c, n in cats.most_common(10)]
+        lf = find_label_field(store.schema, label_field)
+        if lf is not None and store.records:
+            rep.label_field = lf.name
+            col = store.column(lf.name).astype(np.int64)
+            vals, counts = np.unique(col, return_counts=True)
+            names = store.label_names or []
+            rep.label_histogram = [
+                {"label": int(v), "name": names[v] if 0 <= v < len(names) else None, "count": int(c)}
+                for v, c in zip(vals.tolist(), counts.tolist())
+            ]
+            if names and len(vals) and (vals.min() < 0 or vals.max() >= len(names)):
+                rep.notes.append(f"labels outside 0..{len(names) - 1} appear; label_names does not cover them")
+        found = find_image_field(store.schema, image_field)
+        if found is not None and store.records and sample > 0:
+            f, lay = found
+            rep.image_field, rep.image_layout = f.name, lay
+            idx = sample_indices(store.records, sample, seed)
+            s1 = None
+            s2 = None
+            for a in range(0, len(idx), 256):
+                imgs = to_hwc(store.read_batch(idx[a : a + 256], fields=[f.name])[f.name], lay)
+                px = imgs.reshape(-1, imgs.shape[-1]).astype(np.float64)
+                t1, t2 = px.sum(0), (px * px).sum(0)
+                s1 = t1 if s1 is None else s1 + t1
+                s2 = t2 if s2 is None else s2 + t2
+            npx = len(idx) * int(np.prod(to_hwc(np.zeros((1, *f.shape), np.uint8), lay).shape[1:3]))
+            mean = s1 / npx
+            var = np.maximum(s2 / npx - mean * mean, 0.0)
+            rep.image_sample = len(idx)
+            rep.channel_mean = [round(float(x), 3) for x in mean]
+            rep.channel_std = [round(float(x), 3) for x in np.sqrt(var)]
+        if cache:
+            from .. import _sys
+
+            try:
+                res = {}
+                for p in store.data_paths():
+                    r, size = _sys.resident_bytes(p)
+                    res[os.path.basename(p)] = r
+                    rep.cache_bytes_total += size
+                rep.cache_resident = res
+                rep.cache_resident_bytes = sum(res.values())
+            except (OSError, NotImplementedError) as exc:
+                rep.notes.append(f"page-cache residency unavailable ({exc})")
+            rep.mem_available = _sys.mem_available()
+            rep.mem_effective_available = _sys.effective_available()
+        return rep
+    finally:
+        store.close()

@@ -1,0 +1,342 @@
+"""``verify --repair``: re-ingest the bad records of a store from its source.
+
+Where the source is and how it was decoded comes from the provenance the
+ingest writes (``provenance.source``: kind, path and options;
+``provenance.ingest.params.decode``: the :class:`mmstore.decode.DecodeSpec`).
+A bad slot's key leads back to its input the way the ingest's sources read
+it (folder: ``root/key``; list: ``root/path_template(key)``; lmdb: the
+value of ``key``; arrays: item ``int(key)``), which is decoded again with the
+same spec. Fields the decoder does not produce (the label) keep their stored
+bytes, and when those are damaged too every label value is tried.
+
+The re-decoded record is written only when its xxh3_64 equals the checksum
+stored at ingest time: that proves it is the original record byte for byte,
+so the repaired store is byte-identical to a fresh ingest. A record whose
+source is gone, or decodes to other bytes (the file changed), is left as it
+is and reported.
+
+memmap: each field's entry is written in place (``pwrite``), then fsynced.
+lmdb: rewriting a value in place would change the page layout, so the
+environment is rebuilt from a staging file of every record exactly as an
+ingest builds it (same keys in the same order, same transactions), and
+replaces ``records.mdb`` atomically (the manifest's size entry is updated
+if it differs).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .._io import atomic_write, fsync_dir, fsync_file, pwrite_all
+from ..format import LMDB_FILE, MANIFEST_FILE, npy_header
+from ..reader import Store, open_store
+from .verify import VerifyReport
+
+__all__ = ["RepairReport", "repair_store"]
+
+REPAIRABLE = ("checksum", "hole-not-zero", "missing", "size", "hole-has-record", "extra-key")
+
+
+@dataclass
+class RepairReport:
+    attempted: bool = False
+    repaired: list[int] = field(default_factory=list)
+    failed: list[dict[str, Any]] = field(default_factory=list)
+    source: str | None = None
+    message: str = ""
+
+
+class SourceGone(Exception):
+    """The source is not reachable (or not re-readable at all)."""
+
+
+class _Source:
+    """Reads one input again, by key, the way the ingest's source did."""
+
+    def __init__(self, prov: dict[str, Any]) -> None:
+        src = prov.get("source")
+        if not isinstance(src, dict) or "kind" not in src:
+            raise SourceGone("the provenance does not say where the records came from (no source); "
+                             "the store was not written by `mmstore ingest`")
+        self.kind = src["kind"]
+        self.path = src.get("path")
+        self.src = src
+        ing = prov.get("ingest") or {}
+        params = ing.get("params") or {}
+        dec = params.get("decode", prov.get("decode"))
+        self.spec = None
+        if dec:
+            from ..decode import DecodeSpec
+
+            self.spec = DecodeSpec.from_dict(dec)
+        if self.kind == "dataset":
+            raise SourceGone(f"the records came from a Python dataset ({src.get('type')}), which cannot be "
+                             "re-read from here; re-create the store with from_dataset()")
+        if self.kind not in ("folder", "list", "lmdb", "arrays"):
+            raise SourceGone(f"unknown source kind {self.kind!r} in the provenance")
+        if not self.path or not os.path.exists(self.path):
+            raise SourceGone(f"the source {self.path!r} ({self.kind}) is gone; restore it, or restore the store "
+                             "from a copy")
+        self._env: Any = None
+        self._arr: Any = None
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.path}"
+
+    def load(self, key: bytes) -> Any:
+        """Encoded bytes (uint8 array) or the array item of ``key``."""
+        from ..decode import read_bytes
+        from ..format import decode_key
+
+        if self.kind == "folder":
+            return read_bytes(os.path.join(os.fsencode(self.path), key))
+        if self.kind == "list":
+            k = decode_key(key)
+            tmpl = self.src.get("path_template")
+            rel = tmpl.format(k, id=k) if tmpl else k
+            root = self.src.get("root") or os.path.dirname(self.path)
+            return read_bytes(os.path.join(os.fsencode(root), os.fsencode(rel)))
+        if self.kind == "lmdb":
+            if self._env is None:
+                import lmdb
+
+                self._env = lmdb.open(self.path, readonly=True, lock=False, readahead=False, subdir=True, max_dbs=0)
+            with self._env.begin() as txn:
+                val = txn.get(bytes(key))
+            if val is None:
+                raise FileNotFoundError(f"key {key!r} is no longer in the source LMDB")
+            return np.frombuffer(val, np.uint8)
+        # arrays
+        if self._arr is None:
+            if self.path.lower().endswith(".npz"):
+                z = np.load(self.path, allow_pickle=False)
+                ik = self.src.get("image_key") or next(
+                    (n for n in ("image", "images", "x", "data", "arr_0") if n in z.files), None)
+                self._arr = z[ik]
+            else:
+                self._arr = np.load(self.path, mmap_mode="r", allow_pickle=False)
+        return np.asarray(self._arr[int(decode_key(key))])
+
+    def decode(self, key: bytes) -> dict[str, np.ndarray]:
+        raw = self.load(key)
+        out: dict[str, np.ndarray] = {}
+        if self.kind == "arrays":
+            if self.spec is None:
+                return {"image": raw}
+            from ..decode import fit_array
+
+            d = fit_array(raw, self.spec)
+        else:
+            from ..decode import decode_image
+
+            if self.spec is None:
+                raise SourceGone("the provenance has no decode spec for encoded inputs")
+            d = decode_image(raw, self.spec)
+        out["image"] = d.image
+        if getattr(d, "orig_size", None) is not None:
+            out["orig_size"] = np.asarray(d.orig_size)
+        if getattr(d, "box", None) is not None:
+            out["box"] = np.asarray(d.box)
+        return out
+
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+
+
+def _packed(store: Store, arrays: dict[str, np.ndarray]) -> bytes:
+    parts = []
+    for f in store.schema:
+        a = np.ascontiguousarray(np.asarray(arrays[f.name]), dtype=f.dtype)
+        if a.shape != f.shape:
+            a = a.reshape(f.shape)
+        parts.append(a.tobytes())
+    return b"".join(parts)
+
+
+def _stored_fields(store: Store, slot: int) -> dict[str, np.ndarray]:
+    """The stored (possibly damaged) fields of ``slot``; zeros where absent."""
+    out = {f.name: np.zeros(f.shape, f.dtype) for f in store.schema}
+    for s, packed in store.backend.iter_packed(slot, slot + 1):
+        if packed is not None and len(packed) == store.schema.record_bytes:
+            pos = 0
+            for f in store.schema:
+                out[f.name] = np.frombuffer(bytes(packed[pos : pos + f.nbytes]), f.dtype).reshape(f.shape)
+                pos += f.nbytes
+    return out
+
+
+def _rebuild(store: Store, src: _Source, slot: int, want: int, label_range: int) -> bytes:
+    """The original packed record of ``slot`` (checksum ``want``) or raise."""
+    import xxhash
+
+    key = store.slot_key_bytes(slot)
+    if not key:
+        raise ValueError("the slot has no source key")
+    try:
+        fresh = src.decode(key)
+    except SourceGone:
+        raise
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", None) or str(exc)
+        raise ValueError(f"the source input cannot be read or decoded again ({reason})") from None
+    rec = _stored_fields(store, slot)
+    for k, v in fresh.items():
+        if k in rec:
+            rec[k] = v
+    packed = _packed(store, rec)
+    if xxhash.xxh3_64_intdigest(packed) == want:
+        return packed
+    lab = next((f for f in store.schema if f.name == "label" and f.shape == ()), None)
+    if lab is not None:
+        for cand in range(label_range):
+            rec["label"] = np.asarray(cand, lab.dtype)
+            packed = _packed(store, rec)
+            if xxhash.xxh3_64_intdigest(packed) == want:
+                return packed
+    raise ValueError("the source decodes to other bytes than the ones checksummed at ingest (the input or the "
+                     "decoder changed since); not repaired")
+
+
+def repair_store(path: str | os.PathLike[str], report: VerifyReport) -> RepairReport:
+    """Repair the bad records ``report`` (a content :func:`verify_store`
+    report of ``path``) names. Structural problems are not repaired."""
+    rr = RepairReport()
+    if any(p.kind != "lmdb-keys" for p in report.problems):  # a key count off is what a rebuild fixes
+        kinds = sorted({p.kind for p in report.problems})
+        rr.message = (f"refused: the store has structural problems ({', '.join(kinds)}); repair only restores "
+                      "records. Restore the named files from a copy or re-create the store")
+        return rr
+    if not report.content_checked:
+        rr.message = "refused: the record content was not checked (run verify without --quick)"
+        return rr
+    bad = [b for b in report.bad_records if b.what in REPAIRABLE]
+    if not bad:
+        rr.message = "nothing to repair"
+        return rr
+    if report.bad_count > len(report.bad_records):
+        rr.message = f"refused: {report.bad_count:,} bad records is more than repair lists; re-create the store"
+        return rr
+    store = open_store(path)
+    try:
+        try:
+            src = _Source(store.provenance) if any(b.what in ("checksum", "missing", "size") for b in bad) else None
+        except SourceGone as exc:
+            rr.message = f"refused: {exc}"
+            rr.failed = [{"slot": b.slot, "key": b.key, "reason": "source not reachable"} for b in bad]
+            return rr
+        except ValueError as exc:
+            rr.message = f"refused: the provenance's decode spec is not usable here ({exc})"
+            return rr
+        rr.source = src.describe() if src else None
+        ck = np.array(store.checksums())
+        names = store.label_names or []
+        label_range = len(names)
+        if "label" in store.schema and not label_range and store.records:
+            col = store.column("label")
+            label_range = int(min(100_000, max(0, int(col.max()) + 1)))
+        fixes: dict[int, bytes] = {}
+        rb = store.schema.record_bytes
+        for b in bad:
+            if b.slot < 0 or b.what in ("hole-has-record", "extra-key"):
+                continue  # lmdb: dropped by the rebuild below
+            if b.what == "hole-not-zero":
+                fixes[b.slot] = bytes(rb)
+                continue
+            try:
+                assert src is not None
+                fixes[b.slot] = _rebuild(store, src, b.slot, int(ck[b.slot]), label_range)
+            except (ValueError, SourceGone) as exc:
+                rr.failed.append({"slot": b.slot, "key": b.key, "reason": str(exc)})
+        if src is not None:
+            src.close()
+        needs_lmdb_rebuild = store.backend_name == "lmdb" and (
+            fixes or any(b.what in ("hole-has-record", "extra-key") for b in bad))
+        rr.attempted = bool(fixes) or needs_lmdb_rebuild
+        if store.backend_name == "memmap":
+            _write_memmap(store, fixes)
+        elif needs_lmdb_rebuild:
+            _rebuild_lmdb(store, fixes)
+        rr.repaired = sorted(fixes)
+        dropped = sum(b.what in ("hole-has-record", "extra-key") for b in bad)
+        fixed = len(fixes) + (dropped if needs_lmdb_rebuild else 0)
+        rr.message = (f"repaired {fixed} of {len(bad)} bad record(s)"
+                      + (f" from {rr.source}" if rr.source and fixes else "")
+                      + (f" (dropped {dropped} LMDB key(s) that are not records)" if dropped else "")
+                      + (f"; {len(rr.failed)} could not be repaired" if rr.failed else ""))
+        return rr
+    finally:
+        store.close()
+
+
+def _write_memmap(store: Store, fixes: dict[int, bytes]) -> None:
+    if not fixes:
+        return
+    for f in store.schema:
+        if not f.nbytes:
+            continue
+        p, off, nb = store.backend.field_location(f.name)
+        pos = store.schema.offset(f.name)
+        fd = os.open(p, os.O_WRONLY)
+        try:
+            for s, packed in sorted(fixes.items()):
+                pwrite_all(fd, memoryview(packed)[pos : pos + nb], off + s * nb)
+            fsync_file(fd)
+        finally:
+            os.close(fd)
+
+
+def _rebuild_lmdb(store: Store, fixes: dict[int, bytes]) -> None:
+    from ..backends.lmdb import STAGING_FILE, LmdbBackend
+
+    rb = store.schema.record_bytes
+    slots = store.slots
+    holes = np.ones(slots, bool)
+    holes[store.slots_of(np.arange(store.records))] = False
+    work = os.path.join(os.path.dirname(store.path), f".{os.path.basename(store.path)}.repair-{uuid.uuid4().hex[:8]}")
+    os.makedirs(work)
+    try:
+        staging = os.path.join(work, STAGING_FILE)
+        header = npy_header(np.dtype("|u1"), (slots, rb))
+        fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            pwrite_all(fd, header, 0)
+            os.ftruncate(fd, len(header) + slots * rb)
+            step = 4096
+            for a in range(0, slots, step):
+                chunk = bytearray((min(slots, a + step) - a) * rb)
+                for s, v in store.backend.iter_packed(a, min(slots, a + step)):
+                    if holes[s]:
+                        continue
+                    val = fixes.get(s)
+                    if val is None and v is not None and len(v) == rb:
+                        val = bytes(v)
+                    if val is not None:
+                        chunk[(s - a) * rb : (s - a + 1) * rb] = val
+                pwrite_all(fd, chunk, len(header) + a * rb)
+            fsync_file(fd)
+        finally:
+            os.close(fd)
+        store.close()
+        LmdbBackend.finalize(work, store.schema, slots, holes)
+        new = os.path.join(work, LMDB_FILE)
+        size = os.path.getsize(new)
+        os.replace(new, os.path.join(store.path, LMDB_FILE))
+        fsync_dir(store.path)
+        if size != store.manifest["files"].get(LMDB_FILE):
+            mpath = os.path.join(store.path, MANIFEST_FILE)
+            with open(mpath, "rb") as fh:
+                obj = json.loads(fh.read())
+            obj["files"][LMDB_FILE] = size
+            atomic_write(mpath, json.dumps(obj, indent=1, ensure_ascii=False).encode("utf-8") + b"\n")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+

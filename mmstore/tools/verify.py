@@ -1,0 +1,279 @@
+"""``verify``: check a store's structure and every record's checksum.
+
+Structure (``quick=True`` stops here): the manifest parses and matches every
+file (exact sizes, ``.npy`` dtypes and shapes), no file is missing or stray,
+the checksums file hashes to the manifest's ``checksum.digest`` (a manifest
+copied from another store is caught), key offsets start at 0, never decrease
+and end at the blob size, and the index, ``errors.jsonl`` and the holes agree.
+
+Content: every slot's packed bytes are hashed again (xxh3_64) and compared
+with the stored checksum; holes must have checksum 0 and zero bytes (memmap)
+or no key (lmdb), and an lmdb file may hold no key that is not a record.
+Record data is read with ``os.preadv`` in large sequential chunks by a pool
+of threads (the reads release the GIL), so the pass runs near the disk's
+sequential speed.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from ..format import field_file, lmdb_key, read_manifest
+from .verify_report import MAX_LISTED, BadRecord, Problem, VerifyReport
+from .verify_structure import Ctx, check_structure, lmdb_backend
+
+__all__ = ["BadRecord", "Problem", "VerifyReport", "verify_store"]
+
+_CHUNK_BYTES = 8 << 20
+
+
+# --------------------------------------------------------------------------
+# content
+
+
+def _hexs(v: int) -> str:
+    return f"{int(v):016x}"
+
+
+class _Collector:
+    def __init__(self, ctx: Ctx, rep: VerifyReport) -> None:
+        self.ctx, self.rep = ctx, rep
+        self.lock = threading.Lock()
+
+    def bad(self, slot: int, what: str, expected: str = "", found: str = "") -> None:
+        with self.lock:
+            self.rep.bad_count += 1
+            if len(self.rep.bad_records) < MAX_LISTED:
+                self.rep.bad_records.append(
+                    BadRecord(slot, self.ctx.index_of(slot) if slot >= 0 else None,
+                              self.ctx.key_of(slot) if slot >= 0 else "", what, expected, found)
+                )
+
+
+def _content_memmap(ctx: Ctx, col: _Collector, threads: int, progress: Callable[[int], Any] | None) -> int:
+    import xxhash
+
+    fields = [f for f in ctx.schema if f.nbytes]
+    rb = ctx.schema.record_bytes
+    fds = [os.open(os.path.join(ctx.path, field_file(f.name)), os.O_RDONLY) for f in fields]
+    try:
+        for fd in fds:
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        per = max(1, _CHUNK_BYTES // max(rb, 1))
+        local = threading.local()
+        stored = ctx.checksums
+        assert stored is not None
+        one = len(fields) == 1
+
+        def run(a: int, b: int) -> int:
+            bufs = getattr(local, "bufs", None)
+            if bufs is None:
+                bufs = local.bufs = [bytearray(per * f.nbytes) for f in fields]
+            views = []
+            for fd, f, buf in zip(fds, fields, bufs):
+                mv = memoryview(buf)[: (b - a) * f.nbytes]
+                off = ctx.offsets[f.name] + a * f.nbytes
+                got = 0
+                while got < len(mv):
+                    n = os.preadv(fd, [mv[got:]], off + got)
+                    if n <= 0:
+                        raise OSError(f"{field_file(f.name)}: short read at offset {off + got}")
+                    got += n
+                views.append(mv)
+            calc = np.empty(b - a, np.uint64)
+            if one:
+                nb = fields[0].nbytes
+                v = views[0]
+                h3 = xxhash.xxh3_64_intdigest
+                for k in range(b - a):
+                    calc[k] = h3(v[k * nb : (k + 1) * nb])
+            else:
+                h = xxhash.xxh3_64()
+                sizes = [f.nbytes for f in fields]
+                for k in range(b - a):
+                    h.reset()
+                    for v, nb in zip(views, sizes):
+                        h.update(v[k * nb : (k + 1) * nb])
+                    calc[k] = h.intdigest()
+            want = stored[a:b]
+            holes = ctx.holes[a:b]
+            for k in np.flatnonzero((calc != want) & ~holes).tolist():
+                col.bad(a + k, "checksum", _hexs(want[k]), _hexs(calc[k]))
+            for k in np.flatnonzero(holes).tolist():
+                if any(np.frombuffer(v[k * f.nbytes : (k + 1) * f.nbytes], np.uint8).any() for v, f in zip(views, fields)):
+                    col.bad(a + k, "hole-not-zero", "zero bytes", "non-zero bytes")
+            n_bytes = (b - a) * rb
+            if progress is not None:
+                with col.lock:
+                    progress(n_bytes)
+            return n_bytes
+
+        chunks = [(a, min(ctx.slots, a + per)) for a in range(0, ctx.slots, per)]
+        total = 0
+        if threads <= 1 or len(chunks) <= 1:
+            for a, b in chunks:
+                total += run(a, b)
+        else:
+            with ThreadPoolExecutor(threads, thread_name_prefix="mmstore-verify") as ex:
+                # bounded window of chunks in flight keeps the reads near-sequential
+                futs = []
+                for a, b in chunks:
+                    futs.append(ex.submit(run, a, b))
+                    if len(futs) >= 2 * threads:
+                        total += futs.pop(0).result()
+                for fu in futs:
+                    total += fu.result()
+        return total
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _content_lmdb(ctx: Ctx, col: _Collector, threads: int, progress: Callable[[int], Any] | None) -> int:
+    import xxhash
+
+    rb = ctx.schema.record_bytes
+    stored = ctx.checksums
+    assert stored is not None
+    be = lmdb_backend(ctx)
+    env = be.env()
+    seen = np.zeros(ctx.slots, dtype=bool)
+    try:
+        bounds = np.linspace(0, ctx.slots, max(1, threads) + 1).astype(np.int64).tolist()
+
+        def run(t: int) -> int:
+            a, b = bounds[t], bounds[t + 1]
+            first, last = t == 0, t == len(bounds) - 2
+            stop_key = lmdb_key(b)
+            done = 0
+            pend = 0
+            h3 = xxhash.xxh3_64_intdigest
+            pos: bytes | None = None if first else lmdb_key(a)
+            finished = False
+            while not finished:
+                # short transactions: a resumable cursor walk
+                with env.begin(buffers=True) as txn:
+                    cur = txn.cursor()
+                    ok = cur.first() if pos is None else cur.set_range(pos)
+                    n = 0
+                    finished = True
+                    while ok:
+                        k = bytes(cur.key())
+                        if not last and k >= stop_key:
+                            break
+                        v = cur.value()
+                        s = int.from_bytes(k, "big") if len(k) == 8 else -1
+                        if s < 0 or s >= ctx.slots:
+                            col.bad(-1, "extra-key", "no key", f"key {k.hex()}")
+                        elif ctx.holes[s]:
+                            seen[s] = True
+                            col.bad(s, "hole-has-record", "no key", f"{len(v)}-byte value")
+                        else:
+                            seen[s] = True
+                            if len(v) != rb:
+                                col.bad(s, "size", f"{rb} bytes", f"{len(v)} bytes")
+                            else:
+                                c = h3(v)
+                                if c != int(stored[s]):
+                                    col.bad(s, "checksum", _hexs(stored[s]), _hexs(c))
+                        done += len(v)
+                        pend += len(v)
+                        n += 1
+                        if progress is not None and pend >= (4 << 20):
+                            with col.lock:
+                                progress(pend)
+                            pend = 0
+                        ok = cur.next()
+                        if ok and (n >= 1024 or pend >= (16 << 20)):
+                            pos = bytes(cur.key())
+                            finished = False
+                            break
+                    del cur
+            if progress is not None and pend:
+                with col.lock:
+                    progress(pend)
+            return done
+
+        if threads <= 1:
+            total = run(0)
+        else:
+            with ThreadPoolExecutor(threads, thread_name_prefix="mmstore-verify") as ex:
+                total = sum(ex.map(run, range(threads)))
+    finally:
+        be.close()
+    for s in np.flatnonzero(~seen & ~ctx.holes).tolist():
+        col.bad(s, "missing", "a record", "no key")
+    return total
+
+
+def verify_store(
+    path: str | os.PathLike[str],
+    *,
+    quick: bool = False,
+    threads: int | None = None,
+    progress: Callable[[int], Any] | None = None,
+    on_total: Callable[[int], Any] | None = None,
+) -> VerifyReport:
+    """Verify the store at ``path``; return a :class:`VerifyReport`.
+
+    Parameters
+    ----------
+    quick
+        Structure only (reads no record data).
+    threads
+        Reader threads for the content pass (default: CPUs, at most 8).
+    progress
+        Called with a byte count after each chunk of the content pass.
+    on_total
+        Called once with the bytes the content pass will read.
+
+    Raises
+    ------
+    IncompleteStoreError
+        Not a store (no manifest): the CLI's exit code 2.
+    """
+    path = os.path.abspath(os.fspath(path))
+    rep = VerifyReport(path=path, quick=quick)
+    if not os.path.isdir(path):
+        read_manifest(path)  # raises IncompleteStoreError with the right message
+    t0 = time.perf_counter()
+    ctx = check_structure(path, rep)
+    if ctx is None or quick:
+        rep.seconds = time.perf_counter() - t0
+        return rep
+    if not ctx.data_ok or ctx.checksums is None:
+        rep.note = "record content not checked: the data or checksum files are damaged (see problems)"
+        rep.seconds = time.perf_counter() - t0
+        return rep
+    threads = int(threads or min(8, os.cpu_count() or 1))
+    rep.threads = threads
+    if on_total is not None:
+        on_total(ctx.slots * ctx.schema.record_bytes)
+    col = _Collector(ctx, rep)
+    t1 = time.perf_counter()
+    try:
+        if ctx.backend == "memmap":
+            nbytes = _content_memmap(ctx, col, threads, progress)
+        else:
+            nbytes = _content_lmdb(ctx, col, threads, progress)
+    except Exception as exc:  # noqa: BLE001 - an unreadable file is a finding, not a crash
+        if isinstance(exc, (KeyboardInterrupt, MemoryError)):
+            raise
+        rep.problems.append(Problem("read", f"reading the record data failed: {type(exc).__name__}: {exc}; "
+                                    "the file is damaged or the disk has errors (see the kernel log)"))
+        rep.seconds = time.perf_counter() - t1
+        return rep
+    rep.bad_records.sort(key=lambda r: r.slot)
+    rep.content_checked = True
+    rep.checked_slots = ctx.slots
+    rep.checked_bytes = nbytes
+    rep.seconds = time.perf_counter() - t1
+    return rep

@@ -1,0 +1,272 @@
+"""Structure checks of ``verify`` (no record data is read): the manifest
+against every file, stray and missing files, the checksums digest, keys,
+index, ``errors.jsonl`` and the holes. See :mod:`mmstore.tools.verify`."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..backends import backend_class
+from ..backends.base import check_npy
+from ..errors import FormatError, IncompleteStoreError
+from ..format import (
+    CHECKSUMS_FILE,
+    ERRORS_FILE,
+    INDEX_FILE,
+    KEY_DTYPE,
+    KEYS_BLOB_FILE,
+    KEYS_OFFSETS_FILE,
+    LMDB_FILE,
+    MANIFEST_FILE,
+    decode_key,
+    field_file,
+    read_manifest,
+)
+from ..schema import Schema
+from ..writer import file_digest
+from .verify_report import Problem, VerifyReport
+
+__all__ = ["Ctx", "check_structure", "lmdb_backend"]
+
+class Ctx:
+    """What the structure pass learned, for the content pass."""
+
+    def __init__(self, path: str, manifest: dict[str, Any]) -> None:
+        self.path = path
+        self.m = manifest
+        self.schema = Schema(manifest["schema"])
+        self.slots: int = manifest["slots"]
+        self.records: int = manifest["records"]
+        self.backend: str = manifest["backend"]
+        self.data_ok = True
+        self.offsets: dict[str, int] = {}
+        self.checksums: np.ndarray | None = None
+        self.key_offsets: np.ndarray | None = None
+        self.key_blob: bytes | None = None
+        self.index: np.ndarray | None = None
+        self.holes = np.zeros(self.slots, dtype=bool)
+
+    def key_of(self, slot: int) -> str:
+        if self.key_offsets is None or self.key_blob is None or not 0 <= slot < self.slots:
+            return ""
+        a, b = int(self.key_offsets[slot]), int(self.key_offsets[slot + 1])
+        return decode_key(self.key_blob[a:b]) if 0 <= a <= b <= len(self.key_blob) else ""
+
+    def index_of(self, slot: int) -> int | None:
+        if not 0 <= slot < self.slots or self.holes[slot]:
+            return None
+        if self.index is None:
+            return slot
+        k = int(np.searchsorted(self.index, slot))
+        return k if k < len(self.index) and int(self.index[k]) == slot else None
+
+
+def _load_u8(path: str, offset: int, count: int) -> np.ndarray:
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        return np.fromfile(fh, dtype=KEY_DTYPE, count=count)
+
+
+def check_structure(path: str, rep: VerifyReport) -> Ctx | None:
+    prob = rep.problems
+    try:
+        m = read_manifest(path)
+    except IncompleteStoreError:
+        raise
+    except FormatError as exc:
+        prob.append(Problem("manifest", str(exc), MANIFEST_FILE))
+        return None
+    ctx = Ctx(path, m)
+    rep.store_id, rep.backend, rep.records, rep.slots = m["store_id"], m["backend"], m["records"], m["slots"]
+    files: dict[str, int] = m["files"]
+    j = lambda n: os.path.join(path, n)  # noqa: E731
+    cls = backend_class(ctx.backend)
+    data_names = cls.data_file_names(ctx.schema)
+    needed = data_names + [CHECKSUMS_FILE, KEYS_OFFSETS_FILE, KEYS_BLOB_FILE]
+    has_holes = ctx.records < ctx.slots
+    if has_holes:
+        needed += [INDEX_FILE, ERRORS_FILE]
+    for n in needed:
+        if n not in files:
+            prob.append(Problem("manifest", f"the manifest's 'files' does not list {n}, which this store needs", n))
+    for n in sorted(set(files) - set(needed)):
+        prob.append(Problem("manifest", f"the manifest's 'files' lists {n}, which does not belong in this store", n))
+    on_disk = set(os.listdir(path))
+    for n in sorted(on_disk - set(files) - {MANIFEST_FILE}):
+        what = "directory" if os.path.isdir(j(n)) else "file"
+        prob.append(Problem("stray", f"{n}: a stray {what} that is not part of the store (remove it)", n))
+    bad_files: set[str] = set()
+    for n in needed:
+        if n not in on_disk:
+            prob.append(Problem("missing", f"{n}: missing; the store needs it (restore it or re-create the store)", n))
+            bad_files.add(n)
+            continue
+        size = os.stat(j(n)).st_size
+        want = files.get(n)
+        if want is not None and size != want:
+            what = "truncated" if size < want else "extended (bytes appended)"
+            prob.append(Problem("size", f"{n}: the manifest says {want:,} bytes, found {size:,}: {what}", n))
+            bad_files.add(n)
+
+    def npy(name: str, dtype: Any, shape: tuple[int, ...]) -> int | None:
+        if name in bad_files:
+            return None
+        try:
+            return check_npy(j(name), np.dtype(dtype), shape, files.get(name))
+        except FormatError as exc:
+            prob.append(Problem("header", str(exc), name))
+            bad_files.add(name)
+            return None
+
+    if ctx.backend == "memmap":
+        for f in ctx.schema:
+            off = npy(field_file(f.name), f.dtype, (ctx.slots, *f.shape))
+            if off is None:
+                ctx.data_ok = False
+            else:
+                ctx.offsets[f.name] = off
+    else:
+        if LMDB_FILE in bad_files:
+            ctx.data_ok = False
+        else:
+            _check_lmdb_quick(ctx, rep)
+    ck_off = npy(CHECKSUMS_FILE, KEY_DTYPE, (ctx.slots,))
+    if ck_off is not None:
+        ctx.checksums = _load_u8(j(CHECKSUMS_FILE), ck_off, ctx.slots)
+        dig = file_digest(j(CHECKSUMS_FILE), ck_off)
+        if dig != m["checksum_digest"]:
+            prob.append(Problem(
+                "digest",
+                f"{CHECKSUMS_FILE} hashes to {dig} but the manifest says {m['checksum_digest']}: the "
+                "manifest belongs to another store, or the checksums file was changed",
+                CHECKSUMS_FILE,
+            ))
+    else:
+        ctx.data_ok = False
+    ko_off = npy(KEYS_OFFSETS_FILE, KEY_DTYPE, (ctx.slots + 1,))
+    if ko_off is not None and KEYS_BLOB_FILE not in bad_files:
+        offs = _load_u8(j(KEYS_OFFSETS_FILE), ko_off, ctx.slots + 1)
+        with open(j(KEYS_BLOB_FILE), "rb") as fh:
+            blob = fh.read()
+        ok = True
+        if len(offs) and int(offs[0]) != 0:
+            prob.append(Problem("keys", f"{KEYS_OFFSETS_FILE}: the first offset is {int(offs[0])}, expected 0", KEYS_OFFSETS_FILE))
+            ok = False
+        dec = np.flatnonzero(offs[1:] < offs[:-1])
+        if len(dec):
+            prob.append(Problem("keys", f"{KEYS_OFFSETS_FILE}: offsets decrease at slot(s) {dec[:10].tolist()}", KEYS_OFFSETS_FILE))
+            ok = False
+        if len(offs) and int(offs[-1]) != len(blob):
+            prob.append(Problem(
+                "keys", f"{KEYS_OFFSETS_FILE}: the last offset is {int(offs[-1])} but {KEYS_BLOB_FILE} has "
+                f"{len(blob)} bytes (key files from different stores?)", KEYS_OFFSETS_FILE))
+            ok = False
+        if ok:
+            ctx.key_offsets, ctx.key_blob = offs, blob
+    for name, want in sorted((m.get("digests") or {}).items()):
+        if name in bad_files or name not in on_disk:
+            continue
+        got = file_digest(j(name), 0)
+        if got != want:
+            prob.append(Problem("digest", f"{name}: content hashes to {got} but the manifest says {want}: "
+                                "the file was changed or damaged since the store was written", name))
+            if name in (KEYS_OFFSETS_FILE, KEYS_BLOB_FILE):
+                ctx.key_offsets = ctx.key_blob = None
+    _check_index(ctx, rep, bad_files, npy)
+    if ctx.checksums is not None:
+        nz = np.flatnonzero(ctx.holes & (ctx.checksums != 0))
+        for s in nz[:100].tolist():
+            prob.append(Problem("hole", f"slot {s} is a hole but its checksum is {int(ctx.checksums[s]):016x}, expected 0", CHECKSUMS_FILE))
+        if len(nz) > 100:
+            prob.append(Problem("hole", f"... and {len(nz) - 100} more holes with a non-zero checksum", CHECKSUMS_FILE))
+    return ctx
+
+
+def _check_index(ctx: Ctx, rep: VerifyReport, bad_files: set[str], npy: Callable[..., int | None]) -> None:
+    prob = rep.problems
+    if ctx.records == ctx.slots:
+        return
+    j = lambda n: os.path.join(ctx.path, n)  # noqa: E731
+    ix_off = npy(INDEX_FILE, KEY_DTYPE, (ctx.records,))
+    index = None
+    if ix_off is not None:
+        index = _load_u8(j(INDEX_FILE), ix_off, ctx.records)
+        if len(index) > 1 and np.any(index[1:] <= index[:-1]):
+            at = int(np.flatnonzero(index[1:] <= index[:-1])[0])
+            prob.append(Problem("index", f"{INDEX_FILE}: not strictly increasing (at index {at + 1})", INDEX_FILE))
+            index = None
+        elif len(index) and int(index[-1]) >= ctx.slots:
+            prob.append(Problem("index", f"{INDEX_FILE}: slot {int(index[-1])} is out of range (slots: {ctx.slots})", INDEX_FILE))
+            index = None
+    if index is not None:
+        ctx.index = index.astype(np.int64)
+        ctx.holes[:] = True
+        ctx.holes[ctx.index] = False
+    if ERRORS_FILE in bad_files:
+        return
+    err_slots: list[int] = []
+    try:
+        with open(j(ERRORS_FILE), "rb") as fh:
+            lines = fh.read().split(b"\n")
+    except OSError as exc:
+        prob.append(Problem("errors", f"{ERRORS_FILE}: cannot read ({exc})", ERRORS_FILE))
+        return
+    for lineno, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line.decode("utf-8", "surrogateescape"))
+            s, k = obj["slot"], obj["key"]
+            if not isinstance(s, int) or not isinstance(k, str) or not isinstance(obj["reason"], str):
+                raise TypeError("slot must be an int, key and reason strings")
+        except (ValueError, KeyError, TypeError) as exc:
+            prob.append(Problem("errors", f"{ERRORS_FILE}: line {lineno} is not a valid entry ({exc})", ERRORS_FILE))
+            return
+        if ctx.key_offsets is not None and 0 <= s < ctx.slots and ctx.key_of(s) != k:
+            prob.append(Problem("errors", f"{ERRORS_FILE}: line {lineno}: key {k!r} differs from slot {s}'s key {ctx.key_of(s)!r}", ERRORS_FILE))
+        err_slots.append(s)
+    if err_slots != sorted(set(err_slots)):
+        prob.append(Problem("errors", f"{ERRORS_FILE}: entries are not sorted by slot or repeat a slot", ERRORS_FILE))
+    if len(err_slots) != ctx.slots - ctx.records:
+        prob.append(Problem("errors", f"{ERRORS_FILE}: {len(err_slots)} entries, but the store has "
+                            f"{ctx.slots - ctx.records} holes (slots - records)", ERRORS_FILE))
+    if index is not None:
+        holes = np.flatnonzero(ctx.holes).tolist()
+        if sorted(set(err_slots)) != holes:
+            diff = sorted(set(err_slots) ^ set(holes))[:10]
+            prob.append(Problem("index", f"{INDEX_FILE} and {ERRORS_FILE} disagree on which slots are holes "
+                                f"(e.g. slots {diff})", INDEX_FILE))
+
+
+def lmdb_backend(ctx: Ctx) -> Any:
+    """The lmdb backend object (its ``env()`` is shared with any Store of the
+    same file open in this process: py-lmdb allows one per process)."""
+    from ..backends.lmdb import LmdbBackend
+
+    return LmdbBackend(ctx.path, ctx.schema, ctx.slots, ctx.m["files"], readahead=True)
+
+
+def _check_lmdb_quick(ctx: Ctx, rep: VerifyReport) -> None:
+    try:
+        import lmdb
+    except ImportError:
+        rep.problems.append(Problem("lmdb", "cannot check records.mdb: the 'lmdb' package is not installed (pip install lmdb)", LMDB_FILE))
+        ctx.data_ok = False
+        return
+    be = lmdb_backend(ctx)
+    try:
+        entries = be.env().stat()["entries"]
+    except (lmdb.Error, FormatError) as exc:
+        rep.problems.append(Problem("lmdb", f"{LMDB_FILE}: not a readable LMDB environment ({exc})", LMDB_FILE))
+        ctx.data_ok = False
+        return
+    finally:
+        be.close()
+    if entries != ctx.records:
+        rep.problems.append(Problem("lmdb-keys", f"{LMDB_FILE}: holds {entries:,} keys, the manifest says {ctx.records:,} "
+                                    "records (missing or extra records)", LMDB_FILE))

@@ -1,0 +1,28 @@
+"""PyTorch integration: the only part of mmstore that imports torch.
+
+- :class:`StoreDataset`: a map-style Dataset (``__getitems__`` reads a whole
+  batch in one call; ``default_collate`` passes it through without copies).
+- :class:`OrderSampler`, :class:`OrderBatchSampler`: Samplers over the
+  torch-free orders of :mod:`mmstore.order` (``set_epoch``, DDP split).
+- :class:`Loader`: batches read by threads into a ring of reusable (pinned)
+  buffers, optional asynchronous copy to the GPU; no worker processes.
+- :mod:`mmstore.torch.gpu`: ``normalize``, ``random_flip`` batch-wise on any device.
+"""
+
+from __future__ import annotations
+
+from . import gpu
+from .dataset import StoreBatch, StoreDataset, collate
+from .loader import Loader
+from .sampler import OrderBatchSampler, OrderSampler, build_order
+
+__all__ = [
+    "Loader",
+    "OrderBatchSampler",
+    "OrderSampler",
+    "StoreBatch",
+    "StoreDataset",
+    "build_order",
+    "collate",
+    "gpu",
+]

@@ -1,0 +1,301 @@
+"""``StoreDataset``: a map-style ``torch.utils.data.Dataset`` over a store.
+
+Batches without per-sample copies
+---------------------------------
+When a ``DataLoader`` batches automatically it calls ``dataset.__getitems__
+(indices)`` and hands the result to its ``collate_fn``. ``StoreDataset.
+__getitems__`` reads the whole batch with one ``Store.read_batch`` call straight
+into the batch tensors (inside a worker process: into shared memory, so the
+tensors cross back to the main process without another copy) and returns a
+:class:`StoreBatch`. A ``StoreBatch`` is a sequence of per-sample views, so
+any collate function that iterates samples still works, but its elements are
+of a type registered in torch's ``default_collate_fn_map``: ``default_collate``
+(the DataLoader's default) recognises them and returns the already-batched
+tensors instead of stacking 256 per-sample tensors into a new one.
+:func:`collate` does the same explicitly and can be passed as ``collate_fn``.
+
+Measured on the project's shared 2-core machine (224x224x3 uint8, batch 256,
+warm, ``num_workers=2``, ``tools/bench_loader.py``): the batched path ran
+1.05-1.4x faster than per-sample reads + stacking (3,483 vs 3,318 and 2,988
+vs 2,103 samples/s in two runs). Both are bounded by what every
+worker-process loader pays per batch: a fresh 38 MB shared-memory segment
+(allocation + page faults, ~20-60 ms) that the batch is written into; the
+thread-based :class:`mmstore.torch.Loader` avoids it.
+
+Fork safety
+-----------
+The dataset holds a :class:`mmstore.Store`, which holds only plain data and
+per-process handles tagged with the pid that created them (NOTE [fork safety]
+in ``mmstore/reader.py``); it pickles as the store's path. So workers started
+by fork, forkserver or spawn, persistent or not, each open their own mappings
+on first use, even when the parent read the store before they started
+(LMDB: NOTE [lmdb and fork] in ``mmstore/backends/lmdb.py``). No per-sample Python
+objects are held: index data stays in the store's mapped files.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset, get_worker_info
+from torch.utils.data._utils.collate import default_collate, default_collate_fn_map
+
+from ..reader import Store
+
+__all__ = ["StoreBatch", "StoreDataset", "collate", "open_store_arg"]
+
+
+def open_store_arg(store: Store | str | os.PathLike[str]) -> Store:
+    """A :class:`Store` from a store or a path."""
+    if isinstance(store, Store):
+        return store
+    if isinstance(store, (str, os.PathLike)):
+        return Store(store)
+    raise TypeError(f"expected an mmstore.Store or a path, got {type(store).__name__}")
+
+
+def _image_fields(store: Store, fields: Sequence[str]) -> set[str]:
+    """Fields that look like HWC images (3-D, last dim 1, 3 or 4)."""
+    return {f for f in fields if len(store.schema[f].shape) == 3 and store.schema[f].shape[-1] in (1, 3, 4)}
+
+
+def _alloc(shape: tuple[int, ...], dtype: torch.dtype, shared: bool) -> torch.Tensor:
+    """An uninitialised tensor; in shared memory when ``shared`` (worker
+    processes), allocated the way ``default_collate`` does it, so sending it
+    to the main process costs no copy."""
+    if shared:
+        numel = int(np.prod(shape, dtype=np.int64))
+        try:
+            proto = torch.empty(0, dtype=dtype)
+            storage = proto._typed_storage()._new_shared(numel, device="cpu")
+            return proto.new(storage).resize_(*shape)
+        except Exception:  # private API moved: fall back to a plain tensor
+            pass
+    return torch.empty(shape, dtype=dtype)
+
+
+class StoreBatch(Sequence):
+    """A batch read by :meth:`StoreDataset.__getitems__`.
+
+    ``batch.data`` is the batched result (a dict of tensors, or a tuple);
+    ``len(batch)`` is the batch size and ``batch[i]`` a per-sample view (a
+    :class:`_SampleDict` / :class:`_SampleTuple`) for collate functions that
+    iterate samples. ``default_collate`` and :func:`collate` return
+    ``batch.data`` as is.
+    """
+
+    __slots__ = ("data", "_n", "_as_tuple")
+
+    def __init__(self, data: dict[str, torch.Tensor] | tuple[torch.Tensor, ...], n: int, as_tuple: bool) -> None:
+        self.data = data
+        self._n = n
+        self._as_tuple = as_tuple
+
+    def __len__(self) -> int:
+        return self._n
+
+    def __getitem__(self, i: Any) -> Any:
+        if isinstance(i, slice):
+            return [self[j] for j in range(*i.indices(self._n))]
+        if i < 0:
+            i += self._n
+        if not 0 <= i < self._n:
+            raise IndexError(f"sample {i} out of range for a batch of {self._n}")
+        if self._as_tuple:
+            s = _SampleTuple(t[i] for t in self.data)
+        else:
+            s = _SampleDict((k, v[i]) for k, v in self.data.items())  # type: ignore[union-attr]
+        s._batch = self
+        return s
+
+    def __repr__(self) -> str:
+        return f"<StoreBatch of {self._n}>"
+
+
+class _SampleDict(dict):
+    """One sample of a :class:`StoreBatch` (views into the batch tensors)."""
+
+    _batch: StoreBatch | None = None
+
+
+class _SampleTuple(tuple):
+    """One sample of a :class:`StoreBatch` in tuple form."""
+
+    _batch: StoreBatch | None = None
+
+
+def _collate_samples(batch: Any, *, collate_fn_map: Any = None) -> Any:
+    """``default_collate`` hook for :class:`StoreBatch` samples."""
+    if isinstance(batch, StoreBatch):
+        return batch.data
+    # A list of samples that are not one whole StoreBatch (e.g. regrouped by
+    # the user): collate them as plain dicts / tuples (this stacks = copies).
+    first = batch[0]
+    if isinstance(first, _SampleTuple) and len(batch) == len(first._batch or ()) and all(
+        isinstance(s, _SampleTuple) and s._batch is first._batch for s in batch
+    ) and _in_order(batch):
+        return first._batch.data  # type: ignore[union-attr]
+    if isinstance(first, _SampleDict) and len(batch) == len(first._batch or ()) and all(
+        isinstance(s, _SampleDict) and s._batch is first._batch for s in batch
+    ) and _in_order(batch):
+        return first._batch.data  # type: ignore[union-attr]
+    if isinstance(first, tuple):
+        return default_collate([tuple(s) for s in batch])
+    return default_collate([dict(s) for s in batch])
+
+
+def _in_order(samples: Sequence[Any]) -> bool:
+    b = samples[0]._batch
+    if b is None:
+        return False
+    # the samples are the batch's own, in order, iff each row views row i
+    if b._as_tuple:
+        return all(s[0].data_ptr() == b.data[0][i].data_ptr() for i, s in enumerate(samples))
+    k = next(iter(b.data))
+    return all(s[k].data_ptr() == b.data[k][i].data_ptr() for i, s in enumerate(samples))
+
+
+# Registered once per process (also in spawned workers, which import this
+# module to unpickle the dataset). Only our own sample types are affected.
+default_collate_fn_map[_SampleDict] = _collate_samples
+default_collate_fn_map[_SampleTuple] = _collate_samples
+
+
+def collate(batch: Any) -> Any:
+    """``collate_fn`` for :class:`StoreDataset`: a :class:`StoreBatch` passes
+    through as its batched tensors; anything else goes to ``default_collate``."""
+    if isinstance(batch, StoreBatch):
+        return batch.data
+    return default_collate(batch)
+
+
+class StoreDataset(Dataset):
+    """A map-style dataset over an mmstore store.
+
+    Parameters
+    ----------
+    store : mmstore.Store or path
+        The store (opened lazily: only the manifest is read here, the data
+        files are mapped in each process on first read).
+    fields : sequence of str, optional
+        Fields to read, in output order (default: all, schema order).
+    transform : callable, optional
+        Applied to each sample (the dict or tuple of tensors) in
+        ``__getitem__``. With a transform, ``__getitems__`` reads the batch in
+        one call, then applies it per sample and returns a list of samples
+        (collated by ``default_collate`` as usual).
+    batch_transform : callable, optional
+        Applied to the batched result (dict or tuple of tensors) in
+        ``__getitems__`` (cheaper than a per-sample transform).
+    as_tuple : bool, default False
+        Return ``tuple(tensor for each field in fields)`` instead of a dict,
+        e.g. ``fields=("image", "label"), as_tuple=True`` gives ``(image, label)``.
+    chw : bool, default False
+        Return image fields (3-D with 1, 3 or 4 channels last) as CHW
+        (a permuted view, no copy: ``(N, C, H, W)`` batches with
+        channels-last strides). Default: the store's layout (HWC).
+
+    Notes
+    -----
+    Tensors have the store's dtypes (images stay uint8: convert on the GPU
+    with :mod:`mmstore.torch.gpu`).
+    """
+
+    def __init__(
+        self,
+        store: Store | str | os.PathLike[str],
+        fields: Sequence[str] | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        *,
+        batch_transform: Callable[[Any], Any] | None = None,
+        as_tuple: bool = False,
+        chw: bool = False,
+    ) -> None:
+        self.store = open_store_arg(store)
+        self.fields = tuple(self.store._field_list(fields))
+        self.transform = transform
+        self.batch_transform = batch_transform
+        self.as_tuple = bool(as_tuple)
+        self.chw = bool(chw)
+        self._images = _image_fields(self.store, self.fields) if self.chw else set()
+        self._pid = os.getpid()
+        self._tdtypes = {
+            f: torch.from_numpy(np.empty(0, self.store.schema[f].dtype)).dtype for f in self.fields
+        }
+
+    def __len__(self) -> int:
+        return len(self.store)
+
+    def _check_pid(self) -> None:
+        pid = os.getpid()
+        if self._pid != pid:  # the Store reopens its handles by itself (NOTE [fork safety])
+            self._pid = pid
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_pid"] = -1
+        return state
+
+    def _wrap(self, arrays: Mapping[str, Any], batched: bool) -> Any:
+        out: dict[str, torch.Tensor] = {}
+        for f in self.fields:
+            t = arrays[f]
+            if isinstance(t, np.ndarray):
+                t = torch.from_numpy(t)
+            if f in self._images:
+                t = t.permute(0, 3, 1, 2) if batched else t.permute(2, 0, 1)
+            out[f] = t
+        if self.as_tuple:
+            return tuple(out[f] for f in self.fields)
+        return out
+
+    def __getitem__(self, index: int) -> Any:
+        if isinstance(index, (np.integer,)):
+            index = int(index)
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise TypeError(f"a StoreDataset index must be an int, got {type(index).__name__}")
+        self._check_pid()
+        arrays = self.store.read_batch([index], fields=self.fields)
+        sample = self._wrap({k: torch.from_numpy(v)[0] for k, v in arrays.items()}, batched=False)
+        if self.transform is not None:
+            sample = self.transform(sample)
+        return sample
+
+    def read_batch_tensors(self, indices: Any) -> dict[str, torch.Tensor]:
+        """Read ``indices`` into fresh tensors (shared memory inside a
+        DataLoader worker), store layout, one ``read_batch`` call."""
+        self._check_pid()
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        shared = get_worker_info() is not None
+        n = len(idx)
+        tensors = {
+            f: _alloc((n, *self.store.schema[f].shape), self._tdtypes[f], shared) for f in self.fields
+        }
+        self.store.read_batch(idx, fields=self.fields, out={f: t.numpy() for f, t in tensors.items()})
+        return tensors
+
+    def __getitems__(self, indices: Sequence[int]) -> Any:
+        tensors = self.read_batch_tensors(indices)
+        n = len(indices)
+        if self.transform is not None:
+            data = self._wrap(tensors, batched=True)
+            samples = StoreBatch(data, n, self.as_tuple)
+            return [self.transform(_plain(samples[i])) for i in range(n)]
+        data = self._wrap(tensors, batched=True)
+        if self.batch_transform is not None:
+            data = self.batch_transform(data)
+            if not isinstance(data, (dict, tuple)):
+                raise TypeError("batch_transform must return a dict or a tuple of batched tensors")
+        return StoreBatch(data, n, isinstance(data, tuple))
+
+    def __repr__(self) -> str:
+        return f"StoreDataset({self.store.path!r}, fields={list(self.fields)}, as_tuple={self.as_tuple}, chw={self.chw})"
+
+
+def _plain(sample: Any) -> Any:
+    return tuple(sample) if isinstance(sample, tuple) else dict(sample)
+

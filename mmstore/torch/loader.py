@@ -1,0 +1,725 @@
+"""``Loader``: batches from a store with threads, no worker processes.
+
+Why threads
+-----------
+A ``DataLoader`` with worker processes copies every batch into freshly
+allocated shared memory and hands it across processes; on a small machine
+that copy and the inter-process traffic, not the reads, set the ceiling.
+Reads from a store are plain copies out of the page cache, and the calls that
+do them release the GIL (``os.preadv``; ``ctypes.memmove`` for the mmap/LMDB
+path), so one process with a few threads keeps several batches in flight and
+writes them straight into a ring of reusable (optionally pinned) buffers.
+
+How a batch is read
+-------------------
+The epoch's indices come from an :class:`mmstore.order.Order` (one ``int64``
+array). Batch ``k`` is rows ``[k * batch_size, (k + 1) * batch_size)``. It is
+cut into pieces of about ``piece_bytes``; each piece is one task for the
+thread pool, so ``threads`` reads are in flight (queue depth) even for one
+batch. Per piece:
+
+* memmap stores whose files are not all in the page cache at the start of
+  the epoch, fields of at least 2 KiB per record: ``os.preadv`` of each
+  record (consecutive records in one call) from the field's ``.npy`` at
+  ``data_offset + slot * entry_bytes`` into the batch buffer's rows, through
+  the loader's own file descriptors (queue depth = ``threads``);
+* cached memmap stores, smaller fields (labels), LMDB stores:
+  ``Store.read_batch(piece, out=views)`` (``ctypes.memmove`` out of the
+  mapping, GIL released; a numpy gather for small fields).
+
+Kernel hints (preadv epochs): ``POSIX_FADV_RANDOM`` on the loader's descriptors for shuffled
+orders (no useless readahead around 150 KB records), ``POSIX_FADV_SEQUENTIAL``
+for sequential ones, and ``POSIX_FADV_WILLNEED`` on the records of the batch
+``willneed`` batches after the newest one submitted (skipped when the store was
+found resident at the start of the epoch). For a
+:class:`mmstore.order.BlockShuffle` a window thread asks for each window's
+blocks (a few long ``WILLNEED`` ranges, or long ``preadv`` reads) one window
+ahead of the batches, which then read from memory or wait on pages already in
+flight: the block shuffle's locality becomes long disk reads.
+
+Buffer lifetime (the contract)
+------------------------------
+The loader owns a ring of ``prefetch + hold`` batch buffers and reuses them.
+**A CPU batch yielded by the loader stays valid until the call of ``next()``
+that yields the ``hold``-th batch after it** (that call starts refilling its
+buffer): with the default ``hold=1`` a batch is valid until the next
+``next()`` call on the iterator, i.e. for the body of a plain
+``for batch in loader:`` loop; with ``hold=2`` the previous batch is also
+still intact, and so on. To keep a batch longer, ``.clone()`` what you
+keep, raise ``hold``, or pass ``copy=True`` (every batch is then a fresh
+copy). ``batch[...]`` tensors of the last batch stay valid until the next
+epoch starts. Never write into a yielded batch if you expect later batches to
+be unaffected by it (buffers are overwritten, not reallocated).
+
+With ``device="cuda"`` the batch is copied (uint8, non-blocking, from pinned
+host buffers) on a side stream; the yielded GPU tensors are fresh
+allocations that belong to the caller (no lifetime limit), the current stream
+waits for the copy's event before it can use them, and they are marked with
+``record_stream`` so the caching allocator does not hand their memory out
+again while the caller's stream still uses them. A host buffer is refilled
+only after the event of the copy out of it has completed.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import wait as _wait
+from typing import Any
+
+import numpy as np
+import torch
+
+from .. import _sys
+from ..order import BlockShuffle, Order, Sequential, contiguous_ranges
+from ..reader import Store
+from .dataset import _image_fields, open_store_arg
+from .sampler import build_order
+
+__all__ = ["Loader"]
+
+_PREAD_MIN_BYTES = 2048
+_MiB = 1 << 20
+
+
+class _Cancelled(Exception):
+    pass
+
+
+class Loader:
+    """Shuffled batches from a store, read by threads into reusable buffers.
+
+    Parameters
+    ----------
+    store : mmstore.Store or path
+    batch_size : int
+    order : Order or str, default "permutation"
+        An :class:`mmstore.order.Order`, or a kind name (``"permutation"``,
+        ``"block"``, ``"sequential"``) built for this rank (``rank``,
+        ``world_size``, else ``torch.distributed``, else a single process).
+    fields : sequence of str, optional
+        Fields to read (default all), also the tuple order with ``as_tuple``.
+    drop_last : bool, default False
+        Drop the last, short batch of the epoch.
+    device : str or torch.device, optional
+        ``"cuda"`` (or ``"cuda:N"``): yield GPU tensors, copied asynchronously
+        on a side stream. Default: CPU tensors.
+    pin_memory : bool, optional
+        Allocate the ring in pinned memory (default: when ``device`` is CUDA).
+        Without CUDA it is not possible: a warning is given and plain memory
+        is used.
+    prefetch : int, default 4
+        Batches read ahead while the caller works on the current one.
+    hold : int, default 1
+        How many of the most recent batches stay valid (see the module
+        docstring's buffer contract).
+    copy : bool, default False
+        Yield a fresh copy of every batch (no lifetime limit; costs a copy).
+    threads : int, optional
+        Reader threads (default 16: queue depth for cold reads; the reads
+        release the GIL).
+    as_tuple, chw : bool
+        As for :class:`StoreDataset`.
+    seed, rank, world_size, rank_drop_last, **order_kw
+        For building ``order`` from a kind (``rank_drop_last`` is
+        ``DistributedSampler``'s ``drop_last``).
+    warm : bool or "background", default False
+        Before the first batch, read the fields' files once sequentially into
+        the page cache (``mmstore._sys.warm``; a warning when they do not fit
+        in the available memory). ``"background"``: start that pass in a
+        thread and read batches meanwhile. The report is ``loader.warm_report``.
+    hints : bool, default True
+        Give the kernel access hints (fadvise RANDOM/SEQUENTIAL/WILLNEED).
+    willneed : int, default 2
+        Batches beyond the ones in flight whose records get ``WILLNEED``.
+    method : {"auto", "pread", "mmap"}
+        How memmap fields are read. "pread": ``preadv`` for fields of at
+        least 2 KiB per record (a numpy gather for smaller ones); "mmap":
+        ``Store.read_batch`` (memmove out of the mapping); "auto" (default):
+        "mmap" for an epoch that starts with the fields' files in the page
+        cache, "pread" otherwise (see NOTE [warm vs cold reads]).
+    piece_bytes : int, default 2 MiB
+        Target size of one read task in preadv epochs (queue depth for cold
+        reads); epochs read by memmove use one piece per CPU core instead.
+    window_prefetch : {"willneed", "read", False}, default "willneed"
+        For block-shuffle orders whose files are not already cached: bring
+        each window's blocks into the page cache with long reads one window
+        ahead of the batches (see :meth:`_read_window`). True means
+        "willneed" (measured faster here: the kernel reads, no copy).
+    window_threads : int, default 8
+        Concurrent long reads of the window pass ("read").
+
+    Iterating yields one epoch; the epoch is the one set with
+    :meth:`set_epoch`, else one more than the previous iteration's (starting
+    at 0). Starting a new iteration ends the previous one.
+    """
+
+    def __init__(
+        self,
+        store: Store | str | os.PathLike[str],
+        batch_size: int,
+        order: Order | str = "permutation",
+        *,
+        fields: Sequence[str] | None = None,
+        drop_last: bool = False,
+        device: str | torch.device | None = None,
+        pin_memory: bool | None = None,
+        prefetch: int = 4,
+        hold: int = 1,
+        copy: bool = False,
+        threads: int | None = None,
+        as_tuple: bool = False,
+        chw: bool = False,
+        seed: int = 0,
+        rank: int | None = None,
+        world_size: int | None = None,
+        rank_drop_last: bool = False,
+        warm: bool | str = False,
+        hints: bool = True,
+        willneed: int = 2,
+        method: str = "auto",
+        piece_bytes: int = 2 * _MiB,
+        window_prefetch: bool | str = "willneed",
+        window_threads: int = 8,
+        **order_kw: Any,
+    ) -> None:
+        self._own_store = not isinstance(store, Store)
+        self.store = open_store_arg(store)
+        if int(batch_size) < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        if int(prefetch) < 1 or int(hold) < 1:
+            raise ValueError(f"prefetch and hold must be >= 1, got {prefetch} and {hold}")
+        if method not in ("auto", "pread", "mmap"):
+            raise ValueError(f"method must be 'auto', 'pread' or 'mmap', got {method!r}")
+        if warm not in (False, True, "background"):
+            raise ValueError(f"warm must be False, True or 'background', got {warm!r}")
+        self.batch_size = int(batch_size)
+        self.fields = tuple(self.store._field_list(fields))
+        self.order = build_order(
+            order, len(self.store), seed=seed, rank=rank, world_size=world_size,
+            drop_last=rank_drop_last,
+            record_bytes=max(1, sum(self.store.schema[f].nbytes for f in self.fields)), **order_kw,
+        )
+        self.drop_last = bool(drop_last)
+        self.device = torch.device(device) if device is not None else None
+        self._cuda = self.device is not None and self.device.type == "cuda"
+        if self._cuda and not torch.cuda.is_available():
+            raise RuntimeError(f"device={device!r} but torch.cuda.is_available() is False")
+        if self.device is not None and self.device.type not in ("cuda", "cpu"):
+            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
+        if pin_memory is None:
+            pin_memory = self._cuda
+        if pin_memory and not torch.cuda.is_available():
+            warnings.warn(
+                "mmstore.torch.Loader: pin_memory=True needs CUDA, which is not available; "
+                "using ordinary memory", UserWarning, stacklevel=2,
+            )
+            pin_memory = False
+        self.pin_memory = bool(pin_memory)
+        self.prefetch = int(prefetch)
+        self.hold = int(hold)
+        self.copy = bool(copy)
+        self.threads = int(threads) if threads is not None else 16
+        self.as_tuple = bool(as_tuple)
+        self.chw = bool(chw)
+        self.warm = warm
+        self.hints = bool(hints)
+        self.willneed = max(0, int(willneed))
+        self.method = method
+        self.piece_bytes = max(1, int(piece_bytes))
+        if window_prefetch is True:
+            window_prefetch = "willneed"
+        if window_prefetch not in (False, None, "read", "willneed"):
+            raise ValueError(f"window_prefetch must be 'read', 'willneed' or False, got {window_prefetch!r}")
+        self.window_prefetch = window_prefetch or False
+        self.window_threads = max(1, int(window_threads))
+        self.warm_report: _sys.WarmReport | None = None
+        self._warm_handle: _sys.WarmHandle | None = None
+        self._warmed = False
+        self._images = _image_fields(self.store, self.fields) if self.chw else set()
+        self._tdtypes = {f: torch.from_numpy(np.empty(0, self.store.schema[f].dtype)).dtype for f in self.fields}
+        self._epoch: int | None = None
+        self._next_epoch = 0
+        self._pid = -1
+        self._pool: ThreadPoolExecutor | None = None
+        self._ring: list[dict[str, torch.Tensor]] | None = None
+        self._fds: dict[str, tuple[int, int, int]] = {}
+        self._active: _EpochRun | None = None
+        self._lock = threading.Lock()
+
+    # -- public ----------------------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Use ``epoch``'s order for the next iteration."""
+        self._epoch = int(epoch)
+
+    def __len__(self) -> int:
+        n = len(self.order)
+        return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def __iter__(self) -> Iterator[Any]:
+        if self._active is not None:
+            self._active.close()
+        epoch = self._next_epoch if self._epoch is None else self._epoch
+        self._epoch = None
+        self._next_epoch = epoch + 1
+        self._setup()
+        if self.warm and not self._warmed:
+            self._do_warm()
+        run = _EpochRun(self, epoch)
+        self._active = run
+        return run
+
+    def close(self) -> None:
+        """Stop reading, free the threads, buffers and descriptors."""
+        if self._active is not None:
+            self._active.close()
+            self._active = None
+        if self._warm_handle is not None:
+            self._warm_handle.stop()
+            try:
+                self._warm_handle.join()
+            except Exception:  # noqa: BLE001 - a failed warm pass is not fatal at close
+                pass
+            self._warm_handle = None
+        if self._pool is not None and self._pid == os.getpid():
+            self._pool.shutdown(wait=True)
+        self._pool = None
+        if self._pid == os.getpid():
+            for fd, _, _ in self._fds.values():
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._fds = {}
+        self._ring = None
+        if self._own_store:  # opened from a path: unmap (lets eviction drop the pages)
+            self.store.close()
+
+    def __enter__(self) -> Loader:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def __repr__(self) -> str:
+        return (
+            f"<mmstore.torch.Loader {self.store.path!r} batch_size={self.batch_size} "
+            f"order={type(self.order).__name__} prefetch={self.prefetch} hold={self.hold} "
+            f"threads={self.threads} device={self.device}>"
+        )
+
+    @property
+    def ring_size(self) -> int:
+        """Number of batch buffers the loader cycles through."""
+        return self.prefetch + self.hold
+
+    # -- setup -------------------------------------------------------------------
+    def _setup(self) -> None:
+        pid = os.getpid()
+        if self._pid != pid:  # first use, or used after fork: nothing inherited is ours
+            self._pool = None
+            self._fds = {}
+            self._ring = None
+            self._pid = pid
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="mmstore-loader")
+        backend = self.store.backend  # open the backend in this thread, before the readers
+        if self.store.backend_name == "lmdb":
+            backend.env()  # type: ignore[attr-defined]
+        self.store.index  # noqa: B018 - map the index once, outside the threads
+        if self.store.backend_name == "memmap":
+            for f in self.fields:  # map every field once, outside the threads
+                backend.array(f)  # type: ignore[attr-defined]
+        if self.store.backend_name == "memmap" and self.method != "mmap" and not self._fds:
+            for f in self.fields:
+                if self.store.schema[f].nbytes >= _PREAD_MIN_BYTES or self.method == "pread":
+                    if self.store.schema[f].nbytes == 0:
+                        continue
+                    path, off, nb = backend.field_location(f)  # type: ignore[attr-defined]
+                    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                    self._fds[f] = (fd, off, nb)
+        if self._ring is None:
+            self._ring = [self._alloc_slot() for _ in range(self.ring_size)]
+
+    def _alloc_slot(self) -> dict[str, torch.Tensor]:
+        slot = {}
+        for f in self.fields:
+            shape = (self.batch_size, *self.store.schema[f].shape)
+            slot[f] = torch.empty(shape, dtype=self._tdtypes[f], pin_memory=self.pin_memory)
+        return slot
+
+    def _data_paths(self) -> list[str]:
+        if self.store.backend_name == "memmap":
+            backend = self.store.backend
+            paths = [backend.field_location(f)[0] for f in self.fields]  # type: ignore[attr-defined]
+        else:
+            paths = [p for p in self.store.data_paths() if p.endswith(".mdb")]
+        if self.store.records < self.store.slots:
+            paths.append(os.path.join(self.store.path, "_index.npy"))
+        return paths
+
+    def _do_warm(self) -> None:
+        self._warmed = True
+        paths = self._data_paths()
+        if self.warm == "background":
+            self._warm_handle = _sys.warm_in_background(paths)
+            return
+        self.warm_report = rep = _sys.warm(paths)
+        if not rep.complete:
+            warnings.warn(
+                f"mmstore.torch.Loader(warm=True): warmed {rep.bytes_read:,} of {rep.bytes_total:,} bytes "
+                f"({rep.reason}); the rest is read from disk", UserWarning, stacklevel=3,
+            )
+
+    def _resident_fraction(self) -> float:
+        tot = res = 0
+        for p in self._data_paths():
+            try:
+                r, s = _sys.resident_bytes(p)
+            except (OSError, NotImplementedError):
+                return 0.0
+            res += r
+            tot += s
+        return res / tot if tot else 1.0
+
+    # -- reading (pool threads) --------------------------------------------------------
+    def _read_piece(
+        self, idx: np.ndarray, slot: dict[str, np.ndarray], lo: int, hi: int,
+        fds: dict[str, tuple[int, int, int]],
+    ) -> None:
+        store = self.store
+        part = idx[lo:hi]
+        rest = [f for f in self.fields if f not in fds]
+        if fds:
+            slots = store.slots_of(part)
+            for f, (fd, off, nb) in fds.items():
+                offs = off + slots * nb
+                _sys.pread_records(fd, offs, nb, slot[f][lo:hi])
+        if rest:
+            store.read_batch(part, fields=rest, out={f: slot[f][lo:hi] for f in rest})
+
+    def _hint(self, idx: np.ndarray) -> None:
+        if not self._fds or len(idx) == 0:  # only called when the epoch reads with preadv
+            return
+        slots = self.store.slots_of(idx)
+        starts, stops = contiguous_ranges(slots)
+        for fd, off, nb in self._fds.values():
+            for a, b in zip(starts.tolist(), stops.tolist()):
+                os.posix_fadvise(fd, off + a * nb, (b - a) * nb, os.POSIX_FADV_WILLNEED)
+
+    def _read_window(self, idx: np.ndarray, run: _EpochRun) -> None:
+        """Bring a window's records into the page cache with long reads.
+
+        ``window_prefetch="read"``: the window's contiguous runs of slots are
+        read with ``preadv`` in chunks of up to 8 MiB by ``window_threads``
+        threads (so several long requests are in flight), and the batches of
+        the window wait until it is done. ``"willneed"``: one
+        ``POSIX_FADV_WILLNEED`` per run; the kernel reads them with large
+        requests in the background and the batches' reads wait on the pages
+        in flight instead of issuing small random reads of their own.
+        """
+        if len(idx) == 0:
+            return
+        slots = self.store.slots_of(idx)
+        starts, stops = contiguous_ranges(slots)
+        targets = list(self._fds.values())
+        if not targets:  # lmdb / mmap: touch the records through read_batch in order
+            srt = np.sort(slots)
+            for a in range(0, len(srt), 256):
+                if run.cancelled:
+                    return
+                self.store.read_batch(np.asarray(self._slot_to_index(srt[a : a + 256])), fields=self.fields)
+            return
+        chunks = []
+        for fd, off, nb in targets:
+            for a, b in zip(starts.tolist(), stops.tolist()):
+                pos, end = off + a * nb, off + b * nb
+                if self.window_prefetch == "willneed":
+                    chunks.append((fd, pos, end - pos))
+                    continue
+                while pos < end:
+                    step = min(8 * _MiB, end - pos)
+                    chunks.append((fd, pos, step))
+                    pos += step
+        if self.window_prefetch == "willneed":
+            for fd, pos, length in chunks:
+                if run.cancelled:
+                    return
+                os.posix_fadvise(fd, pos, length, os.POSIX_FADV_WILLNEED)
+            return
+        futs = [run.win_pool.submit(self._read_chunk, fd, pos, length, run) for fd, pos, length in chunks]
+        _wait(futs)
+        for f in futs:
+            if f.exception() is not None and not run.cancelled:
+                raise f.exception()  # type: ignore[misc]
+
+    _tls = threading.local()
+
+    def _read_chunk(self, fd: int, pos: int, length: int, run: _EpochRun) -> None:
+        buf = getattr(self._tls, "buf", None)
+        if buf is None:
+            buf = self._tls.buf = memoryview(bytearray(2 * _MiB))
+        end = pos + length
+        while pos < end and not run.cancelled:
+            got = os.preadv(fd, [buf[: min(len(buf), end - pos)]], pos)
+            if got <= 0:
+                break
+            pos += got
+
+    def _slot_to_index(self, slots: np.ndarray) -> np.ndarray:
+        ix = self.store.index
+        if ix is None:
+            return slots
+        return np.searchsorted(ix, slots.astype(ix.dtype)).astype(np.int64)
+
+    # -- output ----------------------------------------------------------------------
+    def _wrap(self, tensors: dict[str, torch.Tensor]) -> Any:
+        out = {}
+        for f in self.fields:
+            t = tensors[f]
+            if f in self._images:
+                t = t.permute(0, 3, 1, 2)
+            out[f] = t
+        if self.as_tuple:
+            return tuple(out[f] for f in self.fields)
+        return out
+
+
+class _EpochRun:
+    """One iteration over one epoch (the iterator ``iter(loader)`` returns)."""
+
+    def __init__(self, loader: Loader, epoch: int) -> None:
+        self.loader = L = loader
+        self.epoch = epoch
+        self.idx = L.order.epoch(epoch)
+        n = len(self.idx)
+        bs = L.batch_size
+        self.nbatches = n // bs if L.drop_last else -(-n // bs)
+        self.cancelled = False
+        self.k = 0  # next batch to yield
+        self.R = L.ring_size
+        self.futs: list[list[Future[Any]] | None] = [None] * self.R
+        self.events: list[Any] = [None] * self.R
+        self.np_ring = [{f: t.numpy() for f, t in slot.items()} for slot in L._ring]  # type: ignore[union-attr]
+        rb = sum(L.store.schema[f].nbytes for f in L.fields) or 1
+        self.piece_rows = max(1, L.piece_bytes // rb)
+        shuffled = not isinstance(L.order, Sequential)
+        block = bool(L.window_prefetch) and isinstance(L.order, BlockShuffle) and n > 0
+        # NOTE [warm vs cold reads]: measured here (2 cores, 150 KB records),
+        # memmove out of the mapping (GIL released) served ~2x more samples/s
+        # than preadv when the store is in the page cache (no page-table
+        # faults once mapped; a user-space copy), while preadv did ~1.5x better
+        # cold (one read per record at queue depth ``threads``, where a fault
+        # reads around the faulting page). So "auto" picks per epoch.
+        self.resident = L._resident_fraction() if (L._fds or block) else 1.0
+        cached = self.resident >= 0.99
+        self.fds = {} if (L.method == "auto" and cached) else L._fds
+        if not self.fds:
+            # memmove epochs are CPU-bound: one piece per core (measured ~2x
+            # faster than 2 MiB pieces here: fewer Python calls per batch)
+            self.piece_rows = max(self.piece_rows, -(-L.batch_size // max(2, os.cpu_count() or 2)))
+        self.do_hints = L.hints and bool(self.fds)
+        self.willneed = 0
+        if self.do_hints:
+            for fd, _, _ in self.fds.values():
+                (_sys.fadvise_random if shuffled else _sys.fadvise_sequential)(fd)
+            if L.willneed and shuffled and not cached:
+                self.willneed = L.willneed
+        # block shuffle: windows read sequentially ahead of the batches
+        self.win_bounds: np.ndarray | None = None
+        self.win_thread: threading.Thread | None = None
+        self.cv = threading.Condition()
+        self.win_done = -1
+        self.win_need = 0
+        if block and not cached:
+            self.win_bounds = L.order.window_bounds(epoch)
+            self.win_pool = ThreadPoolExecutor(L.window_threads, thread_name_prefix="mmstore-window")
+            self.win_thread = threading.Thread(target=self._window_loop, name="mmstore-window", daemon=True)
+            self.win_thread.start()
+        # CUDA
+        self.stream = None
+        self.pending_gpu: tuple[int, Any, Any] | None = None
+        if L._cuda:
+            self.stream = torch.cuda.Stream(device=L.device)
+        for k in range(min(L.prefetch, self.nbatches)):
+            self._submit(k)
+
+    # -- windows -------------------------------------------------------------------
+    def _window_of(self, pos: int) -> int:
+        return int(np.searchsorted(self.win_bounds, pos, side="right")) - 1  # type: ignore[arg-type]
+
+    def _window_loop(self) -> None:
+        b = self.win_bounds
+        assert b is not None
+        try:
+            for w in range(len(b) - 1):
+                with self.cv:
+                    while w > self.win_need and not self.cancelled:
+                        self.cv.wait()
+                if self.cancelled:
+                    return
+                self.loader._read_window(self.idx[b[w] : b[w + 1]], self)
+                with self.cv:
+                    self.win_done = w
+                    self.cv.notify_all()
+        finally:
+            with self.cv:
+                self.win_done = len(b)  # never leave a batch waiting
+                self.cv.notify_all()
+
+    def _wait_window(self, w: int) -> None:
+        with self.cv:
+            while self.win_done < w and not self.cancelled:
+                self.cv.wait()
+
+    # -- submitting ----------------------------------------------------------------
+    def _bounds(self, k: int) -> tuple[int, int]:
+        bs = self.loader.batch_size
+        return k * bs, min((k + 1) * bs, len(self.idx))
+
+    def _submit(self, k: int) -> None:
+        L = self.loader
+        s = k % self.R
+        a, b = self._bounds(k)
+        idx = self.idx[a:b]
+        slot = self.np_ring[s]
+        pool = L._pool
+        assert pool is not None
+        ev = self.events[s]
+        wait_win = -1
+        if self.win_bounds is not None:
+            wait_win = self._window_of(b - 1)
+            with self.cv:
+                if wait_win + 1 > self.win_need:
+                    self.win_need = wait_win + 1
+                    self.cv.notify_all()
+        futs = []
+        for lo in range(0, len(idx), self.piece_rows):
+            hi = min(lo + self.piece_rows, len(idx))
+            futs.append(pool.submit(self._task, idx, slot, lo, hi, ev, wait_win))
+        self.futs[s] = futs
+        if self.willneed:
+            ka = k + self.willneed
+            if ka < self.nbatches:
+                a2, b2 = self._bounds(ka)
+                pool.submit(self._hint_task, self.idx[a2:b2])
+
+    def _task(self, idx: np.ndarray, slot: dict[str, np.ndarray], lo: int, hi: int, ev: Any, wait_win: int) -> None:
+        if self.cancelled:
+            raise _Cancelled()
+        if ev is not None:
+            ev.synchronize()  # the copy out of this pinned buffer has finished
+        if wait_win >= 0:
+            self._wait_window(wait_win)
+        self.loader._read_piece(idx, slot, lo, hi, self.fds)
+
+    def _hint_task(self, idx: np.ndarray) -> None:
+        if not self.cancelled:
+            try:
+                self.loader._hint(idx)
+            except OSError:
+                pass
+
+    def _wait(self, k: int) -> None:
+        s = k % self.R
+        futs = self.futs[s] or []
+        _wait(futs)
+        self.futs[s] = None
+        for f in futs:
+            exc = f.exception()
+            if exc is not None:
+                raise exc
+
+    # -- iterating ------------------------------------------------------------------
+    def __iter__(self) -> _EpochRun:
+        return self
+
+    def _host_batch(self, k: int) -> dict[str, torch.Tensor]:
+        a, b = self._bounds(k)
+        slot = self.loader._ring[k % self.R]  # type: ignore[index]
+        m = b - a
+        return {f: (t if m == t.shape[0] else t[:m]) for f, t in slot.items()}
+
+    def _to_gpu(self, k: int) -> tuple[int, Any, Any]:
+        """Issue the copy of host batch ``k`` on the side stream."""
+        L = self.loader
+        self._wait(k)
+        host = self._host_batch(k)
+        s = k % self.R
+        with torch.cuda.stream(self.stream):
+            gpu = {f: t.to(L.device, non_blocking=True) for f, t in host.items()}
+            ev = torch.cuda.Event()
+            ev.record(self.stream)
+        self.events[s] = ev  # the reader of this slot's next batch waits for it
+        return k, gpu, ev
+
+    def __next__(self) -> Any:
+        L = self.loader
+        k = self.k
+        if self.cancelled or k >= self.nbatches:
+            self.close()
+            raise StopIteration
+        try:
+            # batch k - hold is released: its slot takes batch k + prefetch
+            if k + L.prefetch < self.nbatches:
+                self._submit(k + L.prefetch)
+            if L._cuda:
+                cur = self.pending_gpu if self.pending_gpu is not None else self._to_gpu(k)
+                self.pending_gpu = self._to_gpu(k + 1) if k + 1 < self.nbatches else None
+                _, gpu, ev = cur
+                stream = torch.cuda.current_stream(L.device)
+                stream.wait_event(ev)
+                for t in gpu.values():
+                    t.record_stream(stream)
+                out = gpu
+            else:
+                self._wait(k)
+                out = self._host_batch(k)
+                if L.copy:
+                    out = {f: t.clone() for f, t in out.items()}
+        except BaseException:
+            self.close()
+            raise
+        self.k = k + 1
+        return L._wrap(out)
+
+    def __len__(self) -> int:
+        return self.nbatches
+
+    def close(self) -> None:
+        """Cancel what is queued, wait for what runs (nothing writes into the
+        ring after this returns)."""
+        if self.cancelled and self.win_thread is None and not any(self.futs):
+            return
+        self.cancelled = True
+        with self.cv:
+            self.cv.notify_all()
+        for i, futs in enumerate(self.futs):
+            if futs:
+                for f in futs:
+                    f.cancel()
+                _wait(futs)
+                self.futs[i] = None
+        if self.win_thread is not None:
+            self.win_thread.join()
+            self.win_thread = None
+            self.win_pool.shutdown(wait=True)
+        if self.stream is not None:
+            self.stream.synchronize()
+        if self.loader._active is self:
+            self.loader._active = None
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass

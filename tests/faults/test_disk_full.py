@@ -1,0 +1,99 @@
+"""Disk full: EFBIG from RLIMIT_FSIZE and real ENOSPC on a small tmpfs. A clean
+error naming the cause, no SIGBUS, nothing published; after space is freed,
+resume completes identically. LMDB: a map that is too small is grown."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import mmstore
+from faultlib import REPO, content_ok, ingest_argv, make_source, run_forked, store_bytes
+
+
+@pytest.fixture(scope="module")
+def src(tmp_path_factory):
+    return make_source(str(tmp_path_factory.mktemp("src")), n_per_class=4)
+
+
+def _argv(src, dest, *extra):
+    return ingest_argv(src, dest, "--size", "48x48", *extra)  # later --size wins
+
+
+@pytest.fixture(scope="module")
+def ref(src, tmp_path_factory):
+    dest = str(tmp_path_factory.mktemp("ref") / "s")
+    assert run_forked(_argv(src, dest)) == 0
+    return dest
+
+
+def _run_limited(argv, limit):
+    code = textwrap.dedent(f"""
+        import resource, signal, sys
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, ({limit}, {limit}))
+        from mmstore.cli import main
+        sys.exit(main({argv!r}))
+    """)
+    env = dict(os.environ, PYTHONPATH=REPO)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+
+
+@pytest.mark.parametrize("limit", [2000, 30_000, 60_000])
+def test_efbig_is_clean_and_resume_completes_identically(src, ref, tmp_path, limit):
+    dest = str(tmp_path / "s")
+    r = _run_limited(_argv(src, dest), limit)
+    assert r.returncode not in (0, -7, -25), r.stderr  # failed, but not by SIGBUS/SIGXFSZ
+    assert "File too large" in r.stderr or "Errno 27" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    assert not os.path.exists(dest)
+    assert run_forked(_argv(src, dest, "--resume")) == 0
+    assert store_bytes(dest) == store_bytes(ref)
+
+
+def _mount_tmpfs(path, size):
+    os.makedirs(path, exist_ok=True)
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], capture_output=True)
+    return r.returncode == 0
+
+
+def test_enospc_on_a_small_tmpfs_then_space_freed(src, ref, tmp_path):
+    mnt = str(tmp_path / "mnt")
+    need = sum(os.path.getsize(os.path.join(ref, n)) for n in os.listdir(ref))
+    if os.geteuid() != 0 or not _mount_tmpfs(mnt, 16 * 1024):
+        pytest.skip("mounting a tmpfs is not permitted here; RLIMIT_FSIZE covers EFBIG")
+    try:
+        dest = os.path.join(mnt, "s")
+        env = dict(os.environ, PYTHONPATH=REPO)
+        r = subprocess.run([sys.executable, "-m", "mmstore", *_argv(src, dest)], capture_output=True, text=True, env=env)
+        assert r.returncode not in (0, -7), r.stderr
+        assert "No space left" in r.stderr or "Errno 28" in r.stderr, r.stderr
+        assert "Traceback" not in r.stderr and not os.path.exists(dest)
+        subprocess.run(["mount", "-o", f"remount,size={need * 3 + (1 << 20)}", mnt], check=True)
+        assert run_forked(_argv(src, dest, "--resume")) == 0
+        assert store_bytes(dest) == store_bytes(ref)
+    finally:
+        subprocess.run(["umount", mnt], capture_output=True)
+
+
+def test_lmdb_map_too_small_is_grown(src, tmp_path):
+    def tiny_map():
+        import mmstore.backends.lmdb as lb
+
+        lb.lmdb_map_size = lambda record_bytes, records: 32 * 1024
+
+    dest = str(tmp_path / "l")
+    assert run_forked(_argv(src, dest, "--backend", "lmdb"), setup=tiny_map) == 0
+    assert content_ok(dest)
+    ref = str(tmp_path / "m")
+    assert run_forked(_argv(src, ref)) == 0
+    a, b = mmstore.open(dest), mmstore.open(ref)
+    for k in a.fields:
+        np.testing.assert_array_equal(a.column(k), b.column(k))
+    shutil.rmtree(dest)

@@ -1,0 +1,118 @@
+"""verify --repair: bad records re-ingested from the source, byte-identically."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import shutil
+
+import numpy as np
+import pytest
+from helpers import flip_bit, run_cli, run_json
+
+import mmstore
+
+cv2 = pytest.importorskip("cv2")
+ingest_mod = pytest.importorskip("mmstore.ingest")
+
+
+@pytest.fixture(scope="module")
+def source(tmp_path_factory):
+    d = tmp_path_factory.mktemp("src")
+    rng = np.random.default_rng(0)
+    for c in ("cat", "dog", "eel"):
+        os.makedirs(d / c)
+        for i in range(30):
+            img = rng.integers(0, 256, (20 + i % 5, 24, 3), dtype=np.uint8)
+            cv2.imwrite(str(d / c / f"{i:03d}.png"), img)
+    (d / "cat" / "broken.jpg").write_bytes(b"not an image")
+    return str(d)
+
+
+def _ingest(source, dest, backend):
+    ingest_mod.ingest(source, dest, size=(16, 16), backend=backend, workers=0, quiet=True)
+    return dest
+
+
+def _same_files(a, b):
+    names = sorted(n for n in os.listdir(a) if n != "manifest.json")
+    assert names == sorted(n for n in os.listdir(b) if n != "manifest.json")
+    return all(filecmp.cmp(os.path.join(a, n), os.path.join(b, n), shallow=False) for n in names)
+
+
+def _damage(store_dir, index):
+    with mmstore.open(store_dir) as s:
+        slot = s.slot(index)
+        key = s.key(index)
+        if s.backend_name == "memmap":
+            path, off, nb = s.backend.field_location("image")
+        else:
+            path = None
+    if path is not None:
+        flip_bit(path, off + slot * nb + 7, bit=3)
+        # also damage the label of another record: repair must find the label again
+        return slot, key
+    import json
+
+    import lmdb
+
+    env = lmdb.open(os.path.join(store_dir, "records.mdb"), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        k = slot.to_bytes(8, "big")
+        v = bytearray(txn.get(k))
+        v[7] ^= 8
+        txn.put(k, bytes(v))
+    env.close()
+    mp = os.path.join(store_dir, "manifest.json")
+    with open(mp) as fh:
+        m = json.load(fh)
+    m["files"]["records.mdb"] = os.path.getsize(os.path.join(store_dir, "records.mdb"))
+    with open(mp, "w") as fh:
+        json.dump(m, fh)
+    return slot, key
+
+
+def test_repair_restores_bytes(tmp_path, source, backend, capsys):
+    dest = _ingest(source, str(tmp_path / "s"), backend)
+    fresh = str(tmp_path / "fresh")
+    shutil.copytree(dest, fresh)
+    slot, key = _damage(dest, 41)
+    rc, rep = run_json(["verify", dest], capsys)
+    assert rc == 1 and rep["bad_records"][0]["key"] == key
+    rc, rep = run_json(["verify", dest, "--repair"], capsys)
+    assert rc == 0, rep
+    assert rep["ok"] and rep["repair"]["repaired"] == [slot]
+    assert _same_files(dest, fresh)
+
+
+def test_repair_finds_a_damaged_label(tmp_path, source, capsys):
+    dest = _ingest(source, str(tmp_path / "s"), "memmap")
+    fresh = str(tmp_path / "fresh")
+    shutil.copytree(dest, fresh)
+    with mmstore.open(dest) as s:
+        slot = s.slot(70)
+        path, off, nb = s.backend.field_location("label")
+    flip_bit(path, off + slot * nb, bit=1)
+    rc, _ = run_json(["verify", dest, "--repair"], capsys)
+    assert rc == 0 and _same_files(dest, fresh)
+
+
+def test_repair_refuses_when_source_is_gone(tmp_path, source, capsys):
+    src = str(tmp_path / "src")
+    shutil.copytree(source, src)
+    dest = _ingest(src, str(tmp_path / "s"), "memmap")
+    _damage(dest, 5)
+    shutil.rmtree(src)
+    rc, out, _ = run_cli(["verify", dest, "--repair"], capsys)
+    assert rc == 1 and "refused" in out and "gone" in out
+
+
+def test_repair_reports_a_changed_source_file(tmp_path, source, capsys):
+    src = str(tmp_path / "src")
+    shutil.copytree(source, src)
+    dest = _ingest(src, str(tmp_path / "s"), "memmap")
+    slot, key = _damage(dest, 5)
+    cv2.imwrite(os.path.join(src, key), np.zeros((20, 24, 3), np.uint8))
+    rc, rep = run_json(["verify", dest, "--repair"], capsys)
+    assert rc == 1 and rep["repair"]["failed"][0]["slot"] == slot
+    assert "other bytes" in rep["repair"]["failed"][0]["reason"]

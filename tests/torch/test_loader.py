@@ -1,0 +1,257 @@
+"""Loader: same batches as DataLoader, buffer contract, hints, warm, errors."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+import torch
+from torch.utils.data import DataLoader
+
+import mmstore
+from mmstore.order import BlockShuffle, Permutation, Sequential
+from mmstore.torch import Loader, OrderSampler, StoreDataset
+
+
+def _dl_batches(path, order, batch_size, drop_last, epoch):
+    ds = StoreDataset(path)
+    sm = OrderSampler(ds, order)
+    sm.set_epoch(epoch)
+    dl = DataLoader(ds, batch_size=batch_size, sampler=sm, drop_last=drop_last)
+    return [{k: v.clone() for k, v in b.items()} for b in dl]
+
+
+@pytest.mark.parametrize("name,method", [("big", "auto"), ("big", "pread"), ("small", "auto"),
+                                         ("small", "pread"), ("holes", "pread"), ("lmdb", "auto")])
+@pytest.mark.parametrize("kind", ["permutation", "block", "sequential"])
+def test_loader_equals_dataloader(stores, name, method, kind):
+    path = stores[name]
+    n = len(mmstore.open(path))
+    order = {
+        "permutation": Permutation(n, seed=11),
+        "block": BlockShuffle(n, 5, 4, seed=11),
+        "sequential": Sequential(n),
+    }[kind]
+    for drop_last in (False, True):
+        loader = Loader(path, 24, order, drop_last=drop_last, prefetch=3, threads=4, piece_bytes=4096,
+                        method=method)
+        for epoch in (0, 2):
+            loader.set_epoch(epoch)
+            ours = list(b.copy() for b in _cloned(loader))
+            ref = _dl_batches(path, order, 24, drop_last, epoch)
+            assert len(ours) == len(ref) == len(loader)
+            for a, b in zip(ours, ref):
+                assert a.keys() == b.keys()
+                for k in a:
+                    assert a[k].dtype == b[k].dtype
+                    assert torch.equal(a[k], b[k])
+        loader.close()
+
+
+def _cloned(loader):
+    for b in loader:
+        yield {k: v.clone() for k, v in b.items()}
+
+
+def test_epoch_auto_increment_and_set_epoch(stores):
+    n = len(mmstore.open(stores["small"]))
+    L = Loader(stores["small"], 50, Permutation(n, seed=0), fields=("idx",), threads=2)
+    e0 = np.concatenate([b["idx"].numpy().copy() for b in L])
+    e1 = np.concatenate([b["idx"].numpy().copy() for b in L])
+    assert not np.array_equal(e0, e1)
+    assert np.array_equal(e0, Permutation(n, seed=0).epoch(0))
+    assert np.array_equal(e1, Permutation(n, seed=0).epoch(1))
+    L.set_epoch(0)
+    again = np.concatenate([b["idx"].numpy().copy() for b in L])
+    assert np.array_equal(again, e0)
+    L.close()
+
+
+def test_buffer_contract_hold(stores):
+    """A batch stays valid until `hold` more batches were yielded; buffers cycle."""
+    path = stores["big"]
+    st = mmstore.open(path)
+    for hold in (1, 2, 3):
+        L = Loader(path, 16, "permutation", prefetch=3, hold=hold, threads=4, piece_bytes=2048)
+        it = iter(L)
+        kept: list[tuple[dict, np.ndarray]] = []
+        ptrs = []
+        for k, b in enumerate(it):
+            ids = b["idx"].numpy().copy()
+            ptrs.append(b["image"].data_ptr())
+            kept.append((b, ids))
+            # slow consumer: give the readers time to run ahead and (wrongly) overwrite
+            time.sleep(0.002)
+            # every batch among the last `hold` yielded is still intact
+            for bb, ii in kept[-hold:]:
+                assert np.array_equal(bb["idx"].numpy()[: len(ii)], ii)
+                ref = st.read_batch(np.searchsorted(st.slots_of(np.arange(len(st))), ii))
+                np.testing.assert_array_equal(bb["image"].numpy()[: len(ii)], ref["image"])
+        assert L.ring_size == 3 + hold
+        # the ring is reused: buffer addresses repeat with period ring_size
+        assert len(set(ptrs)) == L.ring_size
+        assert all(ptrs[i] == ptrs[i + L.ring_size] for i in range(len(ptrs) - L.ring_size))
+        L.close()
+
+
+def test_buffer_is_overwritten_later(stores):
+    """The contract is real: holding a batch beyond `hold` sees it overwritten."""
+    L = Loader(stores["big"], 16, Permutation(301, seed=1), fields=("idx",), prefetch=2, threads=2)
+    it = iter(L)
+    first = next(it)
+    saved = first["idx"].clone()
+    for _ in range(6):
+        next(it)
+    assert not torch.equal(first["idx"], saved)
+    L.close()
+
+
+def test_copy_true_gives_independent_batches(stores):
+    L = Loader(stores["big"], 16, Permutation(301, seed=1), copy=True, prefetch=2, threads=2)
+    batches = list(L)
+    ids = np.concatenate([b["idx"].numpy() for b in batches])
+    assert np.array_equal(ids, Permutation(301, seed=1).epoch(0))
+    assert len({b["image"].data_ptr() for b in batches}) == len(batches)
+    L.close()
+
+
+def test_tuple_chw_and_fields(stores):
+    st = mmstore.open(stores["big"])
+    L = Loader(st, 10, "sequential", fields=("image", "label"), as_tuple=True, chw=True, threads=2)
+    img, lab = next(iter(L))
+    assert img.shape == (10, 3, 24, 32) and img.dtype == torch.uint8
+    np.testing.assert_array_equal(img.permute(0, 2, 3, 1).numpy(), st[:10]["image"])
+    np.testing.assert_array_equal(lab.numpy(), st[:10]["label"])
+    L.close()
+
+
+def test_ddp_ranks_disjoint(stores):
+    n = len(mmstore.open(stores["big"]))
+    got = [
+        np.concatenate([b["idx"].numpy().copy() for b in Loader(stores["big"], 32, "block", fields=("idx",), rank=r,
+                                                               world_size=3, rank_drop_last=True, block=6, window=2)])
+        for r in range(3)
+    ]
+    allids = np.concatenate(got)
+    assert len(allids) == (n // 3) * 3 and len(np.unique(allids)) == len(allids)
+
+
+def test_break_mid_epoch_and_restart(stores):
+    L = Loader(stores["big"], 8, "permutation", prefetch=4, threads=4)
+    for i, _ in enumerate(L):
+        if i == 3:
+            break
+    # a new iteration cancels the old one's reads; all batches complete and correct
+    L.set_epoch(5)
+    ids = np.concatenate([b["idx"].numpy().copy() for b in L])
+    assert np.array_equal(ids, L.order.epoch(5))
+    L.close()
+    L.close()
+
+
+def test_read_errors_propagate(stores, monkeypatch):
+    L = Loader(stores["big"], 8, "permutation", threads=2)
+
+    def boom(*a, **k):
+        raise OSError(5, "simulated I/O error")
+
+    monkeypatch.setattr(L, "_read_piece", boom)
+    with pytest.raises(OSError, match="simulated"):
+        list(L)
+    monkeypatch.undo()
+    assert len(list(L)) == len(L)  # usable again
+    L.close()
+
+
+def test_warm_and_hints(stores):
+    L = Loader(stores["big"], 32, "permutation", warm=True, threads=2)
+    n = sum(len(b["idx"]) for b in L)
+    assert n == 301
+    assert L.warm_report is not None and L.warm_report.complete
+    L.close()
+    L2 = Loader(stores["big"], 32, "permutation", warm="background", threads=2)
+    assert sum(len(b["idx"]) for b in L2) == 301
+    L2.close()
+
+
+def test_pread_and_mmap_methods_agree(stores):
+    a = [b["image"].clone() for b in Loader(stores["holes"], 9, Permutation(115, seed=2), method="pread", threads=3)]
+    b = [b["image"].clone() for b in Loader(stores["holes"], 9, Permutation(115, seed=2), method="mmap", threads=3)]
+    assert all(torch.equal(x, y) for x, y in zip(a, b)) and len(a) == len(b)
+
+
+def test_threads_really_overlap(stores):
+    # several batches are in flight: with prefetch=4 the readers fill the ring
+    L = Loader(stores["big"], 8, "permutation", prefetch=4, threads=4)
+    it = iter(L)
+    next(it)
+    deadline = time.monotonic() + 10
+    while True:  # the 4 batches after the first are read without the consumer asking
+        done = [f is not None and all(x.done() for x in f) for f in it.futs]
+        if sum(done) >= 4 or time.monotonic() > deadline:
+            break
+        time.sleep(0.01)
+    assert sum(done) >= 4
+    it.close()
+    L.close()
+
+
+def test_pin_memory_cpu(stores):
+    if torch.cuda.is_available():
+        L = Loader(stores["big"], 8, "permutation", pin_memory=True, threads=2)
+        b = next(iter(L))
+        assert b["image"].is_pinned()
+        L.close()
+    else:
+        with pytest.warns(UserWarning, match="pin_memory"):
+            L = Loader(stores["big"], 8, "permutation", pin_memory=True, threads=2)
+        assert sum(len(b["idx"]) for b in L) == 301
+        L.close()
+
+
+def test_bad_arguments(stores):
+    with pytest.raises(ValueError):
+        Loader(stores["big"], 0)
+    with pytest.raises(ValueError):
+        Loader(stores["big"], 8, prefetch=0)
+    with pytest.raises(ValueError):
+        Loader(stores["big"], 8, method="x")
+    if not torch.cuda.is_available():
+        with pytest.raises(RuntimeError, match="cuda"):
+            Loader(stores["big"], 8, device="cuda")
+
+
+def test_no_thread_leak(stores):
+    before = threading.active_count()
+    for _ in range(3):
+        with Loader(stores["big"], 32, "block", block=5, window=3, threads=3) as L:
+            list(L)
+    time.sleep(0.05)
+    assert threading.active_count() <= before + 1
+
+
+@pytest.mark.parametrize("name,mode", [("big", "willneed"), ("big", "read"), ("holes", "read"), ("lmdb", True)])
+def test_cold_paths_window_prefetch_and_willneed(stores, name, mode, monkeypatch):
+    """Force the 'store not resident' branch: window thread + WILLNEED hints."""
+    path = stores[name]
+    n = len(mmstore.open(path))
+    order = BlockShuffle(n, 4, 3, seed=7)
+    L = Loader(path, 10, order, prefetch=2, threads=3, piece_bytes=4096, window_prefetch=mode)
+    monkeypatch.setattr(L, "_resident_fraction", lambda: 0.0)
+    windows = []
+    orig = L._read_window
+    monkeypatch.setattr(L, "_read_window", lambda idx, run: (windows.append(len(idx)), orig(idx, run)))
+    hinted = []
+    orig_hint = L._hint
+    monkeypatch.setattr(L, "_hint", lambda idx: (hinted.append(len(idx)), orig_hint(idx)))
+    for epoch in (0, 1):
+        L.set_epoch(epoch)
+        ours = [b["idx"].clone() for b in L]
+        ref = [b["idx"] for b in _dl_batches(path, order, 10, False, epoch)]
+        assert all(torch.equal(a, b) for a, b in zip(ours, ref)) and len(ours) == len(ref)
+    assert sum(windows) == 2 * n  # every record read once per epoch by the window pass
+    if name != "lmdb":
+        assert hinted  # WILLNEED issued ahead of the reads
+    L.close()
