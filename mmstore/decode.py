@@ -195,6 +195,7 @@ category word: ``empty``, ``not-an-image``, ``truncated``, ``corrupt``,
 
 from __future__ import annotations
 
+import atexit
 import errno
 import io
 import os
@@ -830,15 +831,26 @@ _CORRUPT_PREFIXES = (
 )
 
 
+def _close_capture() -> None:
+    global _cap_file
+    if _cap_file is not None:
+        try:
+            _cap_file.close()  # in a child: its own copy of the descriptor only
+        except OSError:
+            pass
+        _cap_file = None
+
+
 def _reset_after_fork() -> None:
-    global _cap_lock, _cap_file, _cap_pid
+    global _cap_lock, _cap_pid
     _cap_lock = threading.Lock()
-    _cap_file = None  # the inherited file shares its offset with the parent
+    _close_capture()  # the inherited file shares its offset with the parent
     _cap_pid = -1
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_reset_after_fork)
+atexit.register(_close_capture)
 
 
 def _sink_fd() -> int:

@@ -972,7 +972,9 @@ def _chunk_size(chunk: int | None, schema: Schema, nslots: int, workers: int) ->
         return int(chunk)
     by_bytes = (32 << 20) // max(1, schema.record_bytes)
     c = max(8, min(1024, by_bytes))
-    balance = max(1, math.ceil(nslots / (workers * 4)))
+    # at least 16 chunks per worker: the last chunks leave workers idle while
+    # one finishes (measured: 4 per worker cost ~5% of a 2,000-image ingest)
+    balance = max(1, math.ceil(nslots / (workers * 16)))
     return max(1, min(c, balance))
 
 
