@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         epilog=EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--images", type=int, default=2000, help="JPEGs to generate (default 2000)")
+    p.add_argument("--images", type=int, default=3000, help="JPEGs to generate (default 3000)")
     p.add_argument("--size", type=int, default=160, help="stored image side in pixels (default 160)")
     p.add_argument("--workers", type=int, default=None, help="processes for generation, ingest and DataLoader")
     p.add_argument("--workdir", help="where to work (default: a new temporary directory)")
