@@ -441,8 +441,9 @@ class StoreWriter:
         if s.size:
             self._need(int(s.max()))
             self._state[s] = _WRITTEN
-            for x in s.tolist():
-                self._skips.pop(x, None)
+            if self._skips:
+                for x in np.intersect1d(s, np.fromiter(self._skips, np.int64)).tolist():
+                    self._skips.pop(x, None)
             self._next = max(self._next, int(s.max()) + 1)
 
     def sync(self) -> None:
@@ -553,25 +554,37 @@ class StoreWriter:
             os.ftruncate(sw._fds[i], len(header) + slots * sf.stride)
 
     def _write_keys(self, slots: int) -> None:
-        if self._bulk_keys is not None and not self._keys:
-            offsets, blob = self._bulk_keys
-            if len(offsets) != slots + 1:
-                raise SchemaError(f"set_keys got {len(offsets) - 1} keys for {slots} slots")
-            offsets = offsets.astype(KEY_DTYPE)
+        # O(keys given one by one), never a Python loop over every slot: an
+        # ingest hands all keys in bulk and only the holes' keys one by one
+        over = sorted((s, k) for s, k in self._keys.items() if s < slots)
+        lens = np.zeros(slots, np.int64)
+        parts: list[Any] = []
+        if self._bulk_keys is not None:
+            offs = self._bulk_keys[0].astype(np.int64)
+            raw = self._bulk_keys[1]
+            mv = memoryview(np.ascontiguousarray(raw).view(np.uint8) if isinstance(raw, np.ndarray) else raw).cast("B")
+            n_bulk = max(0, min(slots, len(offs) - 1))
+            lens[:n_bulk] = np.diff(offs[: n_bulk + 1])
+            prev = 0  # bulk keys of slots [prev, ...) are not emitted yet
+            for s, k in over:
+                if s < n_bulk and mv[offs[s] : offs[s + 1]] == k:
+                    continue
+                a, b = min(prev, n_bulk), min(s, n_bulk)
+                if b > a:
+                    parts.append(mv[offs[a] : offs[b]])
+                parts.append(k)
+                lens[s] = len(k)
+                prev = s + 1
+            a = min(prev, n_bulk)
+            if n_bulk > a:
+                parts.append(mv[offs[a] : offs[n_bulk]])
         else:
-            lens = np.zeros(slots, np.int64)
-            parts: list[bytes] = []
-            bulk = self._bulk_keys
-            for s in range(slots):
-                k = self._keys.get(s)
-                if k is None and bulk is not None and s + 1 < len(bulk[0]):
-                    k = bytes(bulk[1][int(bulk[0][s]) : int(bulk[0][s + 1])])
-                if k:
-                    lens[s] = len(k)
-                    parts.append(k)
-            offsets = np.zeros(slots + 1, KEY_DTYPE)
-            offsets[1:] = np.cumsum(lens)
-            blob = b"".join(parts)
+            for s, k in over:
+                lens[s] = len(k)
+                parts.append(k)
+        offsets = np.zeros(slots + 1, KEY_DTYPE)
+        offsets[1:] = np.cumsum(lens)
+        blob = b"".join(parts)
         self._write_npy(KEYS_OFFSETS_FILE, offsets)
         self._write_file(KEYS_BLOB_FILE, blob)
 

@@ -7,10 +7,11 @@ creates ``DEST.partial`` with :class:`~mmstore.writer.StoreWriter` (slot files
 preallocated), then forks ``workers`` processes. Each worker opens its own
 :class:`~mmstore.writer.SlotWriter` and its own source reader, receives slot
 ranges (two integers) over a pipe, decodes every input of the range and
-``pwrite``s the record at its slot, zeroes the slots that failed, fsyncs, and
-answers with the range and the holes' reasons. Pixels never cross a pipe.
-The parent appends the range to the commit log (see ``resume.py``), tells the
-writer (``mark_written`` / ``skip``), and hands out the next range.
+``pwrite``s the record at its slot, zeroes the slots that failed, and answers
+with the range and the holes' reasons. Pixels never cross a pipe. The parent
+tells the writer (``mark_written`` / ``skip``) and hands out the next range;
+its committer thread fsyncs the store's files and only then appends the
+finished ranges to the commit log (see ``resume.py``).
 
 Slot ``s`` is input ``lo + s`` of the sorted listing, so the bytes do not
 depend on the worker count, the chunk size, the completion order or how often

@@ -199,3 +199,20 @@ def test_write_batch_equals_per_record_writes(tmp_path, backend):
         with pytest.raises(IndexError):
             w.write_batch(1, {k: v[:3] for k, v in cols.items()})
         w.write_batch(0, {k: v[:3] for k, v in cols.items()})
+
+
+def test_bulk_keys_with_per_slot_overrides(store_dir):
+    keys = [f"bulk/{i}".encode() for i in range(6)]
+    offsets = np.concatenate([[0], np.cumsum([len(k) for k in keys])])
+    with mmstore.StoreWriter(store_dir, {"a": ("<i8", ())}, slots=7) as w:
+        w.set_keys(offsets, b"".join(keys))  # 6 bulk keys for 7 slots
+        for i in range(7):
+            w.write(i, {"a": i})
+        w.set_key(2, "bulk/2")  # same as the bulk key
+        w.set_key(4, "override/4")
+        w.skip(5, b"\xff hole", "corrupt: x")
+        w.set_key(6, "last")
+    s = mmstore.open(store_dir)
+    got = [s.slot_key_bytes(i) for i in range(7)]
+    assert got == [b"bulk/0", b"bulk/1", b"bulk/2", b"bulk/3", b"override/4", b"\xff hole", b"last"]
+    assert s.skipped() == [{"slot": 5, "key": os.fsdecode(b"\xff hole"), "reason": "corrupt: x"}]
