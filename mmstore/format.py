@@ -145,6 +145,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import threading
 from typing import Any
 
 import numpy as np
@@ -196,6 +197,7 @@ SUPPORTED_BACKENDS = ("memmap", "lmdb")
 KEY_DTYPE = np.dtype("<u8")
 FIELD_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,62}$")
 _NPY_MAGIC = b"\x93NUMPY"
+_NPY_HEADER_LOCK = threading.Lock()
 _NPY_ALIGN = 64
 _NPY_WIDEST_ROWS = 10**20 - 1  # header length is the one for a 20-digit row count
 _DTYPE_KINDS = "biufc"
@@ -281,13 +283,17 @@ def read_npy_header(path: str, fh: Any) -> tuple[np.dtype, tuple[int, ...], int]
         Not an .npy file, Fortran order, or an unreadable header.
     """
     try:
-        major, minor = np.lib.format.read_magic(fh)
-        if (major, minor) == (1, 0):
-            shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh, max_header_size=65536)
-        elif (major, minor) in ((2, 0), (3, 0)):
-            shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh, max_header_size=65536)
-        else:
-            raise ValueError(f"unknown .npy version {major}.{minor}")
+        # numpy parses the header with ast.literal_eval, which CPython 3.11 can
+        # fail with "SystemError: AST constructor recursion depth mismatch"
+        # when threads parse at once (found opening stores from 150 threads)
+        with _NPY_HEADER_LOCK:
+            major, minor = np.lib.format.read_magic(fh)
+            if (major, minor) == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh, max_header_size=65536)
+            elif (major, minor) in ((2, 0), (3, 0)):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh, max_header_size=65536)
+            else:
+                raise ValueError(f"unknown .npy version {major}.{minor}")
     except (ValueError, OSError, SyntaxError, TypeError, EOFError) as exc:
         raise FormatError(
             f"{path}: not a readable .npy header ({exc}); the file is damaged: "

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import mmstore
-from storetest import write_store
+from storetest import SMALL_SCHEMA, sample, write_store
 
 
 def _child_read(store, idx):
@@ -87,11 +87,9 @@ def test_lmdb_store_recreated_at_the_same_path_reads_the_new_file(tmp_path):
     path = os.path.join(tmp_path, "s")
     old = mmstore.open(write_store(path, 5, "lmdb"))
     old.read_batch([0])  # keeps the first file's environment open
-    from storetest import SMALL_SCHEMA
-
     with mmstore.StoreWriter(path, SMALL_SCHEMA, slots=3, backend="lmdb", overwrite=True) as w:
         for i in range(3):
-            rec = {k: np.zeros_like(v) for k, v in __import__("storetest").sample(i).items()}
-            w.write(i, rec)
+            w.write(i, {k: np.zeros_like(v) for k, v in sample(i).items()})
     new = mmstore.open(path)
     assert len(new) == 3 and int(new[0]["image"].sum()) == 0
+

@@ -83,7 +83,12 @@ def test_sigkill_then_resume_is_byte_identical(tmp_path, h):
     for trial in range(5):
         dest = str(tmp_path / f"t{trial}")
         p = h.cli_subprocess("ingest", root, dest, "--size", "32x32", "--workers", "2", "--chunk", "2", "-q")
-        time.sleep(rnd.uniform(0.2, max(0.3, full * 0.95)))
+        # kill at a random moment of the writing phase: start-up time varies
+        # with the machine's load, so wait for the .partial first
+        deadline = time.monotonic() + 60
+        while not os.path.isdir(dest + ".partial") and p.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)
+        time.sleep(rnd.uniform(0.0, full * 0.5))
         p.send_signal(signal.SIGKILL)
         p.wait(60)
         deadline = time.monotonic() + 5
