@@ -787,12 +787,26 @@ def test_read_bytes_errors(tmp_path):
 
 
 def test_read_bytes_permission_denied(tmp_path):
-    if os.geteuid() == 0:
-        pytest.skip("running as root: permission bits do not stop root from reading")
+    import subprocess
+    import sys
+
     p = tmp_path / "secret.jpg"
     p.write_bytes(JPEG)
     p.chmod(0)
-    assert reason_of(read_bytes, p) == "unreadable: [Errno 13] Permission denied"
+    code = (
+        "import sys; from mmstore.decode import read_bytes; from mmstore.errors import DecodeError\n"
+        "try:\n    read_bytes(sys.argv[1])\nexcept DecodeError as e:\n    print(e.reason)\n"
+    )
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, PYTHONPATH=repo)
+    from storetest import drop_dac_override as _drop_dac
+
+    try:
+        r = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True, env=env,
+                           preexec_fn=_drop_dac if os.geteuid() == 0 else None, timeout=60)
+    except (subprocess.SubprocessError, OSError) as exc:
+        pytest.skip(f"cannot drop root's file-permission override here: {exc}")
+    assert r.stdout.strip() == "unreadable: [Errno 13] Permission denied", r.stderr
 
 
 def test_non_utf8_name_and_content_sniffing(tmp_path):

@@ -532,38 +532,53 @@ class _Committer:
     path and their number small.
     """
 
+    # NOTE [Ctrl-C and locks]: the main thread talks to this thread only
+    # through a queue.SimpleQueue, whose put() holds no Python-level lock. A
+    # threading.Condition here deadlocked on Ctrl-C: KeyboardInterrupt can
+    # land between a `with cv:` acquiring the lock and its body starting, so
+    # the main thread kept the lock while it then waited for this thread,
+    # which needed the lock to stop (seen once under heavy load; a hung
+    # `mmstore ingest` after SIGINT).
+    _STOP = None
+
     def __init__(self, sync: Callable[[], None], log: CommitLog) -> None:
+        import queue
         import threading
 
         self.sync = sync
         self.log = log
-        self.q: deque = deque()
-        self.cv = threading.Condition()
-        self.stopping = False
+        self.q: Any = queue.SimpleQueue()
+        self.abandon = False
         self.error: BaseException | None = None
         self.thread = threading.Thread(target=self._run, name="mmstore-commit", daemon=True)
         self.thread.start()
 
     def put(self, a: int, b: int, errs: list[tuple[int, str]]) -> None:
-        with self.cv:
-            self.q.append((a, b, errs))
-            self.cv.notify()
+        self.q.put((a, b, errs))
 
     def _run(self) -> None:
+        import queue
+
         while True:
-            with self.cv:
-                while not self.q and not self.stopping:
-                    self.cv.wait()
-                if not self.q:
+            batch = [self.q.get()]
+            while True:  # everything that arrived during the previous fsync
+                try:
+                    batch.append(self.q.get_nowait())
+                except queue.Empty:
+                    break
+            stop = self._STOP in batch
+            batch = [x for x in batch if x is not self._STOP]
+            if batch and not self.abandon:
+                try:
+                    self.sync()
+                    for a, b, errs in batch:
+                        if self.abandon:
+                            break
+                        self.log.commit(a, b, errs)
+                except BaseException as exc:  # noqa: BLE001 - reported by check()
+                    self.error = exc
                     return
-                batch = list(self.q)
-                self.q.clear()
-            try:
-                self.sync()
-                for a, b, errs in batch:
-                    self.log.commit(a, b, errs)
-            except BaseException as exc:  # noqa: BLE001 - reported by check()
-                self.error = exc
+            if stop:
                 return
 
     def check(self) -> None:
@@ -571,11 +586,9 @@ class _Committer:
             raise self.error
 
     def finish(self, drain: bool = True) -> None:
-        with self.cv:
-            self.stopping = True
-            if not drain:
-                self.q.clear()
-            self.cv.notify()
+        if not drain:
+            self.abandon = True
+        self.q.put(self._STOP)
         self.thread.join()
         if drain:
             self.check()

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import mmstore
+from storetest import drop_dac_override
 from mmstore.errors import IngestError
 
 cv2 = pytest.importorskip("cv2")
@@ -89,17 +90,6 @@ def test_every_bad_input_kind_is_a_hole(tmp_path, h, capsys):
     assert "2 records" in err and f"{len(bad)} skipped" in err and "unreadable" in err
 
 
-def _drop_dac():
-    """As root: drop CAP_DAC_OVERRIDE / CAP_DAC_READ_SEARCH from the bounding set,
-    so the child (still uid 0) obeys file permissions like a normal user."""
-    import ctypes
-
-    libc = ctypes.CDLL(None, use_errno=True)
-    for cap in (1, 2):
-        if libc.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
-            raise OSError(ctypes.get_errno(), "PR_CAPBSET_DROP failed")
-
-
 def test_unreadable_file(tmp_path, h):
     root = str(tmp_path / "imgs")
     os.mkdir(root)
@@ -111,7 +101,7 @@ def test_unreadable_file(tmp_path, h):
     env = dict(os.environ, PYTHONPATH=h.REPO)
     try:
         p = subprocess.run([sys.executable, "-m", "mmstore", "ingest", root, dest, "--size", "8x8", "-q"],
-                           preexec_fn=_drop_dac if os.geteuid() == 0 else None, env=env,
+                           preexec_fn=drop_dac_override if os.geteuid() == 0 else None, env=env,
                            capture_output=True, text=True, timeout=120)
     except (subprocess.SubprocessError, OSError) as exc:
         pytest.skip(f"cannot drop root's file-permission override here: {exc}")
