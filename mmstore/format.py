@@ -198,6 +198,17 @@ KEY_DTYPE = np.dtype("<u8")
 FIELD_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,62}$")
 _NPY_MAGIC = b"\x93NUMPY"
 _NPY_HEADER_LOCK = threading.Lock()
+
+
+def _new_header_lock_after_fork() -> None:
+    # a child forked while another thread held the lock would inherit it held
+    # forever (regression test: fork readers while verify runs)
+    global _NPY_HEADER_LOCK
+    _NPY_HEADER_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_new_header_lock_after_fork)
 _NPY_ALIGN = 64
 _NPY_WIDEST_ROWS = 10**20 - 1  # header length is the one for a 20-digit row count
 _DTYPE_KINDS = "biufc"
