@@ -34,3 +34,27 @@ def test_import_and_memmap_store_without_torch_lmdb_cv2(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "ok"
+
+
+def test_cli_and_tools_import_without_torch_lmdb_cv2():
+    """Every command module imports torch, cv2 and lmdb only inside the
+    functions that need them, so `mmstore --help` works with numpy alone."""
+    code = textwrap.dedent("""
+        import importlib.abc, sys
+        BLOCKED = ("torch", "lmdb", "cv2")
+        class Block(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] in BLOCKED:
+                    raise ImportError(f"blocked {name}")
+        sys.meta_path.insert(0, Block())
+        from mmstore.cli import COMMANDS, build_parser
+        build_parser()
+        import mmstore.tools, mmstore.order, mmstore._sys, mmstore.decode, mmstore.ingest
+        for name in ("bench", "verify", "inspect", "show", "doctor", "convert", "repair", "cache"):
+            __import__(f"mmstore.tools.{name}")
+        assert not any(m.split(".")[0] in BLOCKED for m in sys.modules)
+        print(len(COMMANDS))
+    """)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    assert int(r.stdout) >= 10
