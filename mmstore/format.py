@@ -1,4 +1,4 @@
-"""The mmstore on-disk format, version 1.0: the one place it is specified.
+"""The mmstore on-disk format, version 1.1: the one place it is specified.
 
 This docstring is the contract. Code elsewhere imports the constants and the
 ``parse_*`` / ``npy_*`` helpers below and never repeats a literal. "MUST" and
@@ -18,6 +18,10 @@ A store is a directory
       _keys.bin            the source keys, concatenated raw bytes
       _index.npy           <u8, shape (records,): dataset index -> slot (only with holes)
       errors.jsonl         one JSON object per skipped input (only with holes)
+
+A *segmented* store (version 1.1, written by ``mmstore merge``) keeps its
+record data in several consecutive segments instead: ``<field>.00000.npy``,
+``<field>.00001.npy``, ... or ``records.00000.mdb``, ... (see "Segments").
 
 No other file belongs in a finished store. Names starting with ``_`` are
 reserved for the store's own bookkeeping, so field names never start with one.
@@ -55,9 +59,12 @@ the size before parsing). Keys (readers MUST ignore unknown keys of the same
 major version):
 
 ``format``       the string ``"mmstore"`` (``FORMAT_NAME``).
-``version``      ``[major, minor]``. This document is ``[1, 0]``. Readers MUST
-                 refuse another major version (``VersionError``); a new minor
-                 version only adds optional keys.
+``version``      ``[major, minor]``. This document is ``[1, 1]``. Writers
+                 write ``[1, 0]`` for a store without ``segments`` (every
+                 1.x reader reads it) and ``[1, 1]`` for one with them.
+                 Readers MUST refuse another major version
+                 (``VersionError``); a new minor version only adds optional
+                 keys.
 ``store_id``     32 lowercase hex digits, random per store (identifies a store
                  in reports; never written inside data files).
 ``backend``      ``"memmap"`` or ``"lmdb"``.
@@ -80,6 +87,8 @@ major version):
                  ``_index.npy`` and ``errors.jsonl`` when present), so a flipped
                  bit in a key or in the index is found by ``verify`` (record
                  data is covered by the per-slot checksums instead).
+``segments``     optional (1.1): list of ints >= 0 summing to ``slots``; see
+                 "Segments". Absent: the store is one segment.
 ``label_names``  list of strings (label ``k`` is ``label_names[k]``) or null.
 ``provenance``   free-form JSON object: source, parameters, tool version,
                  time. Nothing else in the store may depend on it.
@@ -116,6 +125,29 @@ schema order at fixed offsets with no padding: field ``k`` occupies
 little-endian bytes. Holes have no key. Writers insert keys in ascending
 order, ``LMDB_TXN_RECORDS`` records per write transaction, into a fresh
 environment, so the same records give the same file.
+
+Segments
+--------
+
+With ``segments = [c_0, c_1, ...]`` the slots are cut into consecutive
+ranges: segment ``k`` holds slots ``[b_k, b_k + c_k)`` with ``b_0 = 0`` and
+``b_{k+1} = b_k + c_k``. Each segment's record data lives in its own data
+files, named with the segment number written as at least 5 decimal digits
+(``field_file`` / ``lmdb_file``): memmap ``<field>.<k>.npy`` of shape ``(c_k, *shape)``,
+lmdb ``records.<k>.mdb``. Each is exactly the data file a store of ``c_k``
+slots would have, with slot numbers local to the segment (slot ``b_k + j`` is
+row ``j``, or LMDB key ``j``). The plain ``<field>.npy`` / ``records.mdb``
+names are then absent. The bookkeeping files (checksums, keys, index,
+errors) are not segmented: they cover all ``slots`` as in any store.
+
+This is how ``mmstore merge`` joins the stores of ``ingest --shard K/N``
+without copying record data: each part's data files become one segment as
+hard links (the same inodes; a store is never modified after it is written,
+so sharing them is safe), and only the small bookkeeping files are written
+anew. A merged store reads exactly like a single-run ingest of the same
+inputs, and its bookkeeping files are byte-identical to that store's.
+A 1.0 reader refuses a segmented store (its ``files`` lack ``<field>.npy``)
+rather than misreading it.
 
 Checksums
 ---------
@@ -168,20 +200,24 @@ __all__ = [
     "MANIFEST_FILE",
     "MANIFEST_MAX_BYTES",
     "PARTIAL_SUFFIX",
+    "PLAIN_VERSION",
     "SUPPORTED_BACKENDS",
     "decode_key",
     "encode_key",
     "field_file",
+    "lmdb_file",
     "lmdb_key",
     "normalize_dtype",
     "npy_header",
     "parse_manifest",
     "read_manifest",
     "read_npy_header",
+    "segment_tag",
 ]
 
 FORMAT_NAME = "mmstore"
-FORMAT_VERSION = (1, 0)
+FORMAT_VERSION = (1, 1)
+PLAIN_VERSION = (1, 0)  # what a store without segments is written as
 MANIFEST_FILE = "manifest.json"
 MANIFEST_MAX_BYTES = 64 * 1024 * 1024
 PARTIAL_SUFFIX = ".partial"
@@ -214,9 +250,19 @@ _NPY_WIDEST_ROWS = 10**20 - 1  # header length is the one for a 20-digit row cou
 _DTYPE_KINDS = "biufc"
 
 
-def field_file(name: str) -> str:
-    """File name of field ``name`` in a memmap store."""
-    return f"{name}.npy"
+def segment_tag(segment: int | None) -> str:
+    """``""`` for an unsegmented store, else ``".00042"`` (at least 5 digits)."""
+    return "" if segment is None else f".{int(segment):05d}"
+
+
+def field_file(name: str, segment: int | None = None) -> str:
+    """File name of field ``name`` in a memmap store (of one segment)."""
+    return f"{name}{segment_tag(segment)}.npy"
+
+
+def lmdb_file(segment: int | None = None) -> str:
+    """File name of the LMDB environment (of one segment)."""
+    return LMDB_FILE if segment is None else f"records{segment_tag(segment)}.mdb"
 
 
 def lmdb_key(slot: int) -> bytes:
@@ -438,6 +484,18 @@ def parse_manifest(raw: bytes, path: str = MANIFEST_FILE) -> dict[str, Any]:
         n not in files or not isinstance(d, str) or not re.fullmatch(r"[0-9a-f]{16}", d) for n, d in digests.items()
     ):
         raise _fail(path, "'digests' must map files listed in 'files' to 16 hex digits")
+    segments = obj.get("segments")
+    if segments is not None:
+        if (
+            not isinstance(segments, list)
+            or not segments
+            or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in segments)
+        ):
+            raise _fail(path, f"'segments' must be a non-empty list of slot counts >= 0, found {segments!r}")
+        if sum(segments) != slots:
+            raise _fail(path, f"'segments' add up to {sum(segments)} slots, but 'slots' is {slots}")
+        if tuple(ver) < (1, 1):
+            raise _fail(path, f"'segments' needs format version 1.1, the manifest says {ver[0]}.{ver[1]}")
     labels = obj.get("label_names")
     if labels is not None and (not isinstance(labels, list) or not all(isinstance(s, str) for s in labels)):
         raise _fail(path, "'label_names' must be a list of strings or null")
@@ -455,6 +513,7 @@ def parse_manifest(raw: bytes, path: str = MANIFEST_FILE) -> dict[str, Any]:
         digests=dict(digests),
         label_names=labels,
         provenance=prov,
+        segments=list(segments) if segments is not None else None,
     )
     return out
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .backends import Backend, backend_class
+from .backends import Backend, data_file_names, open_backend
 from .backends.base import check_npy
 from .errors import FormatError
 from .format import (
@@ -57,6 +57,8 @@ class Store:
         self.records: int = m["records"]
         self.backend_name: str = m["backend"]
         self.label_names: list[str] | None = m["label_names"]
+        self.segments: list[int] | None = m.get("segments")
+        """Slot counts of the data segments (a merged store), or None: one segment."""
         self._check_files()
         self._pid = -1
         self._backend: Backend | None = None
@@ -68,8 +70,8 @@ class Store:
     def _check_files(self) -> None:
         m = self.manifest
         files = m["files"]
-        cls = backend_class(self.backend_name)
-        needed = cls.data_file_names(self.schema) + [CHECKSUMS_FILE, KEYS_OFFSETS_FILE, KEYS_BLOB_FILE]
+        needed = data_file_names(self.backend_name, self.schema, self.segments)
+        needed += [CHECKSUMS_FILE, KEYS_OFFSETS_FILE, KEYS_BLOB_FILE]
         holes = self.records < self.slots
         if holes:
             needed += [INDEX_FILE, ERRORS_FILE]
@@ -79,7 +81,7 @@ class Store:
         extra = set(files) - set(needed)
         if extra:
             raise FormatError(f"{self.path}/manifest.json: 'files' lists unexpected file(s) {sorted(extra)}")
-        backend = cls(self.path, self.schema, self.slots, files)
+        backend = open_backend(self.backend_name, self.path, self.schema, self.slots, files, self.segments)
         backend.check()
         j = lambda n: os.path.join(self.path, n)  # noqa: E731
         self._ck_offset = check_npy(j(CHECKSUMS_FILE), KEY_DTYPE, (self.slots,), files[CHECKSUMS_FILE])
@@ -108,9 +110,10 @@ class Store:
     def _b(self) -> Backend:
         pid = os.getpid()
         if self._backend is None or self._pid != pid:
-            cls = backend_class(self.backend_name)
             kw = {"readahead": self._lmdb_readahead} if self.backend_name == "lmdb" else {}
-            self._backend = cls(self.path, self.schema, self.slots, self.manifest["files"], **kw)
+            self._backend = open_backend(
+                self.backend_name, self.path, self.schema, self.slots, self.manifest["files"], self.segments, **kw
+            )
             self._pid = pid
             self._index = None
             self._key_offsets = None

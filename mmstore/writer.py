@@ -32,6 +32,7 @@ from .format import (
     ERRORS_FILE,
     FORMAT_NAME,
     FORMAT_VERSION,
+    PLAIN_VERSION,
     INDEX_FILE,
     KEY_DTYPE,
     KEYS_BLOB_FILE,
@@ -509,41 +510,14 @@ class StoreWriter:
         if records < slots:
             index = np.flatnonzero(~holes).astype(KEY_DTYPE)
             self._write_npy(INDEX_FILE, index)
-            lines = [
-                json.dumps({"slot": s, "key": decode_key(k), "reason": r}, ensure_ascii=False)
-                for s, (k, r) in sorted(self._skips.items())
-                if s < slots
-            ]
-            self._write_file(ERRORS_FILE, ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape"))
+            skips = [(s, k, r) for s, (k, r) in sorted(self._skips.items()) if s < slots]
+            self._write_file(ERRORS_FILE, errors_jsonl(skips))
             names += [INDEX_FILE, ERRORS_FILE]
-        digest = _checksums_digest(os.path.join(self.partial, CHECKSUMS_FILE), slots)
-        files = {n: os.stat(os.path.join(self.partial, n)).st_size for n in names}
-        digests = {
-            n: file_digest(os.path.join(self.partial, n))
-            for n in (KEYS_OFFSETS_FILE, KEYS_BLOB_FILE, INDEX_FILE, ERRORS_FILE)
-            if n in files
-        }
         prov = dict(self.provenance)
         prov.setdefault("tool", f"mmstore {__version__}")
         prov.setdefault("time", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        manifest = {
-            "format": FORMAT_NAME,
-            "version": list(FORMAT_VERSION),
-            "store_id": uuid.uuid4().hex,
-            "backend": self.backend,
-            "records": records,
-            "slots": slots,
-            "schema": self.schema.to_json(),
-            "checksum": {"algorithm": CHECKSUM_ALGORITHM, "digest": digest},
-            "files": files,
-            "digests": digests,
-            "label_names": self.label_names,
-            "provenance": prov,
-        }
-        atomic_write(
-            os.path.join(self.partial, MANIFEST_FILE),
-            json.dumps(manifest, indent=1, ensure_ascii=False).encode("utf-8") + b"\n",
-        )
+        write_manifest(self.partial, names, backend=self.backend, records=records, slots=slots,
+                       schema=self.schema, label_names=self.label_names, provenance=prov)
         publish(self.path)
 
     def _shrink_to(self, slots: int) -> None:
@@ -593,15 +567,25 @@ class StoreWriter:
         self._write_file(name, npy_header(arr.dtype, arr.shape), arr)
 
     def _write_file(self, name: str, head: Any, body: Any = None) -> None:
-        path = os.path.join(self.partial, name)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            pwrite_all(fd, head, 0)
-            if body is not None and len(body):
-                pwrite_all(fd, body, len(head))
-            fsync_file(fd)
-        finally:
-            os.close(fd)
+        write_durable(os.path.join(self.partial, name), head, body)
+
+
+def write_durable(path: str, head: Any, body: Any = None) -> None:
+    """Create ``path`` holding ``head`` then ``body``, fsynced."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        pwrite_all(fd, head, 0)
+        if body is not None and len(body):
+            pwrite_all(fd, body, len(head))
+        fsync_file(fd)
+    finally:
+        os.close(fd)
+
+
+def errors_jsonl(skips: Any) -> bytes:
+    """The ``errors.jsonl`` bytes of ``(slot, key bytes, reason)`` sorted by slot."""
+    lines = [json.dumps({"slot": s, "key": decode_key(k), "reason": r}, ensure_ascii=False) for s, k, r in skips]
+    return ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
 
 
 def file_digest(path: str, offset: int = 0) -> str:
@@ -615,6 +599,43 @@ def file_digest(path: str, offset: int = 0) -> str:
                 break
             h.update(b)
     return str(h.hexdigest())
+
+
+def write_manifest(
+    partial: str, names: list[str], *, backend: str, records: int, slots: int, schema: Schema,
+    label_names: list[str] | None, provenance: dict[str, Any], segments: list[int] | None = None,
+) -> None:
+    """Write ``partial/manifest.json`` for the finished files ``names`` (sizes
+    and digests measured here), atomically: the last step before publish."""
+    files = {n: os.stat(os.path.join(partial, n)).st_size for n in names}
+    digests = {
+        n: file_digest(os.path.join(partial, n))
+        for n in (KEYS_OFFSETS_FILE, KEYS_BLOB_FILE, INDEX_FILE, ERRORS_FILE)
+        if n in files
+    }
+    manifest: dict[str, Any] = {
+        "format": FORMAT_NAME,
+        "version": list(PLAIN_VERSION if segments is None else FORMAT_VERSION),
+        "store_id": uuid.uuid4().hex,
+        "backend": backend,
+        "records": records,
+        "slots": slots,
+        "schema": schema.to_json(),
+        "checksum": {
+            "algorithm": CHECKSUM_ALGORITHM,
+            "digest": _checksums_digest(os.path.join(partial, CHECKSUMS_FILE), slots),
+        },
+        "files": files,
+        "digests": digests,
+        "label_names": label_names,
+        "provenance": provenance,
+    }
+    if segments is not None:
+        manifest["segments"] = list(segments)
+    atomic_write(
+        os.path.join(partial, MANIFEST_FILE),
+        json.dumps(manifest, indent=1, ensure_ascii=False).encode("utf-8") + b"\n",
+    )
 
 
 def _checksums_digest(path: str, slots: int) -> str:

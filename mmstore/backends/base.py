@@ -13,7 +13,7 @@ from ..errors import FormatError
 from ..format import read_npy_header
 from ..schema import Schema
 
-__all__ = ["Backend", "SlotFile", "check_npy"]
+__all__ = ["Backend", "FieldSegment", "SlotFile", "check_npy"]
 
 
 class SlotFile(NamedTuple):
@@ -30,6 +30,17 @@ class SlotFile(NamedTuple):
     fields: dict[str, int]
 
 
+class FieldSegment(NamedTuple):
+    """One file of a memmap field: global slot ``first + j`` (``0 <= j <
+    count``) is at byte ``offset + j * entry_bytes`` of ``path``."""
+
+    path: str
+    offset: int
+    entry_bytes: int
+    first: int
+    count: int
+
+
 class Backend(ABC):
     """Read access to the record data of one finished store.
 
@@ -39,11 +50,14 @@ class Backend(ABC):
 
     name: ClassVar[str]
 
-    def __init__(self, root: str, schema: Schema, slots: int, files: dict[str, int]) -> None:
+    def __init__(
+        self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | None = None
+    ) -> None:
         self.root = root
         self.schema = schema
         self.slots = slots
         self.files = files
+        self.segment = segment  # None: the store's only data files; k: segment k's
 
     # -- layout -----------------------------------------------------------
     @classmethod
@@ -53,8 +67,8 @@ class Backend(ABC):
 
     @classmethod
     @abstractmethod
-    def data_file_names(cls, schema: Schema) -> list[str]:
-        """File names holding record data in a finished store."""
+    def data_file_names(cls, schema: Schema, segment: int | None = None) -> list[str]:
+        """File names holding record data in a finished store (of one segment)."""
 
     @classmethod
     def finalize(cls, partial_dir: str, schema: Schema, slots: int, holes: np.ndarray) -> None:
@@ -84,7 +98,10 @@ class Backend(ABC):
 
     def data_paths(self) -> list[str]:
         """Absolute paths of the data files (for warm/evict/verify)."""
-        return [os.path.join(self.root, n) for n in self.data_file_names(self.schema)]
+        return [os.path.join(self.root, n) for n in self.data_file_names(self.schema, self.segment)]
+
+    def prepare(self) -> None:  # noqa: B027 - optional hook
+        """Open mappings / environments now (before reader threads start)."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release handles (mappings, environments)."""

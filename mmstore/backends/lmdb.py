@@ -22,7 +22,7 @@ import numpy as np
 
 from .._io import crash_point, fsync_dir, fsync_file
 from ..errors import FormatError
-from ..format import LMDB_FILE, LMDB_TXN_RECORDS, lmdb_key
+from ..format import LMDB_FILE, LMDB_TXN_RECORDS, lmdb_file, lmdb_key
 from ..schema import Schema
 from .base import Backend, SlotFile, check_npy
 
@@ -73,9 +73,11 @@ class LmdbBackend(Backend):
     name = "lmdb"
 
     def __init__(
-        self, root: str, schema: Schema, slots: int, files: dict[str, int], readahead: bool | None = None
+        self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | None = None,
+        readahead: bool | None = None,
     ) -> None:
-        super().__init__(root, schema, slots, files)
+        super().__init__(root, schema, slots, files, segment)
+        self.file = lmdb_file(segment)
         self.readahead = (
             schema.record_bytes >= READAHEAD_MIN_RECORD_BYTES if readahead is None else bool(readahead)
         )
@@ -87,8 +89,8 @@ class LmdbBackend(Backend):
         return [SlotFile(STAGING_FILE, np.dtype("|u1"), (schema.record_bytes,), schema.record_bytes, fields)]
 
     @classmethod
-    def data_file_names(cls, schema: Schema) -> list[str]:
-        return [LMDB_FILE]
+    def data_file_names(cls, schema: Schema, segment: int | None = None) -> list[str]:
+        return [lmdb_file(segment)]
 
     @classmethod
     def finalize(cls, partial_dir: str, schema: Schema, slots: int, holes: np.ndarray) -> None:
@@ -144,7 +146,7 @@ class LmdbBackend(Backend):
 
     # -- read side -----------------------------------------------------------
     def check(self) -> None:
-        path = os.path.join(self.root, LMDB_FILE)
+        path = os.path.join(self.root, self.file)
         try:
             st = os.stat(path)
         except FileNotFoundError:
@@ -152,7 +154,7 @@ class LmdbBackend(Backend):
                 f"{path}: missing, but the manifest lists it; the store is damaged: restore "
                 "the file or re-create the store"
             ) from None
-        want = self.files.get(LMDB_FILE)
+        want = self.files.get(self.file)
         if want is not None and st.st_size != want:
             what = "truncated" if st.st_size < want else "longer than written (junk appended?)"
             raise FormatError(
@@ -189,7 +191,7 @@ class LmdbBackend(Backend):
         environment; only the process that opened it ever closes it.
         """
         if self._env is None:
-            path = os.path.realpath(os.path.join(self.root, LMDB_FILE))
+            path = os.path.realpath(os.path.join(self.root, self.file))
             try:
                 st = os.stat(path)
             except FileNotFoundError:
@@ -238,8 +240,11 @@ class LmdbBackend(Backend):
                 for dbase, off, nb in parts:
                     _memmove(dbase + r * nb, addr + off, nb)
 
+    def prepare(self) -> None:
+        self.env()
+
     def _bad(self, slot: int, buf: Any) -> None:
-        path = os.path.join(self.root, LMDB_FILE)
+        path = os.path.join(self.root, self.file)
         if buf is None:
             raise FormatError(f"{path}: no record for slot {slot}; the store is damaged (run `mmstore verify`)")
         raise FormatError(

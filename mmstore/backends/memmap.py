@@ -11,7 +11,7 @@ import numpy as np
 
 from ..format import field_file
 from ..schema import Schema
-from .base import Backend, SlotFile, check_npy
+from .base import Backend, FieldSegment, SlotFile, check_npy
 
 __all__ = ["MemmapBackend"]
 
@@ -27,8 +27,10 @@ class MemmapBackend(Backend):
 
     name = "memmap"
 
-    def __init__(self, root: str, schema: Schema, slots: int, files: dict[str, int]) -> None:
-        super().__init__(root, schema, slots, files)
+    def __init__(
+        self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | None = None
+    ) -> None:
+        super().__init__(root, schema, slots, files, segment)
         self._offsets: dict[str, int] = {}
         self._arrays: dict[str, np.ndarray] = {}
         self._maps: dict[str, mmap.mmap] = {}
@@ -38,12 +40,12 @@ class MemmapBackend(Backend):
         return [SlotFile(field_file(f.name), f.dtype, f.shape, f.nbytes, {f.name: 0}) for f in schema]
 
     @classmethod
-    def data_file_names(cls, schema: Schema) -> list[str]:
-        return [field_file(f.name) for f in schema]
+    def data_file_names(cls, schema: Schema, segment: int | None = None) -> list[str]:
+        return [field_file(f.name, segment) for f in schema]
 
     def check(self) -> None:
         for f in self.schema:
-            name = field_file(f.name)
+            name = field_file(f.name, self.segment)
             self._offsets[f.name] = check_npy(
                 os.path.join(self.root, name), f.dtype, (self.slots, *f.shape), self.files.get(name)
             )
@@ -55,7 +57,7 @@ class MemmapBackend(Backend):
             if not self._offsets:
                 self.check()
             f = self.schema[name]
-            path = os.path.join(self.root, field_file(name))
+            path = os.path.join(self.root, field_file(name, self.segment))
             off = self._offsets[name]
             size = self.slots * f.nbytes
             if size == 0:
@@ -74,7 +76,16 @@ class MemmapBackend(Backend):
         is at ``data_offset + s * entry_bytes`` (for ``os.preadv`` readers)."""
         if not self._offsets:
             self.check()
-        return os.path.join(self.root, field_file(name)), self._offsets[name], self.schema[name].nbytes
+        return os.path.join(self.root, field_file(name, self.segment)), self._offsets[name], self.schema[name].nbytes
+
+    def field_segments(self, name: str) -> list[FieldSegment]:
+        """Where field ``name`` lives, one entry per segment (here: one)."""
+        path, off, nb = self.field_location(name)
+        return [FieldSegment(path, off, nb, 0, self.slots)]
+
+    def prepare(self) -> None:
+        for f in self.schema:
+            self.array(f.name)
 
     def mapping(self, name: str) -> mmap.mmap | None:
         """The mmap object behind field ``name`` (for kernel hints)."""

@@ -88,25 +88,29 @@ def _evict_records(store: Store, slots: np.ndarray) -> bool:
     for f in store.schema:
         if not f.nbytes:
             continue
-        path, off, nb = store.backend.field_location(f.name)
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            size = os.fstat(fd).st_size
-            for s in slots.tolist():
-                a = off + s * nb
-                b = a + nb
-                for align in (page, 64 << 10, 2 << 20):
-                    lo, hi = a - a % align, -(-b // align) * align
-                    os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
-                    try:
-                        if _sys._resident_fd(fd, size, a, nb) == 0:
+        for seg in store.backend.field_segments(f.name):  # type: ignore[attr-defined]
+            mine = slots[(slots >= seg.first) & (slots < seg.first + seg.count)] - seg.first
+            if not len(mine):
+                continue
+            off, nb = seg.offset, seg.entry_bytes
+            fd = os.open(seg.path, os.O_RDONLY)
+            try:
+                size = os.fstat(fd).st_size
+                for s in mine.tolist():
+                    a = off + s * nb
+                    b = a + nb
+                    for align in (page, 64 << 10, 2 << 20):
+                        lo, hi = a - a % align, -(-b // align) * align
+                        os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
+                        try:
+                            if _sys._resident_fd(fd, size, a, nb) == 0:
+                                break
+                        except (OSError, NotImplementedError, AttributeError):
                             break
-                    except (OSError, NotImplementedError, AttributeError):
-                        break
-                else:
-                    ok = False
-        finally:
-            os.close(fd)
+                    else:
+                        ok = False
+            finally:
+                os.close(fd)
     return ok
 
 
@@ -147,7 +151,7 @@ def doctor_store(
     t_start = time.perf_counter()
     store = open_store(path)
     try:
-        data = [os.path.join(store.path, n) for n in store.backend.data_file_names(store.schema)]
+        data = store.backend.data_paths()
         sbytes = sum(os.path.getsize(p) for p in data)
         rep = DoctorReport(store.path, store.backend_name, store.records, store.schema.record_bytes, sbytes)
         rep.disk = _sys.disk_info(store.path)

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from .._io import atomic_write, fsync_dir, fsync_file, pwrite_all
-from ..format import LMDB_FILE, MANIFEST_FILE, npy_header
+from ..format import LMDB_FILE, MANIFEST_FILE, lmdb_file, npy_header
 from ..reader import Store, open_store
 from .verify import VerifyReport
 
@@ -263,7 +263,7 @@ def repair_store(path: str | os.PathLike[str], report: VerifyReport) -> RepairRe
         if store.backend_name == "memmap":
             _write_memmap(store, fixes)
         elif needs_lmdb_rebuild:
-            _rebuild_lmdb(store, fixes)
+            _rebuild_lmdb(store, fixes, drop=any(b.what in ("hole-has-record", "extra-key") for b in bad))
         rr.repaired = sorted(fixes)
         dropped = sum(b.what in ("hole-has-record", "extra-key") for b in bad)
         fixed = len(fixes) + (dropped if needs_lmdb_rebuild else 0)
@@ -282,37 +282,65 @@ def _write_memmap(store: Store, fixes: dict[int, bytes]) -> None:
     for f in store.schema:
         if not f.nbytes:
             continue
-        p, off, nb = store.backend.field_location(f.name)
         pos = store.schema.offset(f.name)
-        fd = os.open(p, os.O_WRONLY)
-        try:
-            for s, packed in sorted(fixes.items()):
-                pwrite_all(fd, memoryview(packed)[pos : pos + nb], off + s * nb)
-            fsync_file(fd)
-        finally:
-            os.close(fd)
+        for seg in store.backend.field_segments(f.name):  # type: ignore[attr-defined]
+            mine = sorted((s, v) for s, v in fixes.items() if seg.first <= s < seg.first + seg.count)
+            if not mine:
+                continue
+            fd = os.open(seg.path, os.O_WRONLY)
+            try:
+                for s, packed in mine:
+                    pwrite_all(fd, memoryview(packed)[pos : pos + seg.entry_bytes],
+                               seg.offset + (s - seg.first) * seg.entry_bytes)
+                fsync_file(fd)
+            finally:
+                os.close(fd)
 
 
-def _rebuild_lmdb(store: Store, fixes: dict[int, bytes]) -> None:
+def _rebuild_lmdb(store: Store, fixes: dict[int, bytes], drop: bool) -> None:
+    """Rebuild the LMDB file of every segment holding a fix (all of them when
+    keys that are not records must be dropped: which file holds those is not
+    known by slot)."""
+    counts = store.segments or [store.slots]
+    firsts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()
+    sizes: dict[str, int] = {}
+    holes = np.ones(store.slots, bool)
+    holes[store.slots_of(np.arange(store.records))] = False
+    for k, count in enumerate(counts):
+        lo = firsts[k]
+        if not drop and not any(lo <= s < lo + count for s in fixes):
+            continue
+        name = lmdb_file(k if store.segments is not None else None)
+        sizes[name] = _rebuild_lmdb_file(store, fixes, holes, lo, count, name)
+    store.close()
+    if any(size != store.manifest["files"].get(name) for name, size in sizes.items()):
+        mpath = os.path.join(store.path, MANIFEST_FILE)
+        with open(mpath, "rb") as fh:
+            obj = json.loads(fh.read())
+        obj["files"].update(sizes)
+        atomic_write(mpath, json.dumps(obj, indent=1, ensure_ascii=False).encode("utf-8") + b"\n")
+
+
+def _rebuild_lmdb_file(store: Store, fixes: dict[int, bytes], holes: np.ndarray, lo: int, count: int,
+                       name: str) -> int:
+    """Rebuild ``name`` (global slots ``[lo, lo + count)``); return its new size."""
     from ..backends.lmdb import STAGING_FILE, LmdbBackend
 
     rb = store.schema.record_bytes
-    slots = store.slots
-    holes = np.ones(slots, bool)
-    holes[store.slots_of(np.arange(store.records))] = False
     work = os.path.join(os.path.dirname(store.path), f".{os.path.basename(store.path)}.repair-{uuid.uuid4().hex[:8]}")
     os.makedirs(work)
     try:
         staging = os.path.join(work, STAGING_FILE)
-        header = npy_header(np.dtype("|u1"), (slots, rb))
+        header = npy_header(np.dtype("|u1"), (count, rb))
         fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             pwrite_all(fd, header, 0)
-            os.ftruncate(fd, len(header) + slots * rb)
+            os.ftruncate(fd, len(header) + count * rb)
             step = 4096
-            for a in range(0, slots, step):
-                chunk = bytearray((min(slots, a + step) - a) * rb)
-                for s, v in store.backend.iter_packed(a, min(slots, a + step)):
+            for a in range(lo, lo + count, step):
+                b = min(lo + count, a + step)
+                chunk = bytearray((b - a) * rb)
+                for s, v in store.backend.iter_packed(a, b):
                     if holes[s]:
                         continue
                     val = fixes.get(s)
@@ -320,23 +348,17 @@ def _rebuild_lmdb(store: Store, fixes: dict[int, bytes]) -> None:
                         val = bytes(v)
                     if val is not None:
                         chunk[(s - a) * rb : (s - a + 1) * rb] = val
-                pwrite_all(fd, chunk, len(header) + a * rb)
+                pwrite_all(fd, chunk, len(header) + (a - lo) * rb)
             fsync_file(fd)
         finally:
             os.close(fd)
         store.close()
-        LmdbBackend.finalize(work, store.schema, slots, holes)
+        LmdbBackend.finalize(work, store.schema, count, holes[lo : lo + count])
         new = os.path.join(work, LMDB_FILE)
         size = os.path.getsize(new)
-        os.replace(new, os.path.join(store.path, LMDB_FILE))
+        # a new inode: a part store sharing the old file (merge) keeps it
+        os.replace(new, os.path.join(store.path, name))
         fsync_dir(store.path)
-        if size != store.manifest["files"].get(LMDB_FILE):
-            mpath = os.path.join(store.path, MANIFEST_FILE)
-            with open(mpath, "rb") as fh:
-                obj = json.loads(fh.read())
-            obj["files"][LMDB_FILE] = size
-            atomic_write(mpath, json.dumps(obj, indent=1, ensure_ascii=False).encode("utf-8") + b"\n")
+        return size
     finally:
         shutil.rmtree(work, ignore_errors=True)
-
-

@@ -62,25 +62,32 @@ def _content_memmap(ctx: Ctx, col: _Collector, threads: int, progress: Callable[
 
     fields = [f for f in ctx.schema if f.nbytes]
     rb = ctx.schema.record_bytes
-    fds = [os.open(os.path.join(ctx.path, field_file(f.name)), os.O_RDONLY) for f in fields]
+    fds: list[list[int]] = []  # [segment][field]
     try:
-        for fd in fds:
-            if hasattr(os, "posix_fadvise"):
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        for seg, _, _ in ctx.segments:
+            fds.append([])
+            for f in fields:
+                fd = os.open(os.path.join(ctx.path, field_file(f.name, seg)), os.O_RDONLY)
+                fds[-1].append(fd)
+                if hasattr(os, "posix_fadvise"):
+                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         per = max(1, _CHUNK_BYTES // max(rb, 1))
         local = threading.local()
         stored = ctx.checksums
-        assert stored is not None
+        if stored is None:
+            raise ValueError("verify: the content pass needs the checksums")
         one = len(fields) == 1
 
-        def run(a: int, b: int) -> int:
+        def run(k: int, a: int, b: int) -> int:
+            """Check global slots [a, b) of segment k."""
             bufs = getattr(local, "bufs", None)
             if bufs is None:
                 bufs = local.bufs = [bytearray(per * f.nbytes) for f in fields]
+            seg, first, _ = ctx.segments[k]
             views = []
-            for fd, f, buf in zip(fds, fields, bufs):
+            for fd, f, buf in zip(fds[k], fields, bufs):
                 mv = memoryview(buf)[: (b - a) * f.nbytes]
-                off = ctx.offsets[f.name] + a * f.nbytes
+                off = ctx.offsets[(f.name, seg)] + (a - first) * f.nbytes
                 got = 0
                 while got < len(mv):
                     n = os.preadv(fd, [mv[got:]], off + got)
@@ -116,25 +123,30 @@ def _content_memmap(ctx: Ctx, col: _Collector, threads: int, progress: Callable[
                     progress(n_bytes)
             return n_bytes
 
-        chunks = [(a, min(ctx.slots, a + per)) for a in range(0, ctx.slots, per)]
+        chunks = [
+            (k, a, min(first + count, a + per))
+            for k, (_, first, count) in enumerate(ctx.segments)
+            for a in range(first, first + count, per)
+        ]
         total = 0
         if threads <= 1 or len(chunks) <= 1:
-            for a, b in chunks:
-                total += run(a, b)
+            for c in chunks:
+                total += run(*c)
         else:
             with ThreadPoolExecutor(threads, thread_name_prefix="mmstore-verify") as ex:
                 # bounded window of chunks in flight keeps the reads near-sequential
                 futs = []
-                for a, b in chunks:
-                    futs.append(ex.submit(run, a, b))
+                for c in chunks:
+                    futs.append(ex.submit(run, *c))
                     if len(futs) >= 2 * threads:
                         total += futs.pop(0).result()
                 for fu in futs:
                     total += fu.result()
         return total
     finally:
-        for fd in fds:
-            os.close(fd)
+        for seg_fds in fds:
+            for fd in seg_fds:
+                os.close(fd)
 
 
 def _content_lmdb(ctx: Ctx, col: _Collector, threads: int, progress: Callable[[int], Any] | None) -> int:
@@ -142,14 +154,22 @@ def _content_lmdb(ctx: Ctx, col: _Collector, threads: int, progress: Callable[[i
 
     rb = ctx.schema.record_bytes
     stored = ctx.checksums
-    assert stored is not None
-    be = lmdb_backend(ctx)
-    env = be.env()
+    if stored is None:
+        raise ValueError("verify: the content pass needs the checksums")
     seen = np.zeros(ctx.slots, dtype=bool)
+    bes = [lmdb_backend(ctx, seg, count) for seg, _, count in ctx.segments]
     try:
-        bounds = np.linspace(0, ctx.slots, max(1, threads) + 1).astype(np.int64).tolist()
+        envs = [be.env() for be in bes]
+        # each segment's key range cut into `threads` tasks: (segment, t, bounds)
+        tasks = []
+        for k, (_, _, count) in enumerate(ctx.segments):
+            bounds = np.linspace(0, count, max(1, threads) + 1).astype(np.int64).tolist()
+            tasks += [(k, t, bounds) for t in range(len(bounds) - 1)]
 
-        def run(t: int) -> int:
+        def run(task: tuple[int, int, list[int]]) -> int:
+            k_seg, t, bounds = task
+            env = envs[k_seg]
+            _, base, count = ctx.segments[k_seg]
             a, b = bounds[t], bounds[t + 1]
             first, last = t == 0, t == len(bounds) - 2
             stop_key = lmdb_key(b)
@@ -171,12 +191,15 @@ def _content_lmdb(ctx: Ctx, col: _Collector, threads: int, progress: Callable[[i
                             break
                         v = cur.value()
                         s = int.from_bytes(k, "big") if len(k) == 8 else -1
-                        if s < 0 or s >= ctx.slots:
-                            col.bad(-1, "extra-key", "no key", f"key {k.hex()}")
-                        elif ctx.holes[s]:
+                        if s < 0 or s >= count:
+                            col.bad(-1, "extra-key", "no key", f"key {k.hex()}" + (
+                                f" in {bes[k_seg].file}" if ctx.segmented else ""))
+                        elif ctx.holes[s + base]:
+                            s += base
                             seen[s] = True
                             col.bad(s, "hole-has-record", "no key", f"{len(v)}-byte value")
                         else:
+                            s += base
                             seen[s] = True
                             if len(v) != rb:
                                 col.bad(s, "size", f"{rb} bytes", f"{len(v)} bytes")
@@ -203,12 +226,13 @@ def _content_lmdb(ctx: Ctx, col: _Collector, threads: int, progress: Callable[[i
             return done
 
         if threads <= 1:
-            total = run(0)
+            total = sum(map(run, tasks))
         else:
             with ThreadPoolExecutor(threads, thread_name_prefix="mmstore-verify") as ex:
-                total = sum(ex.map(run, range(threads)))
+                total = sum(ex.map(run, tasks))
     finally:
-        be.close()
+        for be in bes:
+            be.close()
     for s in np.flatnonzero(~seen & ~ctx.holes).tolist():
         col.bad(s, "missing", "a record", "no key")
     return total

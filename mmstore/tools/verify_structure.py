@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backends import backend_class
+from ..backends import data_file_names
 from ..backends.base import check_npy
 from ..errors import FormatError, IncompleteStoreError
 from ..format import (
@@ -25,6 +25,7 @@ from ..format import (
     MANIFEST_FILE,
     decode_key,
     field_file,
+    lmdb_file,
     read_manifest,
 )
 from ..schema import Schema
@@ -43,8 +44,15 @@ class Ctx:
         self.slots: int = manifest["slots"]
         self.records: int = manifest["records"]
         self.backend: str = manifest["backend"]
+        self.segmented = manifest.get("segments") is not None
+        # (segment number or None, first slot, slot count) of each data segment
+        counts = manifest.get("segments") or [self.slots]
+        firsts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()
+        self.segments: list[tuple[int | None, int, int]] = [
+            (k if self.segmented else None, firsts[k], int(c)) for k, c in enumerate(counts)
+        ]
         self.data_ok = True
-        self.offsets: dict[str, int] = {}
+        self.offsets: dict[tuple[str, int | None], int] = {}  # (field, segment) -> data offset
         self.checksums: np.ndarray | None = None
         self.key_offsets: np.ndarray | None = None
         self.key_blob: bytes | None = None
@@ -85,8 +93,7 @@ def check_structure(path: str, rep: VerifyReport) -> Ctx | None:
     rep.store_id, rep.backend, rep.records, rep.slots = m["store_id"], m["backend"], m["records"], m["slots"]
     files: dict[str, int] = m["files"]
     j = lambda n: os.path.join(path, n)  # noqa: E731
-    cls = backend_class(ctx.backend)
-    data_names = cls.data_file_names(ctx.schema)
+    data_names = data_file_names(ctx.backend, ctx.schema, m.get("segments"))
     needed = data_names + [CHECKSUMS_FILE, KEYS_OFFSETS_FILE, KEYS_BLOB_FILE]
     has_holes = ctx.records < ctx.slots
     if has_holes:
@@ -124,14 +131,15 @@ def check_structure(path: str, rep: VerifyReport) -> Ctx | None:
             return None
 
     if ctx.backend == "memmap":
-        for f in ctx.schema:
-            off = npy(field_file(f.name), f.dtype, (ctx.slots, *f.shape))
-            if off is None:
-                ctx.data_ok = False
-            else:
-                ctx.offsets[f.name] = off
+        for seg, _, count in ctx.segments:
+            for f in ctx.schema:
+                off = npy(field_file(f.name, seg), f.dtype, (count, *f.shape))
+                if off is None:
+                    ctx.data_ok = False
+                else:
+                    ctx.offsets[(f.name, seg)] = off
     else:
-        if LMDB_FILE in bad_files:
+        if any(lmdb_file(seg) in bad_files for seg, _, _ in ctx.segments):
             ctx.data_ok = False
         else:
             _check_lmdb_quick(ctx, rep)
@@ -243,12 +251,13 @@ def _check_index(ctx: Ctx, rep: VerifyReport, bad_files: set[str], npy: Callable
                                 f"(e.g. slots {diff})", INDEX_FILE))
 
 
-def lmdb_backend(ctx: Ctx) -> Any:
-    """The lmdb backend object (its ``env()`` is shared with any Store of the
-    same file open in this process: py-lmdb allows one per process)."""
+def lmdb_backend(ctx: Ctx, segment: int | None = None, count: int | None = None) -> Any:
+    """The lmdb backend object of one segment (its ``env()`` is shared with any
+    Store of the same file open in this process: py-lmdb allows one per process)."""
     from ..backends.lmdb import LmdbBackend
 
-    return LmdbBackend(ctx.path, ctx.schema, ctx.slots, ctx.m["files"], readahead=True)
+    return LmdbBackend(ctx.path, ctx.schema, ctx.slots if count is None else count, ctx.m["files"],
+                       segment=segment, readahead=True)
 
 
 def _check_lmdb_quick(ctx: Ctx, rep: VerifyReport) -> None:
@@ -258,15 +267,18 @@ def _check_lmdb_quick(ctx: Ctx, rep: VerifyReport) -> None:
         rep.problems.append(Problem("lmdb", "cannot check records.mdb: the 'lmdb' package is not installed (pip install lmdb)", LMDB_FILE))
         ctx.data_ok = False
         return
-    be = lmdb_backend(ctx)
-    try:
-        entries = be.env().stat()["entries"]
-    except (lmdb.Error, FormatError) as exc:
-        rep.problems.append(Problem("lmdb", f"{LMDB_FILE}: not a readable LMDB environment ({exc})", LMDB_FILE))
-        ctx.data_ok = False
-        return
-    finally:
-        be.close()
+    entries = 0
+    for seg, _, count in ctx.segments:
+        be = lmdb_backend(ctx, seg, count)
+        try:
+            entries += be.env().stat()["entries"]
+        except (lmdb.Error, FormatError) as exc:
+            rep.problems.append(Problem("lmdb", f"{be.file}: not a readable LMDB environment ({exc})", be.file))
+            ctx.data_ok = False
+            return
+        finally:
+            be.close()
     if entries != ctx.records:
-        rep.problems.append(Problem("lmdb-keys", f"{LMDB_FILE}: holds {entries:,} keys, the manifest says {ctx.records:,} "
+        what = LMDB_FILE if not ctx.segmented else f"the {len(ctx.segments)} LMDB segments"
+        rep.problems.append(Problem("lmdb-keys", f"{what}: hold {entries:,} keys, the manifest says {ctx.records:,} "
                                     "records (missing or extra records)", LMDB_FILE))

@@ -246,7 +246,7 @@ class Loader:
         self._pid = -1
         self._pool: ThreadPoolExecutor | None = None
         self._ring: list[dict[str, torch.Tensor]] | None = None
-        self._fds: dict[str, tuple[int, int, int]] = {}
+        self._fds: dict[str, _FieldFiles] = {}
         self._active: _EpochRun | None = None
         self._lock = threading.Lock()
 
@@ -288,11 +288,8 @@ class Loader:
             self._pool.shutdown(wait=True)
         self._pool = None
         if self._pid == os.getpid():
-            for fd, _, _ in self._fds.values():
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
+            for ff in self._fds.values():
+                ff.close()
         self._fds = {}
         self._ring = None
         if self._own_store:  # opened from a path: unmap (lets eviction drop the pages)
@@ -333,20 +330,14 @@ class Loader:
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="mmstore-loader")
         backend = self.store.backend  # open the backend in this thread, before the readers
-        if self.store.backend_name == "lmdb":
-            backend.env()  # type: ignore[attr-defined]
+        backend.prepare()  # map every field / open the environment once, outside the threads
         self.store.index  # noqa: B018 - map the index once, outside the threads
-        if self.store.backend_name == "memmap":
-            for f in self.fields:  # map every field once, outside the threads
-                backend.array(f)  # type: ignore[attr-defined]
         if self.store.backend_name == "memmap" and self.method != "mmap" and not self._fds:
             for f in self.fields:
                 if self.store.schema[f].nbytes >= _PREAD_MIN_BYTES or self.method == "pread":
                     if self.store.schema[f].nbytes == 0:
                         continue
-                    path, off, nb = backend.field_location(f)  # type: ignore[attr-defined]
-                    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
-                    self._fds[f] = (fd, off, nb)
+                    self._fds[f] = _FieldFiles(backend.field_segments(f))  # type: ignore[attr-defined]
         if self._ring is None:
             self._ring = [self._alloc_slot() for _ in range(self.ring_size)]
 
@@ -360,7 +351,7 @@ class Loader:
     def _data_paths(self) -> list[str]:
         if self.store.backend_name == "memmap":
             backend = self.store.backend
-            paths = [backend.field_location(f)[0] for f in self.fields]  # type: ignore[attr-defined]
+            paths = [seg.path for f in self.fields for seg in backend.field_segments(f)]  # type: ignore[attr-defined]
         else:
             paths = [p for p in self.store.data_paths() if p.endswith(".mdb")]
         if self.store.records < self.store.slots:
@@ -394,16 +385,15 @@ class Loader:
     # -- reading (pool threads) --------------------------------------------------------
     def _read_piece(
         self, idx: np.ndarray, slot: dict[str, np.ndarray], lo: int, hi: int,
-        fds: dict[str, tuple[int, int, int]],
+        fds: dict[str, _FieldFiles],
     ) -> None:
         store = self.store
         part = idx[lo:hi]
         rest = [f for f in self.fields if f not in fds]
         if fds:
             slots = store.slots_of(part)
-            for f, (fd, off, nb) in fds.items():
-                offs = off + slots * nb
-                _sys.pread_records(fd, offs, nb, slot[f][lo:hi])
+            for f, ff in fds.items():
+                ff.read(slots, slot[f][lo:hi])
         if rest:
             store.read_batch(part, fields=rest, out={f: slot[f][lo:hi] for f in rest})
 
@@ -412,9 +402,10 @@ class Loader:
             return
         slots = self.store.slots_of(idx)
         starts, stops = contiguous_ranges(slots)
-        for fd, off, nb in self._fds.values():
+        for ff in self._fds.values():
             for a, b in zip(starts.tolist(), stops.tolist()):
-                os.posix_fadvise(fd, off + a * nb, (b - a) * nb, os.POSIX_FADV_WILLNEED)
+                for fd, pos, length in ff.ranges(a, b):
+                    os.posix_fadvise(fd, pos, length, os.POSIX_FADV_WILLNEED)
 
     def _read_window(self, idx: np.ndarray, run: _EpochRun) -> None:
         """Bring a window's records into the page cache with long reads.
@@ -440,16 +431,17 @@ class Loader:
                 self.store.read_batch(np.asarray(self._slot_to_index(srt[a : a + 256])), fields=self.fields)
             return
         chunks = []
-        for fd, off, nb in targets:
+        for ff in targets:
             for a, b in zip(starts.tolist(), stops.tolist()):
-                pos, end = off + a * nb, off + b * nb
-                if self.window_prefetch == "willneed":
-                    chunks.append((fd, pos, end - pos))
-                    continue
-                while pos < end:
-                    step = min(8 * _MiB, end - pos)
-                    chunks.append((fd, pos, step))
-                    pos += step
+                for fd, pos, length in ff.ranges(a, b):
+                    if self.window_prefetch == "willneed":
+                        chunks.append((fd, pos, length))
+                        continue
+                    end = pos + length
+                    while pos < end:
+                        step = min(8 * _MiB, end - pos)
+                        chunks.append((fd, pos, step))
+                        pos += step
         if self.window_prefetch == "willneed":
             for fd, pos, length in chunks:
                 if run.cancelled:
@@ -494,6 +486,62 @@ class Loader:
         return out
 
 
+class _FieldFiles:
+    """A memmap field's open files for ``preadv`` epochs: one per segment of
+    the store (a merged store has several; see format.py, "Segments")."""
+
+    def __init__(self, segments: list[Any]) -> None:
+        self.fds: list[int] = []
+        try:
+            for seg in segments:
+                self.fds.append(os.open(seg.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
+        except BaseException:
+            self.close()
+            raise
+        self.offs = [seg.offset for seg in segments]
+        self.firsts = np.array([seg.first for seg in segments] + [segments[-1].first + segments[-1].count], np.int64)
+        self.nb = segments[0].entry_bytes
+
+    def close(self) -> None:
+        for fd in self.fds:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.fds = []
+
+    def read(self, slots: np.ndarray, out: np.ndarray) -> None:
+        """Record ``slots[j]`` into ``out[j]``."""
+        nb = self.nb
+        if len(self.fds) == 1:
+            _sys.pread_records(self.fds[0], self.offs[0] + slots * nb, nb, out)
+            return
+        seg = np.searchsorted(self.firsts, slots, side="right") - 1
+        for k in np.unique(seg).tolist():
+            rows = seg == k
+            local = self.offs[k] + (slots[rows] - self.firsts[k]) * nb
+            if rows.all():
+                _sys.pread_records(self.fds[k], local, nb, out)
+            else:  # the rows of this segment are scattered: read them, then place them
+                tmp = np.empty((int(rows.sum()), *out.shape[1:]), out.dtype)
+                _sys.pread_records(self.fds[k], local, nb, tmp)
+                out[rows] = tmp
+
+    def ranges(self, a: int, b: int) -> list[tuple[int, int, int]]:
+        """``(fd, offset, length)`` of the global slot range ``[a, b)``, cut at
+        segment boundaries."""
+        out = []
+        k = int(np.searchsorted(self.firsts, a, side="right")) - 1
+        while a < b and k < len(self.fds):
+            hi = min(b, int(self.firsts[k + 1]))
+            if hi > a:
+                lo = a - int(self.firsts[k])
+                out.append((self.fds[k], self.offs[k] + lo * self.nb, (hi - a) * self.nb))
+            a = hi
+            k += 1
+        return out
+
+
 class _EpochRun:
     """One iteration over one epoch (the iterator ``iter(loader)`` returns)."""
 
@@ -530,8 +578,9 @@ class _EpochRun:
         self.do_hints = L.hints and bool(self.fds)
         self.willneed = 0
         if self.do_hints:
-            for fd, _, _ in self.fds.values():
-                (_sys.fadvise_random if shuffled else _sys.fadvise_sequential)(fd)
+            for ff in self.fds.values():
+                for fd in ff.fds:
+                    (_sys.fadvise_random if shuffled else _sys.fadvise_sequential)(fd)
             if L.willneed and shuffled and not cached:
                 self.willneed = L.willneed
         # block shuffle: windows read sequentially ahead of the batches

@@ -1,0 +1,99 @@
+"""A segmented store's record data: one backend per segment (see format.py,
+"Segments"), behind the same interface as a single backend.
+
+Global slot ``s`` is local slot ``s - first[k]`` of segment ``k``, where
+``first`` are the cumulative segment sizes. ``read_into`` gets its slots
+sorted, so each segment's share of a batch is one contiguous run of it, found
+with one ``searchsorted``; a batch costs one extra numpy call per segment it
+touches, nothing per record.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from ..schema import Schema
+from .base import Backend, FieldSegment, SlotFile
+
+__all__ = ["SegmentedBackend"]
+
+
+class SegmentedBackend(Backend):
+    """The segments of one store, each read by its own backend of class ``cls``."""
+
+    def __init__(
+        self, cls: type[Backend], root: str, schema: Schema, counts: Sequence[int], files: dict[str, int],
+        **kw: Any,
+    ) -> None:
+        counts = [int(c) for c in counts]
+        super().__init__(root, schema, sum(counts), files)
+        self.name = cls.name  # type: ignore[misc]
+        self.parts: list[Backend] = [cls(root, schema, c, files, segment=k, **kw) for k, c in enumerate(counts)]
+        self.first = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+
+    # the layout is the single backend's; a writer never writes segments
+    @classmethod
+    def write_layout(cls, schema: Schema) -> list[SlotFile]:
+        raise TypeError("segmented stores are made by `mmstore merge`, not written slot by slot")
+
+    @classmethod
+    def data_file_names(cls, schema: Schema, segment: int | None = None) -> list[str]:
+        raise TypeError("use the segment backends' data_file_names")
+
+    def data_paths(self) -> list[str]:
+        return [p for part in self.parts for p in part.data_paths()]
+
+    def check(self) -> None:
+        for part in self.parts:
+            part.check()
+
+    def prepare(self) -> None:
+        for part in self.parts:
+            part.prepare()
+
+    def segment_of(self, slots: np.ndarray) -> np.ndarray:
+        """Segment number of each slot (any order)."""
+        return np.searchsorted(self.first, slots, side="right") - 1
+
+    def read_into(
+        self, slots: np.ndarray, rows: np.ndarray, fields: Sequence[str], out: dict[str, np.ndarray]
+    ) -> None:
+        n = len(slots)
+        if n == 0:
+            return
+        cuts = np.searchsorted(slots, self.first, side="left").tolist()
+        for k, part in enumerate(self.parts):
+            a, b = cuts[k], cuts[k + 1]
+            if a == b:
+                continue
+            local = slots[a:b] - self.first[k]
+            r = rows[a:b]
+            r0 = int(r[0])
+            if int(r[-1]) - r0 == b - a - 1 and (b - a == 1 or bool(np.all(r[1:] > r[:-1]))):
+                # consecutive rows: hand the part a view of the rows it fills
+                part.read_into(local, np.arange(b - a), fields, {f: out[f][r0 : r0 + b - a] for f in fields})
+            else:
+                part.read_into(local, r, fields, out)
+
+    def iter_packed(self, start: int, stop: int) -> Iterator[tuple[int, memoryview | None]]:
+        for k, part in enumerate(self.parts):
+            lo, hi = int(self.first[k]), int(self.first[k + 1])
+            a, b = max(start, lo), min(stop, hi)
+            if a < b:
+                for s, v in part.iter_packed(a - lo, b - lo):
+                    yield s + lo, v
+
+    def field_segments(self, name: str) -> list[FieldSegment]:
+        """memmap: where field ``name`` lives, one entry per segment."""
+        out = []
+        for k, part in enumerate(self.parts):
+            (seg,) = part.field_segments(name)  # type: ignore[attr-defined]
+            out.append(seg._replace(first=int(self.first[k])))
+        return out
+
+    def close(self) -> None:
+        for part in self.parts:
+            part.close()
