@@ -9,11 +9,13 @@ EXAMPLE = """example:
   for k in 0 1 2 3; do mmstore ingest photos/ part$k.store --size 224x224 --shard $k/4; done
   mmstore merge part0.store part1.store part2.store part3.store photos.store
 
-The parts are ordered by their shard number whatever the order given, checked
-to be all N parts of one ingest, and written into one ordinary store whose data
-is byte-identical to a single ingest without --shard. The record bytes are
-copied with copy_file_range (kernel-side, near disk speed; shared extents on
-reflink file systems); the parts are left in place.
+The parts are ordered by their shard number whatever the order given, and
+checked to be all N parts of one ingest. No record data is copied: each part's
+data files are hard-linked into DEST as one segment (DEST must be on the same
+file system as the parts; --copy copies them otherwise), and only the small
+bookkeeping files (checksums, keys, index) are written. DEST reads exactly like
+a single ingest without --shard. The parts can be deleted afterwards: DEST
+holds its own links to the data.
 """
 
 
@@ -28,6 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("parts", nargs="+", metavar="PART", help="part stores (any order)")
     p.add_argument("dest", help="store directory to create")
     p.add_argument("--overwrite", action="store_true", help="replace DEST (and a left-over DEST.partial)")
+    p.add_argument("--copy", action="store_true",
+                   help="copy the data files instead of hard-linking them (DEST on another file system)")
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
     p.set_defaults(func=run)
 
@@ -37,7 +41,7 @@ def run(args: argparse.Namespace) -> int:
     from ..reader import open_store
 
     try:
-        path = merge(args.parts, args.dest, overwrite=args.overwrite)
+        path = merge(args.parts, args.dest, overwrite=args.overwrite, copy=args.copy)
     except OSError as exc:
         from ..errors import MmstoreError
 
@@ -47,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         return 1
     if not args.quiet:
         with open_store(path) as s:
-            print(f"{path}: {s.records} records ({s.slots - s.records} skipped) from {len(args.parts)} parts",
-                  file=sys.stderr)
+            how = "copied" if args.copy else "hard-linked, no record data copied"
+            print(f"{path}: {s.records} records ({s.slots - s.records} skipped) from {len(args.parts)} parts "
+                  f"({how})", file=sys.stderr)
     return 0

@@ -33,7 +33,7 @@ joined in the order given (same backend, schema and labels required). A part
 that is itself a merged store contributes its segments.
 
 Crash safety: everything is built in ``DEST.partial`` (marked as a merge's
-by a ``_merging`` file) under the destination lock, and published by one
+by a ``_merging`` file, or by its finished manifest) under the destination lock, and published by one
 rename after the manifest is durable. A merge killed at any point leaves no
 DEST; running it again removes its own left-over ``DEST.partial`` and starts
 over (it takes seconds). A ``DEST.partial`` left by an *ingest* is never
@@ -61,6 +61,7 @@ from ..format import (
     KEYS_OFFSETS_FILE,
     PARTIAL_SUFFIX,
     npy_header,
+    read_manifest,
 )
 from ..reader import Store, open_store
 from ..tools._common import fmt_bytes
@@ -235,7 +236,7 @@ def merge(
 def _build(stores: list[Store], paths: list[str], dest: str, *, overwrite: bool, copy: bool) -> None:
     partial = dest + PARTIAL_SUFFIX
     if os.path.exists(partial):
-        if not (overwrite or os.path.exists(os.path.join(partial, MERGING_MARK))):
+        if not (overwrite or _left_by_merge(partial)):
             raise StoreExistsError(
                 f"{partial}: an unfinished ingest is here; finish it with `mmstore ingest ... --resume`, "
                 "or pass --overwrite to discard it"
@@ -308,6 +309,17 @@ def _build(stores: list[Store], paths: list[str], dest: str, *, overwrite: bool,
     write_manifest(partial, names, backend=backend, records=records, slots=total, schema=schema,
                    label_names=first.label_names, provenance=_provenance(first, paths, total), segments=counts)
     publish(dest)  # removes the _merging mark (not in the manifest), then renames
+
+
+def _left_by_merge(partial: str) -> bool:
+    """A ``.partial`` a killed merge left: the mark, or (killed inside
+    ``publish``, which removes the mark) a finished merged manifest."""
+    if os.path.exists(os.path.join(partial, MERGING_MARK)):
+        return True
+    try:
+        return "merged_from" in read_manifest(partial)["provenance"]
+    except (OSError, ValueError):
+        return False
 
 
 def _data_bytes(stores: list[Store]) -> int:

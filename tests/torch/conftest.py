@@ -34,6 +34,27 @@ def build(path: str, n: int, backend: str = "memmap", holes=(), schema=SCHEMA) -
     return path
 
 
+def build_merged(path: str, n: int, cuts, backend: str = "memmap", holes=(), schema=SCHEMA) -> str:
+    """The store ``build(path, n, ...)`` would write, as a merged (segmented)
+    store of parts cut at ``cuts``."""
+    from mmstore.ingest import merge
+
+    shape = schema["image"][1]
+    bounds = [0, *cuts, n]
+    parts = []
+    for k in range(len(bounds) - 1):
+        lo, hi = bounds[k], bounds[k + 1]
+        p = f"{path}.part{k}"
+        with mmstore.StoreWriter(p, schema, slots=hi - lo, backend=backend) as w:
+            for s in range(lo, hi):
+                if s in holes:
+                    w.skip(s - lo, f"k{s}", "test hole")
+                else:
+                    w.write(s - lo, record(s, shape), key=f"k{s}")
+        parts.append(p)
+    return merge(parts, path)
+
+
 @pytest.fixture(scope="session")
 def stores(tmp_path_factory):
     """Paths of a few small stores, built once per session."""
@@ -44,4 +65,8 @@ def stores(tmp_path_factory):
         "big": build(j("big"), 301, schema=BIG_SCHEMA),
         "holes": build(j("holes"), 120, holes=(0, 7, 8, 55, 119), schema=BIG_SCHEMA),
         "lmdb": build(j("lmdb"), 150, backend="lmdb", schema=BIG_SCHEMA),
+        # merged from parts: reads cross segment boundaries (one part empty)
+        "merged": build_merged(j("merged"), 120, [31, 31, 77], holes=(0, 7, 30, 31, 119), schema=BIG_SCHEMA),
+        "merged_ref": build(j("merged_ref"), 120, holes=(0, 7, 30, 31, 119), schema=BIG_SCHEMA),
+        "merged_lmdb": build_merged(j("merged_lmdb"), 150, [64, 100], backend="lmdb", schema=BIG_SCHEMA),
     }

@@ -124,7 +124,7 @@ def test_dataloader_workers_every_sample_once(stores, ctx, persistent):
 
 
 def test_dataloader_lmdb_and_holes(stores):
-    for name in ("lmdb", "holes"):
+    for name in ("lmdb", "holes", "merged", "merged_lmdb"):
         st = mmstore.open(stores[name])
         st[0]
         ds = StoreDataset(st)

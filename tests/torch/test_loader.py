@@ -24,7 +24,8 @@ def _dl_batches(path, order, batch_size, drop_last, epoch):
 
 
 @pytest.mark.parametrize("name,method", [("big", "auto"), ("big", "pread"), ("small", "auto"),
-                                         ("small", "pread"), ("holes", "pread"), ("lmdb", "auto")])
+                                         ("small", "pread"), ("holes", "pread"), ("lmdb", "auto"),
+                                         ("merged", "pread"), ("merged", "mmap"), ("merged_lmdb", "auto")])
 @pytest.mark.parametrize("kind", ["permutation", "block", "sequential"])
 def test_loader_equals_dataloader(stores, name, method, kind):
     path = stores[name]
@@ -48,6 +49,21 @@ def test_loader_equals_dataloader(stores, name, method, kind):
                     assert a[k].dtype == b[k].dtype
                     assert torch.equal(a[k], b[k])
         loader.close()
+
+
+@pytest.mark.parametrize("method", ["pread", "mmap"])
+def test_merged_store_loads_like_the_single_store(stores, method):
+    """Batches of a merged store (records scattered over segments within a
+    batch) equal those of the single store with the same records."""
+    n = len(mmstore.open(stores["merged_ref"]))
+    kw = dict(prefetch=2, threads=3, piece_bytes=1 << 16, method=method)  # a batch is one read task
+    for order in (Permutation(n, seed=5), BlockShuffle(n, 6, 3, seed=5)):
+        a = [{k: v.clone() for k, v in b.items()} for b in Loader(stores["merged"], 13, order, **kw)]
+        b = [{k: v.clone() for k, v in b.items()} for b in Loader(stores["merged_ref"], 13, order, **kw)]
+        assert len(a) == len(b) == -(-n // 13)
+        for x, y in zip(a, b):
+            assert all(torch.equal(x[k], y[k]) for k in x)
+        assert sorted(torch.cat([x["idx"] for x in a]).tolist()) == sorted(mmstore.open(stores["merged_ref"]).column("idx").tolist())
 
 
 def _cloned(loader):
@@ -232,7 +248,8 @@ def test_no_thread_leak(stores):
     assert threading.active_count() <= before + 1
 
 
-@pytest.mark.parametrize("name,mode", [("big", "willneed"), ("big", "read"), ("holes", "read"), ("lmdb", True)])
+@pytest.mark.parametrize("name,mode", [("big", "willneed"), ("big", "read"), ("holes", "read"), ("lmdb", True),
+                                       ("merged", "read"), ("merged", "willneed")])
 def test_cold_paths_window_prefetch_and_willneed(stores, name, mode, monkeypatch):
     """Force the 'store not resident' branch: window thread + WILLNEED hints."""
     path = stores[name]
