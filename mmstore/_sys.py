@@ -84,6 +84,7 @@ __all__ = [
     "mem_total",
     "memory_limit",
     "pread_records",
+    "pread_records_multi",
     "pread_records_threaded",
     "random_read_speed",
     "resident_bytes",
@@ -761,14 +762,23 @@ def _runs(offs: np.ndarray, nbytes: int) -> tuple[list[int], list[int]]:
     return starts, ends
 
 
-def _read_rows(fd: int, offs: np.ndarray, nbytes: int, mv: memoryview,
+def _read_rows(fd: int | np.ndarray, offs: np.ndarray, nbytes: int, mv: memoryview,
                lo: int, hi: int) -> None:
-    """Read records ``lo..hi-1`` into their rows of ``mv``."""
+    """Read records ``lo..hi-1`` into their rows of ``mv`` (``fd``: one file,
+    or an array of one file descriptor per record)."""
     starts, ends = _runs(offs[lo:hi], nbytes)
+    if isinstance(fd, np.ndarray):  # also cut the runs where the file changes
+        part = fd[lo:hi]
+        cut = set(starts) | set((np.flatnonzero(part[1:] != part[:-1]) + 1).tolist())
+        starts = sorted(cut)
+        ends = starts[1:] + [hi - lo]
+        fdl = part.tolist()
+    else:
+        fdl = None
     offl = offs[lo:hi].tolist()
     for s, e in zip(starts, ends):
         try:
-            _read_full(fd, mv[(lo + s) * nbytes:(lo + e) * nbytes], offl[s])
+            _read_full(fd if fdl is None else fdl[s], mv[(lo + s) * nbytes:(lo + e) * nbytes], offl[s])
         except TruncatedReadError as err:
             if e - s == 1:
                 raise
@@ -816,6 +826,22 @@ def pread_records(fd: Any, offsets: Any, nbytes: int, out: np.ndarray) -> None:
     fd = _fileno(fd)
     offs, mv = _check_records(offsets, nbytes, out)
     _read_rows(fd, offs, int(nbytes), mv, 0, len(offs))
+
+
+def pread_records_multi(fds: Any, offsets: Any, nbytes: int, out: np.ndarray) -> None:
+    """:func:`pread_records` with a file per record: record ``i`` is read from
+    file descriptor ``fds[i]`` at ``offsets[i]`` into row ``i`` of ``out``.
+
+    Runs of rows that are consecutive records of the same file are read with
+    one ``preadv``, as in :func:`pread_records` (a segmented store's batch
+    reads each segment's records straight into their rows, no staging copy).
+    """
+    offs, mv = _check_records(offsets, nbytes, out)
+    fda = np.asarray(fds, dtype=np.int64).reshape(-1)
+    if len(fda) != len(offs):
+        raise ValueError(f"{len(fda)} file descriptors for {len(offs)} offsets")
+    if len(offs):
+        _read_rows(fda, offs, int(nbytes), mv, 0, len(offs))
 
 
 def pread_records_threaded(fd: Any, offsets: Any, nbytes: int,

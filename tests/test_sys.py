@@ -520,6 +520,35 @@ def test_pread_records_matches_numpy(data_file, case, as_float, flat):
     np.testing.assert_array_equal(got, reference(data, offsets, nbytes))
 
 
+@settings(max_examples=100, deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(case=record_offsets(), which=st.lists(st.integers(0, 2), min_size=12, max_size=12))
+def test_pread_records_multi_matches_numpy(tmp_path_factory, data_file, case, which):
+    """Each record from its own file: three files holding the data, its
+    reverse and its complement; runs never cross from one file to another."""
+    fd, data = data_file
+    nbytes, offsets = case
+    n = len(offsets)
+    variants = [data, data[::-1].copy(), (255 - data).astype(np.uint8)]
+    d = tmp_path_factory.mktemp("multi")
+    fds = [fd]
+    for k in (1, 2):
+        write_file(d / f"v{k}.bin", variants[k].tobytes())
+        fds.append(os.open(d / f"v{k}.bin", os.O_RDONLY))
+    try:
+        pick = np.array([which[j % len(which)] for j in range(n)], np.int64)
+        out = np.zeros((n, nbytes), np.uint8)
+        msys.pread_records_multi(np.array(fds)[pick] if n else [], offsets, nbytes, out)
+        want = (np.stack([variants[k][o:o + nbytes] for k, o in zip(pick.tolist(), offsets.tolist())])
+                if n else np.empty((0, nbytes), np.uint8))
+        np.testing.assert_array_equal(out, want)
+    finally:
+        for f in fds[1:]:
+            os.close(f)
+    with pytest.raises(ValueError, match="file descriptors"):
+        msys.pread_records_multi([fd], np.zeros(2, np.int64), 4, np.zeros((2, 4), np.uint8))
+
+
 @pytest.fixture
 def count_reads(monkeypatch):
     calls = []

@@ -56,7 +56,11 @@ def render(rep) -> str:  # noqa: ANN001
            "schema"]
     out.append(table([[f["name"], f["dtype"], "x".join(map(str, f["shape"])) or "scalar"] for f in rep.schema]))
     out.append(f"files        {fmt_bytes(rep.bytes_on_disk)} in all")
-    out.append(table([[n, f"{s:,}", fmt_bytes(s)] for n, s in sorted(rep.files.items())]))
+    if rep.segments is not None:
+        parts = (rep.provenance or {}).get("merged_from") or []
+        out.append(f"segments     {len(rep.segments):,} (merged" + (f" from {len(parts):,} parts" if parts else "")
+                   + f"; {min(rep.segments):,} to {max(rep.segments):,} slots each)")
+    out.append(table([[n, f"{s:,}", fmt_bytes(s)] for n, s in _file_rows(rep)]))
     prov = rep.provenance or {}
     out.append("provenance")
     rows = []
@@ -99,6 +103,22 @@ def render(rep) -> str:  # noqa: ANN001
     for n in rep.notes:
         out.append(f"note         {n}")
     return "\n".join(out)
+
+
+def _file_rows(rep) -> list[tuple[str, int]]:  # noqa: ANN001
+    """File sizes; a segmented store's data files one row per field (``image.*.npy``)."""
+    import re
+
+    if rep.segments is None or len(rep.segments) <= 3:
+        return sorted(rep.files.items())
+    rows: dict[str, int] = {}
+    counts: dict[str, int] = {}
+    for n, size in rep.files.items():
+        m = re.fullmatch(r"(.+)\.\d{5,}\.(npy|mdb)", n)
+        key = f"{m.group(1)}.*.{m.group(2)}" if m else n
+        rows[key] = rows.get(key, 0) + size
+        counts[key] = counts.get(key, 0) + 1
+    return sorted((k if counts[k] == 1 else f"{k} ({counts[k]:,} files)", v) for k, v in rows.items())
 
 
 def _short(v, n: int = 90) -> str:  # noqa: ANN001

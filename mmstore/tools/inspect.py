@@ -33,6 +33,7 @@ class InspectReport:
     skipped_reasons: list[dict[str, Any]] = field(default_factory=list)
     label_field: str | None = None
     label_names: list[str] | None = None
+    segments: list[int] | None = None
     label_histogram: list[dict[str, Any]] | None = None
     image_field: str | None = None
     image_layout: str | None = None
@@ -101,6 +102,7 @@ def inspect_store(
             bytes_on_disk=sum(files.values()),
             provenance=store.provenance,
             label_names=store.label_names,
+            segments=store.segments,
         )
         skipped = store.skipped()
         rep.skipped = store.slots - store.records

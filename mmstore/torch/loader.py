@@ -517,15 +517,8 @@ class _FieldFiles:
             _sys.pread_records(self.fds[0], self.offs[0] + slots * nb, nb, out)
             return
         seg = np.searchsorted(self.firsts, slots, side="right") - 1
-        for k in np.unique(seg).tolist():
-            rows = seg == k
-            local = self.offs[k] + (slots[rows] - self.firsts[k]) * nb
-            if rows.all():
-                _sys.pread_records(self.fds[k], local, nb, out)
-            else:  # the rows of this segment are scattered: read them, then place them
-                tmp = np.empty((int(rows.sum()), *out.shape[1:]), out.dtype)
-                _sys.pread_records(self.fds[k], local, nb, tmp)
-                out[rows] = tmp
+        offs = np.asarray(self.offs, np.int64)[seg] + (slots - self.firsts[seg]) * nb
+        _sys.pread_records_multi(np.asarray(self.fds, np.int64)[seg], offs, nb, out)
 
     def ranges(self, a: int, b: int) -> list[tuple[int, int, int]]:
         """``(fd, offset, length)`` of the global slot range ``[a, b)``, cut at
