@@ -94,6 +94,19 @@ class SegmentedBackend(Backend):
             out.append(seg._replace(first=int(self.first[k])))
         return out
 
+    def field_location(self, name: str) -> tuple[str, int, int]:
+        raise TypeError(
+            f"field {name!r} of this merged store is split over {len(self.parts)} segment files; "
+            "use field_segments(name), which lists each file with its slot range"
+        )
+
+    def array(self, name: str) -> Any:
+        raise TypeError(
+            f"field {name!r} of this merged store is split over {len(self.parts)} segment files, so there is "
+            "no single array over it; read with store.read_batch / store.column, or map each of "
+            "field_segments(name)"
+        )
+
     def close(self) -> None:
         for part in self.parts:
             part.close()
