@@ -85,6 +85,7 @@ __all__ = [
     "memory_limit",
     "pread_records",
     "pread_records_multi",
+    "raise_open_files_limit",
     "pread_records_threaded",
     "random_read_speed",
     "resident_bytes",
@@ -826,6 +827,34 @@ def pread_records(fd: Any, offsets: Any, nbytes: int, out: np.ndarray) -> None:
     fd = _fileno(fd)
     offs, mv = _check_records(offsets, nbytes, out)
     _read_rows(fd, offs, int(nbytes), mv, 0, len(offs))
+
+
+def raise_open_files_limit(need: int) -> int:
+    """Make room for ``need`` more open files: raise the soft
+    ``RLIMIT_NOFILE`` towards the hard limit when the files open now plus
+    ``need`` (and a margin of 256) would exceed it. Returns the soft limit in
+    effect afterwards (-1: unlimited or unknown). Never lowers a limit."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return -1
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return -1
+    try:
+        open_now = len(os.listdir("/proc/self/fd"))
+    except OSError:
+        open_now = 64
+    want = open_now + int(need) + 256
+    if want > soft:
+        new = want if hard == resource.RLIM_INFINITY else min(hard, want)
+        if new > soft:
+            try:
+                resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+                soft = new
+            except (ValueError, OSError):
+                pass
+    return int(soft)
 
 
 def pread_records_multi(fds: Any, offsets: Any, nbytes: int, out: np.ndarray) -> None:

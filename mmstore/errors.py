@@ -19,6 +19,7 @@ __all__ = [
     "IngestError",
     "LockedError",
     "MmstoreError",
+    "ResourceLimitError",
     "ResumeMismatchError",
     "SchemaError",
     "StoreExistsError",
@@ -80,3 +81,9 @@ class IngestError(MmstoreError, RuntimeError):
 class ResumeMismatchError(IngestError, ValueError):
     """A resume was asked with inputs or parameters that differ from the
     interrupted run's (the fingerprint in the ``.partial`` does not match)."""
+
+
+class ResourceLimitError(MmstoreError, OSError):
+    """The process ran out of a resource the operating system limits (open
+    files: a merged store of many segments maps one file per field and
+    segment); the message names the limit and how to raise it."""

@@ -100,8 +100,9 @@ class Backend(ABC):
         """Absolute paths of the data files (for warm/evict/verify)."""
         return [os.path.join(self.root, n) for n in self.data_file_names(self.schema, self.segment)]
 
-    def prepare(self) -> None:  # noqa: B027 - optional hook
-        """Open mappings / environments now (before reader threads start)."""
+    def prepare(self, fields: Sequence[str] | None = None) -> None:  # noqa: B027 - optional hook
+        """Open mappings / environments (of ``fields``, default all) now,
+        before reader threads start."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release handles (mappings, environments)."""

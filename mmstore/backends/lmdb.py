@@ -240,15 +240,17 @@ class LmdbBackend(Backend):
                 for dbase, off, nb in parts:
                     _memmove(dbase + r * nb, addr + off, nb)
 
-    def prepare(self) -> None:
+    def prepare(self, fields: Sequence[str] | None = None) -> None:
         self.env()
 
     def _bad(self, slot: int, buf: Any) -> None:
         path = os.path.join(self.root, self.file)
+        first = getattr(self, "first", None)  # set for the segments of a merged store
+        where = f"slot {slot}" if first is None else f"slot {first + slot} (key {slot} of this segment)"
         if buf is None:
-            raise FormatError(f"{path}: no record for slot {slot}; the store is damaged (run `mmstore verify`)")
+            raise FormatError(f"{path}: no record for {where}; the store is damaged (run `mmstore verify`)")
         raise FormatError(
-            f"{path}: record for slot {slot} has {len(buf)} bytes, expected {self.schema.record_bytes}"
+            f"{path}: record for {where} has {len(buf)} bytes, expected {self.schema.record_bytes}"
         )
 
     def iter_packed(self, start: int, stop: int) -> Iterator[tuple[int, memoryview | None]]:

@@ -83,9 +83,9 @@ class MemmapBackend(Backend):
         path, off, nb = self.field_location(name)
         return [FieldSegment(path, off, nb, 0, self.slots)]
 
-    def prepare(self) -> None:
-        for f in self.schema:
-            self.array(f.name)
+    def prepare(self, fields: Sequence[str] | None = None) -> None:
+        for name in self.schema.names if fields is None else fields:
+            self.array(name)
 
     def mapping(self, name: str) -> mmap.mmap | None:
         """The mmap object behind field ``name`` (for kernel hints)."""

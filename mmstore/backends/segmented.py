@@ -10,11 +10,13 @@ touches, nothing per record.
 
 from __future__ import annotations
 
+import errno
 from collections.abc import Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from ..errors import ResourceLimitError
 from ..schema import Schema
 from .base import Backend, FieldSegment, SlotFile
 
@@ -33,6 +35,15 @@ class SegmentedBackend(Backend):
         self.name = cls.name  # type: ignore[misc]
         self.parts: list[Backend] = [cls(root, schema, c, files, segment=k, **kw) for k, c in enumerate(counts)]
         self.first = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+        for k, part in enumerate(self.parts):
+            part.first = int(self.first[k])  # for messages: global slot = first + local slot
+        # NOTE [open files]: each mapped segment file holds a descriptor
+        # (Python's mmap keeps one), so a store merged from 1,000 parts with
+        # 4 fields holds 4,000 while reading; the soft limit is often 1,024
+        self.files_per_segment = len(cls.data_file_names(schema, 0))
+        from .._sys import raise_open_files_limit
+
+        raise_open_files_limit(len(self.parts) * self.files_per_segment)
 
     # the layout is the single backend's; a writer never writes segments
     @classmethod
@@ -50,25 +61,46 @@ class SegmentedBackend(Backend):
         for part in self.parts:
             part.check()
 
-    def prepare(self) -> None:
-        for part in self.parts:
-            part.prepare()
+    def prepare(self, fields: Sequence[str] | None = None) -> None:
+        try:
+            for part in self.parts:
+                part.prepare(fields)
+        except OSError as exc:
+            if _is_fd_limit(exc):
+                raise self._limit(exc) from None
+            raise
 
     def segment_of(self, slots: np.ndarray) -> np.ndarray:
         """Segment number of each slot (any order)."""
         return np.searchsorted(self.first, slots, side="right") - 1
 
+    def _limit(self, exc: OSError) -> ResourceLimitError:
+        return limit_error(self.root, len(self.parts), self.files_per_segment, exc)
+
     def read_into(
+        self, slots: np.ndarray, rows: np.ndarray, fields: Sequence[str], out: dict[str, np.ndarray]
+    ) -> None:
+        try:
+            self._read_into(slots, rows, fields, out)
+        except OSError as exc:
+            if _is_fd_limit(exc):
+                raise self._limit(exc) from None
+            raise
+
+    def _read_into(
         self, slots: np.ndarray, rows: np.ndarray, fields: Sequence[str], out: dict[str, np.ndarray]
     ) -> None:
         n = len(slots)
         if n == 0:
             return
-        cuts = np.searchsorted(slots, self.first, side="left").tolist()
-        for k, part in enumerate(self.parts):
-            a, b = cuts[k], cuts[k + 1]
-            if a == b:
-                continue
+        k = int(np.searchsorted(self.first, slots[0], side="right")) - 1
+        if slots[-1] < self.first[k + 1]:  # one segment (store[i]; a batch within one part)
+            self.parts[k].read_into(slots - self.first[k], rows, fields, out)
+            return
+        cuts = np.searchsorted(slots, self.first, side="left")
+        for k in np.flatnonzero(np.diff(cuts)).tolist():  # the segments this batch touches
+            part = self.parts[k]
+            a, b = int(cuts[k]), int(cuts[k + 1])
             local = slots[a:b] - self.first[k]
             r = rows[a:b]
             r0 = int(r[0])
@@ -79,12 +111,23 @@ class SegmentedBackend(Backend):
                 part.read_into(local, r, fields, out)
 
     def iter_packed(self, start: int, stop: int) -> Iterator[tuple[int, memoryview | None]]:
-        for k, part in enumerate(self.parts):
+        k0 = max(0, int(np.searchsorted(self.first, start, side="right")) - 1)
+        for k in range(k0, len(self.parts)):
             lo, hi = int(self.first[k]), int(self.first[k + 1])
+            if lo >= stop:
+                break
             a, b = max(start, lo), min(stop, hi)
             if a < b:
-                for s, v in part.iter_packed(a - lo, b - lo):
-                    yield s + lo, v
+                it = self.parts[k].iter_packed(a - lo, b - lo)
+                try:
+                    for s, v in it:
+                        yield s + lo, v
+                except OSError as exc:
+                    if _is_fd_limit(exc):
+                        raise self._limit(exc) from None
+                    raise
+                finally:
+                    it.close()  # type: ignore[attr-defined]
 
     def field_segments(self, name: str) -> list[FieldSegment]:
         """memmap: where field ``name`` lives, one entry per segment."""
@@ -110,3 +153,26 @@ class SegmentedBackend(Backend):
     def close(self) -> None:
         for part in self.parts:
             part.close()
+
+
+def _is_fd_limit(exc: OSError) -> bool:
+    return exc.errno in (errno.EMFILE, errno.ENFILE) and not isinstance(exc, ResourceLimitError)
+
+
+def limit_error(root: str, segments: int, per_segment: int, exc: OSError) -> ResourceLimitError:
+    """The error for running out of descriptors on a store of ``segments`` segments."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError):
+        soft = -1
+    need = segments * per_segment
+    return ResourceLimitError(
+        exc.errno,
+        f"{root}: out of file descriptors ({exc.strerror}): this merged store has {segments:,} segments of "
+        f"{per_segment} data file(s), which stay open while it is read, and this process may open "
+        f"{soft:,} files in all. Raise the limit before starting (`ulimit -n {need + 1024}` in the shell, "
+        "LimitNOFILE= for a systemd service, --ulimit nofile= for docker), or rewrite the store with one file "
+        "per field: `mmstore convert STORE PLAIN.store` (which copies the data)",
+    )

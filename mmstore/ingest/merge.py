@@ -45,11 +45,12 @@ from __future__ import annotations
 import errno
 import os
 import shutil
+import uuid
 from typing import Any
 
 import numpy as np
 
-from .._io import crash_point, fsync_dir, fsync_file
+from .._io import crash_point, fsync_dir, fsync_file, pwrite_all
 from ..backends import backend_class, data_file_names
 from ..errors import IngestError, StoreExistsError
 from ..format import (
@@ -59,7 +60,9 @@ from ..format import (
     KEY_DTYPE,
     KEYS_BLOB_FILE,
     KEYS_OFFSETS_FILE,
+    MANIFEST_FILE,
     PARTIAL_SUFFIX,
+    encode_key,
     npy_header,
     read_manifest,
 )
@@ -143,19 +146,27 @@ def _check_dest(dest: str, paths: list[str], overwrite: bool) -> None:
         raise StoreExistsError(f"{dest}: already exists; pass overwrite=True (--overwrite) to replace it")
 
 
-def _provenance(first: Store, paths: list[str], total: int) -> dict[str, Any]:
-    prov = dict(first.provenance)
-    ing = dict(prov.get("ingest") or {})
-    if ing.get("shard") is not None:
-        from .pipeline import _fingerprint
+def _provenance(stores: list[Store], paths: list[str], total: int) -> dict[str, Any]:
+    first = stores[0]
+    ing = dict(first.provenance.get("ingest") or {})
+    if ing.get("shard") is None:
+        # not the parts of one ingest: no single source, parameters or
+        # fingerprint describes the result (a resume or repair must not
+        # take the first part's for all of them)
+        return {
+            "merged_from": [os.path.abspath(p) for p in paths],
+            "merged_store_ids": [s.store_id for s in stores],
+        }
+    from .pipeline import _fingerprint
 
-        # the fingerprint a single run over all inputs records
-        ing["fingerprint"] = _fingerprint(
-            str(ing.get("inputs_fingerprint")), {"shard": None, "range": [0, ing.get("inputs", total)]}
-        )
-        ing["shard"] = None
-        ing["range"] = [0, ing.get("inputs", total)]
-        prov["ingest"] = ing
+    prov = dict(first.provenance)
+    # the fingerprint a single run over all inputs records
+    ing["fingerprint"] = _fingerprint(
+        str(ing.get("inputs_fingerprint")), {"shard": None, "range": [0, ing.get("inputs", total)]}
+    )
+    ing["shard"] = None
+    ing["range"] = [0, ing.get("inputs", total)]
+    prov["ingest"] = ing
     prov["merged_from"] = [os.path.abspath(p) for p in paths]
     prov.pop("time", None)
     prov.pop("tool", None)
@@ -222,6 +233,7 @@ def merge(
             if s.label_names != first.label_names:
                 raise IngestError(f"{p}: label names differ from {paths[0]}'s")
         _check_dest(dest, paths, overwrite)
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
         lock = acquire_lock(dest)
         try:
             _build(stores, paths, dest, overwrite=overwrite, copy=copy)
@@ -233,23 +245,79 @@ def merge(
     return dest
 
 
-def _build(stores: list[Store], paths: list[str], dest: str, *, overwrite: bool, copy: bool) -> None:
+_CHUNK = 1 << 20  # slots per bookkeeping chunk (8 MiB of offsets)
+
+
+def _file_ids(s: Store) -> dict[str, tuple[int, int, int, int]]:
+    """Identity of every file of ``s``: (device, inode, size, mtime ns)."""
+    out = {}
+    for name in [*s.manifest["files"], MANIFEST_FILE]:
+        st = os.stat(os.path.join(s.path, name))
+        out[os.path.join(s.path, name)] = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    return out
+
+
+def _fresh_partial(dest: str, overwrite: bool) -> str:
+    """Create an empty ``DEST.partial`` that carries the merge mark from the
+    moment it exists (made aside, then renamed into place)."""
     partial = dest + PARTIAL_SUFFIX
+    parent, base = os.path.split(partial)
+    for name in os.listdir(parent):  # what killed merges left while cleaning up (we hold the lock)
+        if name.startswith(base + ".discard-") or name.startswith(base + ".merging-"):
+            shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
     if os.path.exists(partial):
         if not (overwrite or _left_by_merge(partial)):
             raise StoreExistsError(
                 f"{partial}: an unfinished ingest is here; finish it with `mmstore ingest ... --resume`, "
                 "or pass --overwrite to discard it"
             )
-        shutil.rmtree(partial)
-    os.makedirs(partial)
-    write_durable(os.path.join(partial, MERGING_MARK), b"")
+        trash = f"{partial}.discard-{uuid.uuid4().hex[:8]}"
+        os.rename(partial, trash)
+        shutil.rmtree(trash)
+    tmp = f"{partial}.merging-{uuid.uuid4().hex[:8]}"
+    os.makedirs(tmp)
+    write_durable(os.path.join(tmp, MERGING_MARK), b"")
+    fsync_dir(tmp)
+    os.rename(tmp, partial)
+    fsync_dir(parent)
+    return partial
+
+
+def _copy_bytes(src: str, src_off: int, n: int, dst_fd: int, dst_off: int) -> None:
+    fd = os.open(src, os.O_RDONLY)
+    try:
+        done = 0
+        while done < n:
+            buf = os.pread(fd, min(n - done, 8 << 20), src_off + done)
+            if not buf:
+                raise IngestError(f"{src}: ended at byte {src_off + done}, expected {n - done} more; the part "
+                                  "changed while merging (run `mmstore verify` on it)")
+            pwrite_all(dst_fd, buf, dst_off + done)
+            done += len(buf)
+    finally:
+        os.close(fd)
+
+
+def _read_u8(path: str, offset: int, count: int) -> np.ndarray:
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        arr = np.fromfile(fh, dtype=KEY_DTYPE, count=count)
+    if len(arr) != count:
+        raise IngestError(f"{path}: short read; the part changed while merging")
+    return arr
+
+
+def _build(stores: list[Store], paths: list[str], dest: str, *, overwrite: bool, copy: bool) -> None:
+    ids = [_file_ids(s) for s in stores]
+    partial = _fresh_partial(dest, overwrite)
     first = stores[0]
     backend = first.backend_name
     schema = first.schema
     total = sum(s.slots for s in stores)
+    records = sum(s.records for s in stores)
     # 1. record data: each part's segments, linked (or copied) in order
     counts: list[int] = []
+    linked: list[tuple[str, str]] = []
     for s in stores:
         for count, srcs in _segments_of(s):
             k = len(counts)
@@ -270,52 +338,86 @@ def _build(stores: list[Store], paths: list[str], dest: str, *, overwrite: bool,
                             f"copy the {fmt_bytes(_data_bytes(stores))} of record data instead"
                         ) from None
                     raise
+                linked.append((src, dst))
             counts.append(count)
             crash_point("merge")
-    # 2. bookkeeping: concatenated, slots renumbered
-    ck = np.zeros(total, KEY_DTYPE)
-    key_offsets = np.zeros(total + 1, KEY_DTYPE)
-    blobs: list[bytes] = []
-    blob_len = 0
-    holes = np.zeros(total, bool)
-    skips: list[tuple[int, bytes, str]] = []
-    base = 0
-    for s in stores:
-        n = s.slots
-        ck[base : base + n] = s.checksums()
-        offs, blob = s._keys()
-        if n:
-            key_offsets[base + 1 : base + n + 1] = np.asarray(offs[1:], dtype=KEY_DTYPE) + np.uint64(blob_len)
-            blobs.append(bytes(blob[: int(offs[-1])]))
-            blob_len += int(offs[-1])
-        for e in s.skipped():
-            slot = int(e["slot"])
-            holes[base + slot] = True
-            skips.append((base + slot, s.slot_key_bytes(slot), str(e["reason"])))
-        base += n
+    # 2. bookkeeping: the parts' files laid end to end, slots and key offsets
+    # renumbered, streamed in chunks (memory does not grow with the store)
     j = lambda n: os.path.join(partial, n)  # noqa: E731
-    write_durable(j(CHECKSUMS_FILE), npy_header(KEY_DTYPE, (total,)), ck)
-    write_durable(j(KEYS_OFFSETS_FILE), npy_header(KEY_DTYPE, (total + 1,)), key_offsets)
-    write_durable(j(KEYS_BLOB_FILE), b"".join(blobs))
     names = data_file_names(backend, schema, counts) + [CHECKSUMS_FILE, KEYS_OFFSETS_FILE, KEYS_BLOB_FILE]
-    records = int(total - holes.sum())
-    if records < total:
-        index = np.flatnonzero(~holes).astype(KEY_DTYPE)
-        write_durable(j(INDEX_FILE), npy_header(KEY_DTYPE, (records,)), index)
-        write_durable(j(ERRORS_FILE), errors_jsonl(sorted(skips)))
+    holes = records < total
+    if holes:
         names += [INDEX_FILE, ERRORS_FILE]
+    outs = {n: os.open(j(n), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for n in names[-(5 if holes else 3):]}
+    try:
+        pos = {n: 0 for n in outs}
+
+        def put(name: str, data: Any) -> None:
+            pwrite_all(outs[name], data, pos[name])
+            pos[name] += len(memoryview(data).cast("B"))
+
+        put(CHECKSUMS_FILE, npy_header(KEY_DTYPE, (total,)))
+        put(KEYS_OFFSETS_FILE, npy_header(KEY_DTYPE, (total + 1,)))
+        put(KEYS_OFFSETS_FILE, np.zeros(1, KEY_DTYPE).tobytes())
+        if holes:
+            put(INDEX_FILE, npy_header(KEY_DTYPE, (records,)))
+        base = blob_len = 0
+        for s in stores:
+            n = s.slots
+            _copy_bytes(os.path.join(s.path, CHECKSUMS_FILE), s._ck_offset, 8 * n, outs[CHECKSUMS_FILE],
+                        pos[CHECKSUMS_FILE])
+            pos[CHECKSUMS_FILE] += 8 * n
+            ko = os.path.join(s.path, KEYS_OFFSETS_FILE)
+            for a in range(0, n, _CHUNK):
+                b = min(n, a + _CHUNK)
+                put(KEYS_OFFSETS_FILE, (_read_u8(ko, s._ko_offset + 8 * (a + 1), b - a) + np.uint64(blob_len)).tobytes())
+            part_blob = int(s.manifest["files"][KEYS_BLOB_FILE])
+            _copy_bytes(os.path.join(s.path, KEYS_BLOB_FILE), 0, part_blob, outs[KEYS_BLOB_FILE], pos[KEYS_BLOB_FILE])
+            pos[KEYS_BLOB_FILE] += part_blob
+            blob_len += part_blob
+            if holes:
+                for a in range(0, s.records, _CHUNK):
+                    b = min(s.records, a + _CHUNK)
+                    if s.records == n:
+                        local = np.arange(a, b, dtype=KEY_DTYPE)
+                    else:
+                        local = _read_u8(os.path.join(s.path, INDEX_FILE), s._ix_offset + 8 * a, b - a)
+                    put(INDEX_FILE, (local + np.uint64(base)).tobytes())
+                skipped = s.skipped()
+                if skipped:
+                    put(ERRORS_FILE, errors_jsonl(
+                        (base + int(e["slot"]), encode_key(e["key"]), str(e["reason"])) for e in skipped))
+            base += n
+            s.close()
+        for fd in outs.values():
+            fsync_file(fd)
+    finally:
+        for fd in outs.values():
+            os.close(fd)
     fsync_dir(partial)
     crash_point("merge")
+    # 3. nothing may have changed under us: a part re-created or rewritten
+    # since it was opened would leave its new data under its old checksums
+    for s, before in zip(stores, ids):
+        if _file_ids(s) != before:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise IngestError(f"{s.path}: the part changed while it was being merged (re-created or written by "
+                              "another process); run the merge again when nothing writes the parts")
+    for src, dst in linked:
+        a, b = os.stat(src), os.stat(dst)
+        if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
+            shutil.rmtree(partial, ignore_errors=True)
+            raise IngestError(f"{src}: replaced while it was being merged; run the merge again")
     write_manifest(partial, names, backend=backend, records=records, slots=total, schema=schema,
-                   label_names=first.label_names, provenance=_provenance(first, paths, total), segments=counts)
+                   label_names=first.label_names, provenance=_provenance(stores, paths, total), segments=counts)
     publish(dest)  # removes the _merging mark (not in the manifest), then renames
 
 
 def _left_by_merge(partial: str) -> bool:
     """A ``.partial`` a killed merge left: the mark, or (killed inside
     ``publish``, which removes the mark) a finished merged manifest."""
-    if os.path.exists(os.path.join(partial, MERGING_MARK)):
-        return True
+    if os.path.exists(os.path.join(partial, MERGING_MARK)) or not os.listdir(partial):
+        return True  # ours, or empty: nothing to lose
     try:
         return "merged_from" in read_manifest(partial)["provenance"]
     except (OSError, ValueError):

@@ -298,32 +298,50 @@ def _write_memmap(store: Store, fixes: dict[int, bytes]) -> None:
 
 
 def _rebuild_lmdb(store: Store, fixes: dict[int, bytes], drop: bool) -> None:
-    """Rebuild the LMDB file of every segment holding a fix (all of them when
-    keys that are not records must be dropped: which file holds those is not
-    known by slot)."""
+    """Rebuild the LMDB file of every segment that holds a fix, or (``drop``)
+    a key that is not a record; the others stay as they are (in a merged
+    store they stay shared with the part they came from). The new files are
+    all built before the first replaces its old one, then the manifest's
+    sizes are updated."""
     counts = store.segments or [store.slots]
     firsts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()
-    sizes: dict[str, int] = {}
     holes = np.ones(store.slots, bool)
     holes[store.slots_of(np.arange(store.records))] = False
+    segmented = store.segments is not None
+    parts = store.backend.parts if segmented else [store.backend]  # type: ignore[attr-defined]
+    todo = []
     for k, count in enumerate(counts):
         lo = firsts[k]
-        if not drop and not any(lo <= s < lo + count for s in fixes):
-            continue
-        name = lmdb_file(k if store.segments is not None else None)
-        sizes[name] = _rebuild_lmdb_file(store, fixes, holes, lo, count, name)
-    store.close()
-    if any(size != store.manifest["files"].get(name) for name, size in sizes.items()):
-        mpath = os.path.join(store.path, MANIFEST_FILE)
-        with open(mpath, "rb") as fh:
-            obj = json.loads(fh.read())
-        obj["files"].update(sizes)
-        atomic_write(mpath, json.dumps(obj, indent=1, ensure_ascii=False).encode("utf-8") + b"\n")
+        need = any(lo <= s < lo + count for s in fixes)
+        if drop and not need:  # a key that is not a record: the segment holds more keys than records
+            need = parts[k].env().stat()["entries"] != int((~holes[lo : lo + count]).sum())
+        if need:
+            todo.append((k, lo, count))
+    built = []
+    try:
+        for k, lo, count in todo:
+            built.append((lmdb_file(k if segmented else None), _build_lmdb_file(store, fixes, holes, lo, count)))
+        store.close()
+        for name, (work, new) in built:
+            # a new inode: a part store sharing the old file (merge) keeps it
+            os.replace(new, os.path.join(store.path, name))
+        fsync_dir(store.path)
+        sizes = {name: os.path.getsize(os.path.join(store.path, name)) for name, _ in built}
+        if any(size != store.manifest["files"].get(name) for name, size in sizes.items()):
+            mpath = os.path.join(store.path, MANIFEST_FILE)
+            with open(mpath, "rb") as fh:
+                obj = json.loads(fh.read())
+            obj["files"].update(sizes)
+            atomic_write(mpath, json.dumps(obj, indent=1, ensure_ascii=False).encode("utf-8") + b"\n")
+    finally:
+        for _, (work, _) in built:
+            shutil.rmtree(work, ignore_errors=True)
 
 
-def _rebuild_lmdb_file(store: Store, fixes: dict[int, bytes], holes: np.ndarray, lo: int, count: int,
-                       name: str) -> int:
-    """Rebuild ``name`` (global slots ``[lo, lo + count)``); return its new size."""
+def _build_lmdb_file(store: Store, fixes: dict[int, bytes], holes: np.ndarray, lo: int,
+                     count: int) -> tuple[str, str]:
+    """Build the LMDB file of global slots ``[lo, lo + count)`` in a work
+    directory next to the store; return (work directory, new file)."""
     from ..backends.lmdb import STAGING_FILE, LmdbBackend
 
     rb = store.schema.record_bytes
@@ -352,13 +370,9 @@ def _rebuild_lmdb_file(store: Store, fixes: dict[int, bytes], holes: np.ndarray,
             fsync_file(fd)
         finally:
             os.close(fd)
-        store.close()
         LmdbBackend.finalize(work, store.schema, count, holes[lo : lo + count])
-        new = os.path.join(work, LMDB_FILE)
-        size = os.path.getsize(new)
-        # a new inode: a part store sharing the old file (merge) keeps it
-        os.replace(new, os.path.join(store.path, name))
-        fsync_dir(store.path)
-        return size
-    finally:
+        os.unlink(staging)
+        return work, os.path.join(work, LMDB_FILE)
+    except BaseException:
         shutil.rmtree(work, ignore_errors=True)
+        raise

@@ -16,6 +16,7 @@ sequential speed.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
@@ -25,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ResourceLimitError
 from ..format import field_file, lmdb_key, read_manifest
 from .verify_report import MAX_LISTED, BadRecord, Problem, VerifyReport
 from .verify_structure import Ctx, check_structure, lmdb_backend
@@ -62,15 +64,8 @@ def _content_memmap(ctx: Ctx, col: _Collector, threads: int, progress: Callable[
 
     fields = [f for f in ctx.schema if f.nbytes]
     rb = ctx.schema.record_bytes
-    fds: list[list[int]] = []  # [segment][field]
+    fds: list[int] = []  # the current segment's, one per field: segments are checked one after another
     try:
-        for seg, _, _ in ctx.segments:
-            fds.append([])
-            for f in fields:
-                fd = os.open(os.path.join(ctx.path, field_file(f.name, seg)), os.O_RDONLY)
-                fds[-1].append(fd)
-                if hasattr(os, "posix_fadvise"):
-                    os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         per = max(1, _CHUNK_BYTES // max(rb, 1))
         local = threading.local()
         stored = ctx.checksums
@@ -85,14 +80,14 @@ def _content_memmap(ctx: Ctx, col: _Collector, threads: int, progress: Callable[
                 bufs = local.bufs = [bytearray(per * f.nbytes) for f in fields]
             seg, first, _ = ctx.segments[k]
             views = []
-            for fd, f, buf in zip(fds[k], fields, bufs):
+            for fd, f, buf in zip(fds, fields, bufs):
                 mv = memoryview(buf)[: (b - a) * f.nbytes]
                 off = ctx.offsets[(f.name, seg)] + (a - first) * f.nbytes
                 got = 0
                 while got < len(mv):
                     n = os.preadv(fd, [mv[got:]], off + got)
                     if n <= 0:
-                        raise OSError(f"{field_file(f.name)}: short read at offset {off + got}")
+                        raise OSError(f"{field_file(f.name, seg)}: short read at offset {off + got}")
                     got += n
                 views.append(mv)
             calc = np.empty(b - a, np.uint64)
@@ -123,30 +118,37 @@ def _content_memmap(ctx: Ctx, col: _Collector, threads: int, progress: Callable[
                     progress(n_bytes)
             return n_bytes
 
-        chunks = [
-            (k, a, min(first + count, a + per))
-            for k, (_, first, count) in enumerate(ctx.segments)
-            for a in range(first, first + count, per)
-        ]
         total = 0
-        if threads <= 1 or len(chunks) <= 1:
-            for c in chunks:
-                total += run(*c)
-        else:
-            with ThreadPoolExecutor(threads, thread_name_prefix="mmstore-verify") as ex:
-                # bounded window of chunks in flight keeps the reads near-sequential
-                futs = []
-                for c in chunks:
-                    futs.append(ex.submit(run, *c))
-                    if len(futs) >= 2 * threads:
-                        total += futs.pop(0).result()
-                for fu in futs:
-                    total += fu.result()
+        with ThreadPoolExecutor(max(1, threads), thread_name_prefix="mmstore-verify") as ex:
+            for k, (seg, first, count) in enumerate(ctx.segments):
+                if not count or not fields:
+                    continue
+                for f in fields:
+                    fd = os.open(os.path.join(ctx.path, field_file(f.name, seg)), os.O_RDONLY)
+                    fds.append(fd)
+                    if hasattr(os, "posix_fadvise"):
+                        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                chunks = [(k, a, min(first + count, a + per)) for a in range(first, first + count, per)]
+                if threads <= 1 or len(chunks) <= 1:
+                    for c in chunks:
+                        total += run(*c)
+                else:
+                    # bounded window of chunks in flight keeps the reads near-sequential
+                    futs = []
+                    try:
+                        for c in chunks:
+                            futs.append(ex.submit(run, *c))
+                            if len(futs) >= 2 * threads:
+                                total += futs.pop(0).result()
+                    finally:
+                        for fu in futs:  # every read of this segment ends before its files close
+                            total += fu.result()
+                while fds:
+                    os.close(fds.pop())
         return total
     finally:
-        for seg_fds in fds:
-            for fd in seg_fds:
-                os.close(fd)
+        for fd in fds:
+            os.close(fd)
 
 
 def _content_lmdb(ctx: Ctx, col: _Collector, threads: int, progress: Callable[[int], Any] | None) -> int:
@@ -158,14 +160,8 @@ def _content_lmdb(ctx: Ctx, col: _Collector, threads: int, progress: Callable[[i
         raise ValueError("verify: the content pass needs the checksums")
     seen = np.zeros(ctx.slots, dtype=bool)
     bes = [lmdb_backend(ctx, seg, count) for seg, _, count in ctx.segments]
+    envs: dict[int, Any] = {}  # the segment being checked (one at a time: one descriptor each)
     try:
-        envs = [be.env() for be in bes]
-        # each segment's key range cut into `threads` tasks: (segment, t, bounds)
-        tasks = []
-        for k, (_, _, count) in enumerate(ctx.segments):
-            bounds = np.linspace(0, count, max(1, threads) + 1).astype(np.int64).tolist()
-            tasks += [(k, t, bounds) for t in range(len(bounds) - 1)]
-
         def run(task: tuple[int, int, list[int]]) -> int:
             k_seg, t, bounds = task
             env = envs[k_seg]
@@ -225,11 +221,18 @@ def _content_lmdb(ctx: Ctx, col: _Collector, threads: int, progress: Callable[[i
                     progress(pend)
             return done
 
-        if threads <= 1:
-            total = sum(map(run, tasks))
-        else:
-            with ThreadPoolExecutor(threads, thread_name_prefix="mmstore-verify") as ex:
-                total = sum(ex.map(run, tasks))
+        total = 0
+        with ThreadPoolExecutor(max(1, threads), thread_name_prefix="mmstore-verify") as ex:
+            for k, (_, _, count) in enumerate(ctx.segments):
+                envs[k] = bes[k].env()
+                try:
+                    # the segment's key range cut into `threads` tasks
+                    bounds = np.linspace(0, count, max(1, threads) + 1).astype(np.int64).tolist()
+                    tasks = [(k, t, bounds) for t in range(len(bounds) - 1)]
+                    total += sum(map(run, tasks)) if threads <= 1 else sum(ex.map(run, tasks))
+                finally:
+                    del envs[k]
+                    bes[k].close()
     finally:
         for be in bes:
             be.close()
@@ -291,6 +294,9 @@ def verify_store(
     except Exception as exc:  # noqa: BLE001 - an unreadable file is a finding, not a crash
         if isinstance(exc, (KeyboardInterrupt, MemoryError)):
             raise
+        if isinstance(exc, OSError) and exc.errno in (errno.EMFILE, errno.ENFILE):  # a limit, not damage
+            raise ResourceLimitError(exc.errno, f"{path}: verify ran out of file descriptors ({exc.strerror}); "
+                                     "raise the limit (ulimit -n) and run it again") from None
         rep.problems.append(Problem("read", f"reading the record data failed: {type(exc).__name__}: {exc}; "
                                     "the file is damaged or the disk has errors (see the kernel log)"))
         rep.seconds = time.perf_counter() - t1

@@ -281,4 +281,4 @@ def _check_lmdb_quick(ctx: Ctx, rep: VerifyReport) -> None:
     if entries != ctx.records:
         what = LMDB_FILE if not ctx.segmented else f"the {len(ctx.segments)} LMDB segments"
         rep.problems.append(Problem("lmdb-keys", f"{what}: hold {entries:,} keys, the manifest says {ctx.records:,} "
-                                    "records (missing or extra records)", LMDB_FILE))
+                                    "records (missing or extra records)", lmdb_file(ctx.segments[0][0])))

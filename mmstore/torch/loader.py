@@ -324,20 +324,28 @@ class Loader:
         pid = os.getpid()
         if self._pid != pid:  # first use, or used after fork: nothing inherited is ours
             self._pool = None
+            for ff in self._fds.values():  # this process's copies of the parent's descriptors
+                ff.close()
             self._fds = {}
             self._ring = None
             self._pid = pid
         if self._pool is None:
             self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="mmstore-loader")
         backend = self.store.backend  # open the backend in this thread, before the readers
-        backend.prepare()  # map every field / open the environment once, outside the threads
+        try:
+            backend.prepare(self.fields)  # map the fields / open the environment once, outside the threads
+        except OSError as exc:
+            raise _fd_limit(self.store, exc) from None
         self.store.index  # noqa: B018 - map the index once, outside the threads
         if self.store.backend_name == "memmap" and self.method != "mmap" and not self._fds:
             for f in self.fields:
                 if self.store.schema[f].nbytes >= _PREAD_MIN_BYTES or self.method == "pread":
                     if self.store.schema[f].nbytes == 0:
                         continue
-                    self._fds[f] = _FieldFiles(backend.field_segments(f))  # type: ignore[attr-defined]
+                    try:
+                        self._fds[f] = _FieldFiles(backend.field_segments(f))  # type: ignore[attr-defined]
+                    except OSError as exc:
+                        raise _fd_limit(self.store, exc) from None
         if self._ring is None:
             self._ring = [self._alloc_slot() for _ in range(self.ring_size)]
 
@@ -484,6 +492,20 @@ class Loader:
         if self.as_tuple:
             return tuple(out[f] for f in self.fields)
         return out
+
+
+def _fd_limit(store: Store, exc: OSError) -> OSError:
+    """Out of descriptors on a merged store: say why and what to do."""
+    import errno
+
+    from ..errors import ResourceLimitError
+
+    if exc.errno not in (errno.EMFILE, errno.ENFILE) or isinstance(exc, ResourceLimitError) or not store.segments:
+        return exc
+    from ..backends.segmented import limit_error
+
+    per = len(store.fields) + 1  # mapped + opened for preadv
+    return limit_error(store.path, len(store.segments), per, exc)
 
 
 class _FieldFiles:

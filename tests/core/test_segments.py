@@ -193,6 +193,8 @@ def test_refusals(tmp_path):
     with pytest.raises(StoreExistsError, match="unfinished ingest"):
         merge(parts, tmp_path / "inflight")
     assert (tmp_path / "inflight.partial" / "_ingest_state.json").exists()
+    # a destination in folders that do not exist yet, like ingest
+    assert mmstore.open(merge(parts, tmp_path / "new" / "dir" / "m")).records == 10
 
 
 def _other_device_dir() -> str | None:
@@ -246,3 +248,135 @@ def test_killed_merge_leaves_no_store_and_reruns(tmp_path):
         assert not os.path.exists(dest + ".partial")
     assert k > 8  # the walk really passed the link, bookkeeping and publish steps
     assert_reads_same(ref, dest)
+
+
+_FD_CHILD = r"""
+import os, resource, sys
+soft, hard = int(sys.argv[1]), int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+import numpy as np
+import mmstore
+from mmstore.errors import ResourceLimitError
+from mmstore.ingest import merge
+from mmstore.tools.verify import verify_store
+parts = [os.path.join(sys.argv[3], n) for n in sorted(os.listdir(sys.argv[3]), key=lambda n: int(n[4:]))]
+out = merge(parts, sys.argv[4])          # streams the parts: a few descriptors at a time
+print("verify", verify_store(out).ok)    # one segment's files open at a time
+s = mmstore.open(out)
+try:
+    got = s.read_batch(np.arange(len(s)))  # all 3 fields of every segment mapped
+    print("read", len(got["image"]), resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+except ResourceLimitError as exc:
+    print("limit", exc)
+"""
+
+
+@pytest.mark.parametrize("hard", [200, 4096])
+def test_many_segments_and_the_open_files_limit(tmp_path, hard):
+    """120 segments x 3 fields = 360 mapped files under a soft limit of 200:
+    merge and verify work anyway; reading raises the soft limit when the
+    hard one allows, and otherwise says which limit and how to raise it."""
+    n = 240
+    write_parts(tmp_path / "parts", n, list(range(2, n, 2)))
+    r = subprocess.run([sys.executable, "-c", _FD_CHILD, "200", str(hard), str(tmp_path / "parts"),
+                        str(tmp_path / "m")], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, PYTHONPATH=REPO))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "verify True"
+    if hard == 200:
+        assert lines[1].startswith("limit ") and "120 segments" in lines[1] and "ulimit -n" in lines[1]
+        assert "mmstore convert" in lines[1]
+    else:
+        assert lines[1].split()[:2] == ["read", str(n)] and int(lines[1].split()[2]) > 360
+    assert_reads_same(write_store(tmp_path / "ref", n), str(tmp_path / "m"))
+
+
+def test_a_part_recreated_during_the_merge_is_caught(tmp_path, monkeypatch):
+    """A part re-written by another process while the merge runs (its new data
+    would sit under its old checksums) stops the merge; nothing is published."""
+    import importlib
+
+    M = importlib.import_module("mmstore.ingest.merge")  # the module (the package exports the function)
+    parts = write_parts(tmp_path, 20, [10])
+    real = M._copy_bytes
+    done = []
+
+    def racing(*a, **kw):
+        if not done:
+            done.append(1)
+            write_store(parts[1], 10, overwrite=True)  # a concurrent re-ingest of part 1
+        return real(*a, **kw)
+
+    monkeypatch.setattr(M, "_copy_bytes", racing)
+    with pytest.raises(IngestError, match="changed while it was being merged"):
+        merge(parts, tmp_path / "m")
+    assert not (tmp_path / "m").exists() and not (tmp_path / "m.partial").exists()
+
+
+def test_left_over_partials(tmp_path):
+    """An empty DEST.partial, or one a killed merge was discarding, is cleared."""
+    parts = write_parts(tmp_path, 12, [6])
+    os.makedirs(tmp_path / "m.partial")
+    os.makedirs(tmp_path / "m.partial.discard-1234abcd" / "sub")
+    assert_reads_same(write_store(tmp_path / "ref", 12), merge(parts, tmp_path / "m"))
+    assert sorted(os.listdir(tmp_path)) == ["m", "part0", "part1", "ref"]
+
+
+def test_provenance_of_unrelated_parts_names_no_source(tmp_path):
+    """Stores that are not the shards of one ingest: the merged store does not
+    claim the first part's source or fingerprint (resume/repair would use it)."""
+    a = write_store(tmp_path / "a", 5, provenance={"source": {"kind": "folder", "path": "/x"},
+                                                    "ingest": {"fingerprint": "f" * 16}})
+    b = write_store(tmp_path / "b", 5, provenance={"source": {"kind": "folder", "path": "/y"}})
+    prov = mmstore.open(merge([a, b], tmp_path / "m")).provenance
+    assert "source" not in prov and "ingest" not in prov
+    assert prov["merged_from"] == [a, b] and len(prov["merged_store_ids"]) == 2
+
+
+def test_lmdb_segment_errors_name_the_global_slot(tmp_path):
+    import lmdb
+
+    out = merge(write_parts(tmp_path, 30, [13], backend="lmdb"), tmp_path / "m")
+    env = lmdb.open(os.path.join(out, "records.00001.mdb"), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        txn.delete((2).to_bytes(8, "big"))  # slot 15
+    env.close()
+    with open(os.path.join(out, "manifest.json"), "rb") as fh:
+        files = json.loads(fh.read())["files"]
+    files["records.00001.mdb"] = os.path.getsize(os.path.join(out, "records.00001.mdb"))
+    _rewrite_manifest(out, files=files)
+    with pytest.raises(FormatError, match=r"records.00001.mdb: no record for slot 15 \(key 2 of this segment\)"):
+        mmstore.open(out)[15]
+    assert mmstore.open(out)[14]["image"].shape == (8, 6, 3)
+
+
+def test_lmdb_repair_rebuilds_only_the_damaged_segment(tmp_path):
+    """Keys that are not records (a stray key, a record in a hole) in one
+    segment: repair drops them by rebuilding that segment's file only; the
+    others stay shared with their parts."""
+    import lmdb
+
+    from mmstore.tools.repair import repair_store
+
+    parts = write_parts(tmp_path, 30, [10, 20], backend="lmdb", holes={12})
+    ref = write_store(tmp_path / "ref", 30, backend="lmdb", holes={12})
+    out = merge(parts, tmp_path / "m")
+    rb = mmstore.open(out).schema.record_bytes
+    env = lmdb.open(os.path.join(out, "records.00001.mdb"), subdir=False, lock=False, map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        txn.put((2).to_bytes(8, "big"), bytes(rb))   # slot 12 is a hole
+        txn.put((77).to_bytes(8, "big"), bytes(rb))  # no such slot
+    env.close()
+    with open(os.path.join(out, "manifest.json"), "rb") as fh:
+        files = json.loads(fh.read())["files"]
+    files["records.00001.mdb"] = os.path.getsize(os.path.join(out, "records.00001.mdb"))
+    _rewrite_manifest(out, files=files)
+    rep = verify_store(out)
+    assert sorted((r.slot, r.what) for r in rep.bad_records) == [(-1, "extra-key"), (12, "hole-has-record")]
+    rr = repair_store(out, rep)
+    assert "dropped 2" in rr.message, rr.message
+    assert verify_store(out).ok
+    assert_reads_same(ref, out)
+    nl = [os.stat(os.path.join(out, f"records.{k:05d}.mdb")).st_nlink for k in range(3)]
+    assert nl == [2, 1, 2]
