@@ -10,6 +10,7 @@ touches, nothing per record.
 
 from __future__ import annotations
 
+import ctypes
 import errno
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -21,6 +22,8 @@ from ..schema import Schema
 from .base import Backend, FieldSegment, SlotFile
 
 __all__ = ["SegmentedBackend"]
+
+_memmove = ctypes.memmove
 
 
 class SegmentedBackend(Backend):
@@ -35,6 +38,7 @@ class SegmentedBackend(Backend):
         self.name = cls.name  # type: ignore[misc]
         self.parts: list[Backend] = [cls(root, schema, c, files, segment=k, **kw) for k, c in enumerate(counts)]
         self.first = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+        self._bases: dict[str, np.ndarray] = {}  # memmap: field -> each segment's mapping address
         for k, part in enumerate(self.parts):
             part.first = int(self.first[k])  # for messages: global slot = first + local slot
         # NOTE [open files]: each mapped segment file holds a descriptor
@@ -98,7 +102,13 @@ class SegmentedBackend(Backend):
             self.parts[k].read_into(slots - self.first[k], rows, fields, out)
             return
         cuts = np.searchsorted(slots, self.first, side="left")
-        for k in np.flatnonzero(np.diff(cuts)).tolist():  # the segments this batch touches
+        touched = np.flatnonzero(np.diff(cuts))
+        if self.name == "memmap" and 8 * len(touched) > n:
+            # a batch spread over many segments: one address-based copy loop
+            # instead of a few numpy calls per segment (see NOTE [gather])
+            self._gather_memmap(slots, rows, fields, out, cuts, touched)
+            return
+        for k in touched.tolist():  # the segments this batch touches
             part = self.parts[k]
             a, b = int(cuts[k]), int(cuts[k + 1])
             local = slots[a:b] - self.first[k]
@@ -109,6 +119,40 @@ class SegmentedBackend(Backend):
                 part.read_into(local, np.arange(b - a), fields, {f: out[f][r0 : r0 + b - a] for f in fields})
             else:
                 part.read_into(local, r, fields, out)
+
+    def _gather_memmap(
+        self, slots: np.ndarray, rows: np.ndarray, fields: Sequence[str], out: dict[str, np.ndarray],
+        cuts: np.ndarray, touched: np.ndarray,
+    ) -> None:
+        """NOTE [gather]: measured with 300 segments and 160-byte records, the
+        per-segment path cost ~9 us per record in batches of 256 (each touched
+        segment costs a few numpy calls per field), against 0.2 us for a
+        single store. Here every record is one ``memmove`` from its segment's
+        mapping (runs of consecutive slots and rows merged), as ``_copy_rows``
+        does for big fields of a single store: the cost no longer depends on
+        how many segments a batch touches."""
+        seg = np.repeat(np.arange(len(self.parts)), np.diff(cuts))  # slots are sorted
+        local = slots - self.first[seg]
+        for name in fields:
+            nb = self.schema[name].nbytes
+            if nb == 0:
+                continue
+            bases = self._bases.get(name)
+            if bases is None:
+                bases = np.zeros(len(self.parts), np.int64)
+                for k, part in enumerate(self.parts):
+                    if part.slots:
+                        bases[k] = part.array(name).ctypes.data  # type: ignore[attr-defined]
+                self._bases[name] = bases
+            dst = out[name]
+            src_addr = bases[seg] + local * nb
+            dst_addr = dst.ctypes.data + rows.astype(np.int64) * nb
+            brk = np.flatnonzero((np.diff(src_addr) != nb) | (np.diff(dst_addr) != nb)) + 1
+            starts = np.concatenate(([0], brk)).tolist()
+            ends = np.concatenate((brk, [len(slots)])).tolist()
+            sa, da = src_addr.tolist(), dst_addr.tolist()
+            for a, b in zip(starts, ends):
+                _memmove(da[a], sa[a], (b - a) * nb)
 
     def iter_packed(self, start: int, stop: int) -> Iterator[tuple[int, memoryview | None]]:
         k0 = max(0, int(np.searchsorted(self.first, start, side="right")) - 1)
@@ -151,6 +195,7 @@ class SegmentedBackend(Backend):
         )
 
     def close(self) -> None:
+        self._bases.clear()
         for part in self.parts:
             part.close()
 
