@@ -767,14 +767,14 @@ def _read_rows(fd: int | np.ndarray, offs: np.ndarray, nbytes: int, mv: memoryvi
                lo: int, hi: int) -> None:
     """Read records ``lo..hi-1`` into their rows of ``mv`` (``fd``: one file,
     or an array of one file descriptor per record)."""
-    starts, ends = _runs(offs[lo:hi], nbytes)
-    if isinstance(fd, np.ndarray):  # also cut the runs where the file changes
-        part = fd[lo:hi]
-        cut = set(starts) | set((np.flatnonzero(part[1:] != part[:-1]) + 1).tolist())
-        starts = sorted(cut)
-        ends = starts[1:] + [hi - lo]
+    if isinstance(fd, np.ndarray):  # runs also end where the file changes
+        part, o = fd[lo:hi], offs[lo:hi]
+        brk = np.flatnonzero((np.diff(o) != nbytes) | (part[1:] != part[:-1])) + 1
+        starts = np.concatenate(([0], brk)).tolist()
+        ends = np.concatenate((brk, [hi - lo])).tolist()
         fdl = part.tolist()
     else:
+        starts, ends = _runs(offs[lo:hi], nbytes)
         fdl = None
     offl = offs[lo:hi].tolist()
     for s, e in zip(starts, ends):
