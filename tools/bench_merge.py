@@ -16,7 +16,10 @@ What it does (issue 3, "More than one machine")
 * Reads, warm, interleaved: one fully shuffled epoch of ``read_batch`` in
   batches of ``--batch`` from the merged and from the single store, and one
   ``mmstore.torch.Loader`` epoch (method "pread" and "mmap") of each, when
-  torch is installed; and ``verify`` of each. Ratios merged / single.
+  torch is installed, and one Loader epoch after evicting the store from
+  the page cache ("cold"); and ``verify`` of each. Ratios single time /
+  merged time (1.00: the same speed). The store is warmed again after the
+  cold contender.
 
 All figures are medians over repetitions; ratios come from the same run only.
 
@@ -87,9 +90,12 @@ def _epoch_read_batch(path: str, idx: np.ndarray, batch: int) -> float:
         return time.perf_counter() - t0
 
 
-def _epoch_loader(path: str, batch: int, method: str) -> float:
+def _epoch_loader(path: str, batch: int, method: str, cold: bool = False) -> float:
     from mmstore.torch import Loader
 
+    if cold:  # every data file out of the page cache (the parts' files for a merged store)
+        with mmstore.open(path) as s:
+            s.evict(sync=True)
     with Loader(path, batch, "permutation", method=method, drop_last=True) as L:
         t0 = time.perf_counter()
         for _ in L:
@@ -158,6 +164,7 @@ def main() -> int:
             import torch  # noqa: F401
 
             contenders += [(f"Loader {m}", lambda p, idx, m=m: _epoch_loader(p, args.batch, m)) for m in ("pread", "mmap")]
+            contenders.append(("Loader cold", lambda p, idx: _epoch_loader(p, args.batch, "pread", cold=True)))
         except ImportError:
             pass
         contenders.append(("verify", lambda p, idx: (lambda t0: (verify_store(p), time.perf_counter() - t0)[1])(time.perf_counter())))
@@ -169,6 +176,8 @@ def main() -> int:
                     pair.reverse()
                 for which, p in pair:
                     reads.setdefault(f"{cname} {which}", []).append(fn(p, idx))
+                    if cname == "Loader cold":
+                        _warm(p)
         rmed = {kk: statistics.median(v) for kk, v in reads.items()}
         res = {
             "machine": f"{platform.node()} {os.cpu_count()} CPUs, Python {platform.python_version()}, numpy {np.__version__}",
