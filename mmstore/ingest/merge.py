@@ -310,6 +310,21 @@ def _read_u8(path: str, offset: int, count: int) -> np.ndarray:
 def _build(stores: list[Store], paths: list[str], dest: str, *, overwrite: bool, copy: bool) -> None:
     ids = [_file_ids(s) for s in stores]
     partial = _fresh_partial(dest, overwrite)
+    try:
+        _fill(stores, paths, dest, partial, ids, copy)
+    except BaseException as exc:
+        # a merge's .partial holds nothing worth keeping (a rerun starts over)
+        shutil.rmtree(partial, ignore_errors=True)
+        if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1), errno.EFBIG):
+            from .pipeline import _describe_oserror
+
+            raise OSError(exc.errno, f"{dest}: {_describe_oserror(exc)}; nothing was created (the parts are "
+                          "untouched): free some space and run the merge again") from None
+        raise
+
+
+def _fill(stores: list[Store], paths: list[str], dest: str, partial: str,
+          ids: list[dict[str, tuple[int, int, int, int]]], copy: bool) -> None:
     first = stores[0]
     backend = first.backend_name
     schema = first.schema

@@ -380,3 +380,20 @@ def test_lmdb_repair_rebuilds_only_the_damaged_segment(tmp_path):
     assert_reads_same(ref, out)
     nl = [os.stat(os.path.join(out, f"records.{k:05d}.mdb")).st_nlink for k in range(3)]
     assert nl == [2, 1, 2]
+
+
+def test_disk_full_during_merge(tmp_path):
+    """The bookkeeping write fails (RLIMIT_FSIZE in the child: EFBIG, as a full
+    disk gives ENOSPC): a clear message, exit 1, no DEST and no .partial;
+    the same merge succeeds once there is room."""
+    parts = write_parts(tmp_path, 3000, [1000, 2000])
+    dest = str(tmp_path / "m")
+    code = ("import resource, sys, signal; signal.signal(signal.SIGXFSZ, signal.SIG_IGN); "
+            "resource.setrlimit(resource.RLIMIT_FSIZE, (16384, 16384)); "
+            "from mmstore.cli import main; sys.exit(main(['merge', *sys.argv[1:]]))")
+    r = subprocess.run([sys.executable, "-c", code, *parts, dest], capture_output=True, text=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=REPO))
+    assert r.returncode == 1, (r.stdout, r.stderr)
+    assert "File too large" in r.stderr and "nothing was created" in r.stderr and "run the merge again" in r.stderr
+    assert not os.path.exists(dest) and not os.path.exists(dest + ".partial")
+    assert_reads_same(write_store(tmp_path / "ref", 3000), merge(parts, dest))
