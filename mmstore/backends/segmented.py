@@ -4,8 +4,10 @@
 Global slot ``s`` is local slot ``s - first[k]`` of segment ``k``, where
 ``first`` are the cumulative segment sizes. ``read_into`` gets its slots
 sorted, so each segment's share of a batch is one contiguous run of it, found
-with one ``searchsorted``; a batch costs one extra numpy call per segment it
-touches, nothing per record.
+with one ``searchsorted``. A batch within one segment goes straight to that
+segment's backend; a memmap batch over several is copied record by record
+from each segment's mapping (see NOTE [gather]); an lmdb batch is read per
+segment touched (one transaction each).
 """
 
 from __future__ import annotations
@@ -45,7 +47,9 @@ class SegmentedBackend(Backend):
         self.name = cls.name  # type: ignore[misc]
         self.parts: list[Backend] = [cls(root, schema, c, files, segment=k, **kw) for k, c in enumerate(counts)]
         self.first = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
-        self._bases: dict[str, np.ndarray] = {}  # memmap: field -> each segment's mapping address
+        # memmap: field -> (each segment's array, their addresses); the arrays
+        # are held while copying, so a close() meanwhile cannot unmap them
+        self._bases: dict[str, tuple[list[Any], np.ndarray]] = {}
         for k, part in enumerate(self.parts):
             part.first = int(self.first[k])  # for messages: global slot = first + local slot
         # NOTE [open files]: each mapped segment file holds a descriptor
@@ -144,13 +148,11 @@ class SegmentedBackend(Backend):
             nb = self.schema[name].nbytes
             if nb == 0:
                 continue
-            bases = self._bases.get(name)
-            if bases is None:
-                bases = np.zeros(len(self.parts), np.int64)
-                for k, part in enumerate(self.parts):
-                    if part.slots:
-                        bases[k] = part.array(name).ctypes.data  # type: ignore[attr-defined]
-                self._bases[name] = bases
+            held = self._bases.get(name)
+            if held is None:
+                arrays = [part.array(name) for part in self.parts]  # type: ignore[attr-defined]
+                held = self._bases[name] = (arrays, np.array([a.ctypes.data for a in arrays], np.int64))
+            bases = held[1]
             dst = out[name]
             src_addr = bases[seg] + local * nb
             dst_addr = dst.ctypes.data + rows.astype(np.int64) * nb
