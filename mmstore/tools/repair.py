@@ -313,8 +313,8 @@ def _rebuild_lmdb(store: Store, fixes: dict[int, bytes], drop: bool) -> None:
     for k, count in enumerate(counts):
         lo = firsts[k]
         need = any(lo <= s < lo + count for s in fixes)
-        if drop and not need:  # a key that is not a record: the segment holds more keys than records
-            need = parts[k].env().stat()["entries"] != int((~holes[lo : lo + count]).sum())
+        if drop and not need:  # does this segment hold a key that is not a record?
+            need = _has_stray_key(parts[k].env(), holes[lo : lo + count])  # type: ignore[attr-defined]
         if need:
             todo.append((k, lo, count))
     built = []
@@ -336,6 +336,17 @@ def _rebuild_lmdb(store: Store, fixes: dict[int, bytes], drop: bool) -> None:
     finally:
         for _, (work, _) in built:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _has_stray_key(env: Any, holes: np.ndarray) -> bool:
+    """True if the environment holds a key that is not one of its records
+    (malformed, past its slots, or a hole's): a scan of the keys only."""
+    with env.begin() as txn:
+        for k in txn.cursor().iternext(keys=True, values=False):
+            s = int.from_bytes(k, "big") if len(k) == 8 else -1
+            if not 0 <= s < len(holes) or holes[s]:
+                return True
+    return False
 
 
 def _build_lmdb_file(store: Store, fixes: dict[int, bytes], holes: np.ndarray, lo: int,
