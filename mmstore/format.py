@@ -143,8 +143,9 @@ errors) are not segmented: they cover all ``slots`` as in any store.
 This is how ``mmstore merge`` joins the stores of ``ingest --shard K/N``
 without copying record data: each part's data files become one segment as
 hard links (the same inodes; a store is never modified after it is written,
-so sharing them is safe), and only the small bookkeeping files are written
-anew. A merged store reads exactly like a single-run ingest of the same
+so sharing them is safe: ``verify --repair`` writes back only bytes proven to
+be the original ones, and replaces an LMDB file with a new one), and only the
+small bookkeeping files are written anew. A merged store reads exactly like a single-run ingest of the same
 inputs, and its bookkeeping files are byte-identical to that store's.
 A 1.0 reader refuses a segmented store (its ``files`` lack ``<field>.npy``)
 rather than misreading it.
