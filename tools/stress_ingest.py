@@ -11,6 +11,12 @@ an ``MMSTORE_CRASH_AT`` fault point), then resumes with a random worker count
 and chunk size until it finishes, and checks that every file of the store
 (except ``manifest.json``) is byte-identical to an uninterrupted run, and
 that no worker process outlived its parent. Exit status 1 on any mismatch.
+
+With ``--shards N`` each trial instead ingests the N parts of ``--shard K/N``
+(each interrupted and resumed the same way), then merges them, in a shuffled
+order, sometimes killing the merge at a random crash point first; the merged
+(segmented) store's files, with each field's segments laid end to end, must
+be byte-identical to the uninterrupted single-run store's.
 """
 
 from __future__ import annotations
@@ -81,6 +87,25 @@ def survivors(dest: str) -> list[int]:
     return pids
 
 
+def flattened(path: str) -> dict[str, bytes]:
+    """The files of a store, a segmented store's segments joined into the
+    single-store file each field would be (same header, data end to end)."""
+    from mmstore.format import npy_header, read_manifest
+    from mmstore.schema import Schema
+
+    m = read_manifest(path)
+    out = files(path)
+    if m.get("segments") is None:
+        return out
+    for f in Schema(m["schema"]):
+        parts = []
+        for k in range(len(m["segments"])):
+            raw = out.pop(f"{f.name}.{k:05d}.npy")
+            parts.append(raw[int.from_bytes(raw[8:10], "little") + 10 :])
+        out[f"{f.name}.npy"] = npy_header(f.dtype, (m["slots"], *f.shape)) + b"".join(parts)
+    return dict(sorted(out.items()))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=400)
@@ -88,6 +113,7 @@ def main() -> int:
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--size", default="48x48")
     ap.add_argument("--workdir")
+    ap.add_argument("--shards", type=int, default=0, help="ingest N shards per trial, then merge them")
     a = ap.parse_args()
     rnd = random.Random(a.seed)
     work = a.workdir or tempfile.mkdtemp(prefix="mmstore-stress-")
@@ -105,10 +131,9 @@ def main() -> int:
         full = time.monotonic() - t0
         want = files(ref)
         print(f"reference: {a.n} inputs in {full:.1f} s")
-        for t in range(a.trials):
-            dest = os.path.join(work, f"t{t}.store")
-            shutil.rmtree(dest, ignore_errors=True)
-            shutil.rmtree(dest + ".partial", ignore_errors=True)
+        def interrupted(t: int, dest: str, extra: list[str]) -> tuple[int, list[str]]:
+            """Ingest into ``dest`` with 1-3 random interruptions, then finish it."""
+            nonlocal bad
             events = []
             for attempt in range(rnd.randint(1, 3)):
                 workers = str(rnd.choice([0, 1, 2, 3]))
@@ -118,9 +143,9 @@ def main() -> int:
                 if how == "crash":
                     env["MMSTORE_CRASH_AT"] = f"{rnd.choice(['write', 'fsync', 'commit', 'rename', 'any'])}:{rnd.randint(1, 300)}"
                 p = run(["ingest", src, dest, "--size", a.size, "-q", "--resume", "--workers", workers,
-                         "--chunk", chunk], env)
+                         "--chunk", chunk, *extra], env)
                 if how != "crash":
-                    time.sleep(rnd.uniform(0.05, full * 1.1))
+                    time.sleep(rnd.uniform(0.05, full * 1.1 / max(1, a.shards)))
                     p.send_signal({"kill": signal.SIGKILL, "int": signal.SIGINT, "term": signal.SIGTERM}[how])
                 rc = p.wait()
                 err = p.stderr.read().decode()
@@ -136,9 +161,34 @@ def main() -> int:
                 if survivors(dest):
                     print(f"trial {t}: processes survived their parent: {survivors(dest)}")
                     bad += 1
-            p = run(["ingest", src, dest, "--size", a.size, "-q", "--resume", "--workers", "2"])
-            rc = p.wait()
-            ok = rc == 0 and files(dest) == want
+            p = run(["ingest", src, dest, "--size", a.size, "-q", "--resume", "--workers", "2", *extra])
+            return p.wait(), events
+
+        for t in range(a.trials):
+            dest = os.path.join(work, f"t{t}.store")
+            shutil.rmtree(dest, ignore_errors=True)
+            shutil.rmtree(dest + ".partial", ignore_errors=True)
+            if not a.shards:
+                rc, events = interrupted(t, dest, [])
+                ok = rc == 0 and files(dest) == want
+            else:
+                parts, events, rc = [], [], 0
+                for k in range(a.shards):
+                    part = os.path.join(work, f"t{t}.part{k}")
+                    shutil.rmtree(part, ignore_errors=True)
+                    shutil.rmtree(part + ".partial", ignore_errors=True)
+                    prc, ev = interrupted(t, part, ["--shard", f"{k}/{a.shards}"])
+                    rc |= prc
+                    events.append(f"shard {k}: " + ", ".join(ev))
+                    parts.append(part)
+                rnd.shuffle(parts)
+                if rnd.random() < 0.5:
+                    at = f"any:{rnd.randint(1, 12 + 4 * a.shards)}"
+                    p = run(["merge", *parts, dest, "-q"], {"MMSTORE_CRASH_AT": at})
+                    events.append(f"merge crash({at}) -> rc {p.wait()}")
+                p = run(["merge", *parts, dest, "-q", "--overwrite"])
+                rc |= p.wait()
+                ok = rc == 0 and flattened(dest) == want
             bad += not ok
             print(f"trial {t}: {'ok ' if ok else 'MISMATCH'} " + "; ".join(events))
     finally:
