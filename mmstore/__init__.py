@@ -7,7 +7,7 @@ that imports torch).
 
 from __future__ import annotations
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 from .errors import (  # noqa: E402
     FormatError,
