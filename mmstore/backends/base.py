@@ -58,6 +58,7 @@ class Backend(ABC):
         self.slots = slots
         self.files = files
         self.segment = segment  # None: the store's only data files; k: segment k's
+        self.first: int | None = None  # a segment's first global slot (set by SegmentedBackend)
 
     # -- layout -----------------------------------------------------------
     @classmethod

@@ -245,8 +245,7 @@ class LmdbBackend(Backend):
 
     def _bad(self, slot: int, buf: Any) -> None:
         path = os.path.join(self.root, self.file)
-        first = getattr(self, "first", None)  # set for the segments of a merged store
-        where = f"slot {slot}" if first is None else f"slot {first + slot} (key {slot} of this segment)"
+        where = f"slot {slot}" if self.first is None else f"slot {self.first + slot} (key {slot} of this segment)"
         if buf is None:
             raise FormatError(f"{path}: no record for {where}; the store is damaged (run `mmstore verify`)")
         raise FormatError(

@@ -51,14 +51,9 @@ class SegmentedBackend(Backend):
         # are held while copying, so a close() meanwhile cannot unmap them
         self._bases: dict[str, tuple[list[Any], np.ndarray]] = {}
         for k, part in enumerate(self.parts):
-            part.first = int(self.first[k])  # for messages: global slot = first + local slot
-        # NOTE [open files]: each mapped segment file holds a descriptor
-        # (Python's mmap keeps one), so a store merged from 1,000 parts with
-        # 4 fields holds 4,000 while reading; the soft limit is often 1,024
+            part.first = int(self.first[k])  # global slot = first + local slot (for messages)
         self.files_per_segment = len(cls.data_file_names(schema, 0))
-        from .._sys import raise_open_files_limit
-
-        raise_open_files_limit(len(self.parts) * self.files_per_segment)
+        self._room = False  # open-files limit raised for this store's files (on first read)
 
     # the layout is the single backend's; a writer never writes segments
     @classmethod
@@ -76,7 +71,19 @@ class SegmentedBackend(Backend):
         for part in self.parts:
             part.check()
 
+    def _make_room(self) -> None:
+        """NOTE [open files]: each mapped segment file holds a descriptor
+        (Python's mmap keeps one), so a store merged from 1,000 parts with 4
+        fields holds 4,000 while reading; the soft limit is often 1,024.
+        Done on the first read, not on open (opening maps nothing)."""
+        if not self._room:
+            from .._sys import raise_open_files_limit
+
+            raise_open_files_limit(len(self.parts) * self.files_per_segment)
+            self._room = True
+
     def prepare(self, fields: Sequence[str] | None = None) -> None:
+        self._make_room()
         try:
             for part in self.parts:
                 part.prepare(fields)
@@ -85,16 +92,13 @@ class SegmentedBackend(Backend):
                 raise self._limit(exc) from None
             raise
 
-    def segment_of(self, slots: np.ndarray) -> np.ndarray:
-        """Segment number of each slot (any order)."""
-        return np.searchsorted(self.first, slots, side="right") - 1
-
     def _limit(self, exc: OSError) -> ResourceLimitError:
         return limit_error(self.root, len(self.parts), self.files_per_segment, exc)
 
     def read_into(
         self, slots: np.ndarray, rows: np.ndarray, fields: Sequence[str], out: dict[str, np.ndarray]
     ) -> None:
+        self._make_room()
         try:
             self._read_into(slots, rows, fields, out)
         except OSError as exc:
@@ -165,6 +169,7 @@ class SegmentedBackend(Backend):
                 move(da[a], sa[a], (b - a) * nb)
 
     def iter_packed(self, start: int, stop: int) -> Iterator[tuple[int, memoryview | None]]:
+        self._make_room()
         k0 = max(0, int(np.searchsorted(self.first, start, side="right")) - 1)
         for k in range(k0, len(self.parts)):
             lo, hi = int(self.first[k]), int(self.first[k + 1])

@@ -77,36 +77,43 @@ MERGING_MARK = "_merging"
 _NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOSYS)
 
 
-def _copy_file(src: str, dst: str) -> None:
-    """Copy a whole file kernel-side (``copy_file_range``; read/write where
-    the kernel cannot), then fsync it."""
-    sfd = os.open(src, os.O_RDONLY)
+def _copy_range(src: str, src_off: int, n: int, dst_fd: int, dst_off: int) -> None:
+    """Copy ``n`` bytes of ``src`` from ``src_off`` to ``dst_fd`` at ``dst_off``,
+    kernel-side with ``copy_file_range`` where it works, else read/write."""
+    fd = os.open(src, os.O_RDONLY)
     try:
-        n = os.fstat(sfd).st_size
-        dfd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        try:
-            done = 0
-            use_cfr = hasattr(os, "copy_file_range")
-            while done < n:
-                if use_cfr:
-                    try:
-                        w = os.copy_file_range(sfd, dfd, n - done, done, done)
-                    except OSError as exc:
-                        if exc.errno in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-                            use_cfr = False
-                            continue
-                        raise
-                else:
-                    buf = os.pread(sfd, min(n - done, 8 << 20), done)
-                    w = os.pwrite(dfd, buf, done) if buf else 0
-                if w == 0:
-                    raise OSError(errno.EIO, f"{src}: copying stopped at byte {done} of {n} (file shrank?)")
-                done += w
-            fsync_file(dfd)
-        finally:
-            os.close(dfd)
+        done = 0
+        use_cfr = hasattr(os, "copy_file_range")
+        while done < n:
+            if use_cfr:
+                try:
+                    w = os.copy_file_range(fd, dst_fd, n - done, src_off + done, dst_off + done)
+                except OSError as exc:
+                    if exc.errno in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                        use_cfr = False
+                        continue
+                    raise
+            else:
+                buf = os.pread(fd, min(n - done, 8 << 20), src_off + done)
+                if buf:
+                    pwrite_all(dst_fd, buf, dst_off + done)
+                w = len(buf)
+            if w == 0:
+                raise IngestError(f"{src}: ended at byte {src_off + done}, expected {n - done} more; the part "
+                                  "changed while merging (run `mmstore verify` on it)")
+            done += w
     finally:
-        os.close(sfd)
+        os.close(fd)
+
+
+def _copy_file(src: str, dst: str) -> None:
+    """Copy a whole file (``_copy_range``), then fsync it."""
+    dfd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        _copy_range(src, 0, os.path.getsize(src), dfd, 0)
+        fsync_file(dfd)
+    finally:
+        os.close(dfd)
 
 
 def _order(stores: list[Store], paths: list[str]) -> list[int]:
@@ -283,21 +290,6 @@ def _fresh_partial(dest: str, overwrite: bool) -> str:
     return partial
 
 
-def _copy_bytes(src: str, src_off: int, n: int, dst_fd: int, dst_off: int) -> None:
-    fd = os.open(src, os.O_RDONLY)
-    try:
-        done = 0
-        while done < n:
-            buf = os.pread(fd, min(n - done, 8 << 20), src_off + done)
-            if not buf:
-                raise IngestError(f"{src}: ended at byte {src_off + done}, expected {n - done} more; the part "
-                                  "changed while merging (run `mmstore verify` on it)")
-            pwrite_all(dst_fd, buf, dst_off + done)
-            done += len(buf)
-    finally:
-        os.close(fd)
-
-
 def _read_u8(path: str, offset: int, count: int) -> np.ndarray:
     with open(path, "rb") as fh:
         fh.seek(offset)
@@ -379,7 +371,7 @@ def _fill(stores: list[Store], paths: list[str], dest: str, partial: str,
         base = blob_len = 0
         for s in stores:
             n = s.slots
-            _copy_bytes(os.path.join(s.path, CHECKSUMS_FILE), s._ck_offset, 8 * n, outs[CHECKSUMS_FILE],
+            _copy_range(os.path.join(s.path, CHECKSUMS_FILE), s._ck_offset, 8 * n, outs[CHECKSUMS_FILE],
                         pos[CHECKSUMS_FILE])
             pos[CHECKSUMS_FILE] += 8 * n
             ko = os.path.join(s.path, KEYS_OFFSETS_FILE)
@@ -387,7 +379,7 @@ def _fill(stores: list[Store], paths: list[str], dest: str, partial: str,
                 b = min(n, a + _CHUNK)
                 put(KEYS_OFFSETS_FILE, (_read_u8(ko, s._ko_offset + 8 * (a + 1), b - a) + np.uint64(blob_len)).tobytes())
             part_blob = int(s.manifest["files"][KEYS_BLOB_FILE])
-            _copy_bytes(os.path.join(s.path, KEYS_BLOB_FILE), 0, part_blob, outs[KEYS_BLOB_FILE], pos[KEYS_BLOB_FILE])
+            _copy_range(os.path.join(s.path, KEYS_BLOB_FILE), 0, part_blob, outs[KEYS_BLOB_FILE], pos[KEYS_BLOB_FILE])
             pos[KEYS_BLOB_FILE] += part_blob
             blob_len += part_blob
             if holes:

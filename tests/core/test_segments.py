@@ -299,7 +299,7 @@ def test_a_part_recreated_during_the_merge_is_caught(tmp_path, monkeypatch):
 
     M = importlib.import_module("mmstore.ingest.merge")  # the module (the package exports the function)
     parts = write_parts(tmp_path, 20, [10])
-    real = M._copy_bytes
+    real = M._copy_range
     done = []
 
     def racing(*a, **kw):
@@ -308,7 +308,7 @@ def test_a_part_recreated_during_the_merge_is_caught(tmp_path, monkeypatch):
             write_store(parts[1], 10, overwrite=True)  # a concurrent re-ingest of part 1
         return real(*a, **kw)
 
-    monkeypatch.setattr(M, "_copy_bytes", racing)
+    monkeypatch.setattr(M, "_copy_range", racing)
     with pytest.raises(IngestError, match="changed while it was being merged"):
         merge(parts, tmp_path / "m")
     assert not (tmp_path / "m").exists() and not (tmp_path / "m.partial").exists()

@@ -10,14 +10,9 @@ import shutil
 
 import pytest
 
-from faultlib import CRASHED, content_ok, ingest_argv, make_source, run_forked, store_bytes
+from faultlib import CRASHED, content_ok, ingest_argv, run_forked, store_bytes
 
 PHASES = ("write", "fsync", "commit", "rename")
-
-
-@pytest.fixture(scope="module")
-def src(tmp_path_factory):
-    return make_source(str(tmp_path_factory.mktemp("src")), n_per_class=3)
 
 
 @pytest.fixture(scope="module")

@@ -9,19 +9,7 @@ import shutil
 
 import pytest
 
-from faultlib import content_ok, ingest_argv, make_source, run_forked, store_bytes
-
-
-@pytest.fixture(scope="module")
-def src(tmp_path_factory):
-    return make_source(str(tmp_path_factory.mktemp("src")), n_per_class=3)
-
-
-@pytest.fixture(scope="module")
-def ref(src, tmp_path_factory):
-    dest = str(tmp_path_factory.mktemp("ref") / "s")
-    assert run_forked(ingest_argv(src, dest)) == 0
-    return store_bytes(dest)
+from faultlib import content_ok, ingest_argv, run_forked, store_bytes
 
 
 def _fail_call(name, k):

@@ -16,7 +16,7 @@ import time
 import numpy as np
 import pytest
 
-from faultlib import CRASHED, content_ok, ingest_argv, make_source, run_forked, store_bytes
+from faultlib import CRASHED, content_ok, ingest_argv, run_forked, store_bytes
 
 
 def _power_cut_at(k: int, mode: str):
@@ -71,18 +71,6 @@ def _power_cut_at(k: int, mode: str):
         os.pwrite, os.fsync = pwrite, fsync
 
     return setup
-
-
-@pytest.fixture(scope="module")
-def src(tmp_path_factory):
-    return make_source(str(tmp_path_factory.mktemp("src")), n_per_class=3)
-
-
-@pytest.fixture(scope="module")
-def ref(src, tmp_path_factory):
-    dest = str(tmp_path_factory.mktemp("ref") / "s")
-    assert run_forked(ingest_argv(src, dest)) == 0
-    return store_bytes(dest)
 
 
 @pytest.mark.parametrize("mode", ["drop", "garble"])
