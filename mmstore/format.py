@@ -208,6 +208,8 @@ import os
 import re
 import stat
 import threading
+import tokenize
+import warnings
 from typing import Any
 
 import numpy as np
@@ -378,7 +380,10 @@ def read_npy_header(path: str, fh: Any) -> tuple[np.dtype, tuple[int, ...], int]
         # numpy parses the header with ast.literal_eval, which CPython 3.11 can
         # fail with "SystemError: AST constructor recursion depth mismatch"
         # when threads parse at once (found opening stores from 150 threads)
-        with _NPY_HEADER_LOCK:
+        with _NPY_HEADER_LOCK, warnings.catch_warnings():
+            # a damaged header makes numpy warn ("created on Python 2") and
+            # re-parse it: that is a FormatError here, not a warning
+            warnings.simplefilter("error")
             major, minor = np.lib.format.read_magic(fh)
             if (major, minor) == (1, 0):
                 shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh, max_header_size=65536)
@@ -386,7 +391,8 @@ def read_npy_header(path: str, fh: Any) -> tuple[np.dtype, tuple[int, ...], int]
                 shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh, max_header_size=65536)
             else:
                 raise ValueError(f"unknown .npy version {major}.{minor}")
-    except (ValueError, OSError, SyntaxError, TypeError, EOFError) as exc:
+    except (ValueError, OSError, SyntaxError, TypeError, EOFError, Warning, tokenize.TokenError,
+            RecursionError) as exc:
         raise FormatError(
             f"{path}: not a readable .npy header ({exc}); the file is damaged: "
             "run `mmstore verify` or re-create the store"

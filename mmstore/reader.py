@@ -389,8 +389,10 @@ class Store:
     def _keys(self) -> tuple[np.ndarray, Any]:
         self._b()
         if self._key_offsets is None:
-            self._key_offsets = self._map_npy(KEYS_OFFSETS_FILE, self._ko_offset, self.slots + 1)
+            offs = self._map_npy(KEYS_OFFSETS_FILE, self._ko_offset, self.slots + 1)
+            _check_key_offsets(os.path.join(self.path, KEYS_OFFSETS_FILE), offs)
             self._key_blob = self._map_file(KEYS_BLOB_FILE) or b""
+            self._key_offsets = offs
         self._check_mapped(KEYS_OFFSETS_FILE)
         self._check_mapped(KEYS_BLOB_FILE)
         return self._key_offsets, self._key_blob
@@ -475,6 +477,21 @@ class Store:
 
         for p in self.data_paths() + [os.path.join(self.path, "manifest.json")]:
             _sys.evict(p, sync=sync)
+
+
+def _check_key_offsets(path: str, offs: np.ndarray) -> None:
+    """Key offsets start at 0 and never decrease (the last one equals the
+    blob's size: checked at open). O(slots), once per process."""
+    step = 1 << 20
+    if len(offs) and int(offs[0]) != 0:
+        raise FormatError(f"{path}: the first offset is {int(offs[0])}, expected 0; the file is damaged: "
+                          "run `mmstore verify`")
+    for a in range(0, len(offs), step):
+        part = offs[a : a + step + 1]
+        if len(part) > 1 and not bool(np.all(part[1:] >= part[:-1])):
+            at = a + 1 + int(np.flatnonzero(part[1:] < part[:-1])[0])
+            raise FormatError(f"{path}: offsets decrease at slot {at - 1} ({int(offs[at - 1])} then "
+                              f"{int(offs[at])}); the file is damaged: run `mmstore verify`")
 
 
 def _check_index(path: str, ix: np.ndarray, slots: int) -> None:

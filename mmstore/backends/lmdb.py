@@ -14,6 +14,7 @@ import ctypes
 import math
 import mmap
 import os
+import sys
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -210,10 +211,10 @@ class LmdbBackend(Backend):
                 lmdb = _lmdb()
                 path = os.path.realpath(os.path.join(self.root, self.file))
                 try:
-                    env = lmdb.open(
-                        path, subdir=False, readonly=True, lock=False, readahead=self.readahead,
-                        meminit=False, max_dbs=0, max_spare_txns=4,
-                    )
+                    try:
+                        env = self._open_env(lmdb, path, _map_size(st.st_size))
+                    except lmdb.MemoryError:  # see NOTE [past the end of the file]
+                        env = self._open_env(lmdb, path, _map_size(st.st_size, _SMALL_TAIL))
                 except lmdb.Error as exc:
                     os.close(fd)
                     raise FormatError(f"{path}: not a readable LMDB environment ({exc})") from None
@@ -222,16 +223,26 @@ class LmdbBackend(Backend):
                     env.close()
                     os.close(fd)
                     raise StoreChangedError(f"{path}: replaced while the store was being opened; reopen it")
-                ent = _ENVS[key] = [env, 0, os.getpid(), fd]
+                span = _mapped_range(st)
+                if span is not None:
+                    _zero_tail(span, st.st_size)
+                ent = _ENVS[key] = [env, 0, os.getpid(), fd, span and (span[0], span[0] + st.st_size)]
             else:
                 os.close(fd)
             ent[1] += 1
             self._env = ent[0]
             self._env_key = key
             self._fd = ent[3]  # for the size check before each read
+            self._span = ent[4]  # (start, end) of the file's bytes in the mapping, or None
             # a Store dropped without close() must still give its share back
             self._release = weakref.finalize(self, _release_env, key)
         return self._env
+
+    def _open_env(self, lmdb: Any, path: str, map_size: int) -> Any:
+        return lmdb.open(
+            path, subdir=False, readonly=True, lock=False, readahead=self.readahead,
+            meminit=False, max_dbs=0, max_spare_txns=4, map_size=map_size,
+        )
 
     def _check_size(self) -> None:
         """See NOTE [truncated under a mapping] in memmap.py: LMDB maps the
@@ -261,6 +272,7 @@ class LmdbBackend(Backend):
         r_list = rows.tolist()
         env = self.env()
         self._check_size()
+        span = self._span
         with env.begin(buffers=True) as txn:
             get = txn.get
             for j in range(n):
@@ -271,6 +283,8 @@ class LmdbBackend(Backend):
                 if buf is None or len(buf) != rb:
                     self._bad(int(slots[j]), buf)
                 addr = np.frombuffer(buf, np.uint8).ctypes.data
+                if span is not None and not span[0] <= addr <= span[1] - rb:
+                    self._outside(int(slots[j]))
                 r = r_list[j]
                 for dbase, off, nb in parts:
                     _memmove(dbase + r * nb, addr + off, nb)
@@ -284,6 +298,12 @@ class LmdbBackend(Backend):
         raise FormatError(f"{path}: the LMDB file is damaged where {where} is looked up ({exc}); "
                           "run `mmstore verify` and repair or re-create the store") from None
 
+    def _outside(self, slot: int) -> None:
+        path = os.path.join(self.root, self.file)
+        where = f"slot {slot}" if self.first is None else f"slot {self.first + slot} (key {slot} of this segment)"
+        raise FormatError(f"{path}: the record for {where} points past the end of the file; the LMDB file is "
+                          "damaged: run `mmstore verify` and repair or re-create the store")
+
     def _bad(self, slot: int, buf: Any) -> None:
         path = os.path.join(self.root, self.file)
         where = f"slot {slot}" if self.first is None else f"slot {self.first + slot} (key {slot} of this segment)"
@@ -296,6 +316,7 @@ class LmdbBackend(Backend):
     def iter_packed(self, start: int, stop: int) -> Iterator[tuple[int, memoryview | None]]:
         env = self.env()
         self._check_size()
+        span = self._span
         with env.begin(buffers=True) as txn:
             cur = txn.cursor()
             nxt = start
@@ -307,6 +328,10 @@ class LmdbBackend(Backend):
                     while nxt < s:
                         yield nxt, None
                         nxt += 1
+                    if span is not None and len(v):
+                        addr = np.frombuffer(v, np.uint8).ctypes.data
+                        if not span[0] <= addr <= span[1] - len(v):
+                            self._outside(s)
                     yield s, v
                     nxt = s + 1
             while nxt < stop:
@@ -317,6 +342,61 @@ class LmdbBackend(Backend):
         if self._env is not None:
             self._env = None
             self._release()
+
+
+# NOTE [past the end of the file]: a damaged node inside a page can make
+# LMDB, or py-lmdb (which touches every page of a value it returns, to fault
+# it in without the GIL), read past the end of the file: a node offset or key
+# size (16 bits) up to 64 KiB past its page, a value size (32 bits) up to
+# 4 GiB past the value's start. Past the end of the file, a shared mapping of
+# it is SIGBUS; past the end of the mapping, SIGSEGV. So the environment maps
+# the file plus _TAIL bytes of address space, and that tail is replaced by
+# private zero pages (read-only: no memory is committed, reads share the
+# kernel's zero page): such a read finds zeros, LMDB returns an error or a
+# value that fails the length and range checks in read_into, and the process
+# lives. Where the address space is limited (ulimit -v), the tail is
+# _SMALL_TAIL, which still covers the 16-bit offsets.
+_TAIL = (4 << 30) + (128 << 10)
+_SMALL_TAIL = 256 << 10
+
+
+def _map_size(file_size: int, tail: int = _TAIL) -> int:
+    page = mmap.PAGESIZE
+    return -(-(file_size + tail) // page) * page
+
+
+def _mapped_range(st: os.stat_result) -> tuple[int, int] | None:
+    """Where LMDB mapped the file ``st`` describes in this process:
+    ``(start, end of the mapping)``, from ``/proc/self/maps`` (None elsewhere)."""
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}"
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                parts = line.split(None, 5)
+                if len(parts) >= 5 and parts[4] == str(st.st_ino) and parts[3] == want and int(parts[2], 16) == 0:
+                    start, end = (int(x, 16) for x in parts[0].split("-"))
+                    return start, end
+    except OSError:
+        pass
+    return None
+
+
+def _zero_tail(span: tuple[int, int], file_size: int) -> None:
+    """See NOTE [past the end of the file]: map zero pages over the part of
+    the mapping ``span`` that lies past the end of the file."""
+    if not sys.platform.startswith("linux"):
+        return
+    page = mmap.PAGESIZE
+    start = -(-(span[0] + file_size) // page) * page
+    if start >= span[1]:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    map_fixed = 0x10
+    got = libc.mmap(start, span[1] - start, mmap.PROT_READ, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | map_fixed, -1, 0)
+    if got != start:
+        raise OSError(ctypes.get_errno(), "mapping zero pages after an LMDB file failed")
 
 
 def _release_env(key: tuple[int, int]) -> None:
