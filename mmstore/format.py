@@ -585,7 +585,7 @@ def open_store_file(path: str, missing: str | None = None) -> int:
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         if missing is None:
             raise
         raise FormatError(missing) from None
@@ -615,14 +615,18 @@ def file_identity(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
-def note_identity(ident: dict[str, tuple[int, int, int, int]] | None, path: str, st: os.stat_result) -> None:
+def note_identity(
+    ident: dict[str, tuple[int, int, int, int]] | None, path: str, st: os.stat_result, *, mtime: bool = True
+) -> None:
     """Record ``path``'s identity in ``ident`` the first time; later, raise
-    ``StoreChangedError`` when it differs (the file was replaced or changed)."""
+    ``StoreChangedError`` when it differs (the file was replaced or changed).
+    ``mtime=False``: only the device, inode and size must match (bytes
+    changed in place are damage for ``verify`` to find, not another file)."""
     if ident is None:
         return
     now = file_identity(st)
     was = ident.setdefault(path, now)
-    if was != now:
+    if was != now and (mtime or was[:3] != now[:3]):
         what = [w for w, a, b in zip(("device", "inode", "size", "modification time"), was, now) if a != b]
         raise StoreChangedError(
             f"{path}: changed since the store was opened ({', '.join(what)} differ: {was[2]} bytes, inode "

@@ -113,7 +113,7 @@ def apply(path: str, m: Mutation) -> None:
     if k == "manifest-field":
         _mutate_manifest_field(path, m.params["key"], m.params["choice"])
     elif k == "manifest-raw":
-        raw = open(os.path.join(path, "manifest.json"), "rb").read()
+        raw = _read(os.path.join(path, "manifest.json"))
         how = m.params["how"]
         if how == "truncate":
             raw = raw[: m.params["at"] % max(1, len(raw))]
@@ -158,6 +158,11 @@ def apply(path: str, m: Mutation) -> None:
         raise ValueError(f"unknown mutation {k}")
 
 
+def _read(path: str) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read()
+
+
 def _write(path: str, raw: bytes) -> None:
     with open(path, "wb") as fh:
         fh.write(raw)
@@ -183,7 +188,7 @@ def _flip_offset(path: str, size: int, params: dict[str, Any]) -> int:
 
 def _mutate_manifest_field(path: str, key: str, choice: int) -> None:
     mp = os.path.join(path, "manifest.json")
-    obj = json.load(open(mp))
+    obj = json.loads(_read(mp))
     slots = obj["slots"]
     if key.startswith("schema."):
         sub = key.split(".", 1)[1]
@@ -217,7 +222,7 @@ def _mutate_manifest_field(path: str, key: str, choice: int) -> None:
 
 
 def _mutate_npy_header(path: str, params: dict[str, Any]) -> None:
-    raw = open(path, "rb").read()
+    raw = _read(path)
     off = _npy_offset(path)
     head = raw[:off].decode("latin1")
     how = params["how"]

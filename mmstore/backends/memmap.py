@@ -118,7 +118,7 @@ class MemmapBackend(Backend):
             st = os.stat(path, follow_symlinks=False)
         except FileNotFoundError:
             raise StoreChangedError(f"{path}: missing; the store was moved or deleted while open") from None
-        note_identity(self.ident, path, st)
+        note_identity(self.ident, path, st, mtime=False)  # a stat, not an open: the reader checks its own
         return path, self._offsets[name], self.schema[name].nbytes
 
     def field_segments(self, name: str) -> list[FieldSegment]:
