@@ -46,6 +46,11 @@ N = 12
 HOLES = (3, 7)
 BASES = ("memmap", "lmdb", "memmap-merged", "lmdb-merged")
 CLI_STEPS = ("inspect", "verify", "show", "convert")
+# Crashes in a step that another branch fixes, tolerated here until it is
+# merged (then empty this): step -> why. Anything else that crashes fails.
+KNOWN_CRASH_STEPS = {
+    "show": "issue 11 item 8: OpenCV's putText crashes on a caption with a non-UTF-8 key (tools branch)",
+}
 
 
 # -- base stores -------------------------------------------------------------------
@@ -440,7 +445,7 @@ def run_case(base: str, ref: dict[str, Any], muts: list[Mutation], work: str, ti
     try:
         for m in muts:
             apply(path, m)
-    except (OSError, ValueError, KeyError, IndexError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, IndexError, TypeError, RecursionError) as exc:
         return Outcome(name, "ok", f"mutation not applicable ({type(exc).__name__}: {exc})")
     r, w = os.pipe()
     pid = os.fork()
