@@ -115,6 +115,10 @@ def apply(path: str, m: Mutation) -> None:
     """Apply mutation ``m`` to the store at ``path`` (in place)."""
     p = os.path.join(path, m.target) if m.target else path
     k = m.kind
+    if k != "type":  # an earlier mutation may have made it a FIFO (opening it would block here)
+        for q in (p if m.target else os.path.join(path, "manifest.json"),):
+            if os.path.lexists(q) and not stat.S_ISREG(os.lstat(q).st_mode):
+                raise ValueError(f"{q} is no longer a regular file")
     if k == "manifest-field":
         _mutate_manifest_field(path, m.params["key"], m.params["choice"])
     elif k == "manifest-raw":
