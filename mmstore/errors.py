@@ -22,6 +22,8 @@ __all__ = [
     "ResourceLimitError",
     "ResumeMismatchError",
     "SchemaError",
+    "StoreAccessError",
+    "StoreChangedError",
     "StoreExistsError",
     "VersionError",
 ]
@@ -42,6 +44,16 @@ class VersionError(FormatError):
 
 class ChecksumError(FormatError):
     """A record's bytes do not match its stored checksum."""
+
+
+class StoreChangedError(FormatError):
+    """A store's files were replaced, truncated or removed after it was opened
+    (for example by ``ingest --overwrite`` at the same path): a ``Store``
+    reads the store it opened or raises this, never the new files."""
+
+
+class StoreAccessError(MmstoreError, PermissionError):
+    """A store file cannot be read for lack of permission."""
 
 
 class IncompleteStoreError(MmstoreError, FileNotFoundError):

@@ -171,19 +171,50 @@ its original bytes, losslessly, and readers decode keys as UTF-8 with
 ``surrogateescape``, so ``os.fsencode(store.key(i))`` gives back the original
 file name bytes. Keys are paths relative to the source root, ids, or
 ``"<source key>"`` forms chosen by the ingest; they are for tracing and repair.
+
+Reading a store from someone else
+---------------------------------
+
+Every file of a store is untrusted input. Readers MUST:
+
+- open only regular files, never through a symbolic link (a store's files are
+  never symlinks; hard links, as ``merge`` makes, are regular files), and
+  never block on opening (``O_NONBLOCK``: a FIFO or device is refused, not
+  read) (``open_store_file``);
+- bound every size before reading: the manifest by ``MANIFEST_MAX_BYTES``, the
+  other files by the sizes the manifest lists, and those (and
+  ``slots * entry_bytes`` of every field) by ``MAX_STORE_BYTES``, computed
+  with unbounded integers so nothing overflows;
+- prove every offset in range before it reaches a copy: ``_index.npy``
+  strictly increasing and below ``slots`` (checked once, O(records), before
+  its first use), key offsets within ``_keys.bin``, and for lmdb both meta
+  pages sane (magic, version, page size) with every page they reach inside
+  the file, so a damaged page number is LMDB's "page not found", not a read
+  past the end of the mapping;
+- read the files they opened: a reader records each file's identity (device,
+  inode, size, modification time; ``file_identity``) when it opens the store
+  and refuses (``StoreChangedError``) a file that differs when it is mapped
+  later (in any process), and checks a mapped file's size before each copy
+  out of it (a file truncated under a mapping would otherwise kill the
+  process with SIGBUS, or read as zeros within its last page).
 """
 
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
 import re
+import stat
 import threading
+import tokenize
+import warnings
 from typing import Any
 
 import numpy as np
 
-from .errors import FormatError, VersionError
+from .errors import FormatError, StoreAccessError, StoreChangedError, VersionError
 
 __all__ = [
     "CHECKSUMS_FILE",
@@ -199,6 +230,7 @@ __all__ = [
     "LMDB_FILE",
     "LMDB_TXN_RECORDS",
     "MANIFEST_FILE",
+    "MAX_STORE_BYTES",
     "MANIFEST_MAX_BYTES",
     "PARTIAL_SUFFIX",
     "PLAIN_VERSION",
@@ -206,6 +238,9 @@ __all__ = [
     "decode_key",
     "encode_key",
     "field_file",
+    "file_identity",
+    "note_identity",
+    "open_store_file",
     "lmdb_file",
     "lmdb_key",
     "normalize_dtype",
@@ -221,6 +256,7 @@ FORMAT_VERSION = (1, 1)
 PLAIN_VERSION = (1, 0)  # what a store without segments is written as
 MANIFEST_FILE = "manifest.json"
 MANIFEST_MAX_BYTES = 64 * 1024 * 1024
+MAX_STORE_BYTES = 2**62  # no file of a store, and no field's data, is larger (so sizes fit int64)
 PARTIAL_SUFFIX = ".partial"
 CHECKSUMS_FILE = "_checksums.npy"
 KEYS_OFFSETS_FILE = "_keys_offsets.npy"
@@ -344,7 +380,10 @@ def read_npy_header(path: str, fh: Any) -> tuple[np.dtype, tuple[int, ...], int]
         # numpy parses the header with ast.literal_eval, which CPython 3.11 can
         # fail with "SystemError: AST constructor recursion depth mismatch"
         # when threads parse at once (found opening stores from 150 threads)
-        with _NPY_HEADER_LOCK:
+        with _NPY_HEADER_LOCK, warnings.catch_warnings():
+            # a damaged header makes numpy warn ("created on Python 2") and
+            # re-parse it: that is a FormatError here, not a warning
+            warnings.simplefilter("error")
             major, minor = np.lib.format.read_magic(fh)
             if (major, minor) == (1, 0):
                 shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh, max_header_size=65536)
@@ -352,7 +391,8 @@ def read_npy_header(path: str, fh: Any) -> tuple[np.dtype, tuple[int, ...], int]
                 shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh, max_header_size=65536)
             else:
                 raise ValueError(f"unknown .npy version {major}.{minor}")
-    except (ValueError, OSError, SyntaxError, TypeError, EOFError) as exc:
+    except (ValueError, OSError, SyntaxError, TypeError, EOFError, Warning, tokenize.TokenError,
+            RecursionError) as exc:
         raise FormatError(
             f"{path}: not a readable .npy header ({exc}); the file is damaged: "
             "run `mmstore verify` or re-create the store"
@@ -372,8 +412,8 @@ def _fail(path: str, what: str) -> FormatError:
 
 def _parse_int(path: str, obj: dict[str, Any], key: str, minimum: int = 0) -> int:
     val = obj.get(key)
-    if isinstance(val, bool) or not isinstance(val, int) or val < minimum:
-        raise _fail(path, f"'{key}' must be an integer >= {minimum}, found {val!r}")
+    if isinstance(val, bool) or not isinstance(val, int) or not minimum <= val <= MAX_STORE_BYTES:
+        raise _fail(path, f"'{key}' must be an integer from {minimum} to {MAX_STORE_BYTES}, found {val!r}")
     return val
 
 
@@ -427,7 +467,7 @@ def parse_manifest(raw: bytes, path: str = MANIFEST_FILE) -> dict[str, Any]:
         raise _fail(path, f"size {len(raw)} bytes exceeds the {MANIFEST_MAX_BYTES}-byte limit")
     try:
         obj = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: > 4,300-digit integers
         raise _fail(path, f"not valid UTF-8 JSON ({exc})") from None
     if not isinstance(obj, dict):
         raise _fail(path, f"expected a JSON object, found {type(obj).__name__}")
@@ -457,6 +497,11 @@ def parse_manifest(raw: bytes, path: str = MANIFEST_FILE) -> dict[str, Any]:
     if records > slots:
         raise _fail(path, f"'records' ({records}) exceeds 'slots' ({slots})")
     schema = _parse_schema(path, obj.get("schema"))
+    for name, dt, shape in schema:
+        entry = dt.itemsize * math.prod(shape)
+        if max(entry, slots * entry) > MAX_STORE_BYTES:
+            raise _fail(path, f"field {name!r} of shape {list(shape)} needs {slots * entry} bytes over {slots} "
+                        f"slots, more than any store can hold ({MAX_STORE_BYTES})")
     ck = obj.get("checksum")
     if (
         not isinstance(ck, dict)
@@ -478,7 +523,7 @@ def parse_manifest(raw: bytes, path: str = MANIFEST_FILE) -> dict[str, Any]:
             or name == MANIFEST_FILE
         ):
             raise _fail(path, f"'files' names an unsafe file {name!r}")
-        if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_STORE_BYTES:
             raise _fail(path, f"'files'[{name!r}] must be a size >= 0, found {size!r}")
     digests = obj.get("digests", {})
     if not isinstance(digests, dict) or any(
@@ -519,13 +564,86 @@ def parse_manifest(raw: bytes, path: str = MANIFEST_FILE) -> dict[str, Any]:
     return out
 
 
+_FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
+               (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+               (stat.S_ISSOCK, "a socket"))
+
+
+def open_store_file(path: str, missing: str | None = None) -> int:
+    """Open a store file for reading (see "Reading a store from someone
+    else"); return the descriptor, a regular file's.
+
+    ``missing``: the message of the ``FormatError`` for a file that is not
+    there; None lets ``FileNotFoundError`` through (the caller words it).
+
+    Raises
+    ------
+    FormatError
+        A symbolic link (dangling or not), a directory, FIFO, device or socket.
+    StoreAccessError
+        Permission denied.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except (FileNotFoundError, NotADirectoryError):
+        if missing is None:
+            raise
+        raise FormatError(missing) from None
+    except PermissionError:
+        raise StoreAccessError(
+            errno.EACCES, f"{path}: permission denied; the store's files must be readable by this user "
+            "(ask its owner, or copy the store)"
+        ) from None
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise FormatError(
+                f"{path}: is a symbolic link; a store's files must be regular files inside the store "
+                "(copy the file in, or re-create the store)"
+            ) from None
+        raise FormatError(f"{path}: cannot be opened ({exc.strerror}); the store is damaged or unreadable") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        kind = next((k for test, k in _FILE_KINDS if test(st.st_mode)), "not a regular file")
+        raise FormatError(f"{path}: is {kind}, expected a regular file; this is not a store file")
+    return fd
+
+
+def file_identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    """What makes a store file the one a reader opened: device, inode, size,
+    modification time."""
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def note_identity(
+    ident: dict[str, tuple[int, int, int, int]] | None, path: str, st: os.stat_result, *, mtime: bool = True
+) -> None:
+    """Record ``path``'s identity in ``ident`` the first time; later, raise
+    ``StoreChangedError`` when it differs (the file was replaced or changed).
+    ``mtime=False``: only the device, inode and size must match (bytes
+    changed in place are damage for ``verify`` to find, not another file)."""
+    if ident is None:
+        return
+    now = file_identity(st)
+    was = ident.setdefault(path, now)
+    if was != now and (mtime or was[:3] != now[:3]):
+        what = [w for w, a, b in zip(("device", "inode", "size", "modification time"), was, now) if a != b]
+        raise StoreChangedError(
+            f"{path}: changed since the store was opened ({', '.join(what)} differ: {was[2]} bytes, inode "
+            f"{was[1]} then; {now[2]} bytes, inode {now[1]} now): the store was replaced or modified while in "
+            "use. Reopen it (mmstore.open) to read the new store; an open Store never mixes the two"
+        )
+
+
 def read_manifest(store_dir: str) -> dict[str, Any]:
     """Read and validate ``store_dir/manifest.json`` (size capped first)."""
     from .errors import IncompleteStoreError
 
     path = os.path.join(store_dir, MANIFEST_FILE)
+    if os.path.exists(store_dir) and not os.path.isdir(store_dir):
+        raise IncompleteStoreError(f"{store_dir}: is a file, not a store (a store is a directory)")
     try:
-        fd = os.open(path, os.O_RDONLY)
+        fd = open_store_file(path)
     except FileNotFoundError:
         if os.path.isdir(store_dir + PARTIAL_SUFFIX) and not os.path.isdir(store_dir):
             raise IncompleteStoreError(
@@ -539,8 +657,8 @@ def read_manifest(store_dir: str) -> dict[str, Any]:
                 "ingest that did not finish leaves STORE.partial; rerun it with --resume)"
             ) from None
         raise IncompleteStoreError(f"{store_dir}: no such store (directory not found)") from None
-    except IsADirectoryError:
-        raise FormatError(f"{path}: is a directory, expected the manifest file") from None
+    except NotADirectoryError:
+        raise IncompleteStoreError(f"{store_dir}: not a store (a path component is a file)") from None
     try:
         size = os.fstat(fd).st_size
         if size > MANIFEST_MAX_BYTES:

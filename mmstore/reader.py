@@ -21,7 +21,7 @@ import numpy as np
 
 from .backends import Backend, data_file_names, open_backend
 from .backends.base import check_npy
-from .errors import FormatError
+from .errors import FormatError, StoreChangedError
 from .format import (
     CHECKSUMS_FILE,
     ERRORS_FILE,
@@ -30,6 +30,8 @@ from .format import (
     KEYS_BLOB_FILE,
     KEYS_OFFSETS_FILE,
     decode_key,
+    note_identity,
+    open_store_file,
     read_manifest,
 )
 from .schema import Schema
@@ -48,10 +50,23 @@ class Store:
     """
 
     def __init__(self, path: str | os.PathLike[str], *, lmdb_readahead: bool | None = None) -> None:
+        self._open(path, lmdb_readahead, {}, None)
+
+    def _open(
+        self, path: str | os.PathLike[str], lmdb_readahead: bool | None,
+        ident: dict[str, tuple[int, int, int, int]], store_id: str | None,
+    ) -> None:
+        """Open (``ident`` and ``store_id`` empty) or reopen in another process
+        (they are the opener's: the files must be the ones it opened)."""
         self.path = os.path.abspath(os.fspath(path))
         self._lmdb_readahead = lmdb_readahead
         self.manifest: dict[str, Any] = read_manifest(self.path)
         m = self.manifest
+        if store_id is not None and m["store_id"] != store_id:
+            raise StoreChangedError(
+                f"{self.path}: the store was replaced since it was opened (store id {store_id} -> "
+                f"{m['store_id']}); reopen it"
+            )
         self.schema = Schema(m["schema"])
         self.slots: int = m["slots"]
         self.records: int = m["records"]
@@ -59,9 +74,14 @@ class Store:
         self.label_names: list[str] | None = m["label_names"]
         self.segments: list[int] | None = m.get("segments")
         """Slot counts of the data segments (a merged store), or None: one segment."""
+        # path -> identity (device, inode, size, mtime) of every file, taken at
+        # open: whatever this Store maps later, in any process, must be these
+        # files (see format.py, "Reading a store from someone else")
+        self._ident = ident
         self._check_files()
         self._pid = -1
         self._backend: Backend | None = None
+        self._maps: dict[str, tuple[mmap.mmap | None, int]] = {}  # bookkeeping file -> (mapping, size)
         self._index: np.ndarray | None = None
         self._key_offsets: np.ndarray | None = None
         self._key_blob: Any = None
@@ -81,40 +101,61 @@ class Store:
         extra = set(files) - set(needed)
         if extra:
             raise FormatError(f"{self.path}/manifest.json: 'files' lists unexpected file(s) {sorted(extra)}")
-        backend = open_backend(self.backend_name, self.path, self.schema, self.slots, files, self.segments)
+        backend = open_backend(
+            self.backend_name, self.path, self.schema, self.slots, files, self.segments, ident=self._ident
+        )
         backend.check()
         j = lambda n: os.path.join(self.path, n)  # noqa: E731
-        self._ck_offset = check_npy(j(CHECKSUMS_FILE), KEY_DTYPE, (self.slots,), files[CHECKSUMS_FILE])
-        self._ko_offset = check_npy(j(KEYS_OFFSETS_FILE), KEY_DTYPE, (self.slots + 1,), files[KEYS_OFFSETS_FILE])
-        blob_size = _size(j(KEYS_BLOB_FILE))
+        self._ck_offset = self._check_npy(CHECKSUMS_FILE, (self.slots,))
+        self._ko_offset = self._check_npy(KEYS_OFFSETS_FILE, (self.slots + 1,))
+        blob_size = self._stat(KEYS_BLOB_FILE)
         if blob_size != files[KEYS_BLOB_FILE]:
             raise FormatError(
                 f"{j(KEYS_BLOB_FILE)}: expected {files[KEYS_BLOB_FILE]} bytes, found {blob_size}; "
                 "the file was truncated or extended"
             )
-        with open(j(KEYS_OFFSETS_FILE), "rb") as fh:
-            fh.seek(self._ko_offset + 8 * self.slots)
-            last = int.from_bytes(fh.read(8), "little")
+        fd = open_store_file(j(KEYS_OFFSETS_FILE))
+        try:
+            last = int.from_bytes(os.pread(fd, 8, self._ko_offset + 8 * self.slots), "little")
+        finally:
+            os.close(fd)
         if last != blob_size:
             raise FormatError(
                 f"{j(KEYS_OFFSETS_FILE)}: the last offset is {last} but {KEYS_BLOB_FILE} has "
                 f"{blob_size} bytes; the key files are from different stores or damaged"
             )
         if holes:
-            self._ix_offset = check_npy(j(INDEX_FILE), KEY_DTYPE, (self.records,), files[INDEX_FILE])
-            if _size(j(ERRORS_FILE)) != files[ERRORS_FILE]:
+            self._ix_offset = self._check_npy(INDEX_FILE, (self.records,))
+            if self._stat(ERRORS_FILE) != files[ERRORS_FILE]:
                 raise FormatError(f"{j(ERRORS_FILE)}: size differs from the manifest's {files[ERRORS_FILE]} bytes")
-        elif os.path.exists(j(INDEX_FILE)):
+        elif os.path.lexists(j(INDEX_FILE)):
             raise FormatError(f"{j(INDEX_FILE)}: present, but the manifest says the store has no holes")
+
+    def _check_npy(self, name: str, shape: tuple[int, ...]) -> int:
+        path = os.path.join(self.path, name)
+        return check_npy(path, KEY_DTYPE, shape, self.manifest["files"][name], self._ident)
+
+    def _stat(self, name: str) -> int:
+        """The size of bookkeeping file ``name`` (a regular file; its identity noted)."""
+        path = os.path.join(self.path, name)
+        fd = open_store_file(path, missing=f"{path}: missing, but the manifest lists it; the store is damaged")
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        note_identity(self._ident, path, st)
+        return st.st_size
 
     def _b(self) -> Backend:
         pid = os.getpid()
         if self._backend is None or self._pid != pid:
             kw = {"readahead": self._lmdb_readahead} if self.backend_name == "lmdb" else {}
             self._backend = open_backend(
-                self.backend_name, self.path, self.schema, self.slots, self.manifest["files"], self.segments, **kw
+                self.backend_name, self.path, self.schema, self.slots, self.manifest["files"], self.segments,
+                ident=self._ident, **kw,
             )
             self._pid = pid
+            self._maps = {}
             self._index = None
             self._key_offsets = None
             self._key_blob = None
@@ -125,11 +166,33 @@ class Store:
         """This process's backend object."""
         return self._b()
 
+    def _map_file(self, name: str) -> mmap.mmap | None:
+        """Map bookkeeping file ``name`` (None when empty): the file this
+        Store was opened with, or ``StoreChangedError``."""
+        path = os.path.join(self.path, name)
+        size = int(self.manifest["files"][name])
+        fd = open_store_file(path, missing=f"{path}: missing; the store was moved or deleted while open")
+        try:
+            note_identity(self._ident, path, os.fstat(fd))
+            mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None
+        finally:
+            os.close(fd)
+        self._maps[name] = (mm, size)
+        return mm
+
+    def _check_mapped(self, name: str) -> None:
+        """See NOTE [truncated under a mapping] (backends/memmap.py)."""
+        mm, size = self._maps.get(name, (None, 0))
+        if mm is not None and mm.size() < size:
+            raise StoreChangedError(
+                f"{self.path}/{name}: truncated to {mm.size()} bytes while the store was open (expected "
+                f"{size}); the store was modified in use: reopen it, or run `mmstore verify`"
+            )
+
     def _map_npy(self, name: str, offset: int, count: int) -> np.ndarray:
-        if count == 0:
+        mm = self._map_file(name)
+        if count == 0 or mm is None:
             return np.zeros(0, KEY_DTYPE)
-        with open(os.path.join(self.path, name), "rb") as fh:
-            mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         return np.frombuffer(mm, dtype=KEY_DTYPE, count=count, offset=offset)
 
     @property
@@ -139,26 +202,26 @@ class Store:
         if self.records == self.slots:
             return None
         if self._index is None:
-            self._index = self._map_npy(INDEX_FILE, self._ix_offset, self.records)
+            ix = self._map_npy(INDEX_FILE, self._ix_offset, self.records)
+            _check_index(os.path.join(self.path, INDEX_FILE), ix, self.slots)
+            self._index = ix
         return self._index
 
     # -- pickling / lifetime ----------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "lmdb_readahead": self._lmdb_readahead, "store_id": self.manifest["store_id"]}
+        return {"path": self.path, "lmdb_readahead": self._lmdb_readahead, "store_id": self.manifest["store_id"],
+                "ident": dict(self._ident)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["path"], lmdb_readahead=state["lmdb_readahead"])  # type: ignore[misc]
-        if self.manifest["store_id"] != state["store_id"]:
-            raise FormatError(
-                f"{self.path}: the store was replaced since it was opened (store id "
-                f"{state['store_id']} -> {self.manifest['store_id']}); reopen it"
-            )
+        # reopened in the receiving process: the same store, the same files
+        self._open(state["path"], state["lmdb_readahead"], dict(state.get("ident", {})), state["store_id"])
 
     def close(self) -> None:
         """Release this process's mappings and environment."""
         if self._backend is not None and self._pid == os.getpid():
             self._backend.close()
         self._backend = None
+        self._maps = {}
         self._index = self._key_offsets = self._key_blob = None
 
     def __enter__(self) -> Store:
@@ -214,7 +277,10 @@ class Store:
         """Slots of dataset indices (int64)."""
         idx = self._as_indices(indices)
         ix = self.index
-        return idx if ix is None else ix[idx].astype(np.int64)
+        if ix is None:
+            return idx
+        self._check_mapped(INDEX_FILE)
+        return ix[idx].astype(np.int64)
 
     def slot(self, i: int) -> int:
         """Slot of dataset index ``i``."""
@@ -229,6 +295,8 @@ class Store:
             if not 0 <= i < self.records:
                 raise IndexError(f"index {int(item)} is out of range for a store of {self.records} records")
             ix = self.index
+            if ix is not None:
+                self._check_mapped(INDEX_FILE)
             slot = i if ix is None else int(ix[i])
             out = {f.name: np.empty((1, *f.shape), f.dtype) for f in self.schema}
             self._b().read_into(np.array([slot], np.int64), _ROW0, self.schema.names, out)
@@ -321,13 +389,12 @@ class Store:
     def _keys(self) -> tuple[np.ndarray, Any]:
         self._b()
         if self._key_offsets is None:
-            self._key_offsets = self._map_npy(KEYS_OFFSETS_FILE, self._ko_offset, self.slots + 1)
-            size = int(self.manifest["files"][KEYS_BLOB_FILE])
-            if size:
-                with open(os.path.join(self.path, KEYS_BLOB_FILE), "rb") as fh:
-                    self._key_blob = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
-            else:
-                self._key_blob = b""
+            offs = self._map_npy(KEYS_OFFSETS_FILE, self._ko_offset, self.slots + 1)
+            _check_key_offsets(os.path.join(self.path, KEYS_OFFSETS_FILE), offs)
+            self._key_blob = self._map_file(KEYS_BLOB_FILE) or b""
+            self._key_offsets = offs
+        self._check_mapped(KEYS_OFFSETS_FILE)
+        self._check_mapped(KEYS_BLOB_FILE)
         return self._key_offsets, self._key_blob
 
     def slot_key_bytes(self, slot: int) -> bytes:
@@ -345,18 +412,35 @@ class Store:
         return decode_key(self.slot_key_bytes(self.slot(i)))
 
     def skipped(self) -> list[dict[str, Any]]:
-        """The skipped inputs (``errors.jsonl``): slot, key, reason."""
+        """The skipped inputs (``errors.jsonl``): slot, key, reason.
+
+        Raises ``FormatError`` for a line that is not such an object (the file
+        is read only up to the size the manifest lists)."""
         if self.records == self.slots:
             return []
+        mm = self._map_file(ERRORS_FILE)
+        self._check_mapped(ERRORS_FILE)
+        data = bytes(mm) if mm is not None else b""
         out = []
-        with open(os.path.join(self.path, ERRORS_FILE), "rb") as fh:
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    out.append(json.loads(line.decode("utf-8", "surrogateescape")))
-                except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-                    raise FormatError(f"{self.path}/{ERRORS_FILE}: line {lineno} is not JSON ({exc})") from None
+        for lineno, line in enumerate(data.split(b"\n"), 1):
+            if not line.strip():
+                continue
+            where = f"{self.path}/{ERRORS_FILE}: line {lineno}"
+            try:
+                ent = json.loads(line.decode("utf-8", "surrogateescape"))
+            except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, or a > 4,300-digit integer
+                raise FormatError(f"{where} is not JSON ({exc}); the file is damaged") from None
+            if not (
+                isinstance(ent, dict)
+                and isinstance(ent.get("slot"), int) and not isinstance(ent["slot"], bool)
+                and 0 <= ent["slot"] < self.slots
+                and isinstance(ent.get("key"), str) and isinstance(ent.get("reason"), str)
+            ):
+                raise FormatError(
+                    f"{where}: expected {{\"slot\": 0..{self.slots - 1}, \"key\": str, \"reason\": str}}, "
+                    f"found {line[:200]!r}; the file is damaged"
+                )
+            out.append(ent)
         return out
 
     def checksums(self) -> np.ndarray:
@@ -395,11 +479,39 @@ class Store:
             _sys.evict(p, sync=sync)
 
 
-def _size(path: str) -> int:
-    try:
-        return os.stat(path).st_size
-    except FileNotFoundError:
-        raise FormatError(f"{path}: missing, but the manifest lists it; the store is damaged") from None
+def _check_key_offsets(path: str, offs: np.ndarray) -> None:
+    """Key offsets start at 0 and never decrease (the last one equals the
+    blob's size: checked at open). O(slots), once per process."""
+    step = 1 << 20
+    if len(offs) and int(offs[0]) != 0:
+        raise FormatError(f"{path}: the first offset is {int(offs[0])}, expected 0; the file is damaged: "
+                          "run `mmstore verify`")
+    for a in range(0, len(offs), step):
+        part = offs[a : a + step + 1]
+        if len(part) > 1 and not bool(np.all(part[1:] >= part[:-1])):
+            at = a + 1 + int(np.flatnonzero(part[1:] < part[:-1])[0])
+            raise FormatError(f"{path}: offsets decrease at slot {at - 1} ({int(offs[at - 1])} then "
+                              f"{int(offs[at])}); the file is damaged: run `mmstore verify`")
+
+
+def _check_index(path: str, ix: np.ndarray, slots: int) -> None:
+    """Prove every slot of the index in range before any reaches a copy:
+    strictly increasing (so no duplicates) and the last below ``slots``.
+    O(records), once per process, in chunks (bounded memory)."""
+    step = 1 << 20
+    for a in range(0, len(ix), step):
+        part = ix[a : a + step + 1]
+        if len(part) > 1 and not bool(np.all(part[1:] > part[:-1])):
+            at = a + 1 + int(np.flatnonzero(part[1:] <= part[:-1])[0])
+            raise FormatError(
+                f"{path}: not strictly increasing at index {at} ({int(ix[at - 1])} then {int(ix[at])}); the "
+                "file is damaged: run `mmstore verify`, then restore it or re-create the store"
+            )
+    if len(ix) and int(ix[-1]) >= slots:
+        raise FormatError(
+            f"{path}: slot {int(ix[-1])} is out of range for {slots} slots; the file is damaged: "
+            "run `mmstore verify`, then restore it or re-create the store"
+        )
 
 
 def open_store(path: str | os.PathLike[str], **kw: Any) -> Store:

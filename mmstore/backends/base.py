@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Iterator, Sequence
@@ -10,7 +11,7 @@ from typing import ClassVar, NamedTuple
 import numpy as np
 
 from ..errors import FormatError
-from ..format import read_npy_header
+from ..format import note_identity, open_store_file, read_npy_header
 from ..schema import Schema
 
 __all__ = ["Backend", "FieldSegment", "SlotFile", "check_npy"]
@@ -51,7 +52,8 @@ class Backend(ABC):
     name: ClassVar[str]
 
     def __init__(
-        self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | None = None
+        self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | None = None,
+        ident: dict[str, tuple[int, int, int, int]] | None = None,
     ) -> None:
         self.root = root
         self.schema = schema
@@ -59,6 +61,9 @@ class Backend(ABC):
         self.files = files
         self.segment = segment  # None: the store's only data files; k: segment k's
         self.first: int | None = None  # a segment's first global slot (set by SegmentedBackend)
+        # path -> identity of each data file when the store was opened (shared
+        # with the Store): a file opened later must be that file (see format.py)
+        self.ident = ident
 
     # -- layout -----------------------------------------------------------
     @classmethod
@@ -109,26 +114,32 @@ class Backend(ABC):
         """Release handles (mappings, environments)."""
 
 
-def check_npy(path: str, dtype: np.dtype, shape: tuple[int, ...], size: int | None = None) -> int:
+def check_npy(
+    path: str, dtype: np.dtype, shape: tuple[int, ...], size: int | None = None,
+    ident: dict[str, tuple[int, int, int, int]] | None = None,
+) -> int:
     """Check an ``.npy`` file's header and exact size; return its data offset.
+
+    The file must be a regular file, not a symlink (``open_store_file``);
+    ``ident`` records (or, when it holds ``path``, checks) its identity.
 
     Raises
     ------
     FormatError
-        Missing file, another dtype or shape, or a size that is not exactly
-        header + data (numpy itself accepts appended junk silently).
+        Missing file, not a regular file, another dtype or shape, or a size
+        that is not exactly header + data (numpy itself accepts appended junk
+        silently).
+    StoreChangedError
+        ``ident`` says the file was another one when the store was opened.
     """
-    try:
-        with open(path, "rb") as fh:
-            got_dtype, got_shape, offset = read_npy_header(path, fh)
-            actual = os.fstat(fh.fileno()).st_size
-    except FileNotFoundError:
-        raise FormatError(
-            f"{path}: missing, but the manifest lists it; the store is damaged: "
-            "restore the file from a copy or re-create the store"
-        ) from None
-    except IsADirectoryError:
-        raise FormatError(f"{path}: is a directory, expected a .npy file") from None
+    fd = open_store_file(path, missing=(
+        f"{path}: missing, but the manifest lists it; the store is damaged: "
+        "restore the file from a copy or re-create the store"))
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        note_identity(ident, path, st)
+        got_dtype, got_shape, offset = read_npy_header(path, fh)
+    actual = st.st_size
     if got_dtype != dtype or got_dtype.str != dtype.str:
         raise FormatError(f"{path}: header says dtype {got_dtype.str!r}, the manifest says {dtype.str!r}")
     if got_shape != shape:
@@ -136,7 +147,7 @@ def check_npy(path: str, dtype: np.dtype, shape: tuple[int, ...], size: int | No
             f"{path}: header says shape {got_shape}, the manifest expects {shape}; "
             "the file was edited or belongs to another store"
         )
-    want = offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    want = offset + math.prod(shape) * dtype.itemsize  # Python ints: no overflow
     if actual != want:
         what = "truncated (a copy or write did not finish?)" if actual < want else "has extra bytes appended"
         raise FormatError(

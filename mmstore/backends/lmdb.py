@@ -14,6 +14,7 @@ import ctypes
 import math
 import mmap
 import os
+import sys
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -21,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from .._io import crash_point, fsync_dir, fsync_file
-from ..errors import FormatError
-from ..format import LMDB_FILE, LMDB_TXN_RECORDS, lmdb_file, lmdb_key
+from ..errors import FormatError, StoreChangedError
+from ..format import LMDB_FILE, LMDB_TXN_RECORDS, lmdb_file, lmdb_key, note_identity, open_store_file
 from ..schema import Schema
 from .base import Backend, SlotFile, check_npy
 
@@ -74,9 +75,9 @@ class LmdbBackend(Backend):
 
     def __init__(
         self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | None = None,
-        readahead: bool | None = None,
+        readahead: bool | None = None, ident: dict[str, tuple[int, int, int, int]] | None = None,
     ) -> None:
-        super().__init__(root, schema, slots, files, segment)
+        super().__init__(root, schema, slots, files, segment, ident)
         self.file = lmdb_file(segment)
         self.readahead = (
             schema.record_bytes >= READAHEAD_MIN_RECORD_BYTES if readahead is None else bool(readahead)
@@ -145,22 +146,32 @@ class LmdbBackend(Backend):
         # not list: a crash before the manifest is durable must find it on resume
 
     # -- read side -----------------------------------------------------------
+    def _open_file(self) -> tuple[int, os.stat_result]:
+        """Open the LMDB file (a regular file, the one the store was opened
+        with, of the manifest's size, with sane meta pages): ``(fd, stat)``."""
+        path = os.path.join(self.root, self.file)
+        fd = open_store_file(path, missing=(
+            f"{path}: missing, but the manifest lists it; the store is damaged: restore "
+            "the file or re-create the store"))
+        try:
+            st = os.fstat(fd)
+            note_identity(self.ident, path, st)
+            want = self.files.get(self.file)
+            if want is not None and st.st_size != want:
+                what = "truncated" if st.st_size < want else "longer than written (junk appended?)"
+                raise FormatError(
+                    f"{path}: expected {want} bytes, found {st.st_size}: the file is {what}; "
+                    "run `mmstore verify` and re-create or repair the store"
+                )
+            check_lmdb_meta(path, fd, st.st_size)
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd, st
+
     def check(self) -> None:
         path = os.path.join(self.root, self.file)
-        try:
-            st = os.stat(path)
-        except FileNotFoundError:
-            raise FormatError(
-                f"{path}: missing, but the manifest lists it; the store is damaged: restore "
-                "the file or re-create the store"
-            ) from None
-        want = self.files.get(self.file)
-        if want is not None and st.st_size != want:
-            what = "truncated" if st.st_size < want else "longer than written (junk appended?)"
-            raise FormatError(
-                f"{path}: expected {want} bytes, found {st.st_size}: the file is {what}; "
-                "run `mmstore verify` and re-create or repair the store"
-            )
+        os.close(self._open_file()[0])
         if self.slots == 0:
             return
         try:  # one record's length tells whether the schema describes these values
@@ -174,6 +185,8 @@ class LmdbBackend(Backend):
                             f"the manifest's schema needs 8-byte keys and {self.schema.record_bytes}-byte "
                             "values: the manifest and the data belong to different stores"
                         )
+        except _lmdb().Error as exc:
+            raise FormatError(f"{path}: the LMDB file is damaged ({exc}); run `mmstore verify`") from None
         finally:
             self.close()
 
@@ -191,29 +204,57 @@ class LmdbBackend(Backend):
         environment; only the process that opened it ever closes it.
         """
         if self._env is None:
-            path = os.path.realpath(os.path.join(self.root, self.file))
-            try:
-                st = os.stat(path)
-            except FileNotFoundError:
-                raise FormatError(f"{path}: missing; the store was moved or deleted while open") from None
+            fd, st = self._open_file()
             key = (st.st_dev, st.st_ino)  # a store re-created at the same path is another file
             ent = _ENVS.get(key)
             if ent is None:
                 lmdb = _lmdb()
+                path = os.path.realpath(os.path.join(self.root, self.file))
                 try:
-                    env = lmdb.open(
-                        path, subdir=False, readonly=True, lock=False, readahead=self.readahead,
-                        meminit=False, max_dbs=0, max_spare_txns=4,
-                    )
+                    try:
+                        env = self._open_env(lmdb, path, _map_size(st.st_size))
+                    except lmdb.MemoryError:  # see NOTE [past the end of the file]
+                        env = self._open_env(lmdb, path, _map_size(st.st_size, _SMALL_TAIL))
                 except lmdb.Error as exc:
+                    os.close(fd)
                     raise FormatError(f"{path}: not a readable LMDB environment ({exc})") from None
-                ent = _ENVS[key] = [env, 0, os.getpid()]
+                now = os.stat(path)
+                if (now.st_dev, now.st_ino) != key:  # replaced between the checks and lmdb.open
+                    env.close()
+                    os.close(fd)
+                    raise StoreChangedError(f"{path}: replaced while the store was being opened; reopen it")
+                span = _mapped_range(st)
+                if span is not None:
+                    _zero_tail(span, st.st_size)
+                ent = _ENVS[key] = [env, 0, os.getpid(), fd, span and (span[0], span[0] + st.st_size)]
+            else:
+                os.close(fd)
             ent[1] += 1
             self._env = ent[0]
             self._env_key = key
+            self._fd = ent[3]  # for the size check before each read
+            self._span = ent[4]  # (start, end) of the file's bytes in the mapping, or None
             # a Store dropped without close() must still give its share back
             self._release = weakref.finalize(self, _release_env, key)
         return self._env
+
+    def _open_env(self, lmdb: Any, path: str, map_size: int) -> Any:
+        return lmdb.open(
+            path, subdir=False, readonly=True, lock=False, readahead=self.readahead,
+            meminit=False, max_dbs=0, max_spare_txns=4, map_size=map_size,
+        )
+
+    def _check_size(self) -> None:
+        """See NOTE [truncated under a mapping] in memmap.py: LMDB maps the
+        file too, so a truncated file is refused before each batch."""
+        want = self.files.get(self.file)
+        if want is not None:
+            size = os.fstat(self._fd).st_size
+            if size < want:
+                raise StoreChangedError(
+                    f"{os.path.join(self.root, self.file)}: truncated to {size} bytes while the store was open "
+                    f"(expected {want}); the store was modified in use: reopen it, or run `mmstore verify`"
+                )
 
     def read_into(
         self, slots: np.ndarray, rows: np.ndarray, fields: Sequence[str], out: dict[str, np.ndarray]
@@ -229,19 +270,39 @@ class LmdbBackend(Backend):
         ]
         keys = slots.astype(">u8").tobytes()
         r_list = rows.tolist()
-        with self.env().begin(buffers=True) as txn:
+        env = self.env()
+        self._check_size()
+        span = self._span
+        with env.begin(buffers=True) as txn:
             get = txn.get
             for j in range(n):
-                buf = get(keys[8 * j : 8 * j + 8])
+                try:
+                    buf = get(keys[8 * j : 8 * j + 8])
+                except _lmdb().Error as exc:
+                    self._damaged(int(slots[j]), exc)
                 if buf is None or len(buf) != rb:
                     self._bad(int(slots[j]), buf)
                 addr = np.frombuffer(buf, np.uint8).ctypes.data
+                if span is not None and not span[0] <= addr <= span[1] - rb:
+                    self._outside(int(slots[j]))
                 r = r_list[j]
                 for dbase, off, nb in parts:
                     _memmove(dbase + r * nb, addr + off, nb)
 
     def prepare(self, fields: Sequence[str] | None = None) -> None:
         self.env()
+
+    def _damaged(self, slot: int, exc: Exception) -> None:
+        path = os.path.join(self.root, self.file)
+        where = f"slot {slot}" if self.first is None else f"slot {self.first + slot} (key {slot} of this segment)"
+        raise FormatError(f"{path}: the LMDB file is damaged where {where} is looked up ({exc}); "
+                          "run `mmstore verify` and repair or re-create the store") from None
+
+    def _outside(self, slot: int) -> None:
+        path = os.path.join(self.root, self.file)
+        where = f"slot {slot}" if self.first is None else f"slot {self.first + slot} (key {slot} of this segment)"
+        raise FormatError(f"{path}: the record for {where} points past the end of the file; the LMDB file is "
+                          "damaged: run `mmstore verify` and repair or re-create the store")
 
     def _bad(self, slot: int, buf: Any) -> None:
         path = os.path.join(self.root, self.file)
@@ -253,7 +314,10 @@ class LmdbBackend(Backend):
         )
 
     def iter_packed(self, start: int, stop: int) -> Iterator[tuple[int, memoryview | None]]:
-        with self.env().begin(buffers=True) as txn:
+        env = self.env()
+        self._check_size()
+        span = self._span
+        with env.begin(buffers=True) as txn:
             cur = txn.cursor()
             nxt = start
             if cur.set_range(lmdb_key(start)):
@@ -264,6 +328,10 @@ class LmdbBackend(Backend):
                     while nxt < s:
                         yield nxt, None
                         nxt += 1
+                    if span is not None and len(v):
+                        addr = np.frombuffer(v, np.uint8).ctypes.data
+                        if not span[0] <= addr <= span[1] - len(v):
+                            self._outside(s)
                     yield s, v
                     nxt = s + 1
             while nxt < stop:
@@ -276,6 +344,61 @@ class LmdbBackend(Backend):
             self._release()
 
 
+# NOTE [past the end of the file]: a damaged node inside a page can make
+# LMDB, or py-lmdb (which touches every page of a value it returns, to fault
+# it in without the GIL), read past the end of the file: a node offset or key
+# size (16 bits) up to 64 KiB past its page, a value size (32 bits) up to
+# 4 GiB past the value's start. Past the end of the file, a shared mapping of
+# it is SIGBUS; past the end of the mapping, SIGSEGV. So the environment maps
+# the file plus _TAIL bytes of address space, and that tail is replaced by
+# private zero pages (read-only: no memory is committed, reads share the
+# kernel's zero page): such a read finds zeros, LMDB returns an error or a
+# value that fails the length and range checks in read_into, and the process
+# lives. Where the address space is limited (ulimit -v), the tail is
+# _SMALL_TAIL, which still covers the 16-bit offsets.
+_TAIL = (4 << 30) + (128 << 10)
+_SMALL_TAIL = 256 << 10
+
+
+def _map_size(file_size: int, tail: int = _TAIL) -> int:
+    page = mmap.PAGESIZE
+    return -(-(file_size + tail) // page) * page
+
+
+def _mapped_range(st: os.stat_result) -> tuple[int, int] | None:
+    """Where LMDB mapped the file ``st`` describes in this process:
+    ``(start, end of the mapping)``, from ``/proc/self/maps`` (None elsewhere)."""
+    want = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}"
+    try:
+        with open("/proc/self/maps") as fh:
+            for line in fh:
+                parts = line.split(None, 5)
+                if len(parts) >= 5 and parts[4] == str(st.st_ino) and parts[3] == want and int(parts[2], 16) == 0:
+                    start, end = (int(x, 16) for x in parts[0].split("-"))
+                    return start, end
+    except OSError:
+        pass
+    return None
+
+
+def _zero_tail(span: tuple[int, int], file_size: int) -> None:
+    """See NOTE [past the end of the file]: map zero pages over the part of
+    the mapping ``span`` that lies past the end of the file."""
+    if not sys.platform.startswith("linux"):
+        return
+    page = mmap.PAGESIZE
+    start = -(-(span[0] + file_size) // page) * page
+    if start >= span[1]:
+        return
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    map_fixed = 0x10
+    got = libc.mmap(start, span[1] - start, mmap.PROT_READ, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | map_fixed, -1, 0)
+    if got != start:
+        raise OSError(ctypes.get_errno(), "mapping zero pages after an LMDB file failed")
+
+
 def _release_env(key: tuple[int, int]) -> None:
     ent = _ENVS.get(key)
     if ent is not None:
@@ -283,3 +406,52 @@ def _release_env(key: tuple[int, int]) -> None:
         if ent[1] <= 0 and ent[2] == os.getpid():  # see NOTE [lmdb and fork]
             del _ENVS[key]
             ent[0].close()
+            os.close(ent[3])
+
+
+# NOTE [lmdb meta pages]: LMDB (0.9) trusts the file: it maps it and follows
+# page numbers, refusing only those >= the meta page's last page + 1
+# (MDB_PAGE_NOTFOUND). A damaged meta page (its last page past the end of the
+# file, a wrong page size, a root outside the file) makes it read past the end
+# of the file, which kills the process with SIGBUS. So both meta pages are
+# checked here before LMDB sees the file; then every page number LMDB accepts
+# lies inside the file. Layout (64-bit): page header 16 bytes, then MDB_meta:
+# magic u32, version u32, address u64, mapsize u64, two MDB_db of 48 bytes
+# (pad u32 [the free DB's holds the page size], flags u16, depth u16, branch,
+# leaf, overflow pages, entries, root: u64 each), last_pg u64, txnid u64.
+_MDB_MAGIC = 0xBEEFC0DE
+_MDB_VERSION = 1
+_P_META = 0x08
+_P_INVALID = 2**64 - 1
+_META_BYTES = 152
+
+
+def check_lmdb_meta(path: str, fd: int, size: int) -> None:
+    """Refuse an LMDB file whose meta pages LMDB would read past the file's end with."""
+    def bad(what: str) -> FormatError:
+        return FormatError(f"{path}: not a valid LMDB file ({what}); the file is damaged: "
+                           "run `mmstore verify`, then repair or re-create the store")
+
+    head = os.pread(fd, _META_BYTES, 0)
+    if len(head) < _META_BYTES:
+        raise bad(f"{size} bytes, shorter than its meta page")
+    psize = int.from_bytes(head[40:44], "little")
+    if psize < 512 or psize > 65536 or psize & (psize - 1):
+        raise bad(f"page size {psize}")
+    if size < 2 * psize:
+        raise bad(f"{size} bytes, shorter than its two meta pages of {psize} bytes")
+    for k in (0, 1):
+        m = head if k == 0 else os.pread(fd, _META_BYTES, psize)
+        u64 = lambda o: int.from_bytes(m[o : o + 8], "little")  # noqa: E731
+        magic, version = int.from_bytes(m[16:20], "little"), int.from_bytes(m[20:24], "little")
+        flags = int.from_bytes(m[10:12], "little")
+        if magic != _MDB_MAGIC or version != _MDB_VERSION or not flags & _P_META or u64(0) != k:
+            raise bad(f"meta page {k}: magic {magic:#x}, version {version}, flags {flags:#x}")
+        last = u64(136)
+        if (last + 1) * psize > size:
+            raise bad(f"meta page {k} says the data ends at page {last}, past the end of the "
+                      f"{size}-byte file")
+        for db, o in (("free", 40), ("main", 88)):
+            root, depth = u64(o + 40), int.from_bytes(m[o + 6 : o + 8], "little")
+            if root != _P_INVALID and not 2 <= root <= last or depth > 32:
+                raise bad(f"meta page {k}: {db} database root page {root} (last page {last}), depth {depth}")

@@ -9,7 +9,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from ..format import field_file
+from ..errors import StoreChangedError
+from ..format import field_file, note_identity, open_store_file
 from ..schema import Schema
 from .base import Backend, FieldSegment, SlotFile, check_npy
 
@@ -28,10 +29,12 @@ class MemmapBackend(Backend):
     name = "memmap"
 
     def __init__(
-        self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | None = None
+        self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | None = None,
+        ident: dict[str, tuple[int, int, int, int]] | None = None,
     ) -> None:
-        super().__init__(root, schema, slots, files, segment)
+        super().__init__(root, schema, slots, files, segment, ident)
         self._offsets: dict[str, int] = {}
+        self._sizes: dict[str, int] = {}  # field -> the exact size of its file
         self._arrays: dict[str, np.ndarray] = {}
         self._maps: dict[str, mmap.mmap] = {}
 
@@ -46,9 +49,10 @@ class MemmapBackend(Backend):
     def check(self) -> None:
         for f in self.schema:
             name = field_file(f.name, self.segment)
-            self._offsets[f.name] = check_npy(
-                os.path.join(self.root, name), f.dtype, (self.slots, *f.shape), self.files.get(name)
+            self._offsets[f.name] = off = check_npy(
+                os.path.join(self.root, name), f.dtype, (self.slots, *f.shape), self.files.get(name), self.ident
             )
+            self._sizes[f.name] = off + self.slots * f.nbytes
 
     def array(self, name: str) -> np.ndarray:
         """The whole field as a read-only array over the mapping, shape (slots, *shape)."""
@@ -63,20 +67,59 @@ class MemmapBackend(Backend):
             if size == 0:
                 arr = np.zeros((self.slots, *f.shape), f.dtype)
             else:
-                with open(path, "rb") as fh:
-                    mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+                mm = self._map(path, name)
                 self._maps[name] = mm
                 arr = np.frombuffer(mm, dtype=f.dtype, count=size // f.dtype.itemsize, offset=off)
                 arr = arr.reshape((self.slots, *f.shape))
             self._arrays[name] = arr
         return arr
 
+    def _map(self, path: str, name: str) -> mmap.mmap:
+        """Map field ``name``'s file: the very file the store was opened with
+        (identity checked on the descriptor that is mapped), at its exact size."""
+        fd = open_store_file(path, missing=f"{path}: missing; the store was moved or deleted while open")
+        try:
+            st = os.fstat(fd)
+            note_identity(self.ident, path, st)
+            if st.st_size != self._sizes[name]:
+                raise StoreChangedError(
+                    f"{path}: {st.st_size} bytes, expected {self._sizes[name]}: the file changed since the "
+                    "store was opened; reopen the store"
+                )
+            return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
+        finally:
+            os.close(fd)
+
+    def check_mapped(self, name: str) -> None:
+        """Raise ``StoreChangedError`` when field ``name``'s mapped file is
+        shorter than it was (one ``fstat`` of the mapping's descriptor, ~1 us).
+
+        NOTE [truncated under a mapping]: a copy out of the mapped part of a
+        truncated file kills the process with SIGBUS (or, within the file's
+        last page, reads zeros), so every copy out of a mapping is preceded by
+        this check. What remains is a race: a truncation between the check
+        and the end of the copy that follows (one batch) still faults."""
+        mm = self._maps.get(name)
+        if mm is not None and mm.size() < self._sizes[name]:
+            path = os.path.join(self.root, field_file(name, self.segment))
+            raise StoreChangedError(
+                f"{path}: truncated to {mm.size()} bytes while the store was open (expected "
+                f"{self._sizes[name]}); the store was modified in use: reopen it, or run `mmstore verify`"
+            )
+
     def field_location(self, name: str) -> tuple[str, int, int]:
         """``(path, data_offset, entry_bytes)`` of field ``name``: slot ``s``
-        is at ``data_offset + s * entry_bytes`` (for ``os.preadv`` readers)."""
+        is at ``data_offset + s * entry_bytes`` (for ``os.preadv`` readers).
+        The file at ``path`` is checked to be the one the store was opened with."""
         if not self._offsets:
             self.check()
-        return os.path.join(self.root, field_file(name, self.segment)), self._offsets[name], self.schema[name].nbytes
+        path = os.path.join(self.root, field_file(name, self.segment))
+        try:
+            st = os.stat(path, follow_symlinks=False)
+        except FileNotFoundError:
+            raise StoreChangedError(f"{path}: missing; the store was moved or deleted while open") from None
+        note_identity(self.ident, path, st, mtime=False)  # a stat, not an open: the reader checks its own
+        return path, self._offsets[name], self.schema[name].nbytes
 
     def field_segments(self, name: str) -> list[FieldSegment]:
         """Where field ``name`` lives, one entry per segment (here: one)."""
@@ -105,6 +148,7 @@ class MemmapBackend(Backend):
             nbytes = self.schema[name].nbytes
             if nbytes == 0:
                 continue
+            self.check_mapped(name)  # see NOTE [truncated under a mapping]
             if nbytes < _MEMMOVE_MIN_BYTES:
                 if identity_rows and rows[0] == 0 and rows[-1] == n - 1:
                     np.take(src, slots, axis=0, out=dst)
@@ -118,6 +162,9 @@ class MemmapBackend(Backend):
         buf = bytearray(self.schema.record_bytes)
         mv = memoryview(buf)
         for s in range(start, stop):
+            if (s - start) % 1024 == 0:  # see NOTE [truncated under a mapping]
+                for f in self.schema:
+                    self.check_mapped(f.name)
             pos = 0
             for f, arr in zip(self.schema, arrays):
                 if f.nbytes:

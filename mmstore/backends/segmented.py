@@ -156,6 +156,8 @@ class SegmentedBackend(Backend):
             if held is None:
                 arrays = [part.array(name) for part in self.parts]  # type: ignore[attr-defined]
                 held = self._bases[name] = (arrays, np.array([a.ctypes.data for a in arrays], np.int64))
+            for k in touched.tolist():  # see NOTE [truncated under a mapping] (memmap.py)
+                self.parts[k].check_mapped(name)  # type: ignore[attr-defined]
             bases = held[1]
             dst = out[name]
             src_addr = bases[seg] + local * nb

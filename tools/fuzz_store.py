@@ -1,0 +1,94 @@
+#!/usr/bin/env python3
+"""The long store-fuzzer run (the suite's tests/faults/test_fuzz_store.py runs a sample of it).
+
+    python tools/fuzz_store.py [--cases 400] [--seed 1] [--minutes 20] [--no-loader]
+
+Valid small stores of both backends, plain and merged, get one or two
+structured mutations each (manifest fields and bytes, .npy headers, index /
+key offset / checksum values, data and LMDB page bytes, truncation, file
+types: symlink, /dev/zero, FIFO, directory); every public entry point runs on
+the result in a forked child (see tests/storefuzz.py). Prints the cases tried,
+crashes (must be 0), hangs (must be 0), other violations (must be 0), and the
+CLI tracebacks seen (an uncaught exception: exit 1 instead of a one-line
+message). Exits 1 when any case crashed, hung or violated a rule.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+REPO = os.path.dirname(HERE)
+sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
+
+from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
+
+import storefuzz  # noqa: E402
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--cases", type=int, default=400)
+    ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--minutes", type=float, default=20.0, help="stop drawing new cases after this long")
+    ap.add_argument("--timeout", type=float, default=120.0, help="seconds before a case counts as a hang")
+    ap.add_argument("--no-loader", action="store_true", help="skip the torch Loader (no torch installed)")
+    args = ap.parse_args()
+    if not args.no_loader:
+        import torch  # noqa: F401 - imported once here, so each forked case starts fast
+
+        import mmstore.torch  # noqa: F401
+    import mmstore.cli  # noqa: F401
+    import mmstore.tools.inspect  # noqa: F401
+    import mmstore.tools.show  # noqa: F401
+    import mmstore.tools.verify  # noqa: F401
+
+    outcomes: list[storefuzz.Outcome] = []
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="mmstore-fuzz-") as root:
+        bases = storefuzz.make_bases(os.path.join(root, "bases"))
+        refs = {k: storefuzz.reference(p) for k, p in bases.items()}
+
+        @seed(args.seed)
+        @settings(max_examples=args.cases, deadline=None, database=None, phases=[Phase.generate],
+                  suppress_health_check=list(HealthCheck))
+        @given(storefuzz.case_strategy(bases))
+        def run(case):
+            if time.monotonic() - t0 > args.minutes * 60:
+                return
+            name, muts = case
+            o = storefuzz.run_case(bases[name], refs[name], muts, os.path.join(root, "case"),
+                                   timeout=args.timeout, loader=not args.no_loader)
+            o.case = f"{name}: {o.case}"
+            outcomes.append(o)
+            if o.status != "ok":
+                print(f"{o.status.upper()}: {o.case}: {o.detail}", flush=True)
+
+        run()
+    counts = collections.Counter(o.status for o in outcomes)
+    tbs = collections.Counter()
+    for o in outcomes:
+        for step, _, detail in o.tracebacks:
+            tbs[(step, detail[:160])] += 1
+    typed = sum(1 for o in outcomes for s in o.steps if s[1] == "typed")
+    print(f"cases tried: {len(outcomes)} in {time.monotonic() - t0:.0f} s (seed {args.seed})")
+    known = [o for o in outcomes if o.status == "crash"
+             and any(o.detail.endswith(f"in step {k}") for k in storefuzz.KNOWN_CRASH_STEPS)]
+    print(f"crashes: {counts['crash'] - len(known)}  hangs: {counts['hang']}  violations: {counts['violation']}")
+    if known:
+        print(f"known crashes, fixed on another branch: {len(known)} "
+              f"({'; '.join(sorted(set(storefuzz.KNOWN_CRASH_STEPS.values())))})")
+    print(f"library calls that raised a typed error: {typed}")
+    print(f"CLI tracebacks (uncaught exceptions, exit 1): {sum(tbs.values())}")
+    for (step, exc), n in tbs.most_common():
+        print(f"  {step}: {exc} x{n}")
+    return 1 if counts["crash"] > len(known) or counts["hang"] or counts["violation"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
