@@ -14,6 +14,7 @@ from __future__ import annotations
 __all__ = [
     "ChecksumError",
     "DecodeError",
+    "DestinationError",
     "FormatError",
     "IncompleteStoreError",
     "IngestError",
@@ -50,6 +51,12 @@ class IncompleteStoreError(MmstoreError, FileNotFoundError):
 
 class StoreExistsError(MmstoreError, FileExistsError):
     """The destination already holds a store (pass ``overwrite=True``)."""
+
+
+class DestinationError(MmstoreError, ValueError):
+    """A destination mmstore may not write or replace: not an mmstore store
+    (or ``.partial``), a symbolic link, or a folder that is, contains or lies
+    inside one of the inputs. Nothing was changed."""
 
 
 class LockedError(MmstoreError, BlockingIOError):

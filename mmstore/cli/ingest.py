@@ -70,7 +70,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="skip (default): a bad input becomes a hole; fail: stop at the first")
     r.add_argument("--max-errors", metavar="N|P%", help="stop once more than N (or P%%) inputs failed")
     r.add_argument("--resume", action="store_true", help="continue DEST.partial left by an interrupted run")
-    r.add_argument("--overwrite", action="store_true", help="replace DEST (and discard a DEST.partial)")
+    r.add_argument("--overwrite", action="store_true",
+                   help="replace DEST if it is an mmstore store (and discard our DEST.partial); anything else, "
+                   "or a DEST that is, contains or lies inside SOURCE, is refused")
     r.add_argument("--shard", metavar="K/N", help="ingest only part K (from 0) of N; join parts with mmstore merge")
     r.add_argument("--backend", choices=["memmap", "lmdb"], default="memmap", help="store backend (default memmap)")
     r.add_argument("--chunk", type=int, default=None, help=argparse.SUPPRESS)
@@ -105,7 +107,7 @@ def resume_command(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import IngestError
+    from ..errors import DestinationError, IngestError
     from ..ingest import ingest
 
     hint = f"resume with: {resume_command(args)}"
@@ -148,6 +150,9 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 130
     except (ValueError, TypeError) as exc:
+        if isinstance(exc, DestinationError):  # nothing was touched: a usage error
+            print(f"mmstore ingest: {exc}", file=sys.stderr)
+            return 2
         if isinstance(exc, IngestError) or type(exc).__module__.startswith("mmstore"):
             raise
         print(f"mmstore ingest: {exc}", file=sys.stderr)
