@@ -23,10 +23,11 @@ from typing import Any
 import numpy as np
 
 from . import __version__
+from ._dest import check_dest, is_own_partial, is_store, make_partial
 from ._io import atomic_write, crash_point, fallocate, fsync_dir, fsync_file, hasher, pwrite_all, record_checksum
+from ._names import json_bytes, json_text
 from .backends import SlotFile, backend_class
 from .backends.base import check_npy
-from ._dest import check_dest, is_own_partial, is_store, make_partial
 from .errors import DestinationError, LockedError, SchemaError, StoreExistsError
 from .format import (
     CHECKSUM_ALGORITHM,
@@ -644,9 +645,10 @@ def write_durable(path: str, head: Any, body: Any = None) -> None:
 
 
 def errors_jsonl(skips: Any) -> bytes:
-    """The ``errors.jsonl`` bytes of ``(slot, key bytes, reason)`` sorted by slot."""
-    lines = [json.dumps({"slot": s, "key": decode_key(k), "reason": r}, ensure_ascii=False) for s, k, r in skips]
-    return ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
+    """The ``errors.jsonl`` bytes of ``(slot, key bytes, reason)`` sorted by slot
+    (UTF-8; a key byte that is not UTF-8 is a ``\\udcXX`` escape, see ``_names``)."""
+    lines = [json_text({"slot": s, "key": decode_key(k), "reason": r}) for s, k, r in skips]
+    return ("\n".join(lines) + "\n").encode("utf-8")
 
 
 def file_digest(path: str, offset: int = 0) -> str:
@@ -695,7 +697,7 @@ def write_manifest(
         manifest["segments"] = list(segments)
     atomic_write(
         os.path.join(partial, MANIFEST_FILE),
-        json.dumps(manifest, indent=1, ensure_ascii=False).encode("utf-8") + b"\n",
+        json_bytes(manifest, indent=1) + b"\n",
     )
 
 

@@ -36,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
+    from .._names import printable
     from ..errors import DestinationError, StoreExistsError
     from ..tools._cli import usage_error
     from ..tools._common import fmt_bytes
@@ -53,7 +54,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(rep)
     else:
-        print(f"converted  {rep.source} ({rep.source_backend}) -> {rep.dest} ({rep.backend})")
+        print(f"converted  {printable(rep.source)} ({rep.source_backend}) -> {printable(rep.dest)} ({rep.backend})")
         print(f"           {rep.records:,} records, {rep.holes:,} holes, {fmt_bytes(rep.bytes_written)} in "
               f"{rep.seconds:.2f} s")
     return 0
