@@ -72,7 +72,8 @@ class DecodeError(MmstoreError, ValueError):
 
     ``reason`` is a short, stable string whose first word is a category
     (``empty``, ``not-an-image``, ``truncated``, ``corrupt``, ``too-large``,
-    ``unreadable``, ``wrong-shape``, ``unsupported``).
+    ``unreadable``, ``wrong-shape``, ``unsupported``; ``bad-label`` for a
+    list row whose label cell is blank or invalid).
     """
 
     def __init__(self, reason: str) -> None:

@@ -62,6 +62,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--delimiter", help="list: field separator (default: tab for .tsv, else comma)")
     s.add_argument("--no-header", dest="header", action="store_const", const=False, default=None,
                    help="list: the first row is data (default: auto, a header unless its path cell is a file)")
+    s.add_argument("--label-type", choices=["auto", "int", "names"], default=None,
+                   help="list: auto (default): integer labels stay the integers they are when every non-blank cell "
+                   "is one (7 or 7.0), a column without integers is named classes, a mix is refused; int: other "
+                   "cells become holes; names: every distinct value is a named class")
+    s.add_argument("--missing-label", choices=["error", "class"], default=None,
+                   help="list: a blank label cell makes its input a hole listed in errors.jsonl (error, default) "
+                   "or a class of its own (class: label -1, or the name '' in a named column)")
     s.add_argument("--image-key", help=".npz: name of the image array")
     s.add_argument("--label-key", help=".npz: name of the label array")
     r = p.add_argument_group("run")
@@ -85,7 +92,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 _REPEAT = (
     "size", "resize", "channels", "layout", "bgr", "interp_up", "pad_value", "fast_decode", "max_pixels",
     "no_strict_jpeg", "labels", "root", "path_column", "label_column", "path_template", "delimiter", "header",
-    "image_key", "label_key", "shard", "backend", "workers", "on_error", "max_errors", "quiet",
+    "label_type", "missing_label", "image_key", "label_key", "shard", "backend", "workers", "on_error", "max_errors", "quiet",
 )
 _DEFAULTS = {"resize": "center-crop", "channels": 3, "layout": "hwc", "interp_up": "linear", "pad_value": 0,
              "backend": "memmap", "on_error": "skip"}
@@ -142,7 +149,8 @@ def run(args: argparse.Namespace) -> int:
             max_pixels=args.max_pixels,
             strict_jpeg=not args.no_strict_jpeg,
             **{k: getattr(args, k) for k in ("labels", "root", "path_column", "label_column", "path_template",
-                                             "delimiter", "header", "image_key", "label_key")
+                                             "delimiter", "header", "label_type", "missing_label", "image_key",
+                                             "label_key")
                if getattr(args, k) is not None},
         )
     except KeyboardInterrupt:

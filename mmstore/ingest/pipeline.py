@@ -177,6 +177,7 @@ class _Job:
         self.lo = lo
         self.partial = partial
         self.labels = source.listing.labels
+        self.label_errors = source.listing.label_errors  # input -> hole reason (a list's bad label cells)
         self.has_label = "label" in schema
         self.full = "box" in schema  # image fields with orig_size / box
 
@@ -196,6 +197,8 @@ class _Job:
 
     def record(self, reader: Any, slot: int) -> dict[str, Any]:
         i = self.lo + slot
+        if i in self.label_errors:
+            raise _input(self.label_errors[i])
         label = None
         if isinstance(self.source, DatasetSource):
             img, label = self.source.split(reader.load(i))
