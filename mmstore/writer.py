@@ -24,7 +24,7 @@ import numpy as np
 
 from . import __version__
 from ._dest import check_dest, is_own_partial, is_store, make_partial
-from ._io import atomic_write, crash_point, fallocate, fsync_dir, fsync_file, hasher, pwrite_all, record_checksum
+from ._io import atomic_write, check_space, crash_point, fallocate, fsync_dir, fsync_file, hasher, pwrite_all, record_checksum
 from ._names import json_bytes, json_text
 from .backends import SlotFile, backend_class
 from .backends.base import check_npy
@@ -249,7 +249,11 @@ class SlotWriter:
             raise IndexError(f"slot {slot} is outside 0..{self.capacity - 1}")
 
     def grow(self, capacity: int) -> None:
-        """Preallocate every slot file for ``capacity`` slots."""
+        """Preallocate every slot file for ``capacity`` slots (refused before
+        any block is taken when the file system lacks the space)."""
+        more = sum(max(0, capacity - self.capacity) * sf.stride for sf in self.layout)
+        if more:
+            check_space(self.partial_dir, more, self.partial_dir)
         for i, sf in enumerate(self.layout):
             path = os.path.join(self.partial_dir, sf.name)
             old = self._offsets[i] + self.capacity * sf.stride
@@ -399,23 +403,30 @@ class StoreWriter:
                     "or overwrite=True to discard it"
                 )
             shutil.rmtree(self.partial)
-        make_partial(self.partial)
         capacity = slots if self.fixed else 0
         layout = backend_class(self.backend).write_layout(self.schema)
         layout.append(SlotFile(CHECKSUMS_FILE, KEY_DTYPE, (), 8, {}))
-        for sf in layout:
-            path = os.path.join(self.partial, sf.name)
-            header = npy_header(sf.dtype, (capacity, *sf.entry_shape))
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                pwrite_all(fd, header, 0)
-                fallocate(fd, len(header), capacity * sf.stride, path)
-                # the headers must be durable before the state file says the
-                # .partial can be resumed (a power cut found this)
-                fsync_file(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(self.partial)
+        check_space(os.path.dirname(self.partial), _reserve_bytes(layout, capacity, self.backend), self.path)
+        make_partial(self.partial)
+        try:
+            for sf in layout:
+                path = os.path.join(self.partial, sf.name)
+                header = npy_header(sf.dtype, (capacity, *sf.entry_shape))
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    pwrite_all(fd, header, 0)
+                    fallocate(fd, len(header), capacity * sf.stride, path)
+                    # the headers must be durable before the state file says the
+                    # .partial can be resumed (a power cut found this)
+                    fsync_file(fd)
+                finally:
+                    os.close(fd)
+            fsync_dir(self.partial)
+        except OSError:
+            # nothing is written yet: give back every block the reservation took
+            # (a .partial that holds the space but no work helps no one)
+            shutil.rmtree(self.partial, ignore_errors=True)
+            raise
         atomic_write(state_path, json.dumps(self._state_dict(capacity)).encode())
         self._slots_writer = SlotWriter(self.partial)
         self._state = np.zeros(capacity, np.uint8)
@@ -630,6 +641,13 @@ class StoreWriter:
 
     def _write_file(self, name: str, head: Any, body: Any = None) -> None:
         write_durable(os.path.join(self.partial, name), head, body)
+
+
+def _reserve_bytes(layout: list[SlotFile], capacity: int, backend: str) -> int:
+    """Bytes a fresh ``.partial`` reserves for ``capacity`` slots; an lmdb store
+    needs its records once more while ``records.mdb`` is built at close."""
+    data = sum(len(npy_header(sf.dtype, (capacity, *sf.entry_shape))) + capacity * sf.stride for sf in layout)
+    return data + (capacity * layout[0].stride if backend == "lmdb" else 0)
 
 
 def write_durable(path: str, head: Any, body: Any = None) -> None:
