@@ -50,7 +50,7 @@ from typing import Any
 
 import numpy as np
 
-from .._io import crash_point, fsync_dir, fsync_file, pwrite_all
+from .._io import check_space, crash_point, fsync_dir, fsync_file, pwrite_all
 from ..backends import backend_class, data_file_names
 from .._dest import check_dest, is_own_partial
 from ..errors import DestinationError, IngestError, StoreExistsError
@@ -305,6 +305,8 @@ def _read_u8(path: str, offset: int, count: int) -> np.ndarray:
 
 def _build(stores: list[Store], paths: list[str], dest: str, *, overwrite: bool, copy: bool) -> None:
     ids = [_file_ids(s) for s in stores]
+    book = sum(8 * (2 * s.slots + 1) + int(s.manifest["files"][KEYS_BLOB_FILE]) for s in stores)
+    check_space(os.path.dirname(dest), book + (_data_bytes(stores) if copy else 0), dest)
     partial = _fresh_partial(dest, overwrite)
     try:
         _fill(stores, paths, dest, partial, ids, copy)
