@@ -126,17 +126,30 @@ def _mb(n: int) -> str:
     return f"{n:,} bytes" if n < 10**6 else f"{n / 1e6:,.1f} MB ({n:,} bytes)"
 
 
-def check_space(path: str, need: int, what: str) -> None:
+def check_space(path: str, need: int, what: str, largest: tuple[str, int] = ("", 0)) -> None:
     """Refuse to reserve ``need`` bytes under ``path`` when the file system
-    does not have them (before any block is taken).
+    does not have them, or the file ``largest = (name, bytes)`` when the
+    process may not write one that large (``RLIMIT_FSIZE``), before any block
+    is taken.
 
     Raises
     ------
     ResourceLimitError
-        (``ENOSPC``) naming how much is needed and how much is free.
+        (``ENOSPC`` or ``EFBIG``) naming how much is needed and what is allowed.
     """
+    import resource
+
     from .errors import ResourceLimitError
 
+    cap = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if cap != resource.RLIM_INFINITY and largest[1] > cap:
+        raise ResourceLimitError(
+            errno.EFBIG,
+            f"{what}: cannot reserve {largest[0]}: it needs {_mb(largest[1])} but this process may write files of "
+            f"at most {_mb(cap)} "
+            "(File too large: RLIMIT_FSIZE, `ulimit -f`); raise the limit or choose a smaller target size "
+            "(nothing was reserved)",
+        )
     free = free_bytes(path)
     if need > free:
         raise ResourceLimitError(

@@ -406,7 +406,9 @@ class StoreWriter:
         capacity = slots if self.fixed else 0
         layout = backend_class(self.backend).write_layout(self.schema)
         layout.append(SlotFile(CHECKSUMS_FILE, KEY_DTYPE, (), 8, {}))
-        check_space(os.path.dirname(self.partial), _reserve_bytes(layout, capacity, self.backend), self.path)
+        largest = max((len(npy_header(sf.dtype, (capacity, *sf.entry_shape))) + capacity * sf.stride, sf.name)
+                      for sf in layout)[::-1]
+        check_space(os.path.dirname(self.partial), _reserve_bytes(layout, capacity, self.backend), self.path, largest)
         make_partial(self.partial)
         try:
             for sf in layout:

@@ -738,6 +738,9 @@ class ArraySource(Source):
                 lab = np.asarray(z[lk])
                 if lab.shape != (len(arr),) or lab.dtype.kind not in "iub":
                     raise IngestError(f"{self.path}: label array {lk!r} must be ints of shape ({len(arr)},), found {lab.dtype} {lab.shape}")
+                if lab.dtype.kind == "u" and lab.dtype.itemsize == 8 and len(lab) and int(lab.max()) > (1 << 63) - 1:
+                    raise IngestError(f"{self.path}: label array {lk!r} holds {int(lab.max())}, which does not fit "
+                                      "the store's int64 labels (it would wrap around); relabel it first")
                 labels = lab.astype(np.int64)
         else:
             try:

@@ -286,3 +286,13 @@ def test_refused_ingest_leaves_no_lock_file(h, folder, tmp_path):
         ingest(str(tmp_path / "nothing-here"), dest, (8, 8), workers=0, quiet=True)
     assert sorted(os.listdir(tmp_path)) == ["imgs", "s"]
     shutil.rmtree(dest)
+
+
+def test_npz_uint64_labels_that_do_not_fit_are_refused_not_wrapped(tmp_path):
+    p = str(tmp_path / "a.npz")
+    np.savez(p, x=np.zeros((3, 2, 2), np.uint8), y=np.array([1, 2, (1 << 63) + 5], np.uint64))
+    with pytest.raises(IngestError, match="would wrap around"):
+        ingest(p, str(tmp_path / "s"), workers=0, quiet=True)
+    np.savez(p, x=np.zeros((3, 2, 2), np.uint8), y=np.array([1, 2, (1 << 63) - 1], np.uint64))
+    ingest(p, str(tmp_path / "s"), workers=0, quiet=True)
+    assert mmstore.open(str(tmp_path / "s")).column("label").tolist() == [1, 2, (1 << 63) - 1]
