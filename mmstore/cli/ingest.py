@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import signal
 import sys
@@ -110,7 +111,20 @@ def resume_command(args: argparse.Namespace) -> str:
         flag = "--" + k.replace("_", "-")
         argv += [flag] if v is True else [flag, str(v)]
     argv.append("--resume")
-    return shlex.join(argv)
+    return " ".join(_shell_quote(a) for a in argv)
+
+
+def _shell_quote(arg: str) -> str:
+    """``shlex.quote``, except that an argument holding bytes that are not UTF-8
+    (or control characters) is written as bash ``$'...'`` with ``\\xNN``
+    escapes, so the printed resume command can be pasted as it is."""
+    if arg.isprintable():
+        return shlex.quote(arg)
+    out = []
+    for b in os.fsencode(arg):
+        ch = chr(b)
+        out.append(ch if 0x20 <= b < 0x7F and ch not in "\\'" else f"\\x{b:02x}")
+    return "$'" + "".join(out) + "'"
 
 
 def run(args: argparse.Namespace) -> int:

@@ -296,3 +296,13 @@ def test_npz_uint64_labels_that_do_not_fit_are_refused_not_wrapped(tmp_path):
     np.savez(p, x=np.zeros((3, 2, 2), np.uint8), y=np.array([1, 2, (1 << 63) - 1], np.uint64))
     ingest(p, str(tmp_path / "s"), workers=0, quiet=True)
     assert mmstore.open(str(tmp_path / "s")).column("label").tolist() == [1, 2, (1 << 63) - 1]
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+@given(st.binary(min_size=1, max_size=20).filter(lambda b: b"\0" not in b))
+@settings(max_examples=40, deadline=None)
+def test_resume_hint_quotes_any_name_so_it_can_be_pasted(raw):
+    from mmstore.cli.ingest import _shell_quote
+
+    out = subprocess.run(["bash", "-c", "printf %s " + _shell_quote(os.fsdecode(raw))], capture_output=True, timeout=30)
+    assert out.stdout == raw
