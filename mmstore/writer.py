@@ -72,9 +72,10 @@ def acquire_lock(path: str) -> int:
     lock is only ours if ``PATH.lock`` still names the inode we locked;
     otherwise we let go and try again.
 
-    The lock file is never followed through a symlink and never truncated: a
-    ``PATH.lock`` that is not a regular file, or holds anything but a pid
-    line, is not ours and is refused (:class:`DestinationError`).
+    The lock file is empty (0.2 wrote a pid into it) and is never followed
+    through a symlink or written: a ``PATH.lock`` that is not a regular file,
+    or holds anything but a pid, is not ours and is refused
+    (:class:`DestinationError`).
 
     Raises
     ------
@@ -98,8 +99,6 @@ def acquire_lock(path: str) -> int:
             named = None
         mine = os.fstat(fd)
         if named is not None and (named.st_dev, named.st_ino) == (mine.st_dev, mine.st_ino):
-            pid = f"{os.getpid()}\n".encode()
-            os.pwrite(fd, pid.ljust(max(len(pid), mine.st_size)), 0)
             return fd
         os.close(fd)  # the holder released and unlinked it under us: take the new one
     raise LockedError(f"{path}: could not take the lock {lock_path} (it kept being replaced); try again")
@@ -114,11 +113,12 @@ def _open_lock_file(lock_path: str) -> int:
                                    "followed: move it away, or choose another DEST") from None
         raise
     st = os.fstat(fd)
-    head = os.pread(fd, 64, 0) if stat.S_ISREG(st.st_mode) else b"?"
-    if not stat.S_ISREG(st.st_mode) or (head.strip(b" \n") and not head.strip(b" \n").isdigit()):
+    head = os.pread(fd, 65, 0) if stat.S_ISREG(st.st_mode) else b"?"
+    body = head.strip(b" \n\0")
+    if not stat.S_ISREG(st.st_mode) or len(head) > 64 or (body and not body.isdigit()):
         os.close(fd)
-        raise DestinationError(f"{lock_path}: exists and is not an mmstore lock file (a lock holds a process "
-                               "id); it is never changed: move it away, or choose another DEST")
+        raise DestinationError(f"{lock_path}: exists and is not an mmstore lock file (an empty file, or one "
+                               "holding a process id); it is never changed: move it away, or choose another DEST")
     return fd
 
 
