@@ -15,9 +15,11 @@ import numpy as np
 
 __all__ = [
     "atomic_write",
+    "check_space",
     "crash_point",
     "fallocate",
     "fsync_dir",
+    "free_bytes",
     "fsync_file",
     "hasher",
     "pwrite_all",
@@ -86,6 +88,7 @@ def fallocate(fd: int, offset: int, length: int, path: str) -> None:
     """
     if length <= 0:
         return
+    before = os.fstat(fd).st_size
     try:
         os.posix_fallocate(fd, offset, length)
     except OSError as exc:
@@ -93,11 +96,67 @@ def fallocate(fd: int, offset: int, length: int, path: str) -> None:
             if os.fstat(fd).st_size < offset + length:
                 os.ftruncate(fd, offset + length)
             return
+        _give_back(fd, before, offset + length)
         raise OSError(
             exc.errno,
             f"{path}: cannot reserve {length} bytes ({os.strerror(exc.errno or 0)}); "
             "free some space or choose another destination",
         ) from None
+
+
+def _give_back(fd: int, size: int, end: int) -> None:
+    """Free the blocks a failed ``posix_fallocate`` took past ``size`` (ext4
+    keeps what it allocated before running out): grow the file to ``end``
+    (allocates nothing), then cut it back to ``size`` (frees every block past it)."""
+    try:
+        if os.fstat(fd).st_size < end:
+            os.ftruncate(fd, end)
+        os.ftruncate(fd, size)
+    except OSError:
+        pass
+
+
+def free_bytes(path: str) -> int:
+    """Bytes this process may still write on the file system holding ``path``."""
+    st = os.statvfs(path)
+    return int((st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize)
+
+
+def _mb(n: int) -> str:
+    return f"{n:,} bytes" if n < 10**6 else f"{n / 1e6:,.1f} MB ({n:,} bytes)"
+
+
+def check_space(path: str, need: int, what: str, largest: tuple[str, int] = ("", 0)) -> None:
+    """Refuse to reserve ``need`` bytes under ``path`` when the file system
+    does not have them, or the file ``largest = (name, bytes)`` when the
+    process may not write one that large (``RLIMIT_FSIZE``), before any block
+    is taken.
+
+    Raises
+    ------
+    ResourceLimitError
+        (``ENOSPC`` or ``EFBIG``) naming how much is needed and what is allowed.
+    """
+    import resource
+
+    from .errors import ResourceLimitError
+
+    cap = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    if cap != resource.RLIM_INFINITY and largest[1] > cap:
+        raise ResourceLimitError(
+            errno.EFBIG,
+            f"{what}: cannot reserve {largest[0]}: it needs {_mb(largest[1])} but this process may write files of "
+            f"at most {_mb(cap)} "
+            "(File too large: RLIMIT_FSIZE, `ulimit -f`); raise the limit or choose a smaller target size "
+            "(nothing was reserved)",
+        )
+    free = free_bytes(path)
+    if need > free:
+        raise ResourceLimitError(
+            errno.ENOSPC,
+            f"{what}: needs {_mb(need)} for its data files but only {_mb(free)} are free on the file system of "
+            f"{path}; free at least {_mb(need - free)} or choose another destination (nothing was reserved)",
+        )
 
 
 def atomic_write(path: str, data: bytes) -> None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 __all__ = [
     "ChecksumError",
     "DecodeError",
+    "DestinationError",
     "FormatError",
     "IncompleteStoreError",
     "IngestError",
@@ -64,6 +65,12 @@ class StoreExistsError(MmstoreError, FileExistsError):
     """The destination already holds a store (pass ``overwrite=True``)."""
 
 
+class DestinationError(MmstoreError, ValueError):
+    """A destination mmstore may not write or replace: not an mmstore store
+    (or ``.partial``), a symbolic link, or a folder that is, contains or lies
+    inside one of the inputs. Nothing was changed."""
+
+
 class LockedError(MmstoreError, BlockingIOError):
     """Another live process is writing to the same destination."""
 
@@ -77,7 +84,8 @@ class DecodeError(MmstoreError, ValueError):
 
     ``reason`` is a short, stable string whose first word is a category
     (``empty``, ``not-an-image``, ``truncated``, ``corrupt``, ``too-large``,
-    ``unreadable``, ``wrong-shape``, ``unsupported``).
+    ``unreadable``, ``wrong-shape``, ``unsupported``; ``bad-label`` for a
+    list row whose label cell is blank or invalid).
     """
 
     def __init__(self, reason: str) -> None:

@@ -172,6 +172,16 @@ its original bytes, losslessly, and readers decode keys as UTF-8 with
 file name bytes. Keys are paths relative to the source root, ids, or
 ``"<source key>"`` forms chosen by the ingest; they are for tracing and repair.
 
+Names that are not UTF-8 (keys, label names, provenance paths): JSON files
+(``manifest.json``, ``errors.jsonl``) are valid UTF-8 in which a byte that was
+not part of valid UTF-8 (held in Python as the lone surrogate ``U+DC80`` to
+``U+DCFF``) is written as the JSON escape ``\\udcXX``; a JSON parser returns
+the lone surrogate and ``os.fsencode`` the original bytes. Writers MUST NOT
+write raw invalid UTF-8 into a JSON file (stores of 0.2 may hold such raw bytes
+in ``errors.jsonl``; readers decode it with ``surrogateescape``). Text for
+people shows such a byte as ``\\xXX`` (``caf\\xe9``). Implemented once, in
+``mmstore/_names.py``.
+
 Reading a store from someone else
 ---------------------------------
 

@@ -14,6 +14,7 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import time
 import uuid
 from collections.abc import Mapping
@@ -22,10 +23,12 @@ from typing import Any
 import numpy as np
 
 from . import __version__
-from ._io import atomic_write, crash_point, fallocate, fsync_dir, fsync_file, hasher, pwrite_all, record_checksum
+from ._dest import check_dest, is_own_partial, is_store, make_partial
+from ._io import atomic_write, check_space, crash_point, fallocate, fsync_dir, fsync_file, hasher, pwrite_all, record_checksum
+from ._names import json_bytes, json_text
 from .backends import SlotFile, backend_class
 from .backends.base import check_npy
-from .errors import LockedError, SchemaError, StoreExistsError
+from .errors import DestinationError, LockedError, SchemaError, StoreExistsError
 from .format import (
     CHECKSUM_ALGORITHM,
     CHECKSUMS_FILE,
@@ -61,30 +64,74 @@ def acquire_lock(path: str) -> int:
     run (a left-over ``PATH.lock`` file is harmless). ``flock`` is advisory and
     not reliable on every network file system.
 
+    NOTE [lock file unlink]: the holder unlinks ``PATH.lock`` when it
+    releases the lock (while still holding it), so no stray lock file stays
+    behind. A process that opened the old file just before that unlink would
+    then lock a file that no longer has the name, while a third process
+    creates and locks a new one: two holders. So after ``flock`` succeeds the
+    lock is only ours if ``PATH.lock`` still names the inode we locked;
+    otherwise we let go and try again.
+
+    The lock file is empty (0.2 wrote a pid into it) and is never followed
+    through a symlink or written: a ``PATH.lock`` that is not a regular file,
+    or holds anything but a pid, is not ours and is refused
+    (:class:`DestinationError`).
+
     Raises
     ------
     LockedError
         Another live process holds it.
     """
     lock_path = os.path.abspath(path) + ".lock"
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    for _ in range(100):
+        fd = _open_lock_file(lock_path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise LockedError(
+                f"{path}: another process is writing this store right now (lock {lock_path} is held); "
+                "wait for it to finish, or stop it first"
+            ) from None
+        try:
+            named = os.stat(lock_path, follow_symlinks=False)
+        except FileNotFoundError:
+            named = None
+        mine = os.fstat(fd)
+        if named is not None and (named.st_dev, named.st_ino) == (mine.st_dev, mine.st_ino):
+            return fd
+        os.close(fd)  # the holder released and unlinked it under us: take the new one
+    raise LockedError(f"{path}: could not take the lock {lock_path} (it kept being replaced); try again")
+
+
+def _open_lock_file(lock_path: str) -> int:
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
+        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
+    except OSError as exc:
+        if os.path.islink(lock_path) or exc.errno == errno.ELOOP:
+            raise DestinationError(f"{lock_path}: is a symbolic link, not an mmstore lock file; it is never "
+                                   "followed: move it away, or choose another DEST") from None
+        raise
+    st = os.fstat(fd)
+    head = os.pread(fd, 65, 0) if stat.S_ISREG(st.st_mode) else b"?"
+    body = head.strip(b" \n\0")
+    if not stat.S_ISREG(st.st_mode) or len(head) > 64 or (body and not body.isdigit()):
         os.close(fd)
-        raise LockedError(
-            f"{path}: another process is writing this store right now (lock {lock_path} is held); "
-            "wait for it to finish, or stop it first"
-        ) from None
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        raise DestinationError(f"{lock_path}: exists and is not an mmstore lock file (an empty file, or one "
+                               "holding a process id); it is never changed: move it away, or choose another DEST")
     return fd
 
 
-def _release_lock(path: str, fd: int, unlink: bool) -> None:
+def _release_lock(path: str, fd: int, unlink: bool = True) -> None:
+    """Let go of the lock; unlink ``PATH.lock`` first, while still holding it
+    (see NOTE [lock file unlink]; ``unlink`` is kept for callers' clarity)."""
     if unlink:
+        lock_path = os.path.abspath(path) + ".lock"
         try:
-            os.unlink(os.path.abspath(path) + ".lock")
+            named = os.stat(lock_path, follow_symlinks=False)
+            mine = os.fstat(fd)
+            if (named.st_dev, named.st_ino) == (mine.st_dev, mine.st_ino):
+                os.unlink(lock_path)
         except FileNotFoundError:
             pass
     os.close(fd)
@@ -202,7 +249,11 @@ class SlotWriter:
             raise IndexError(f"slot {slot} is outside 0..{self.capacity - 1}")
 
     def grow(self, capacity: int) -> None:
-        """Preallocate every slot file for ``capacity`` slots."""
+        """Preallocate every slot file for ``capacity`` slots (refused before
+        any block is taken when the file system lacks the space)."""
+        more = sum(max(0, capacity - self.capacity) * sf.stride for sf in self.layout)
+        if more:
+            check_space(self.partial_dir, more, self.partial_dir)
         for i, sf in enumerate(self.layout):
             path = os.path.join(self.partial_dir, sf.name)
             old = self._offsets[i] + self.capacity * sf.stride
@@ -244,11 +295,17 @@ class StoreWriter:
         ``"memmap"`` or ``"lmdb"``.
     overwrite
         Replace an existing store (and discard a left-over ``.partial``).
+        Only an mmstore store is ever replaced, and only a ``.partial`` an
+        mmstore writer made is discarded (see ``mmstore/_dest.py``);
+        anything else raises :class:`~mmstore.errors.DestinationError`.
     resume
         Continue in an existing ``PATH.partial`` (same schema, slots and
         backend); slots already written keep their bytes.
     label_names, provenance
         Stored in the manifest (may also be set as attributes before close).
+    inputs
+        Paths of the inputs: ``path`` may not be, contain or lie inside one
+        (``DestinationError``).
 
     Examples
     --------
@@ -260,6 +317,8 @@ class StoreWriter:
     ------
     StoreExistsError
         ``PATH`` exists (or a ``.partial`` does, without ``resume``).
+    DestinationError
+        ``PATH`` may not be written or replaced (see ``overwrite``).
     LockedError
         Another process is writing ``PATH``.
     """
@@ -275,6 +334,7 @@ class StoreWriter:
         resume: bool = False,
         label_names: list[str] | None = None,
         provenance: dict[str, Any] | None = None,
+        inputs: Any = (),
     ) -> None:
         self.path = os.path.abspath(os.fspath(path))
         self.partial = self.path + PARTIAL_SUFFIX
@@ -296,13 +356,16 @@ class StoreWriter:
         self._skips: dict[int, tuple[bytes, str]] = {}
         self._next = 0
         self._closed = False
-        if os.path.exists(self.path) and not overwrite:
-            raise StoreExistsError(f"{self.path}: already exists; pass overwrite=True (--overwrite) to replace it")
+        check_dest(self.path, overwrite=overwrite, sources=inputs)  # fail fast, before the lock
         self._lock = acquire_lock(self.path)
         try:
+            # under the lock: what DEST is now is what this writer will replace
+            check_dest(self.path, overwrite=overwrite, sources=inputs)
+            if os.path.lexists(self.path) and not overwrite:
+                raise StoreExistsError(f"{self.path}: already exists; pass overwrite=True (--overwrite) to replace it")
             self._open(int(slots) if slots is not None else 0, overwrite, resume)
         except BaseException:
-            _release_lock(self.path, self._lock, unlink=False)
+            _release_lock(self.path, self._lock)
             raise
 
     # -- setup ------------------------------------------------------------------
@@ -316,7 +379,10 @@ class StoreWriter:
 
     def _open(self, slots: int, overwrite: bool, resume: bool) -> None:
         state_path = os.path.join(self.partial, WRITER_STATE_FILE)
-        if os.path.exists(self.partial):
+        if os.path.lexists(self.partial):
+            if not is_own_partial(self.partial):  # never write into (or delete) a stranger's directory
+                raise DestinationError(f"{self.partial}: exists and was not made by mmstore; it is never written "
+                                       "to or discarded: move it away yourself, or choose another destination")
             if resume and os.path.exists(state_path):
                 with open(state_path, "rb") as fh:
                     old = json.loads(fh.read())
@@ -337,23 +403,32 @@ class StoreWriter:
                     "or overwrite=True to discard it"
                 )
             shutil.rmtree(self.partial)
-        os.makedirs(self.partial)
         capacity = slots if self.fixed else 0
         layout = backend_class(self.backend).write_layout(self.schema)
         layout.append(SlotFile(CHECKSUMS_FILE, KEY_DTYPE, (), 8, {}))
-        for sf in layout:
-            path = os.path.join(self.partial, sf.name)
-            header = npy_header(sf.dtype, (capacity, *sf.entry_shape))
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
-            try:
-                pwrite_all(fd, header, 0)
-                fallocate(fd, len(header), capacity * sf.stride, path)
-                # the headers must be durable before the state file says the
-                # .partial can be resumed (a power cut found this)
-                fsync_file(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(self.partial)
+        largest = max((len(npy_header(sf.dtype, (capacity, *sf.entry_shape))) + capacity * sf.stride, sf.name)
+                      for sf in layout)[::-1]
+        check_space(os.path.dirname(self.partial), _reserve_bytes(layout, capacity, self.backend), self.path, largest)
+        make_partial(self.partial)
+        try:
+            for sf in layout:
+                path = os.path.join(self.partial, sf.name)
+                header = npy_header(sf.dtype, (capacity, *sf.entry_shape))
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+                try:
+                    pwrite_all(fd, header, 0)
+                    fallocate(fd, len(header), capacity * sf.stride, path)
+                    # the headers must be durable before the state file says the
+                    # .partial can be resumed (a power cut found this)
+                    fsync_file(fd)
+                finally:
+                    os.close(fd)
+            fsync_dir(self.partial)
+        except OSError:
+            # nothing is written yet: give back every block the reservation took
+            # (a .partial that holds the space but no work helps no one)
+            shutil.rmtree(self.partial, ignore_errors=True)
+            raise
         atomic_write(state_path, json.dumps(self._state_dict(capacity)).encode())
         self._slots_writer = SlotWriter(self.partial)
         self._state = np.zeros(capacity, np.uint8)
@@ -472,7 +547,7 @@ class StoreWriter:
             return
         self._closed = True
         self._slots_writer.close()
-        _release_lock(self.path, self._lock, unlink=False)
+        _release_lock(self.path, self._lock)
 
     def close(self) -> str:
         """Finish: write everything, publish ``PATH`` atomically; return it."""
@@ -484,7 +559,7 @@ class StoreWriter:
             self.abort()
             raise
         self._closed = True
-        _release_lock(self.path, self._lock, unlink=True)
+        _release_lock(self.path, self._lock)
         return self.path
 
     def _finish(self) -> None:
@@ -570,6 +645,13 @@ class StoreWriter:
         write_durable(os.path.join(self.partial, name), head, body)
 
 
+def _reserve_bytes(layout: list[SlotFile], capacity: int, backend: str) -> int:
+    """Bytes a fresh ``.partial`` reserves for ``capacity`` slots; an lmdb store
+    needs its records once more while ``records.mdb`` is built at close."""
+    data = sum(len(npy_header(sf.dtype, (capacity, *sf.entry_shape))) + capacity * sf.stride for sf in layout)
+    return data + (capacity * layout[0].stride if backend == "lmdb" else 0)
+
+
 def write_durable(path: str, head: Any, body: Any = None) -> None:
     """Create ``path`` holding ``head`` then ``body``, fsynced."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -583,9 +665,10 @@ def write_durable(path: str, head: Any, body: Any = None) -> None:
 
 
 def errors_jsonl(skips: Any) -> bytes:
-    """The ``errors.jsonl`` bytes of ``(slot, key bytes, reason)`` sorted by slot."""
-    lines = [json.dumps({"slot": s, "key": decode_key(k), "reason": r}, ensure_ascii=False) for s, k, r in skips]
-    return ("\n".join(lines) + "\n").encode("utf-8", "surrogateescape")
+    """The ``errors.jsonl`` bytes of ``(slot, key bytes, reason)`` sorted by slot
+    (UTF-8; a key byte that is not UTF-8 is a ``\\udcXX`` escape, see ``_names``)."""
+    lines = [json_text({"slot": s, "key": decode_key(k), "reason": r}) for s, k, r in skips]
+    return ("\n".join(lines) + "\n").encode("utf-8")
 
 
 def file_digest(path: str, offset: int = 0) -> str:
@@ -634,7 +717,7 @@ def write_manifest(
         manifest["segments"] = list(segments)
     atomic_write(
         os.path.join(partial, MANIFEST_FILE),
-        json.dumps(manifest, indent=1, ensure_ascii=False).encode("utf-8") + b"\n",
+        json_bytes(manifest, indent=1) + b"\n",
     )
 
 
@@ -652,6 +735,10 @@ def publish(path: str) -> None:
 
     partial = path + PARTIAL_SUFFIX
     man = read_manifest(partial)
+    replace = os.path.lexists(path)
+    if replace and (os.path.islink(path) or not is_store(path)):  # the last line of defence
+        raise DestinationError(f"{path}: exists and is not an mmstore store; it is never replaced: move it "
+                               f"away yourself, then rerun to publish {partial}")
     keep = set(man["files"]) | {MANIFEST_FILE}
     for name in os.listdir(partial):
         if name not in keep:
@@ -662,7 +749,7 @@ def publish(path: str) -> None:
                 os.unlink(p)
     fsync_dir(partial)
     old = None
-    if os.path.exists(path):
+    if replace:
         old = f"{path}.replaced-{uuid.uuid4().hex[:8]}"
         os.rename(path, old)
     crash_point("rename")

@@ -145,3 +145,33 @@ def kill_after(proc: subprocess.Popen, delay: float, group: bool = False) -> boo
             pass
     proc.communicate()  # reap it and close its pipes
     return killed
+
+
+def mount_tmpfs(path: str, size) -> bool:
+    """Mount a tmpfs of ``size`` (bytes or "16k") at ``path``; False where not permitted."""
+    os.makedirs(path, exist_ok=True)
+    if os.geteuid() != 0:
+        return False
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], capture_output=True)
+    return r.returncode == 0
+
+
+def mount_ext4(image: str, path: str, size: int) -> bool:
+    """Make an ext4 file system of ``size`` bytes in the file ``image`` and
+    loop-mount it at ``path``; False where that is not permitted."""
+    os.makedirs(path, exist_ok=True)
+    if os.geteuid() != 0:
+        return False
+    with open(image, "wb") as fh:
+        fh.truncate(size)
+    for cmd in (["mkfs.ext4", "-q", "-F", image], ["mount", "-o", "loop", image, path]):
+        try:
+            if subprocess.run(cmd, capture_output=True).returncode != 0:
+                return False
+        except FileNotFoundError:
+            return False
+    return True
+
+
+def umount(path: str) -> None:
+    subprocess.run(["umount", path], capture_output=True)

@@ -26,7 +26,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("src", metavar="SRC", help="the store to read")
     p.add_argument("dest", metavar="DEST", help="the store to write")
     p.add_argument("--backend", required=True, choices=["memmap", "lmdb"], help="backend of DEST")
-    p.add_argument("--overwrite", action="store_true", help="replace DEST if it exists")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace DEST if it is an mmstore store (anything else is refused)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
@@ -35,24 +36,25 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     import os
 
-    from ..errors import StoreExistsError
+    from .._names import printable
+    from ..errors import DestinationError, StoreExistsError
     from ..tools._cli import usage_error
     from ..tools._common import fmt_bytes
     from ..tools.convert import convert_store
 
-    if os.path.abspath(args.src) == os.path.abspath(args.dest):
+    if os.path.realpath(args.src) == os.path.realpath(args.dest):
         return usage_error("convert", "DEST must differ from SRC")
     bar = progress_bar(not args.no_progress and not args.json, "convert")
     try:
         rep = convert_store(args.src, args.dest, args.backend, overwrite=args.overwrite, progress=bar.update)
-    except StoreExistsError as exc:
+    except (StoreExistsError, DestinationError) as exc:
         return usage_error("convert", str(exc))
     finally:
         bar.close()
     if args.json:
         emit_json(rep)
     else:
-        print(f"converted  {rep.source} ({rep.source_backend}) -> {rep.dest} ({rep.backend})")
+        print(f"converted  {printable(rep.source)} ({rep.source_backend}) -> {printable(rep.dest)} ({rep.backend})")
         print(f"           {rep.records:,} records, {rep.holes:,} holes, {fmt_bytes(rep.bytes_written)} in "
               f"{rep.seconds:.2f} s")
     return 0

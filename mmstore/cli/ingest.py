@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import shlex
 import signal
 import sys
@@ -62,6 +63,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--delimiter", help="list: field separator (default: tab for .tsv, else comma)")
     s.add_argument("--no-header", dest="header", action="store_const", const=False, default=None,
                    help="list: the first row is data (default: auto, a header unless its path cell is a file)")
+    s.add_argument("--label-type", choices=["auto", "int", "names"], default=None,
+                   help="list: auto (default): integer labels stay the integers they are when every non-blank cell "
+                   "is one (7 or 7.0), a column without integers is named classes, a mix is refused; int: other "
+                   "cells become holes; names: every distinct value is a named class")
+    s.add_argument("--missing-label", choices=["error", "class"], default=None,
+                   help="list: a blank label cell makes its input a hole listed in errors.jsonl (error, default) "
+                   "or a class of its own (class: label -1, or the name '' in a named column)")
     s.add_argument("--image-key", help=".npz: name of the image array")
     s.add_argument("--label-key", help=".npz: name of the label array")
     r = p.add_argument_group("run")
@@ -70,7 +78,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="skip (default): a bad input becomes a hole; fail: stop at the first")
     r.add_argument("--max-errors", metavar="N|P%", help="stop once more than N (or P%%) inputs failed")
     r.add_argument("--resume", action="store_true", help="continue DEST.partial left by an interrupted run")
-    r.add_argument("--overwrite", action="store_true", help="replace DEST (and discard a DEST.partial)")
+    r.add_argument("--overwrite", action="store_true",
+                   help="replace DEST if it is an mmstore store (and discard our DEST.partial); anything else, "
+                   "or a DEST that is, contains or lies inside SOURCE, is refused")
     r.add_argument("--shard", metavar="K/N", help="ingest only part K (from 0) of N; join parts with mmstore merge")
     r.add_argument("--backend", choices=["memmap", "lmdb"], default="memmap", help="store backend (default memmap)")
     r.add_argument("--chunk", type=int, default=None, help=argparse.SUPPRESS)
@@ -83,7 +93,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 _REPEAT = (
     "size", "resize", "channels", "layout", "bgr", "interp_up", "pad_value", "fast_decode", "max_pixels",
     "no_strict_jpeg", "labels", "root", "path_column", "label_column", "path_template", "delimiter", "header",
-    "image_key", "label_key", "shard", "backend", "workers", "on_error", "max_errors", "quiet",
+    "label_type", "missing_label", "image_key", "label_key", "shard", "backend", "workers", "on_error", "max_errors", "quiet",
 )
 _DEFAULTS = {"resize": "center-crop", "channels": 3, "layout": "hwc", "interp_up": "linear", "pad_value": 0,
              "backend": "memmap", "on_error": "skip"}
@@ -101,11 +111,24 @@ def resume_command(args: argparse.Namespace) -> str:
         flag = "--" + k.replace("_", "-")
         argv += [flag] if v is True else [flag, str(v)]
     argv.append("--resume")
-    return shlex.join(argv)
+    return " ".join(_shell_quote(a) for a in argv)
+
+
+def _shell_quote(arg: str) -> str:
+    """``shlex.quote``, except that an argument holding bytes that are not UTF-8
+    (or control characters) is written as bash ``$'...'`` with ``\\xNN``
+    escapes, so the printed resume command can be pasted as it is."""
+    if arg.isprintable():
+        return shlex.quote(arg)
+    out = []
+    for b in os.fsencode(arg):
+        ch = chr(b)
+        out.append(ch if 0x20 <= b < 0x7F and ch not in "\\'" else f"\\x{b:02x}")
+    return "$'" + "".join(out) + "'"
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import IngestError
+    from ..errors import DestinationError, IngestError
     from ..ingest import ingest
 
     hint = f"resume with: {resume_command(args)}"
@@ -140,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
             max_pixels=args.max_pixels,
             strict_jpeg=not args.no_strict_jpeg,
             **{k: getattr(args, k) for k in ("labels", "root", "path_column", "label_column", "path_template",
-                                             "delimiter", "header", "image_key", "label_key")
+                                             "delimiter", "header", "label_type", "missing_label", "image_key",
+                                             "label_key")
                if getattr(args, k) is not None},
         )
     except KeyboardInterrupt:
@@ -148,6 +172,9 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 130
     except (ValueError, TypeError) as exc:
+        if isinstance(exc, DestinationError):  # nothing was touched: a usage error
+            print(f"mmstore ingest: {exc}", file=sys.stderr)
+            return 2
         if isinstance(exc, IngestError) or type(exc).__module__.startswith("mmstore"):
             raise
         print(f"mmstore ingest: {exc}", file=sys.stderr)

@@ -33,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .._names import printable
     from ..tools.inspect import inspect_store
 
     if args.sample < 0:
@@ -40,16 +41,17 @@ def run(args: argparse.Namespace) -> int:
     rep = inspect_store(args.store, sample=args.sample, seed=args.seed,
                         image_field=args.image_field, label_field=args.label_field)
     if args.json:
-        emit_json(rep)
+        emit_json(rep)  # names that are not UTF-8 as \udcXX escapes (mmstore/_names.py)
     else:
-        print(render(rep))
+        print(printable(render(rep), keep_newlines=True))  # ... and as \xXX here
     return 0
 
 
 def render(rep) -> str:  # noqa: ANN001
+    from .._names import printable
     from ..tools._common import fmt_bytes, table
 
-    out = [f"store        {rep.path}",
+    out = [f"store        {printable(rep.path)}",
            f"id           {rep.store_id}   format {'.'.join(map(str, rep.format_version))}   backend {rep.backend}",
            f"records      {rep.records:,} in {rep.slots:,} slots ({rep.skipped:,} skipped), "
            f"{fmt_bytes(rep.record_bytes)} per record",
@@ -82,8 +84,8 @@ def render(rep) -> str:  # noqa: ANN001
         top = max((r["count"] for r in rep.label_histogram), default=1)
         hist = rep.label_histogram if len(rep.label_histogram) <= 30 else sorted(
             rep.label_histogram, key=lambda r: -r["count"])[:30]
-        out.append(table([[r["label"], r["name"] or "", f"{r['count']:,}", "#" * max(1, round(30 * r["count"] / top))]
-                          for r in hist]))
+        out.append(table([[r["label"], printable(r["name"] or ""), f"{r['count']:,}",
+                            "#" * max(1, round(30 * r["count"] / top))] for r in hist]))
         if len(rep.label_histogram) > 30:
             out.append(f"  ... {len(rep.label_histogram) - 30} more labels (see --json)")
     elif rep.label_names:
@@ -122,7 +124,7 @@ def _file_rows(rep) -> list[tuple[str, int]]:  # noqa: ANN001
 
 
 def _short(v, n: int = 90) -> str:  # noqa: ANN001
-    import json
+    from .._names import json_text, printable
 
-    s = v if isinstance(v, str) else json.dumps(v, ensure_ascii=False)
+    s = printable(v) if isinstance(v, str) else json_text(v)
     return s if len(s) <= n else s[: n - 3] + "..."

@@ -29,7 +29,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("parts", nargs="+", metavar="PART", help="part stores (any order)")
     p.add_argument("dest", help="store directory to create")
-    p.add_argument("--overwrite", action="store_true", help="replace DEST (and a left-over DEST.partial)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="replace DEST if it is an mmstore store (and our left-over DEST.partial); anything else is refused")
     p.add_argument("--copy", action="store_true",
                    help="copy the data files instead of hard-linking them (DEST on another file system)")
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")
@@ -40,8 +41,13 @@ def run(args: argparse.Namespace) -> int:
     from ..ingest import merge
     from ..reader import open_store
 
+    from ..errors import DestinationError
+
     try:
         path = merge(args.parts, args.dest, overwrite=args.overwrite, copy=args.copy)
+    except DestinationError as exc:  # nothing was touched: a usage error
+        print(f"mmstore merge: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         from ..errors import MmstoreError
 

@@ -100,6 +100,7 @@ def make_spec(
 _SPEC_KEYS = ("resize", "channels", "layout", "bgr", "interp_up", "pad_value", "fast_decode", "max_pixels", "strict_jpeg")
 _SOURCE_KEYS = (
     "labels", "root", "path_column", "label_column", "path_template", "delimiter", "header", "image_key", "label_key",
+    "label_type", "missing_label",
 )
 
 
@@ -148,7 +149,8 @@ def ingest(
         ``interp_up``, ``pad_value``, ``fast_decode``, ``max_pixels``,
         ``strict_jpeg``) and source options (``labels`` for folders; ``root``,
         ``path_column``, ``label_column``, ``path_template``, ``delimiter``,
-        ``header`` for lists; ``image_key``, ``label_key`` for .npz).
+        ``header``, ``label_type``, ``missing_label`` for lists, see
+        :class:`ListSource`; ``image_key``, ``label_key`` for .npz).
 
     Returns
     -------

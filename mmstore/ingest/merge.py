@@ -50,9 +50,10 @@ from typing import Any
 
 import numpy as np
 
-from .._io import crash_point, fsync_dir, fsync_file, pwrite_all
+from .._io import check_space, crash_point, fsync_dir, fsync_file, pwrite_all
 from ..backends import backend_class, data_file_names
-from ..errors import IngestError, StoreExistsError
+from .._dest import check_dest, is_own_partial
+from ..errors import DestinationError, IngestError, StoreExistsError
 from ..format import (
     CHECKSUMS_FILE,
     ERRORS_FILE,
@@ -144,12 +145,8 @@ def _order(stores: list[Store], paths: list[str]) -> list[int]:
 
 
 def _check_dest(dest: str, paths: list[str], overwrite: bool) -> None:
-    real_dest = os.path.realpath(dest)
-    for p in paths:
-        rp = os.path.realpath(p)
-        if real_dest == rp or real_dest.startswith(rp + os.sep) or rp.startswith(real_dest + os.sep):
-            raise IngestError(f"{dest}: the destination is (or is inside, or contains) part {p}; choose another DEST")
-    if os.path.exists(dest) and not overwrite:
+    check_dest(dest, overwrite=overwrite, sources=paths)
+    if os.path.lexists(dest) and not overwrite:
         raise StoreExistsError(f"{dest}: already exists; pass overwrite=True (--overwrite) to replace it")
 
 
@@ -218,6 +215,9 @@ def merge(
         system (the message suggests ``copy=True``).
     StoreExistsError
         ``dest`` exists (without ``overwrite``).
+    DestinationError
+        ``dest`` is, contains or lies inside a part, or exists and is not a
+        store (only a store is ever replaced, with ``overwrite``).
     LockedError
         Another process is writing ``dest``.
     """
@@ -243,9 +243,10 @@ def merge(
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         lock = acquire_lock(dest)
         try:
+            _check_dest(dest, paths, overwrite)  # again under the lock: what DEST is now is what gets replaced
             _build(stores, paths, dest, overwrite=overwrite, copy=copy)
         finally:
-            _release_lock(dest, lock, unlink=True)
+            _release_lock(dest, lock)
     finally:
         for s in stores:
             s.close()
@@ -272,7 +273,10 @@ def _fresh_partial(dest: str, overwrite: bool) -> str:
     for name in os.listdir(parent):  # what killed merges left while cleaning up (we hold the lock)
         if name.startswith(base + ".discard-") or name.startswith(base + ".merging-"):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
-    if os.path.exists(partial):
+    if os.path.lexists(partial):
+        if not is_own_partial(partial):
+            raise DestinationError(f"{partial}: exists and was not made by mmstore; it is never discarded: move it "
+                                   "away yourself, or choose another DEST")
         if not (overwrite or _left_by_merge(partial)):
             raise StoreExistsError(
                 f"{partial}: an unfinished ingest is here; finish it with `mmstore ingest ... --resume`, "
@@ -301,6 +305,8 @@ def _read_u8(path: str, offset: int, count: int) -> np.ndarray:
 
 def _build(stores: list[Store], paths: list[str], dest: str, *, overwrite: bool, copy: bool) -> None:
     ids = [_file_ids(s) for s in stores]
+    book = sum(8 * (2 * s.slots + 1) + int(s.manifest["files"][KEYS_BLOB_FILE]) for s in stores)
+    check_space(os.path.dirname(dest), book + (_data_bytes(stores) if copy else 0), dest)
     partial = _fresh_partial(dest, overwrite)
     try:
         _fill(stores, paths, dest, partial, ids, copy)

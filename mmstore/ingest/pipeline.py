@@ -43,7 +43,8 @@ from .. import _io
 from ..errors import IngestError, ResumeMismatchError, SchemaError, StoreExistsError
 from ..format import MANIFEST_FILE, PARTIAL_SUFFIX, read_manifest
 from ..schema import Schema
-from ..writer import SlotWriter, StoreWriter, acquire_lock, publish
+from .._dest import check_dest
+from ..writer import SlotWriter, StoreWriter, _release_lock, acquire_lock, publish
 from .resume import CommitLog, pending_ranges, read_state, write_state
 from .sources import DatasetSource, Source, reason_of, to_array
 
@@ -176,6 +177,7 @@ class _Job:
         self.lo = lo
         self.partial = partial
         self.labels = source.listing.labels
+        self.label_errors = source.listing.label_errors  # input -> hole reason (a list's bad label cells)
         self.has_label = "label" in schema
         self.full = "box" in schema  # image fields with orig_size / box
 
@@ -195,6 +197,8 @@ class _Job:
 
     def record(self, reader: Any, slot: int) -> dict[str, Any]:
         i = self.lo + slot
+        if i in self.label_errors:
+            raise _input(self.label_errors[i])
         label = None
         if isinstance(self.source, DatasetSource):
             img, label = self.source.split(reader.load(i))
@@ -628,8 +632,17 @@ def _schema_for(source: Source, spec: Any, first_item: Any) -> Schema:
 
 
 def _probe_lock(dest: str) -> None:
-    fd = acquire_lock(dest)
-    os.close(fd)
+    _release_lock(dest, acquire_lock(dest))  # no DEST.lock is left behind
+
+
+def _inputs(source: Source) -> tuple[list[str], list[str]]:
+    """The paths DEST must stay clear of: the source itself (DEST may not be,
+    contain or lie inside it) and a list's image root (DEST may not be or
+    contain it; a store next to its list is fine)."""
+    if not source.path:
+        return [], []
+    root = getattr(source, "root", None)
+    return [source.path], [root] if isinstance(root, str) else []
 
 
 def run_ingest(source: Source, dest: str, spec: Any, **kw: Any) -> IngestResult:
@@ -676,6 +689,8 @@ def _run(
     nworkers = _default_workers() if workers is None else int(workers)
     if nworkers < 0:
         raise ValueError(f"workers must be >= 0, got {workers}")
+    sources, protect = _inputs(source)
+    check_dest(dest, overwrite=overwrite, sources=sources, protect=protect)
     if os.path.exists(dest + ".lock"):
         _probe_lock(dest)  # fail fast when another ingest is running (before a long scan)
 
@@ -690,11 +705,7 @@ def _run(
             try:
                 publish(dest)
             finally:
-                try:
-                    os.unlink(dest + ".lock")
-                except FileNotFoundError:
-                    pass
-                os.close(fd)
+                _release_lock(dest, fd)
             m = read_manifest(dest)
             say(f"{dest}: published the already finished ingest")
             return IngestResult(dest, m["slots"], m["records"], m["slots"] - m["records"], already_complete=True)
@@ -788,6 +799,7 @@ def _run(
         resume=resuming,
         label_names=listing.label_names,
         provenance=provenance,
+        inputs=sources,
     )
     log_ = CommitLog(partial)
     done = np.zeros(nslots, bool)

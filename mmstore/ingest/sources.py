@@ -116,6 +116,9 @@ class Listing:
         self.label_names = label_names
         self.fingerprint = fingerprint
         self.warnings = dict(warnings or {})
+        # input index -> hole reason for inputs whose label is missing or not
+        # valid (a list's blank or non-integer cells); sparse
+        self.label_errors: dict[int, str] = {}
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -360,6 +363,85 @@ class FolderSource(Source):
         return read_file(os.path.join(self.root, self.listing.key(i)))
 
 
+_BLANK = frozenset({"", "nan", "na", "<na>", "null", "none"})  # what a blank cell of an integer column may read
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _int_cell(s: str) -> int | None:
+    """The integer a label cell holds (``7``, ``-3``, ``7.0``, ``7.``), else None."""
+    t = s.strip()
+    head, dot, tail = t.partition(".")
+    if not head.lstrip("+-").isdigit() or head.count("-") + head.count("+") > 1 or (dot and tail.strip("0")):
+        return None
+    if not head.isascii():
+        return None
+    return int(head)
+
+
+def _label_values(
+    ids: dict[str, int], label_type: str, missing: str, column: str, path: str
+) -> tuple[np.ndarray, list[str] | None, dict[int, str]]:
+    """Stored label of each distinct cell (``remap[cell]``), the label names
+    (None for an integer column) and the cells that make their rows holes."""
+    ints = {c: _int_cell(c) for c in ids}
+    is_int = {c for c, v in ints.items() if v is not None}
+    blank_int = {c for c in ids if c.lower() in _BLANK and c not in is_int}
+    other = [c for c in ids if c not in is_int and c not in blank_int and c != ""]
+    kind = label_type
+    if kind == "auto":
+        if is_int and other:
+            ex_i, ex_o = sorted(is_int)[:3], sorted(other)[:3]
+            raise IngestError(
+                f"{path}: label column {column!r} mixes integers ({len(is_int)} distinct, e.g. {ex_i}) and other "
+                f"values ({len(other)} distinct, e.g. {ex_o}); nothing is renumbered silently: pass --label-type int "
+                "(values that are not integers become holes listed in errors.jsonl) or --label-type names (every "
+                "distinct value becomes a named class)"
+            )
+        kind = "int" if is_int else "names"
+    remap = np.full(max(len(ids), 1), -1, np.int64)
+    bad: dict[int, str] = {}
+    names: list[str] | None = None
+    blank = blank_int if kind == "int" else {""}
+    if kind == "int":
+        for c, k in ids.items():
+            v = ints[c]
+            if v is not None and _INT64[0] <= v <= _INT64[1]:
+                remap[k] = v
+            elif c in blank or c == "":
+                if missing == "error":
+                    bad[k] = f"bad-label: blank label cell ({c!r}) in integer column {column!r}"
+            elif v is not None:
+                bad[k] = f"bad-label: label {c!r} in column {column!r} does not fit a 64-bit integer"
+            else:
+                bad[k] = f"bad-label: label {c!r} in integer column {column!r} is not an integer"
+    else:
+        keep = sorted(c for c in ids if c not in blank or missing == "class")
+        pos = {c: i for i, c in enumerate(keep)}
+        names = keep
+        for c, k in ids.items():
+            if c in pos:
+                remap[k] = pos[c]
+            else:
+                bad[k] = f"bad-label: blank label cell in column {column!r}"
+    return remap, names, bad
+
+
+def _label_notes(ids: dict[str, int], cells: np.ndarray, bad: dict[int, str], missing: str, is_int: bool) -> dict[str, int]:
+    """Summary lines (``note: N ...``) saying what happened to odd label cells."""
+    notes: dict[str, int] = {}
+    if bad:
+        n = int(np.isin(cells, np.fromiter(bad, np.int64, len(bad))).sum())
+        notes["inputs skipped for a blank or invalid label (reason bad-label in errors.jsonl; "
+              "--missing-label class keeps blank ones as a class)"] = n
+    if missing == "class":
+        blank = [k for c, k in ids.items() if (c.lower() in _BLANK if is_int else c == "") and _int_cell(c) is None]
+        n = int(np.isin(cells, np.array(blank, np.int64)).sum()) if blank else 0
+        if n:
+            notes["inputs with a blank label kept as a class of their own (--missing-label class: "
+                  + ("label -1)" if is_int else "the class named '')")] = n
+    return notes
+
+
 class ListSource(Source):
     """A CSV/TSV list of paths or ids, with an optional label column.
 
@@ -383,9 +465,24 @@ class ListSource(Source):
         present, else column 0).
     label_column
         Column name or index of the label; default ``label`` if present, else
-        none. ``""`` means no labels. Labels that are all integers are kept
-        as they are (no names); otherwise the distinct strings are sorted and
-        numbered, and the names saved.
+        none. ``""`` means no labels.
+    label_type
+        ``"auto"`` (default): a column whose every non-blank cell is an
+        integer (``7``, ``-3``, or a pandas float export such as ``7.0``) is
+        an *integer* column and its labels stay the integers they are (no
+        names); a column with no integer cell is a *named* column: its
+        distinct values are sorted (by code point) and numbered from 0, and
+        the names saved as ``label_names``. A column that mixes both is
+        refused with counts and examples (no guessing): choose ``"int"``
+        (cells that are not integers become holes, reason ``bad-label``) or
+        ``"names"`` (every distinct value is a named class).
+    missing_label
+        What a blank cell (empty; in an integer column also ``nan``, ``NA``,
+        ``<NA>``, ``null``, ``None``) means: ``"error"`` (default): that
+        input becomes a hole with reason ``bad-label``, listed in
+        ``errors.jsonl`` and counted in the summary; ``"class"``: a class of
+        its own: label ``-1`` in an integer column, the class named ``""``
+        in a named column.
     path_template
         ``str.format`` template turning the id into a relative path, with the
         id as ``{id}`` (``{id[0]}`` is its first character), e.g.
@@ -406,8 +503,16 @@ class ListSource(Source):
         path_template: str | None = None,
         delimiter: str | None = None,
         header: bool | None = None,
+        label_type: str = "auto",
+        missing_label: str = "error",
     ) -> None:
         super().__init__(path)
+        if label_type not in ("auto", "int", "names"):
+            raise ValueError(f"label_type must be auto, int or names, got {label_type!r}")
+        if missing_label not in ("error", "class"):
+            raise ValueError(f"missing_label must be error or class, got {missing_label!r}")
+        self.label_type = label_type
+        self.missing_label = missing_label
         self.header = header
         self.root = os.path.abspath(root if root is not None else (os.path.dirname(path) or "."))
         self.path_column = path_column
@@ -431,6 +536,8 @@ class ListSource(Source):
             path_template=self.path_template,
             delimiter=self.delimiter,
             header=self.header,
+            label_type=self.label_type,
+            missing_label=self.missing_label,
         )
         return d
 
@@ -493,8 +600,6 @@ class ListSource(Source):
             self.path_column_name = header[pc]
             b = _Builder("list", lc is not None)
             ids: dict[str, int] = {}
-            all_int = True
-            raw_labels = array("q")
             import itertools
 
             for lineno, row in enumerate(itertools.chain(first_data, reader), 1 if first_data else 2):
@@ -505,30 +610,29 @@ class ListSource(Source):
                 key = row[pc]
                 lab = -1
                 if lc is not None:
-                    s = row[lc].strip()
-                    if all_int:
-                        try:
-                            raw_labels.append(int(s))
-                        except ValueError:
-                            all_int = False
-                    lab = ids.setdefault(s, len(ids))
+                    lab = ids.setdefault(row[lc].strip(), len(ids))
                 kb = encode_key(key)
                 size, mtime = _stat_key(self._resolve(kb))
                 b.add(kb, size, mtime, lab)
         label_names = None
+        bad: dict[int, str] = {}  # distinct cell number -> hole reason
+        notes: dict[str, int] = {}
         if lc is not None:
-            if all_int:
-                labels = np.frombuffer(raw_labels, dtype=np.int64).copy()
-            else:
-                names = sorted(ids)
-                remap = np.empty(len(ids), np.int64)
-                for new, name in enumerate(names):
-                    remap[ids[name]] = new
-                labels = remap[np.frombuffer(b.labels, dtype=np.int64)] if len(b.labels) else np.zeros(0, np.int64)
-                label_names = names
+            cells = np.frombuffer(b.labels, dtype=np.int64)  # distinct cell number of each row
+            remap, label_names, bad = _label_values(ids, self.label_type, self.missing_label, header[lc], self.path)
+            labels = remap[cells] if len(cells) else np.zeros(0, np.int64)
             b.labels = array("q", labels.tobytes())
-        extra = repr((pc, lc, self.path_template, label_names))
-        self.listing = b.finish(label_names, extra=extra)
+            notes = _label_notes(ids, cells, bad, self.missing_label, label_names is None)
+        extra = repr((pc, lc, self.path_template, label_names, self.label_type, self.missing_label))
+        self.listing = b.finish(label_names, extra=extra, warnings=notes)
+        if lc is not None:
+            errs = np.flatnonzero(np.isin(cells, np.fromiter(bad, np.int64, len(bad)))) if bad else []
+            self.listing.label_errors = {int(i): bad[int(cells[i])] for i in errs}
+            import xxhash  # the labels as stored (and which rows are holes) are part of the inputs
+
+            self.listing.fingerprint = xxhash.xxh3_128(
+                self.listing.fingerprint.encode() + labels.tobytes() + repr(sorted(bad.items())).encode("utf-8", "surrogateescape")
+            ).hexdigest()
         return self.listing
 
     def _resolve(self, key: bytes) -> bytes:
@@ -634,6 +738,9 @@ class ArraySource(Source):
                 lab = np.asarray(z[lk])
                 if lab.shape != (len(arr),) or lab.dtype.kind not in "iub":
                     raise IngestError(f"{self.path}: label array {lk!r} must be ints of shape ({len(arr)},), found {lab.dtype} {lab.shape}")
+                if lab.dtype.kind == "u" and lab.dtype.itemsize == 8 and len(lab) and int(lab.max()) > (1 << 63) - 1:
+                    raise IngestError(f"{self.path}: label array {lk!r} holds {int(lab.max())}, which does not fit "
+                                      "the store's int64 labels (it would wrap around); relabel it first")
                 labels = lab.astype(np.int64)
         else:
             try:
@@ -733,7 +840,8 @@ def detect_source(path: str, **opts: Any) -> Source:
     arrays. Unknown options for the kind found are an error.
     """
     folder_opts = {"labels"}
-    list_opts = {"root", "path_column", "label_column", "path_template", "delimiter", "header"}
+    list_opts = {"root", "path_column", "label_column", "path_template", "delimiter", "header", "label_type",
+                 "missing_label"}
     array_opts = {"image_key", "label_key"}
     given = {k for k, v in opts.items() if v is not None}
 

@@ -53,7 +53,9 @@ def to_jsonable(obj: Any) -> Any:
 
 
 def dumps(obj: Any) -> str:
-    return json.dumps(to_jsonable(obj), indent=1, ensure_ascii=False)
+    from .._names import json_text  # names that are not UTF-8 become \udcXX escapes
+
+    return json_text(to_jsonable(obj), indent=1)
 
 
 def fmt_bytes(n: float | int | None) -> str:

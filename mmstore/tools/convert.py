@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .._dest import check_dest
 from ..errors import ChecksumError
 from ..format import SUPPORTED_BACKENDS
 from ..reader import open_store
@@ -60,7 +61,10 @@ def convert_store(
     Raises
     ------
     ValueError
-        Unknown backend, or ``dest`` is ``src``.
+        Unknown backend.
+    DestinationError
+        ``dest`` is, contains or lies inside ``src``, or exists and is not a
+        store (only a store is ever replaced, with ``overwrite``).
     ChecksumError
         A source record does not match its stored checksum (run ``mmstore
         verify`` on the source); the partial output is discarded.
@@ -69,9 +73,8 @@ def convert_store(
         raise ValueError(f"backend must be one of {SUPPORTED_BACKENDS}, got {backend!r}")
     t0 = time.perf_counter()
     store = open_store(src)
-    if os.path.abspath(os.fspath(dest)) == store.path:
-        raise ValueError("the destination is the source store; choose another directory")
     try:
+        check_dest(dest, overwrite=overwrite, sources=[store.path])
         schema = store.schema
         slots = store.slots
         holes = {int(e["slot"]): e for e in store.skipped()}
@@ -84,7 +87,7 @@ def convert_store(
         rb = schema.record_bytes
         fields = list(schema)
         w = StoreWriter(dest, schema, slots=slots, backend=backend, overwrite=overwrite,
-                        label_names=store.label_names, provenance=prov)
+                        label_names=store.label_names, provenance=prov, inputs=[store.path])
         try:
             sw = w.slot_writer
             w.set_keys(np.array(offsets), bytes(blob))

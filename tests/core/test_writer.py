@@ -125,7 +125,8 @@ def test_append_without_known_size(store_dir):
 
 
 def test_disk_full_is_a_clean_error_not_sigbus(tmp_path):
-    """RLIMIT_FSIZE in a child: preallocation fails with EFBIG before any data."""
+    """RLIMIT_FSIZE in a child: refused with EFBIG before anything is reserved
+    (issue 11 item 5: the file that does not fit is named, nothing is left)."""
     dest = os.path.join(tmp_path, "big")
     code = textwrap.dedent(f"""
         import resource, signal, sys
@@ -141,7 +142,8 @@ def test_disk_full_is_a_clean_error_not_sigbus(tmp_path):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 3, r.stderr
     assert "ERR 27" in r.stdout and "cannot reserve" in r.stdout and "image.npy" in r.stdout
-    assert not os.path.exists(dest)
+    assert "RLIMIT_FSIZE" in r.stdout and "nothing was reserved" in r.stdout
+    assert os.listdir(tmp_path) == []
 
 
 def test_append_mode_disk_full_mid_write(tmp_path):

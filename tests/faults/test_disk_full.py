@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import mmstore
-from faultlib import REPO, content_ok, ingest_argv, make_source, run_forked, store_bytes
+from faultlib import REPO, content_ok, ingest_argv, make_source, mount_tmpfs, run_forked, store_bytes
 
 
 @pytest.fixture(scope="module")
@@ -58,9 +58,7 @@ def test_efbig_is_clean_and_resume_completes_identically(src, ref, tmp_path, lim
 
 
 def _mount_tmpfs(path, size):
-    os.makedirs(path, exist_ok=True)
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", path], capture_output=True)
-    return r.returncode == 0
+    return mount_tmpfs(path, size)
 
 
 def test_enospc_on_a_small_tmpfs_then_space_freed(src, ref, tmp_path):
