@@ -36,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..tools._common import UsageError
     from ..tools.show import show_store
 
     indices = None
@@ -49,7 +50,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         rep = show_store(args.store, args.output, n=args.n, seed=args.seed, indices=indices, cols=args.cols,
                          scale=args.scale, image_field=args.image_field, label_field=args.label_field)
-    except IndexError as exc:
+    except (IndexError, UsageError) as exc:
         return usage_error("show", str(exc))
     except (ValueError, KeyError) as exc:
         print(f"mmstore show: {exc}")

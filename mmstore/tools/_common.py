@@ -12,9 +12,13 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import MmstoreError, SchemaError
 from ..schema import Field, Schema
 
 __all__ = [
+    "FieldArgumentError",
+    "UsageError",
+    "ascii_text",
     "find_image_field",
     "find_label_field",
     "fmt_bytes",
@@ -53,7 +57,51 @@ def to_jsonable(obj: Any) -> Any:
 
 
 def dumps(obj: Any) -> str:
-    return json.dumps(to_jsonable(obj), indent=1, ensure_ascii=False)
+    """JSON text of a report. A name that is not valid UTF-8 (a file name,
+    key or label name held as a lone surrogate, see "Source keys" in
+    ``mmstore/format.py``) is written as a ``\\udcXX`` escape, so
+    ``os.fsencode(json.loads(text)[...])`` gives back its original bytes."""
+    plain = to_jsonable(obj)
+    text = json.dumps(plain, indent=1, ensure_ascii=False)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = json.dumps(plain, indent=1, ensure_ascii=True)
+    return text
+
+
+def ascii_text(text: str) -> str:
+    """``text`` as printable ASCII, for drawing (OpenCV's ``putText`` draws
+    ASCII only, and crashes on some non-ASCII input). Printable ASCII stays
+    as it is (a backslash is doubled); a byte that is not valid UTF-8 (a lone
+    surrogate of ``surrogateescape``) becomes ``\\xNN``, its byte; any other
+    character ``\\uNNNN`` or ``\\UNNNNNNNN``, its code point: ``caf\\xe9`` is
+    the Latin-1 byte, ``caf\\u00e9`` the UTF-8 name ``café``."""
+    out = []
+    for ch in text:
+        c = ord(ch)
+        if ch == "\\":
+            out.append("\\\\")
+        elif 32 <= c < 127:
+            out.append(ch)
+        elif 0xDC80 <= c <= 0xDCFF:
+            out.append(f"\\x{c - 0xDC00:02x}")
+        elif c < 0x10000:
+            out.append(f"\\u{c:04x}")
+        else:
+            out.append(f"\\U{c:08x}")
+    return "".join(out)
+
+
+class UsageError(MmstoreError, ValueError):
+    """A bad argument found by a tool (the CLI's exit code 2)."""
+
+    usage_error = True
+
+
+class FieldArgumentError(UsageError, SchemaError):
+    """A field named on the command line is not in the store or does not fit
+    its role."""
 
 
 def fmt_bytes(n: float | int | None) -> str:
@@ -134,10 +182,10 @@ def find_image_field(schema: Schema, name: str | None = None) -> tuple[Field, st
     """The image field: ``name`` if given, else one named ``image``/``img``,
     else the first uint8 field of image shape."""
     if name is not None:
-        f = schema[name]
+        f = _named_field(schema, name)
         lay = image_layout(f)
         if lay is None:
-            raise ValueError(
+            raise FieldArgumentError(
                 f"field {name!r} ({f.dtype.str} {list(f.shape)}) is not a uint8 image of shape "
                 "(H, W, 1|3), (1|3, H, W) or (H, W)"
             )
@@ -157,11 +205,21 @@ def find_label_field(schema: Schema, name: str | None = None) -> Field | None:
     """The label field: ``name``, else one named ``label``/``labels``/``target``/
     ``class``, else None. Must be an integer scalar."""
     if name is not None:
-        return schema[name]
+        f = _named_field(schema, name)
+        if f.shape != () or f.dtype.kind not in "iub":
+            raise FieldArgumentError(f"field {name!r} ({f.dtype.str} {list(f.shape)}) is not a label: "
+                                     "a label is an integer scalar")
+        return f
     for f in schema:
         if f.name.lower() in ("label", "labels", "target", "targets", "class", "y") and f.shape == () and f.dtype.kind in "iub":
             return f
     return None
+
+
+def _named_field(schema: Schema, name: str) -> Field:
+    if name not in schema:
+        raise FieldArgumentError(f"the store has no field {name!r}; its fields are {', '.join(schema.names)}")
+    return schema[name]
 
 
 def to_hwc(arr: np.ndarray, layout: str) -> np.ndarray:

@@ -32,7 +32,7 @@ from ..schema import Schema
 from ..writer import file_digest
 from .verify_report import Problem, VerifyReport
 
-__all__ = ["Ctx", "check_structure", "lmdb_backend"]
+__all__ = ["Ctx", "check_structure"]
 
 class Ctx:
     """What the structure pass learned, for the content pass."""
@@ -251,33 +251,28 @@ def _check_index(ctx: Ctx, rep: VerifyReport, bad_files: set[str], npy: Callable
                                 f"(e.g. slots {diff})", INDEX_FILE))
 
 
-def lmdb_backend(ctx: Ctx, segment: int | None = None, count: int | None = None) -> Any:
-    """The lmdb backend object of one segment (its ``env()`` is shared with any
-    Store of the same file open in this process: py-lmdb allows one per process)."""
-    from ..backends.lmdb import LmdbBackend
-
-    return LmdbBackend(ctx.path, ctx.schema, ctx.slots if count is None else count, ctx.m["files"],
-                       segment=segment, readahead=True)
-
-
 def _check_lmdb_quick(ctx: Ctx, rep: VerifyReport) -> None:
+    """Count the keys of every LMDB file, in a child process (a damaged
+    page must not kill verify: see :mod:`mmstore.tools.verify_lmdb`)."""
+    from .verify_lmdb import lmdb_entries
+
     try:
-        import lmdb
+        import lmdb  # noqa: F401
     except ImportError:
         rep.problems.append(Problem("lmdb", "cannot check records.mdb: the 'lmdb' package is not installed (pip install lmdb)", LMDB_FILE))
         ctx.data_ok = False
         return
     entries = 0
-    for seg, _, count in ctx.segments:
-        be = lmdb_backend(ctx, seg, count)
-        try:
-            entries += be.env().stat()["entries"]
-        except (lmdb.Error, FormatError) as exc:
-            rep.problems.append(Problem("lmdb", f"{be.file}: not a readable LMDB environment ({exc})", be.file))
+    for seg, _, _ in ctx.segments:
+        name = lmdb_file(seg)
+        res = lmdb_entries(os.path.join(ctx.path, name))
+        if res.death is not None or res.error is not None or res.entries is None:
+            why = res.error if res.error is not None else f"opening it killed the reader process ({res.death})"
+            rep.problems.append(Problem("lmdb", f"{name}: not a readable LMDB environment ({why}); restore the "
+                                        "file from a copy or re-create the store", name))
             ctx.data_ok = False
             return
-        finally:
-            be.close()
+        entries += res.entries
     if entries != ctx.records:
         what = LMDB_FILE if not ctx.segmented else f"the {len(ctx.segments)} LMDB segments"
         rep.problems.append(Problem("lmdb-keys", f"{what}: hold {entries:,} keys, the manifest says {ctx.records:,} "
