@@ -84,7 +84,7 @@ def _describe(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, MmstoreError):  # damaged store, lock held, ingest stopped ...
         return EXIT_PROBLEM, text
     if isinstance(exc, NotADirectoryError):
-        return EXIT_USAGE, f"{_where(exc)}: not a store (a store is a directory; a path in it is a file)"
+        return EXIT_USAGE, f"{_file_above(_where(exc))}: not a store (a store is a directory, this is a file)"
     if isinstance(exc, MemoryError):
         return EXIT_PROBLEM, ("out of memory; the store may be damaged or crafted (run `mmstore verify`), or "
                               "give the process more memory")
@@ -100,6 +100,16 @@ def _describe(exc: BaseException) -> tuple[int, str]:
 def _where(exc: OSError) -> str:
     name = exc.filename
     return os.fsdecode(name) if isinstance(name, (str, bytes)) else "I/O error"
+
+
+def _file_above(path: str) -> str:
+    """The file in ``path`` that stands where a directory was expected."""
+    p = path
+    while p and p != os.path.dirname(p):
+        if os.path.lexists(p) and not os.path.isdir(p):
+            return p
+        p = os.path.dirname(p)
+    return path
 
 
 @contextlib.contextmanager

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ResourceLimitError
+from ..errors import IncompleteStoreError, ResourceLimitError
 from ..format import field_file, lmdb_file, read_manifest
 from .verify_report import MAX_LISTED, BadRecord, Problem, VerifyReport
 from .verify_lmdb import walk_range
@@ -248,10 +248,20 @@ def verify_store(
     """
     path = os.path.abspath(os.fspath(path))
     rep = VerifyReport(path=path, quick=quick)
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise IncompleteStoreError(f"{path}: not a store (a store is a directory; this is a file)")
     if not os.path.isdir(path):
         read_manifest(path)  # raises IncompleteStoreError with the right message
     t0 = time.perf_counter()
-    ctx = check_structure(path, rep)
+    try:
+        ctx = check_structure(path, rep)
+    except IncompleteStoreError:
+        raise
+    except OSError as exc:  # permission denied, an I/O error: a finding, with the file it concerns
+        where = os.path.basename(os.fsdecode(exc.filename)) if exc.filename else path
+        rep.problems.append(Problem("read", f"{where}: cannot be read ({exc.strerror or exc}); check its "
+                                    "permissions, or the disk (see the kernel log)", where))
+        ctx = None
     if ctx is None or quick:
         rep.seconds = time.perf_counter() - t0
         return rep
