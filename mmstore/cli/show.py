@@ -36,7 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..tools._common import UsageError
+    from ..tools._common import UsageError, printable_text
     from ..tools.show import show_store
 
     indices = None
@@ -61,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote      {rep.output}: {rep.width}x{rep.height}, {len(rep.tiles)} records of field "
               f"{rep.image_field!r} ({rep.layout}, {rep.channels} channel(s), x{rep.scale})")
         for t in rep.tiles[:64]:
-            lab = "" if t.label is None else f" label {t.label}" + (f" ({t.label_name})" if t.label_name else "")
-            print(f"  #{t.index:<8} slot {t.slot:<8}{lab}  {t.key}")
+            name = f" ({printable_text(t.label_name)})" if t.label_name else ""
+            lab = "" if t.label is None else f" label {t.label}{name}"
+            print(f"  #{t.index:<8} slot {t.slot:<8}{lab}  {printable_text(t.key)}")
     return 0

@@ -19,6 +19,7 @@ __all__ = [
     "FieldArgumentError",
     "UsageError",
     "ascii_text",
+    "printable_text",
     "find_image_field",
     "find_label_field",
     "fmt_bytes",
@@ -91,6 +92,16 @@ def ascii_text(text: str) -> str:
         else:
             out.append(f"\\U{c:08x}")
     return "".join(out)
+
+
+def printable_text(text: str) -> str:
+    """``text`` for a terminal: printable characters (any script) stay as they
+    are; a byte that is not valid UTF-8 becomes ``\\xNN`` and a control or
+    other unprintable character ``\\uNNNN``, so a crafted name cannot send
+    escape sequences to the terminal."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ascii_text(ch) for ch in text)
 
 
 class UsageError(MmstoreError, ValueError):

@@ -11,13 +11,14 @@ is not imported by mmstore), so each start costs milliseconds.
 
 Usage: ``MODE READAHEAD FILE [LO HI]``, where MODE is
 
-``stat``  report the number of entries;
+``stat``  report the number of entries, the last page number in use and
+          the page size;
 ``walk``  report every key in ``[LO, HI)`` in key order (a cursor walk; LO or
           HI of -1: from the first key, to the last one);
 ``get``   report slots ``LO .. HI-1`` one by one (a lookup each), flushing
           after each, so a crash names the slot that caused it.
 
-Output, binary: ``S`` + u64 entries; ``R`` + u16 key length + key + u32 value
+Output, binary: ``S`` + u64 entries, last page, page size; ``R`` + u16 key length + key + u32 value
 length + u64 xxh3_64 of the value; ``N`` + u64 slot (``get``: no such key);
 ``X`` + u32 length + UTF-8 message (an error LMDB reported); ``D`` (done).
 """
@@ -49,7 +50,8 @@ def main(argv):
                         meminit=False, max_dbs=0)
         with env.begin(buffers=True) as txn:
             if mode == "stat":
-                _write(b"S" + struct.pack("<Q", txn.stat()["entries"]))
+                info, st = env.info(), txn.stat()
+                _write(b"S" + struct.pack("<QQQ", st["entries"], info["last_pgno"], st["psize"]))
             elif mode == "get":
                 for s in range(lo, hi):
                     v = txn.get(s.to_bytes(8, "big"))

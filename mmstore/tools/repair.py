@@ -141,6 +141,14 @@ class _Source:
                              "from a copy")
         self._env: Any = None
         self._arr: Any = None
+        if self.kind == "lmdb":
+            import lmdb
+
+            try:
+                self._env = lmdb.open(self.path, readonly=True, lock=False, readahead=False, subdir=True, max_dbs=0)
+            except lmdb.Error as exc:
+                raise SourceGone(f"the source LMDB {self.path!r} cannot be opened ({exc}); restore it, or "
+                                 "restore the store from a copy") from None
 
     def describe(self) -> str:
         return f"{self.kind} {self.path}"
@@ -161,15 +169,6 @@ class _Source:
             root = self.src.get("root") or os.path.dirname(self.path)
             return read_bytes(_inside(os.fsencode(root), os.fsencode(rel)))
         if self.kind == "lmdb":
-            if self._env is None:
-                import lmdb
-
-                try:
-                    self._env = lmdb.open(self.path, readonly=True, lock=False, readahead=False, subdir=True,
-                                          max_dbs=0)
-                except lmdb.Error as exc:
-                    raise SourceGone(f"the source LMDB {self.path!r} cannot be opened ({exc}); restore it, or "
-                                     "restore the store from a copy") from None
             with self._env.begin() as txn:
                 val = txn.get(bytes(key))
             if val is None:

@@ -44,6 +44,7 @@ class ChildResult:
     death: str | None = None
     error: str | None = None  # an error LMDB itself reported (a clean failure)
     entries: int | None = None
+    pages_bytes: int | None = None  # stat: the bytes the meta page says the file's pages use
     last_slot: int | None = None  # the last slot reported (get: found or not), if 8-byte key
 
     @property
@@ -111,16 +112,18 @@ def _parse(buf: bytes, res: ChildResult, on_record: OnRecord | None,
         tag = buf[pos : pos + 1]
         if tag == b"D":
             return buf[pos + 1 :], True
-        if tag in (b"S", b"N"):
+        if tag == b"S":
+            if n - pos < 25:
+                break
+            entries, last_pgno, psize = struct.unpack_from("<QQQ", buf, pos + 1)
+            res.entries, res.pages_bytes = entries, (last_pgno + 1) * psize
+            pos += 25
+        elif tag == b"N":
             if n - pos < 9:
                 break
-            (val,) = struct.unpack_from("<Q", buf, pos + 1)
-            if tag == b"S":
-                res.entries = val
-            else:
-                res.last_slot = val
-                if on_missing is not None:
-                    on_missing(val)
+            (res.last_slot,) = struct.unpack_from("<Q", buf, pos + 1)
+            if on_missing is not None:
+                on_missing(res.last_slot)
             pos += 9
         elif tag == b"R":
             if n - pos < 3:
@@ -150,7 +153,8 @@ def _parse(buf: bytes, res: ChildResult, on_record: OnRecord | None,
 
 
 def lmdb_entries(path: str) -> ChildResult:
-    """The number of entries of the LMDB file ``path`` (``.entries``), or why not."""
+    """The number of entries of the LMDB file ``path`` (``.entries``) and the
+    bytes its pages use (``.pages_bytes``), or why not (``.failure``)."""
     return _run_child("stat", path, -1, -1, False)
 
 

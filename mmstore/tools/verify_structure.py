@@ -308,10 +308,17 @@ def _check_lmdb_quick(ctx: Ctx, rep: VerifyReport) -> None:
     for seg, _, _ in ctx.segments:
         name = lmdb_file(seg)
         res = lmdb_entries(os.path.join(ctx.path, name))
-        if res.death is not None or res.error is not None or res.entries is None:
-            why = res.error if res.error is not None else f"opening it killed the reader process ({res.death})"
+        if res.failure is not None or res.entries is None:
+            why = res.failure or "no answer"
             rep.problems.append(Problem("lmdb", f"{name}: not a readable LMDB environment ({why}); restore the "
                                         "file from a copy or re-create the store", name))
+            ctx.data_ok = False
+            return
+        size = os.lstat(os.path.join(ctx.path, name)).st_size
+        if res.pages_bytes is not None and res.pages_bytes > size:
+            rep.problems.append(Problem("lmdb", f"{name}: its meta page says its pages use {res.pages_bytes:,} "
+                                        f"bytes, but the file has {size:,}: it is truncated or damaged; restore "
+                                        "it from a copy or re-create the store", name))
             ctx.data_ok = False
             return
         entries += res.entries
