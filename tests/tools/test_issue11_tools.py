@@ -548,3 +548,17 @@ def test_item11_any_exception_is_one_line_and_debug_shows_the_traceback(tmp_path
         monkeypatch.setenv("MMSTORE_DEBUG", "1")
         rc, out, err = run_cli(["verify", store], capsys)
         assert rc == code and "Traceback" in err
+
+
+def test_item1_kind_demo_workdir_never_replaces_what_it_did_not_make(tmp_path, capsys):
+    """`demo --workdir DIR` used to delete DIR/photos and DIR/photos.store
+    whatever they were; now it refuses (exit 2) and touches nothing."""
+    work = tmp_path / "w"
+    (work / "photos").mkdir(parents=True)
+    (work / "photos" / "holiday.jpg").write_bytes(b"my photo")
+    (work / "grid.png").write_bytes(b"my grid")
+    rc, out, err = run_cli(["demo", "--images", "20", "--size", "16", "--quick", "--workdir", work], capsys)
+    assert rc == 2 and "photos" in err and "did not make" in err
+    assert (work / "photos" / "holiday.jpg").read_bytes() == b"my photo"
+    assert (work / "grid.png").read_bytes() == b"my grid"
+    assert sorted(os.listdir(work)) == ["grid.png", "photos"]
