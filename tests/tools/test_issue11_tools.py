@@ -562,3 +562,15 @@ def test_item1_kind_demo_workdir_never_replaces_what_it_did_not_make(tmp_path, c
     assert (work / "photos" / "holiday.jpg").read_bytes() == b"my photo"
     assert (work / "grid.png").read_bytes() == b"my grid"
     assert sorted(os.listdir(work)) == ["grid.png", "photos"]
+
+
+def test_item8_kind_verify_text_escapes_names_found_in_the_store(tmp_path):
+    """A stray file named with a terminal escape sequence and a non-UTF-8 byte
+    is reported, escaped (a crafted store cannot drive the terminal)."""
+    store = write_store(tmp_path / "s", 4)
+    name = b"\x1b]0;owned\x07\x1b[2J-caf\xe9"
+    with open(os.path.join(os.fsencode(store), name), "wb") as fh:
+        fh.write(b"x")
+    p = run_sub(["verify", store])
+    assert p.returncode == 1 and "[stray]" in p.stdout
+    assert "\x1b" not in p.stdout and "\\u001b]0;owned\\u0007\\u001b[2J-caf\\xe9" in p.stdout, p.stdout
