@@ -57,6 +57,8 @@ __all__ = ["RepairReport", "repair_store"]
 
 REPAIRABLE = ("checksum", "hole-not-zero", "missing", "size", "hole-has-record", "extra-key")
 MAX_TEMPLATE_WIDTH = 255  # the widest field a provenance path_template may pad to
+MAX_LABELS = 100_000  # label values tried for a record whose stored label is damaged
+LABEL_SEARCH_BYTES = 2 << 30  # record bytes the label search of one repair may hash (bounded time)
 MAX_SOURCE_PATH = 4096  # bytes of a source path built from the provenance and a key
 _TEMPLATE_FIELD = re.compile(r"(id|0|)(\[\d{1,4}\])*")
 _TEMPLATE_SPEC = re.compile(r"(.?[<>=^])?[-+ ]?0?(\d{1,3})?s?")
@@ -255,8 +257,9 @@ def _stored_fields(store: Store, slot: int) -> dict[str, np.ndarray]:
     return out
 
 
-def _rebuild(store: Store, src: _Source, slot: int, want: int, label_range: int) -> bytes:
-    """The original packed record of ``slot`` (checksum ``want``) or raise."""
+def _rebuild(store: Store, src: _Source, slot: int, want: int, label_range: int, budget: list[int]) -> bytes:
+    """The original packed record of ``slot`` (checksum ``want``) or raise.
+    ``budget[0]``: bytes the label search may still hash in this repair."""
     import xxhash
 
     key = store.slot_key_bytes(slot)
@@ -279,6 +282,10 @@ def _rebuild(store: Store, src: _Source, slot: int, want: int, label_range: int)
     lab = next((f for f in store.schema if f.name == "label" and f.shape == ()), None)
     if lab is not None:
         for cand in range(label_range):
+            budget[0] -= len(packed)
+            if budget[0] < 0:
+                raise ValueError("the decoded image does not match, and the label search of this repair has "
+                                 f"used its {LABEL_SEARCH_BYTES >> 30} GiB; not repaired")
             rec["label"] = np.asarray(cand, lab.dtype)
             packed = _packed(store, rec)
             if xxhash.xxh3_64_intdigest(packed) == want:
@@ -322,10 +329,11 @@ def repair_store(path: str | os.PathLike[str], report: VerifyReport) -> RepairRe
         rr.source = src.describe() if src else None
         ck = np.array(store.checksums())
         names = store.label_names or []
-        label_range = len(names)
+        label_range = min(MAX_LABELS, len(names))
         if "label" in store.schema and not label_range and store.records:
             col = store.column("label")
-            label_range = int(min(100_000, max(0, int(col.max()) + 1)))
+            label_range = int(min(MAX_LABELS, max(0, int(col.max()) + 1)))
+        budget = [LABEL_SEARCH_BYTES]
         fixes: dict[int, bytes] = {}
         rb = store.schema.record_bytes
         for b in bad:
@@ -336,7 +344,7 @@ def repair_store(path: str | os.PathLike[str], report: VerifyReport) -> RepairRe
                 continue
             try:
                 assert src is not None
-                fixes[b.slot] = _rebuild(store, src, b.slot, int(ck[b.slot]), label_range)
+                fixes[b.slot] = _rebuild(store, src, b.slot, int(ck[b.slot]), label_range, budget)
             except (ValueError, SourceGone) as exc:
                 rr.failed.append({"slot": b.slot, "key": b.key, "reason": str(exc)})
         if src is not None:

@@ -574,3 +574,23 @@ def test_item8_kind_verify_text_escapes_names_found_in_the_store(tmp_path):
     p = run_sub(["verify", store])
     assert p.returncode == 1 and "[stray]" in p.stdout
     assert "\x1b" not in p.stdout and "\\u001b]0;owned\\u0007\\u001b[2J-caf\\xe9" in p.stdout, p.stdout
+
+
+def test_item9_kind_repair_label_search_is_bounded(tmp_path, folder, monkeypatch, capsys):
+    """A record whose source decodes to other bytes makes repair try every
+    label; the bytes it may hash for that are capped per repair."""
+    import mmstore.tools.repair as repair_mod
+
+    src = str(tmp_path / "src")
+    shutil.copytree(folder, src)
+    store = _ingest(src, str(tmp_path / "s"))
+    _damage_image(store, 3)
+    with mmstore.open(store) as s:
+        key = s.key(3)
+    cv2.imwrite(os.path.join(src, key), np.zeros((20, 24, 3), np.uint8))
+    monkeypatch.setattr(repair_mod, "LABEL_SEARCH_BYTES", 1)
+    rc, rep = run_json(["verify", store, "--repair"], capsys)
+    assert rc == 1 and "label search" in rep["repair"]["failed"][0]["reason"], rep["repair"]
+    monkeypatch.setattr(repair_mod, "LABEL_SEARCH_BYTES", 2 << 30)
+    rc, rep = run_json(["verify", store, "--repair"], capsys)
+    assert rc == 1 and "other bytes" in rep["repair"]["failed"][0]["reason"]
