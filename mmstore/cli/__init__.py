@@ -68,6 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return 130
         except Exception as exc:  # noqa: BLE001 - the one place that turns any failure into a message
             code, message = _describe(exc)
+            if isinstance(exc, BrokenPipeError):  # `mmstore ... | head`: no flush error at exit
+                with contextlib.suppress(OSError, ValueError):
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             if os.environ.get("MMSTORE_DEBUG"):
                 traceback.print_exc()
             print(f"mmstore {args.command}: {message}", file=sys.stderr)

@@ -11,7 +11,12 @@ with the stored checksum; holes must have checksum 0 and zero bytes (memmap)
 or no key (lmdb), and an lmdb file may hold no key that is not a record.
 Record data is read with ``os.preadv`` in large sequential chunks by a pool
 of threads (the reads release the GIL), so the pass runs near the disk's
-sequential speed.
+sequential speed. LMDB files are read by child processes
+(:mod:`mmstore.tools.verify_lmdb`): a damaged page that kills the reader
+(SIGBUS) becomes a finding that names the records it hides.
+
+Only regular files are read: a symbolic link in the store, or a store file
+that is a FIFO, directory or device, is a problem and is not opened.
 """
 
 from __future__ import annotations
