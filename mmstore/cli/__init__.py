@@ -73,7 +73,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             if os.environ.get("MMSTORE_DEBUG"):
                 traceback.print_exc()
-            print(f"mmstore {args.command}: {message}", file=sys.stderr)
+            from ..tools._common import printable_text  # a message may quote names found in a store
+
+            print(f"mmstore {args.command}: {printable_text(message)}", file=sys.stderr)
             return code
 
 
