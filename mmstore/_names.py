@@ -23,7 +23,7 @@ import json
 import re
 from typing import Any
 
-__all__ = ["json_bytes", "json_text", "printable"]
+__all__ = ["ascii_text", "json_bytes", "json_text", "printable"]
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
@@ -61,4 +61,27 @@ def printable(text: Any, keep_newlines: bool = False) -> str:
             out.append(ch)
         else:
             out.append(_escape(ch))
+    return "".join(out)
+
+
+def ascii_text(text: str) -> str:
+    """``text`` as printable ASCII, for drawing (OpenCV's ``putText`` draws
+    ASCII only, and crashes on some non-ASCII input). Printable ASCII stays
+    as it is (a backslash is doubled); a byte that is not valid UTF-8 (a lone
+    surrogate of ``surrogateescape``) becomes ``\\xNN``, its byte; any other
+    character ``\\uNNNN`` or ``\\UNNNNNNNN``, its code point: ``caf\\xe9`` is
+    the Latin-1 byte, ``caf\\u00e9`` the UTF-8 name ``café``."""
+    out = []
+    for ch in text:
+        c = ord(ch)
+        if ch == "\\":
+            out.append("\\\\")
+        elif 32 <= c < 127:
+            out.append(ch)
+        elif 0xDC80 <= c <= 0xDCFF:
+            out.append(f"\\x{c - 0xDC00:02x}")
+        elif c < 0x10000:
+            out.append(f"\\u{c:04x}")
+        else:
+            out.append(f"\\U{c:08x}")
     return "".join(out)

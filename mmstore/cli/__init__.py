@@ -9,12 +9,16 @@ error or not a store.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import importlib
+import os
 import sys
-from collections.abc import Sequence
+import traceback
+from collections.abc import Iterator, Sequence
 
 from .. import __version__
-from ..errors import FormatError, IncompleteStoreError, MmstoreError
+from ..errors import IncompleteStoreError, MmstoreError
 
 __all__ = ["COMMANDS", "EXIT_OK", "EXIT_PROBLEM", "EXIT_USAGE", "main"]
 
@@ -44,20 +48,93 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the command line; return the exit code."""
+    """Run the command line; return the exit code.
+
+    Every failure ends with one line on stderr and exit code 1 or 2, never a
+    traceback (set ``MMSTORE_DEBUG=1`` to see it): 2 for a usage error, a bad
+    argument or a path that is not a store, 1 for a problem found in a store,
+    an I/O failure or anything else that went wrong.
+    """
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
+    with _printable_output():
+        try:
+            return int(args.func(args))
+        except KeyboardInterrupt:
+            print(f"mmstore {args.command}: interrupted", file=sys.stderr)
+            return 130
+        except Exception as exc:  # noqa: BLE001 - the one place that turns any failure into a message
+            code, message = _describe(exc)
+            if isinstance(exc, BrokenPipeError):  # `mmstore ... | head`: no flush error at exit
+                with contextlib.suppress(OSError, ValueError):
+                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            if os.environ.get("MMSTORE_DEBUG"):
+                traceback.print_exc()
+            from .._names import printable  # a message may quote names found in a store
+
+            print(f"mmstore {args.command}: {printable(message)}", file=sys.stderr)
+            return code
+
+
+def _describe(exc: BaseException) -> tuple[int, str]:
+    """Exit code and one-line message of an exception that ended a command."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    if isinstance(exc, IncompleteStoreError):
+        return EXIT_USAGE, text
+    if getattr(exc, "usage_error", False):  # a bad argument found by the library (an unknown field ...)
+        return EXIT_USAGE, text
+    if isinstance(exc, MmstoreError):  # damaged store, lock held, ingest stopped ...
+        return EXIT_PROBLEM, text
+    if isinstance(exc, NotADirectoryError):
+        return EXIT_USAGE, f"{_file_above(_where(exc))}: not a store (a store is a directory, this is a file)"
+    if isinstance(exc, MemoryError):
+        return EXIT_PROBLEM, ("out of memory; the store may be damaged or crafted (run `mmstore verify`), or "
+                              "give the process more memory")
+    if isinstance(exc, OSError):
+        what = exc.strerror or text
+        hint = {errno.EACCES: "check the permissions", errno.EPERM: "check the permissions",
+                errno.ENOSPC: "free some space", errno.EIO: "the disk reports errors (see the kernel log)"}
+        return EXIT_PROBLEM, f"{_where(exc)}: {what}" + (f"; {hint[exc.errno]}" if exc.errno in hint else "")
+    return EXIT_PROBLEM, (f"{type(exc).__name__}: {text} (unexpected: set MMSTORE_DEBUG=1 to see where, and "
+                          "please report it)")
+
+
+def _where(exc: OSError) -> str:
+    name = exc.filename
+    return os.fsdecode(name) if isinstance(name, (str, bytes)) else "I/O error"
+
+
+def _file_above(path: str) -> str:
+    """The file in ``path`` that stands where a directory was expected."""
+    p = path
+    while p and p != os.path.dirname(p):
+        if os.path.lexists(p) and not os.path.isdir(p):
+            return p
+        p = os.path.dirname(p)
+    return path
+
+
+@contextlib.contextmanager
+def _printable_output() -> Iterator[None]:
+    """Names that are not valid UTF-8 (file names, keys, label names) print as
+    backslash escapes (``\\udce9``) instead of failing the command."""
+    saved = []
+    for stream in (sys.stdout, sys.stderr):
+        errors = getattr(stream, "errors", None)
+        if errors == "strict" and hasattr(stream, "reconfigure"):
+            try:
+                stream.reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):
+                continue
+            saved.append(stream)
     try:
-        return int(args.func(args))
-    except (IncompleteStoreError, FormatError) as exc:
-        print(f"mmstore {args.command}: {exc}", file=sys.stderr)
-        return EXIT_USAGE if isinstance(exc, IncompleteStoreError) else EXIT_PROBLEM
-    except MmstoreError as exc:
-        print(f"mmstore {args.command}: {exc}", file=sys.stderr)
-        return EXIT_PROBLEM
-    except KeyboardInterrupt:
-        print(f"mmstore {args.command}: interrupted", file=sys.stderr)
-        return 130
+        yield
+    finally:
+        for stream in saved:
+            try:
+                stream.reconfigure(errors="strict")
+            except (ValueError, OSError):
+                pass

@@ -280,6 +280,9 @@ def _say(msg: str = "") -> None:
     print(msg, flush=True)
 
 
+DEMO_MARKER = ".mmstore-demo"  # in a --workdir: the demo's files there are its own
+
+
 def run(args: argparse.Namespace) -> int:
     from .. import ingest as ingest_mod
     from ..tools import show_store, verify_store
@@ -292,7 +295,16 @@ def run(args: argparse.Namespace) -> int:
     work = os.path.abspath(args.workdir) if args.workdir else tempfile.mkdtemp(prefix="mmstore-demo-")
     os.makedirs(work, exist_ok=True)
     folder, store_path = os.path.join(work, "photos"), os.path.join(work, "photos.store")
-    for p in (folder, store_path, store_path + ".partial"):
+    own = (folder, store_path, store_path + ".partial", os.path.join(work, "grid.png"), store_path + ".lock")
+    marker = os.path.join(work, DEMO_MARKER)
+    taken = [os.path.basename(p) for p in own if os.path.lexists(p)]
+    if taken and not os.path.isfile(marker):  # never replace what the demo did not make
+        print(f"mmstore demo: {work} already holds {', '.join(taken)}, which the demo did not make; "
+              "pick an empty --workdir", file=sys.stderr)
+        return 2
+    with open(marker, "w") as fh:
+        fh.write("made by `mmstore demo`: it may replace photos/, photos.store and grid.png here\n")
+    for p in own[:3]:
         shutil.rmtree(p, ignore_errors=True)
     t_all = time.perf_counter()
     try:
@@ -342,10 +354,10 @@ def run(args: argparse.Namespace) -> int:
         if args.keep:
             _say(f"(kept {work})")
         elif args.workdir:
-            for p in (folder, store_path, store_path + ".partial"):
+            for p in own[:3]:
                 shutil.rmtree(p, ignore_errors=True)
-            for p in (os.path.join(work, "grid.png"), store_path + ".lock"):
-                if os.path.exists(p):
+            for p in (*own[3:], marker):
+                if os.path.lexists(p):
                     os.unlink(p)
         else:
             shutil.rmtree(work, ignore_errors=True)

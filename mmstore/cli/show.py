@@ -36,6 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from .._names import printable
+    from ..tools._common import UsageError
     from ..tools.show import show_store
 
     indices = None
@@ -49,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         rep = show_store(args.store, args.output, n=args.n, seed=args.seed, indices=indices, cols=args.cols,
                          scale=args.scale, image_field=args.image_field, label_field=args.label_field)
-    except IndexError as exc:
+    except (IndexError, UsageError) as exc:
         return usage_error("show", str(exc))
     except (ValueError, KeyError) as exc:
         print(f"mmstore show: {exc}")
@@ -60,6 +62,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"wrote      {rep.output}: {rep.width}x{rep.height}, {len(rep.tiles)} records of field "
               f"{rep.image_field!r} ({rep.layout}, {rep.channels} channel(s), x{rep.scale})")
         for t in rep.tiles[:64]:
-            lab = "" if t.label is None else f" label {t.label}" + (f" ({t.label_name})" if t.label_name else "")
-            print(f"  #{t.index:<8} slot {t.slot:<8}{lab}  {t.key}")
+            name = f" ({printable(t.label_name)})" if t.label_name else ""
+            lab = "" if t.label is None else f" label {t.label}{name}"
+            print(f"  #{t.index:<8} slot {t.slot:<8}{lab}  {printable(t.key)}")
     return 0

@@ -86,13 +86,14 @@ def _verify(args: argparse.Namespace, verify_store):  # noqa: ANN001, ANN202
 
 
 def render(rep, max_listed: int = 20) -> str:  # noqa: ANN001
+    from .._names import printable
     from ..tools._common import fmt_bytes
 
     out = [f"store      {rep.path}"]
     if rep.store_id:
         out.append(f"id         {rep.store_id}   backend {rep.backend}   {rep.records:,} records in {rep.slots:,} slots")
-    for p in rep.problems:
-        out.append(f"PROBLEM    [{p.kind}] {p.message}")
+    for p in rep.problems:  # messages quote names found in the store: escape what a terminal would act on
+        out.append(f"PROBLEM    [{p.kind}] {printable(p.message)}")
     if rep.content_checked:
         out.append(f"content    {rep.checked_slots:,} slots, {fmt_bytes(rep.checked_bytes)} in {rep.seconds:.2f} s "
                    f"({rep.mb_per_s:,.0f} MB/s, {rep.threads} threads)")
@@ -106,7 +107,7 @@ def render(rep, max_listed: int = 20) -> str:  # noqa: ANN001
             where = f"index {r.index}" if r.index is not None else "hole"
             detail = f" (expected {r.expected}, found {r.found})" if r.expected or r.found else ""
             slot = f"slot {r.slot}" if r.slot >= 0 else "no slot"
-            out.append(f"  {where:>14}  {slot:<12}  key {r.key!r}: {r.what}{detail}")
+            out.append(f"  {where:>14}  {slot:<12}  key {r.key!r}: {r.what}{printable(detail)}")
         if rep.bad_count > max_listed:
             out.append(f"  ... and {rep.bad_count - max_listed:,} more (--json lists them all)")
     out.append(rep.summary())
@@ -117,9 +118,11 @@ def render(rep, max_listed: int = 20) -> str:  # noqa: ANN001
 
 
 def render_repair(rr) -> str:  # noqa: ANN001
-    lines = [f"repair     {rr.message}"]
+    from .._names import printable
+
+    lines = [f"repair     {printable(rr.message)}"]
     for s in rr.failed[:20]:
-        lines.append(f"  not repaired: slot {s['slot']} key {s['key']!r}: {s['reason']}")
+        lines.append(f"  not repaired: slot {s['slot']} key {s['key']!r}: {printable(s['reason'])}")
     return "\n".join(lines)
 
 

@@ -12,9 +12,12 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import MmstoreError, SchemaError
 from ..schema import Field, Schema
 
 __all__ = [
+    "FieldArgumentError",
+    "UsageError",
     "find_image_field",
     "find_label_field",
     "fmt_bytes",
@@ -56,6 +59,17 @@ def dumps(obj: Any) -> str:
     from .._names import json_text  # names that are not UTF-8 become \udcXX escapes
 
     return json_text(to_jsonable(obj), indent=1)
+
+
+class UsageError(MmstoreError, ValueError):
+    """A bad argument found by a tool (the CLI's exit code 2)."""
+
+    usage_error = True
+
+
+class FieldArgumentError(UsageError, SchemaError):
+    """A field named on the command line is not in the store or does not fit
+    its role."""
 
 
 def fmt_bytes(n: float | int | None) -> str:
@@ -136,10 +150,10 @@ def find_image_field(schema: Schema, name: str | None = None) -> tuple[Field, st
     """The image field: ``name`` if given, else one named ``image``/``img``,
     else the first uint8 field of image shape."""
     if name is not None:
-        f = schema[name]
+        f = _named_field(schema, name)
         lay = image_layout(f)
         if lay is None:
-            raise ValueError(
+            raise FieldArgumentError(
                 f"field {name!r} ({f.dtype.str} {list(f.shape)}) is not a uint8 image of shape "
                 "(H, W, 1|3), (1|3, H, W) or (H, W)"
             )
@@ -159,11 +173,21 @@ def find_label_field(schema: Schema, name: str | None = None) -> Field | None:
     """The label field: ``name``, else one named ``label``/``labels``/``target``/
     ``class``, else None. Must be an integer scalar."""
     if name is not None:
-        return schema[name]
+        f = _named_field(schema, name)
+        if f.shape != () or f.dtype.kind not in "iub":
+            raise FieldArgumentError(f"field {name!r} ({f.dtype.str} {list(f.shape)}) is not a label: "
+                                     "a label is an integer scalar")
+        return f
     for f in schema:
         if f.name.lower() in ("label", "labels", "target", "targets", "class", "y") and f.shape == () and f.dtype.kind in "iub":
             return f
     return None
+
+
+def _named_field(schema: Schema, name: str) -> Field:
+    if name not in schema:
+        raise FieldArgumentError(f"the store has no field {name!r}; its fields are {', '.join(schema.names)}")
+    return schema[name]
 
 
 def to_hwc(arr: np.ndarray, layout: str) -> np.ndarray:

@@ -21,13 +21,26 @@ environment is rebuilt from a staging file of every record exactly as an
 ingest builds it (same keys in the same order, same transactions), and
 replaces ``records.mdb`` atomically (the manifest's size entry is updated
 if it differs).
+
+A store may come from someone else, so its provenance is untrusted input:
+repair writes only to regular files directly inside the store (opened with
+``O_NOFOLLOW``; its work directory is inside the store too), and bounds what
+the provenance can ask for before it allocates or opens anything: the decode
+spec must produce exactly the store's image shape (with at most the default
+pixel limit), a ``path_template`` may only index the key and pad it to at
+most :data:`MAX_TEMPLATE_WIDTH` characters, and a key may not lead out of
+the source root (an absolute path or ``..``).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import json
 import os
+import re
 import shutil
+import stat
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -35,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from .._io import atomic_write, fsync_dir, fsync_file, pwrite_all
+from ..errors import FormatError
 from ..format import LMDB_FILE, MANIFEST_FILE, lmdb_file, npy_header
 from ..reader import Store, open_store
 from .verify import VerifyReport
@@ -42,6 +56,12 @@ from .verify import VerifyReport
 __all__ = ["RepairReport", "repair_store"]
 
 REPAIRABLE = ("checksum", "hole-not-zero", "missing", "size", "hole-has-record", "extra-key")
+MAX_TEMPLATE_WIDTH = 255  # the widest field a provenance path_template may pad to
+MAX_LABELS = 100_000  # label values tried for a record whose stored label is damaged
+LABEL_SEARCH_BYTES = 2 << 30  # record bytes the label search of one repair may hash (bounded time)
+MAX_SOURCE_PATH = 4096  # bytes of a source path built from the provenance and a key
+_TEMPLATE_FIELD = re.compile(r"(id|0|)(\[\d{1,4}\])*")
+_TEMPLATE_SPEC = re.compile(r"(.?[<>=^])?[-+ ]?0?(\d{1,3})?s?")
 
 
 @dataclass
@@ -57,10 +77,44 @@ class SourceGone(Exception):
     """The source is not reachable (or not re-readable at all)."""
 
 
+def check_template(tmpl: Any) -> str | None:
+    """A provenance ``path_template``, if it only names the key (``{id}``,
+    ``{id[0]}``, ``{}``, ``{0}``) with at most a small width; else
+    :class:`SourceGone` (a crafted ``{id:>3000000000}`` would allocate 3 GB)."""
+    import string
+
+    if tmpl is None:
+        return None
+    if not isinstance(tmpl, str) or len(tmpl) > MAX_SOURCE_PATH:
+        raise SourceGone(f"the provenance's path_template is not a short string ({type(tmpl).__name__})")
+    try:
+        parts = list(string.Formatter().parse(tmpl))
+    except ValueError as exc:
+        raise SourceGone(f"the provenance's path_template {tmpl[:80]!r} is not a template ({exc})") from None
+    for _, name, spec, conv in parts:
+        if name is None:
+            continue
+        m = _TEMPLATE_SPEC.fullmatch(spec or "")
+        if (not _TEMPLATE_FIELD.fullmatch(name) or conv is not None or m is None
+                or int(m.group(2) or 0) > MAX_TEMPLATE_WIDTH):
+            raise SourceGone(f"the provenance's path_template {tmpl[:80]!r} asks for {{{name}"
+                             + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "") + "}: repair only "
+                             f"expands {{id}}, {{id[N]}} padded to at most {MAX_TEMPLATE_WIDTH} characters")
+    return tmpl
+
+
+def _inside(root: bytes, rel: bytes) -> bytes:
+    """``root/rel``, or ValueError if ``rel`` leads out of ``root``."""
+    parts = rel.split(b"/")
+    if rel.startswith(b"/") or b".." in parts or b"\x00" in rel or len(root) + len(rel) > MAX_SOURCE_PATH:
+        raise ValueError(f"the key {os.fsdecode(rel)[:120]!r} leads outside the source folder; not repaired")
+    return os.path.join(root, rel)
+
+
 class _Source:
     """Reads one input again, by key, the way the ingest's source did."""
 
-    def __init__(self, prov: dict[str, Any]) -> None:
+    def __init__(self, prov: dict[str, Any], image_shape: tuple[int, ...] | None = None) -> None:
         src = prov.get("source")
         if not isinstance(src, dict) or "kind" not in src:
             raise SourceGone("the provenance does not say where the records came from (no source); "
@@ -69,13 +123,16 @@ class _Source:
         self.path = src.get("path")
         self.src = src
         ing = prov.get("ingest") or {}
-        params = ing.get("params") or {}
-        dec = params.get("decode", prov.get("decode"))
+        params = ing.get("params") or {} if isinstance(ing, dict) else {}
+        dec = params.get("decode", prov.get("decode")) if isinstance(params, dict) else None
         self.spec = None
         if dec:
-            from ..decode import DecodeSpec
-
-            self.spec = DecodeSpec.from_dict(dec)
+            self.spec = _bounded_spec(dec, image_shape)
+        self.template = check_template(src.get("path_template")) if self.kind == "list" else None
+        for name in ("path", "root"):
+            if src.get(name) is not None and (not isinstance(src[name], str) or len(src[name]) > MAX_SOURCE_PATH
+                                              or "\x00" in src[name]):
+                raise SourceGone(f"the provenance's source {name} is not a path: {str(src[name])[:80]!r}")
         if self.kind == "dataset":
             raise SourceGone(f"the records came from a Python dataset ({src.get('type')}), which cannot be "
                              "re-read from here; re-create the store with from_dataset()")
@@ -86,6 +143,14 @@ class _Source:
                              "from a copy")
         self._env: Any = None
         self._arr: Any = None
+        if self.kind == "lmdb":
+            import lmdb
+
+            try:
+                self._env = lmdb.open(self.path, readonly=True, lock=False, readahead=False, subdir=True, max_dbs=0)
+            except lmdb.Error as exc:
+                raise SourceGone(f"the source LMDB {self.path!r} cannot be opened ({exc}); restore it, or "
+                                 "restore the store from a copy") from None
 
     def describe(self) -> str:
         return f"{self.kind} {self.path}"
@@ -96,18 +161,16 @@ class _Source:
         from ..format import decode_key
 
         if self.kind == "folder":
-            return read_bytes(os.path.join(os.fsencode(self.path), key))
+            return read_bytes(_inside(os.fsencode(self.path), bytes(key)))
         if self.kind == "list":
             k = decode_key(key)
-            tmpl = self.src.get("path_template")
-            rel = tmpl.format(k, id=k) if tmpl else k
+            try:
+                rel = self.template.format(k, id=k) if self.template else k
+            except (IndexError, KeyError, ValueError) as exc:
+                raise ValueError(f"the path_template does not fit the key {k[:80]!r} ({exc})") from None
             root = self.src.get("root") or os.path.dirname(self.path)
-            return read_bytes(os.path.join(os.fsencode(root), os.fsencode(rel)))
+            return read_bytes(_inside(os.fsencode(root), os.fsencode(rel)))
         if self.kind == "lmdb":
-            if self._env is None:
-                import lmdb
-
-                self._env = lmdb.open(self.path, readonly=True, lock=False, readahead=False, subdir=True, max_dbs=0)
             with self._env.begin() as txn:
                 val = txn.get(bytes(key))
             if val is None:
@@ -151,6 +214,27 @@ class _Source:
             self._env.close()
 
 
+def _bounded_spec(dec: Any, image_shape: tuple[int, ...] | None) -> Any:
+    """The provenance's decode spec, if it makes records of the store's image
+    shape with at most the default pixel limit (a crafted spec must not make
+    repair allocate more than one record, or decode a decompression bomb)."""
+    from ..decode import DecodeSpec
+
+    if not isinstance(dec, dict):
+        raise ValueError(f"the decode spec is a {type(dec).__name__}, not an object")
+    try:
+        spec = DecodeSpec.from_dict(dec)
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
+    limit = DecodeSpec.__dataclass_fields__["max_pixels"].default
+    if not 0 < spec.max_pixels <= limit:
+        spec = dataclasses.replace(spec, max_pixels=limit)
+    if image_shape is not None and spec.record_shape() != tuple(image_shape):
+        raise ValueError(f"it makes records of shape {spec.record_shape()}, the store's image field is "
+                         f"{tuple(image_shape)}")
+    return spec
+
+
 def _packed(store: Store, arrays: dict[str, np.ndarray]) -> bytes:
     parts = []
     for f in store.schema:
@@ -173,8 +257,9 @@ def _stored_fields(store: Store, slot: int) -> dict[str, np.ndarray]:
     return out
 
 
-def _rebuild(store: Store, src: _Source, slot: int, want: int, label_range: int) -> bytes:
-    """The original packed record of ``slot`` (checksum ``want``) or raise."""
+def _rebuild(store: Store, src: _Source, slot: int, want: int, label_range: int, budget: list[int]) -> bytes:
+    """The original packed record of ``slot`` (checksum ``want``) or raise.
+    ``budget[0]``: bytes the label search may still hash in this repair."""
     import xxhash
 
     key = store.slot_key_bytes(slot)
@@ -197,6 +282,10 @@ def _rebuild(store: Store, src: _Source, slot: int, want: int, label_range: int)
     lab = next((f for f in store.schema if f.name == "label" and f.shape == ()), None)
     if lab is not None:
         for cand in range(label_range):
+            budget[0] -= len(packed)
+            if budget[0] < 0:
+                raise ValueError("the decoded image does not match, and the label search of this repair has "
+                                 f"used its {LABEL_SEARCH_BYTES >> 30} GiB; not repaired")
             rec["label"] = np.asarray(cand, lab.dtype)
             packed = _packed(store, rec)
             if xxhash.xxh3_64_intdigest(packed) == want:
@@ -227,7 +316,9 @@ def repair_store(path: str | os.PathLike[str], report: VerifyReport) -> RepairRe
     store = open_store(path)
     try:
         try:
-            src = _Source(store.provenance) if any(b.what in ("checksum", "missing", "size") for b in bad) else None
+            image = store.schema["image"].shape if "image" in store.schema else None
+            src = (_Source(store.provenance, image) if any(b.what in ("checksum", "missing", "size") for b in bad)
+                   else None)
         except SourceGone as exc:
             rr.message = f"refused: {exc}"
             rr.failed = [{"slot": b.slot, "key": b.key, "reason": "source not reachable"} for b in bad]
@@ -238,10 +329,11 @@ def repair_store(path: str | os.PathLike[str], report: VerifyReport) -> RepairRe
         rr.source = src.describe() if src else None
         ck = np.array(store.checksums())
         names = store.label_names or []
-        label_range = len(names)
+        label_range = min(MAX_LABELS, len(names))
         if "label" in store.schema and not label_range and store.records:
             col = store.column("label")
-            label_range = int(min(100_000, max(0, int(col.max()) + 1)))
+            label_range = int(min(MAX_LABELS, max(0, int(col.max()) + 1)))
+        budget = [LABEL_SEARCH_BYTES]
         fixes: dict[int, bytes] = {}
         rb = store.schema.record_bytes
         for b in bad:
@@ -252,7 +344,7 @@ def repair_store(path: str | os.PathLike[str], report: VerifyReport) -> RepairRe
                 continue
             try:
                 assert src is not None
-                fixes[b.slot] = _rebuild(store, src, b.slot, int(ck[b.slot]), label_range)
+                fixes[b.slot] = _rebuild(store, src, b.slot, int(ck[b.slot]), label_range, budget)
             except (ValueError, SourceGone) as exc:
                 rr.failed.append({"slot": b.slot, "key": b.key, "reason": str(exc)})
         if src is not None:
@@ -276,6 +368,26 @@ def repair_store(path: str | os.PathLike[str], report: VerifyReport) -> RepairRe
         store.close()
 
 
+def open_for_repair(store_path: str, path: str, flags: int) -> int:
+    """Open ``path`` for writing only if it is a regular file directly inside
+    the store directory: never through a symbolic link (``O_NOFOLLOW``), a
+    FIFO or device, or into another directory. Raises :class:`FormatError`."""
+    folder, name = os.path.split(os.path.abspath(path))
+    if os.path.realpath(folder) != os.path.realpath(store_path) or name in ("", ".", ".."):
+        raise FormatError(f"{path}: not a file of the store {store_path}; repair writes only inside the store")
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise FormatError(f"{path}: a symbolic link; repair does not write through links (they can lead "
+                              "outside the store): replace it with a copy of the file") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise FormatError(f"{path}: not a regular file; repair writes only to the store's own files")
+    return fd
+
+
 def _write_memmap(store: Store, fixes: dict[int, bytes]) -> None:
     if not fixes:
         return
@@ -287,7 +399,7 @@ def _write_memmap(store: Store, fixes: dict[int, bytes]) -> None:
             mine = sorted((s, v) for s, v in fixes.items() if seg.first <= s < seg.first + seg.count)
             if not mine:
                 continue
-            fd = os.open(seg.path, os.O_WRONLY)
+            fd = open_for_repair(store.path, seg.path, os.O_WRONLY)
             try:
                 for s, packed in mine:
                     pwrite_all(fd, memoryview(packed)[pos : pos + seg.entry_bytes],
@@ -356,8 +468,8 @@ def _build_lmdb_file(store: Store, fixes: dict[int, bytes], holes: np.ndarray, l
     from ..backends.lmdb import STAGING_FILE, LmdbBackend
 
     rb = store.schema.record_bytes
-    work = os.path.join(os.path.dirname(store.path), f".{os.path.basename(store.path)}.repair-{uuid.uuid4().hex[:8]}")
-    os.makedirs(work)
+    work = os.path.join(store.path, f".repair-{uuid.uuid4().hex[:8]}")  # inside the store, never next to it
+    os.mkdir(work)
     try:
         staging = os.path.join(work, STAGING_FILE)
         header = npy_header(np.dtype("|u1"), (count, rb))

@@ -10,7 +10,8 @@ from typing import Any
 import numpy as np
 
 from ..reader import open_store
-from ._common import find_image_field, find_label_field, sample_indices, to_hwc
+from .._names import ascii_text
+from ._common import UsageError, find_image_field, find_label_field, sample_indices, to_hwc
 
 __all__ = ["ShowReport", "Tile", "render_grid", "show_store"]
 
@@ -99,6 +100,7 @@ def render_grid(
         canvas[y0 : y0 + th, x0 : x0 + tw] = tile
         boxes.append((x0, y0, tw, th))
         for j, text in enumerate(captions[i]):
+            text = ascii_text(text)  # putText draws ASCII only (and crashes on lone surrogates)
             t = text if len(text) <= max_chars else text[: max_chars - 1] + "~"
             cv2.putText(canvas, t, (x0, y0 + th + (j + 1) * LINE_H - 2), cv2.FONT_HERSHEY_SIMPLEX,
                         FONT_SCALE, (230, 230, 230), 1, cv2.LINE_AA)
@@ -125,13 +127,20 @@ def show_store(
     small images by pixel repetition, so every tile is the record's exact
     pixels. Colour order: RGB unless the provenance says the store is BGR.
 
+    Captions are drawn as printable ASCII (see :func:`ascii_text`: a byte of
+    a name that is not valid UTF-8 shows as ``\\xNN``); the report keeps the
+    names as they are.
+
     Raises
     ------
     ValueError
         No uint8 image field of shape (H, W, 1|3), (1|3, H, W) or (H, W).
+    UsageError
+        ``output`` is in a folder that does not exist, or inside the store.
     """
     import cv2
 
+    _check_output(path, output)
     store = open_store(path)
     try:
         found = find_image_field(store.schema, image_field)
@@ -184,6 +193,18 @@ def show_store(
                           canvas.shape[1], canvas.shape[0], "bgr" if bgr else "rgb", tiles)
     finally:
         store.close()
+
+
+def _check_output(store: str | os.PathLike[str], output: str | os.PathLike[str]) -> None:
+    """The grid goes to an existing folder outside the store (a command never
+    writes into a store it only reads)."""
+    out = os.path.abspath(os.fspath(output))
+    folder = os.path.dirname(out)
+    if not os.path.isdir(folder):
+        raise UsageError(f"{os.fspath(output)}: the folder {folder} does not exist; create it or write elsewhere")
+    real_store = os.path.realpath(os.fspath(store))
+    if os.path.realpath(folder) == real_store or os.path.realpath(folder).startswith(real_store + os.sep):
+        raise UsageError(f"{os.fspath(output)}: is inside the store {os.fspath(store)}; write the grid elsewhere")
 
 
 def _is_bgr(prov: dict[str, Any]) -> bool:

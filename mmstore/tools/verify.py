@@ -11,7 +11,12 @@ with the stored checksum; holes must have checksum 0 and zero bytes (memmap)
 or no key (lmdb), and an lmdb file may hold no key that is not a record.
 Record data is read with ``os.preadv`` in large sequential chunks by a pool
 of threads (the reads release the GIL), so the pass runs near the disk's
-sequential speed.
+sequential speed. LMDB files are read by child processes
+(:mod:`mmstore.tools.verify_lmdb`): a damaged page that kills the reader
+(SIGBUS) becomes a finding that names the records it hides.
+
+Only regular files are read: a symbolic link in the store, or a store file
+that is a FIFO, directory or device, is a problem and is not opened.
 """
 
 from __future__ import annotations
@@ -26,10 +31,11 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ResourceLimitError
-from ..format import field_file, lmdb_key, read_manifest
+from ..errors import IncompleteStoreError, ResourceLimitError
+from ..format import field_file, lmdb_file, read_manifest
 from .verify_report import MAX_LISTED, BadRecord, Problem, VerifyReport
-from .verify_structure import Ctx, check_structure, lmdb_backend
+from .verify_lmdb import walk_range
+from .verify_structure import Ctx, check_structure
 
 __all__ = ["BadRecord", "Problem", "VerifyReport", "verify_store"]
 
@@ -151,94 +157,72 @@ def _content_memmap(ctx: Ctx, col: _Collector, threads: int, progress: Callable[
             os.close(fd)
 
 
-def _content_lmdb(ctx: Ctx, col: _Collector, threads: int, progress: Callable[[int], Any] | None) -> int:
-    import xxhash
-
-    rb = ctx.schema.record_bytes
+def _content_lmdb(ctx: Ctx, col: _Collector, rep: VerifyReport, threads: int,
+                  progress: Callable[[int], Any] | None) -> int:
+    """Check every LMDB record, reading the files in child processes (see
+    :mod:`mmstore.tools.verify_lmdb`: damaged pages kill the child, not verify)."""
     stored = ctx.checksums
     if stored is None:
         raise ValueError("verify: the content pass needs the checksums")
+    rb = ctx.schema.record_bytes
     seen = np.zeros(ctx.slots, dtype=bool)
-    bes = [lmdb_backend(ctx, seg, count) for seg, _, count in ctx.segments]
-    envs: dict[int, Any] = {}  # the segment being checked (one at a time: one descriptor each)
-    try:
-        def run(task: tuple[int, int, list[int]]) -> int:
-            k_seg, t, bounds = task
-            env = envs[k_seg]
-            _, base, count = ctx.segments[k_seg]
-            a, b = bounds[t], bounds[t + 1]
-            first, last = t == 0, t == len(bounds) - 2
-            stop_key = lmdb_key(b)
-            done = 0
-            pend = 0
-            h3 = xxhash.xxh3_64_intdigest
-            pos: bytes | None = None if first else lmdb_key(a)
-            finished = False
-            while not finished:
-                # short transactions: a resumable cursor walk
-                with env.begin(buffers=True) as txn:
-                    cur = txn.cursor()
-                    ok = cur.first() if pos is None else cur.set_range(pos)
-                    n = 0
-                    finished = True
-                    while ok:
-                        k = bytes(cur.key())
-                        if not last and k >= stop_key:
-                            break
-                        v = cur.value()
-                        s = int.from_bytes(k, "big") if len(k) == 8 else -1
-                        if s < 0 or s >= count:
-                            col.bad(-1, "extra-key", "no key", f"key {k.hex()}" + (
-                                f" in {bes[k_seg].file}" if ctx.segmented else ""))
-                        elif ctx.holes[s + base]:
-                            s += base
-                            seen[s] = True
-                            col.bad(s, "hole-has-record", "no key", f"{len(v)}-byte value")
-                        else:
-                            s += base
-                            seen[s] = True
-                            if len(v) != rb:
-                                col.bad(s, "size", f"{rb} bytes", f"{len(v)} bytes")
-                            else:
-                                c = h3(v)
-                                if c != int(stored[s]):
-                                    col.bad(s, "checksum", _hexs(stored[s]), _hexs(c))
-                        done += len(v)
-                        pend += len(v)
-                        n += 1
-                        if progress is not None and pend >= (4 << 20):
-                            with col.lock:
-                                progress(pend)
-                            pend = 0
-                        ok = cur.next()
-                        if ok and (n >= 1024 or pend >= (16 << 20)):
-                            pos = bytes(cur.key())
-                            finished = False
-                            break
-                    del cur
-            if progress is not None and pend:
-                with col.lock:
-                    progress(pend)
-            return done
+    totals = {"done": 0, "pend": 0}
+    deaths: dict[str, list[int]] = {}  # file -> [unreadable slots, first death]
 
-        total = 0
-        with ThreadPoolExecutor(max(1, threads), thread_name_prefix="mmstore-verify") as ex:
-            for k, (_, _, count) in enumerate(ctx.segments):
-                envs[k] = bes[k].env()
-                try:
-                    # the segment's key range cut into `threads` tasks
-                    bounds = np.linspace(0, count, max(1, threads) + 1).astype(np.int64).tolist()
-                    tasks = [(k, t, bounds) for t in range(len(bounds) - 1)]
-                    total += sum(map(run, tasks)) if threads <= 1 else sum(ex.map(run, tasks))
-                finally:
-                    del envs[k]
-                    bes[k].close()
-    finally:
-        for be in bes:
-            be.close()
+    def task(k_seg: int, t: int, bounds: list[int]) -> None:
+        seg, base, count = ctx.segments[k_seg]
+        name = lmdb_file(seg)
+
+        def on_record(key: bytes, vlen: int, h: int) -> None:
+            s = int.from_bytes(key, "big") if len(key) == 8 else -1
+            if s < 0 or s >= count:
+                col.bad(-1, "extra-key", "no key", f"key {key.hex()}" + (f" in {name}" if ctx.segmented else ""))
+            elif ctx.holes[s + base]:
+                seen[s + base] = True
+                col.bad(s + base, "hole-has-record", "no key", f"{vlen}-byte value")
+            else:
+                seen[s + base] = True
+                if vlen != rb:
+                    col.bad(s + base, "size", f"{rb} bytes", f"{vlen} bytes")
+                elif h != int(stored[s + base]):
+                    col.bad(s + base, "checksum", _hexs(stored[s + base]), _hexs(h))
+            with col.lock:
+                totals["done"] += vlen
+                totals["pend"] += vlen
+                if progress is not None and totals["pend"] >= (4 << 20):
+                    progress(totals["pend"])
+                    totals["pend"] = 0
+
+        def on_unreadable(a: int, b: int, death: str) -> None:
+            seen[base + a : base + b] = True
+            with col.lock:
+                deaths.setdefault(name, [0, death])[0] += b - a
+            if b - a == 1:
+                col.bad(base + a, "unreadable", "a readable record", death)
+
+        res = walk_range(os.path.join(ctx.path, name), bounds[t], bounds[t + 1], count, whole_start=t == 0,
+                         whole_end=t == len(bounds) - 2, readahead=True, on_record=on_record,
+                         on_missing=lambda s: None, on_unreadable=on_unreadable)
+        if res.failure is not None:
+            with col.lock:
+                deaths.setdefault(name, [0, res.failure])
+
+    with ThreadPoolExecutor(max(1, threads), thread_name_prefix="mmstore-verify") as ex:
+        for k, (_, _, count) in enumerate(ctx.segments):
+            parts = max(1, min(threads, count // 4096))
+            bounds = np.linspace(0, count, parts + 1).astype(np.int64).tolist()
+            list(ex.map(lambda t: task(k, t, bounds), range(parts)))  # noqa: B023 - consumed at once
+    if progress is not None and totals["pend"]:
+        progress(totals["pend"])
+    for name, (unread, death) in sorted(deaths.items()):
+        what = (f"{unread:,} record(s) could not be read (listed as 'unreadable')" if unread else
+                "each record was then read by its key (keys that are not records may go unseen)")
+        rep.problems.append(Problem(
+            "lmdb-damaged", f"{name}: walking it failed ({death}): its pages are damaged; {what}. Restore the "
+            "file from a copy or re-create the store", name))
     for s in np.flatnonzero(~seen & ~ctx.holes).tolist():
         col.bad(s, "missing", "a record", "no key")
-    return total
+    return int(totals["done"])
 
 
 def verify_store(
@@ -269,10 +253,20 @@ def verify_store(
     """
     path = os.path.abspath(os.fspath(path))
     rep = VerifyReport(path=path, quick=quick)
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise IncompleteStoreError(f"{path}: not a store (a store is a directory; this is a file)")
     if not os.path.isdir(path):
         read_manifest(path)  # raises IncompleteStoreError with the right message
     t0 = time.perf_counter()
-    ctx = check_structure(path, rep)
+    try:
+        ctx = check_structure(path, rep)
+    except IncompleteStoreError:
+        raise
+    except OSError as exc:  # permission denied, an I/O error: a finding, with the file it concerns
+        where = os.path.basename(os.fsdecode(exc.filename)) if exc.filename else path
+        rep.problems.append(Problem("read", f"{where}: cannot be read ({exc.strerror or exc}); check its "
+                                    "permissions, or the disk (see the kernel log)", where))
+        ctx = None
     if ctx is None or quick:
         rep.seconds = time.perf_counter() - t0
         return rep
@@ -290,7 +284,7 @@ def verify_store(
         if ctx.backend == "memmap":
             nbytes = _content_memmap(ctx, col, threads, progress)
         else:
-            nbytes = _content_lmdb(ctx, col, threads, progress)
+            nbytes = _content_lmdb(ctx, col, rep, threads, progress)
     except Exception as exc:  # noqa: BLE001 - an unreadable file is a finding, not a crash
         if isinstance(exc, (KeyboardInterrupt, MemoryError)):
             raise

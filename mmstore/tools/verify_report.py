@@ -14,7 +14,10 @@ MAX_LISTED = 100_000  # bad records kept in a report (all are counted)
 class Problem:
     """One structural finding. ``kind``: manifest, missing, stray, size,
     header, digest, keys, index, errors, hole, lmdb, lmdb-keys (the
-    number of LMDB keys differs from the records), read."""
+    number of LMDB keys differs from the records), lmdb-damaged (reading an
+    LMDB file failed or killed the reader), symlink (a symbolic link in the
+    store), not-regular (a store file that is a FIFO, directory, device ...),
+    read."""
 
     kind: str
     message: str
@@ -26,7 +29,8 @@ class BadRecord:
     """A slot whose bytes are wrong. ``index`` is the dataset index (None for
     a hole); ``what``: ``checksum``, ``missing`` (lmdb: no key), ``size``
     (lmdb value of the wrong length), ``hole-not-zero``, ``hole-has-record``,
-    ``extra-key`` (lmdb key outside the slots; ``slot`` may then be -1)."""
+    ``extra-key`` (lmdb key outside the slots; ``slot`` may then be -1),
+    ``unreadable`` (lmdb: reading the record failed or killed the reader)."""
 
     slot: int
     index: int | None

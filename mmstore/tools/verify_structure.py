@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +33,7 @@ from ..schema import Schema
 from ..writer import file_digest
 from .verify_report import Problem, VerifyReport
 
-__all__ = ["Ctx", "check_structure", "lmdb_backend"]
+__all__ = ["Ctx", "check_structure"]
 
 class Ctx:
     """What the structure pass learned, for the content pass."""
@@ -82,12 +83,17 @@ def _load_u8(path: str, offset: int, count: int) -> np.ndarray:
 
 def check_structure(path: str, rep: VerifyReport) -> Ctx | None:
     prob = rep.problems
+    mpath = os.path.join(path, MANIFEST_FILE)
+    if os.path.lexists(mpath) and not stat.S_ISREG(os.lstat(mpath).st_mode):
+        prob.append(Problem("manifest", f"{MANIFEST_FILE}: {_file_kind(mpath)}, expected a regular file "
+                            "(not read: a store holds regular files only)", MANIFEST_FILE))
+        return None
     try:
         m = read_manifest(path)
     except IncompleteStoreError:
         raise
-    except FormatError as exc:
-        prob.append(Problem("manifest", str(exc), MANIFEST_FILE))
+    except (FormatError, ValueError, RecursionError) as exc:  # ValueError: e.g. an int of 5,000 digits
+        prob.append(Problem("manifest", " ".join(str(exc).split()) or type(exc).__name__, MANIFEST_FILE))
         return None
     ctx = Ctx(path, m)
     rep.store_id, rep.backend, rep.records, rep.slots = m["store_id"], m["backend"], m["records"], m["slots"]
@@ -107,13 +113,15 @@ def check_structure(path: str, rep: VerifyReport) -> Ctx | None:
     for n in sorted(on_disk - set(files) - {MANIFEST_FILE}):
         what = "directory" if os.path.isdir(j(n)) else "file"
         prob.append(Problem("stray", f"{n}: a stray {what} that is not part of the store (remove it)", n))
-    bad_files: set[str] = set()
+    bad_files = _check_file_types(path, on_disk, set(needed), prob)
     for n in needed:
+        if n in bad_files:
+            continue
         if n not in on_disk:
             prob.append(Problem("missing", f"{n}: missing; the store needs it (restore it or re-create the store)", n))
             bad_files.add(n)
             continue
-        size = os.stat(j(n)).st_size
+        size = os.lstat(j(n)).st_size
         want = files.get(n)
         if want is not None and size != want:
             what = "truncated" if size < want else "extended (bytes appended)"
@@ -195,6 +203,39 @@ def check_structure(path: str, rep: VerifyReport) -> Ctx | None:
     return ctx
 
 
+def _file_kind(p: str) -> str:
+    mode = os.lstat(p).st_mode
+    if stat.S_ISLNK(mode):
+        try:
+            return f"a symbolic link to {os.readlink(p)!r}"
+        except OSError:
+            return "a symbolic link"
+    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device")):
+        if test(mode):
+            return what
+    return "a regular file" if stat.S_ISREG(mode) else "not a regular file"
+
+
+def _check_file_types(path: str, on_disk: set[str], needed: set[str], prob: list[Problem]) -> set[str]:
+    """Flag every symbolic link in the store, and every file of the store that
+    is not a regular file; return the names not to be read. A store holds
+    regular files only: a link could make a command read (a FIFO that never
+    ends, ``/dev/zero``) or write (``verify --repair``) outside the store."""
+    bad: set[str] = set()
+    for n in sorted(on_disk):
+        p = os.path.join(path, n)
+        mode = os.lstat(p).st_mode
+        if stat.S_ISLNK(mode):
+            prob.append(Problem("symlink", f"{n}: {_file_kind(p)}; a store holds regular files only (a link can "
+                                "lead reads and writes outside the store): replace it with a copy of the file", n))
+            bad.add(n)
+        elif n in needed and not stat.S_ISREG(mode):
+            prob.append(Problem("not-regular", f"{n}: {_file_kind(p)}, expected a regular file (not read)", n))
+            bad.add(n)
+    return bad
+
+
 def _check_index(ctx: Ctx, rep: VerifyReport, bad_files: set[str], npy: Callable[..., int | None]) -> None:
     prob = rep.problems
     if ctx.records == ctx.slots:
@@ -232,8 +273,9 @@ def _check_index(ctx: Ctx, rep: VerifyReport, bad_files: set[str], npy: Callable
             s, k = obj["slot"], obj["key"]
             if not isinstance(s, int) or not isinstance(k, str) or not isinstance(obj["reason"], str):
                 raise TypeError("slot must be an int, key and reason strings")
-        except (ValueError, KeyError, TypeError) as exc:
-            prob.append(Problem("errors", f"{ERRORS_FILE}: line {lineno} is not a valid entry ({exc})", ERRORS_FILE))
+        except (ValueError, KeyError, TypeError, RecursionError) as exc:
+            why = " ".join(str(exc).split())[:200] or type(exc).__name__
+            prob.append(Problem("errors", f"{ERRORS_FILE}: line {lineno} is not a valid entry ({why})", ERRORS_FILE))
             return
         if ctx.key_offsets is not None and 0 <= s < ctx.slots and ctx.key_of(s) != k:
             prob.append(Problem("errors", f"{ERRORS_FILE}: line {lineno}: key {k!r} differs from slot {s}'s key {ctx.key_of(s)!r}", ERRORS_FILE))
@@ -251,33 +293,35 @@ def _check_index(ctx: Ctx, rep: VerifyReport, bad_files: set[str], npy: Callable
                                 f"(e.g. slots {diff})", INDEX_FILE))
 
 
-def lmdb_backend(ctx: Ctx, segment: int | None = None, count: int | None = None) -> Any:
-    """The lmdb backend object of one segment (its ``env()`` is shared with any
-    Store of the same file open in this process: py-lmdb allows one per process)."""
-    from ..backends.lmdb import LmdbBackend
-
-    return LmdbBackend(ctx.path, ctx.schema, ctx.slots if count is None else count, ctx.m["files"],
-                       segment=segment, readahead=True)
-
-
 def _check_lmdb_quick(ctx: Ctx, rep: VerifyReport) -> None:
+    """Count the keys of every LMDB file, in a child process (a damaged
+    page must not kill verify: see :mod:`mmstore.tools.verify_lmdb`)."""
+    from .verify_lmdb import lmdb_entries
+
     try:
-        import lmdb
+        import lmdb  # noqa: F401
     except ImportError:
         rep.problems.append(Problem("lmdb", "cannot check records.mdb: the 'lmdb' package is not installed (pip install lmdb)", LMDB_FILE))
         ctx.data_ok = False
         return
     entries = 0
-    for seg, _, count in ctx.segments:
-        be = lmdb_backend(ctx, seg, count)
-        try:
-            entries += be.env().stat()["entries"]
-        except (lmdb.Error, FormatError) as exc:
-            rep.problems.append(Problem("lmdb", f"{be.file}: not a readable LMDB environment ({exc})", be.file))
+    for seg, _, _ in ctx.segments:
+        name = lmdb_file(seg)
+        res = lmdb_entries(os.path.join(ctx.path, name))
+        if res.failure is not None or res.entries is None:
+            why = res.failure or "no answer"
+            rep.problems.append(Problem("lmdb", f"{name}: not a readable LMDB environment ({why}); restore the "
+                                        "file from a copy or re-create the store", name))
             ctx.data_ok = False
             return
-        finally:
-            be.close()
+        size = os.lstat(os.path.join(ctx.path, name)).st_size
+        if res.pages_bytes is not None and res.pages_bytes > size:
+            rep.problems.append(Problem("lmdb", f"{name}: its meta page says its pages use {res.pages_bytes:,} "
+                                        f"bytes, but the file has {size:,}: it is truncated or damaged; restore "
+                                        "it from a copy or re-create the store", name))
+            ctx.data_ok = False
+            return
+        entries += res.entries
     if entries != ctx.records:
         what = LMDB_FILE if not ctx.segmented else f"the {len(ctx.segments)} LMDB segments"
         rep.problems.append(Problem("lmdb-keys", f"{what}: hold {entries:,} keys, the manifest says {ctx.records:,} "
