@@ -58,6 +58,51 @@ waits for the copy's event before it can use them, and they are marked with
 ``record_stream`` so the caching allocator does not hand their memory out
 again while the caller's stream still uses them. A host buffer is refilled
 only after the event of the copy out of it has completed.
+
+With ``pin_memory=True`` and CPU batches, a ``batch.cuda(non_blocking=True)``
+issued in the loop body may still be reading the pinned buffer when the
+loader refills it: each ``next()`` records a CUDA event on the current stream
+of the current device, and the refill of a buffer released by that call waits
+for it. Copies issued on other streams are not covered: synchronize them
+yourself, or use ``device="cuda"``.
+
+Lifetime: epochs, threads, processes (the contract)
+---------------------------------------------------
+* **One epoch at a time.** ``iter(loader)`` while an earlier iterator of it is
+  still live (not exhausted, not closed, still referenced) raises
+  :class:`~mmstore.errors.LoaderStateError`, never ends that epoch short.
+  An epoch ends when its iterator is exhausted, ``.close()``-d, or dropped:
+  ``break`` out of a ``for`` loop, ``del it``, an exception. The loader holds
+  only a weak reference to its iterator, so dropping it ends the epoch at
+  once; the iterator holds the loader (as a list iterator holds its list).
+* **Epoch numbers.** An iteration runs the epoch set with :meth:`Loader.set_epoch`,
+  else the one after the last used. The number is used once the iterator
+  yields its *second* batch (or is exhausted). A peek,
+  ``next(iter(loader))``, used nothing: the next loop runs the same epoch
+  from its first batch (a capped loop of two or more batches moves on).
+* **Threads.** An iterator is consumed by one thread at a time: a
+  ``next()`` while another thread is inside ``next()`` raises
+  ``LoaderStateError`` (and so does a second thread's ``iter(loader)``, by
+  the rule above). Use one Loader per thread.
+* **close.** ``Loader.close()``, from any thread, ends the epoch in
+  progress: the consumer's next ``next()`` raises ``LoaderStateError`` (it
+  never looks like a completed epoch). ``iterator.close()`` ends it quietly
+  (``StopIteration``). A closed loader reopens on the next ``iter()``.
+* **Errors.** A read error of batch ``k`` is raised by the ``next()`` that
+  would yield batch ``k``, after batches ``0 .. k-1`` were delivered (also
+  on the CUDA path, which prepares batch ``k + 1`` ahead); the epoch then
+  ends (``StopIteration`` after it) and the loader can start another.
+* **Garbage.** Nothing blocks in a finalizer: a dropped iterator or loader
+  cancels its queued reads and shuts its threads down without waiting (the
+  collector may run them in any thread, a reader thread included). Loader
+  and iterator form no reference cycle, so reference counting frees threads,
+  descriptors and buffers as soon as the last reference goes.
+* **fork.** In a forked child an inherited loader drops the parent's
+  threads, futures and descriptors without touching them; ``iter()`` starts
+  clean, ``close()`` returns at once, and continuing an inherited iterator
+  raises ``LoaderStateError``. **Pickling** (spawn, forkserver) carries the
+  configuration, the store and the epoch counter; the copy opens its own
+  threads and files.
 """
 
 from __future__ import annotations
@@ -112,7 +157,9 @@ class Loader:
     pin_memory : bool, optional
         Allocate the ring in pinned memory (default: when ``device`` is CUDA).
         Without CUDA it is not possible: a warning is given and plain memory
-        is used.
+        is used. With CPU batches, a buffer is refilled only after the work
+        queued on the current CUDA stream before the ``next()`` that released
+        it (a ``batch.cuda(non_blocking=True)``) is done.
     prefetch : int, default 4
         Batches read ahead while the caller works on the current one.
     hold : int, default 1
@@ -155,8 +202,10 @@ class Loader:
         Concurrent long reads of the window pass ("read").
 
     Iterating yields one epoch; the epoch is the one set with
-    :meth:`set_epoch`, else one more than the previous iteration's (starting
-    at 0). Starting a new iteration ends the previous one.
+    :meth:`set_epoch`, else one more than the last one used (starting at 0).
+    One epoch runs at a time: ``iter()`` while an iterator is live raises
+    :class:`~mmstore.errors.LoaderStateError` (see the module docstring,
+    "Lifetime", for peeks, threads, ``close``, ``fork`` and pickling).
     """
 
     def __init__(
@@ -737,7 +786,9 @@ class _Epoch:
         # read a buffer when next() is called; its refill waits for an event
         # recorded on the current stream at that call
         self.guard_pinned = L.pin_memory and not L._cuda
-        self.np_ring = [{f: t.numpy() for f, t in slot.items()} for slot in L._ring]  # type: ignore[union-attr]
+        # this epoch's buffers (Loader.close() from another thread may drop the loader's)
+        self.ring: list[dict[str, torch.Tensor]] = L._ring or []
+        self.np_ring = [{f: t.numpy() for f, t in slot.items()} for slot in self.ring]
         rb = sum(L.store.schema[f].nbytes for f in L.fields) or 1
         self.piece_rows = max(1, L.piece_bytes // rb)
         shuffled = not isinstance(L.order, Sequential)
@@ -900,7 +951,7 @@ class _Epoch:
 
     def host_batch(self, k: int) -> dict[str, torch.Tensor]:
         a, b = self.bounds(k)
-        slot = self.loader._ring[k % self.R]  # type: ignore[index]
+        slot = self.ring[k % self.R]
         m = b - a
         return {f: (t if m == t.shape[0] else t[:m]) for f, t in slot.items()}
 
