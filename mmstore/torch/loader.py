@@ -341,7 +341,6 @@ class Loader:
                 self._do_warm()
             run = _EpochRun(self, epoch)
             self._active = weakref.ref(run)
-            self._tasks = run._ep.tasks
         return run
 
     def close(self) -> None:
@@ -355,12 +354,12 @@ class Loader:
         with self._guard():
             run = self._active() if self._active is not None else None
             self._active = None
-            tasks, self._tasks = self._tasks, None
             if run is not None:
                 run._ep.tasks.cancel("closed")
-            if tasks is not None:
-                tasks.cancel("closed")
-                tasks.wait()
+            if self._tasks is not None:
+                self._tasks.cancel("closed")
+                self._tasks.wait()
+                self._tasks = None
             self._res.release(True)
             if self._own_store:  # opened from a path: unmap (lets eviction drop the pages)
                 self.store.close()
@@ -408,10 +407,10 @@ class Loader:
                 "for two concurrent streams (or two threads) use two Loaders"
             )
         self._active = None
-        tasks, self._tasks = self._tasks, None
-        if tasks is not None:  # abandoned (its iterator was dropped) or ended
-            tasks.cancel("ended")
-            tasks.wait()  # no-op in a forked child: the parent's threads do not run here
+        if self._tasks is not None:  # abandoned (its iterator was dropped) or ended
+            self._tasks.cancel("ended")
+            self._tasks.wait()  # no-op in a forked child: the parent's threads do not run here
+            self._tasks = None  # (only once waited for: an interrupted wait is redone next time)
 
     def _commit(self, epoch: int) -> None:
         """Epoch ``epoch`` counts as used: the next iteration takes the next one."""
@@ -781,6 +780,7 @@ class _Epoch:
         self.nbatches = n // bs if L.drop_last else -(-n // bs)
         self.R = L.ring_size
         self.tasks = _Tasks(self.R)
+        L._tasks = self.tasks  # from now on the next iter()/close() waits for these reads
         self.events: list[Any] = [None] * self.R
         # pinned CPU batches: a user's `batch.cuda(non_blocking=True)` may still
         # read a buffer when next() is called; its refill waits for an event
