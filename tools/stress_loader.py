@@ -405,8 +405,13 @@ def b_truncate(t: Trial, mmap: bool = False) -> None:
 
 def b_truncate_mmap(t: Trial) -> None:
     """The memory-mapped path in a child (SIGBUS is pending the backend fix)."""
+    log = os.path.join(t.work, f"mmap-child-{os.getpid()}.txt")
     pid = os.fork()
     if pid == 0:
+        import faulthandler
+
+        fh = open(log, "w")  # noqa: SIM115 - lives as long as the child
+        faulthandler.dump_traceback_later(20, exit=True, file=fh)  # a hang prints its stacks and ends
         sub = Trial(t.work, t.rng, "truncate")
         try:
             b_truncate(sub, mmap=True)
@@ -417,10 +422,13 @@ def b_truncate_mmap(t: Trial) -> None:
     _, st = os.waitpid(pid, 0)
     if os.WIFSIGNALED(st) and os.WTERMSIG(st) == signal.SIGBUS:
         t.notes.append("mmap truncation: SIGBUS (pending backend fix)")
-    else:
-        code = os.waitstatus_to_exitcode(st)
-        t.expect(code in (0, 8), f"mmap truncation child exited {code}")
-        t.notes.append("mmap truncation: " + ("ok" if code == 0 else "untyped error"))
+        return
+    code = os.waitstatus_to_exitcode(st)
+    with open(log) as fh:
+        stacks = fh.read()
+    os.unlink(log)
+    t.expect(code in (0, 8), f"mmap truncation child exited {code}; stacks:\n{stacks[:3000]}")
+    t.notes.append("mmap truncation: " + ("ok" if code == 0 else "untyped error"))
 
 
 def b_close(t: Trial) -> None:

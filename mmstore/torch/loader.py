@@ -1045,8 +1045,9 @@ class _EpochRun:
             else:
                 ep.wait_batch(k)
                 out = ep.host_batch(k)
-                if L.copy:
-                    out = {f: t.clone() for f, t in out.items()}
+                if L.copy:  # a numpy copy: no torch intra-op (OpenMP) threads, which hang
+                    # in a forked child once the parent used them
+                    out = {f: torch.from_numpy(t.numpy().copy()) for f, t in out.items()}
         except _Cancelled:
             self._raise_cancelled()
         except BaseException:

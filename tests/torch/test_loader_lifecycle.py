@@ -174,8 +174,10 @@ import json, os, sys, signal, time
 import numpy as np
 from mmstore.errors import LoaderStateError
 from mmstore.torch import Loader
+import torch
 path = sys.argv[1]
-L = Loader(path, 16, "permutation", threads=3, prefetch=4)
+torch.zeros(1 << 20, dtype=torch.uint8).clone()  # torch's OpenMP threads in use in the parent
+L = Loader(path, 48, "permutation", threads=3, prefetch=4, copy=True)  # copy: the child copies batches
 it = iter(L)
 got = [next(it)["idx"].clone()]
 
