@@ -386,7 +386,8 @@ def b_truncate(t: Trial, mmap: bool = False) -> None:
             for b in it:
                 c(b)
                 if c.k == at:
-                    os.truncate(seg.path, seg.offset + cut * seg.entry_bytes + int(t.rng.integers(0, seg.entry_bytes)))
+                    size = seg.offset + cut * seg.entry_bytes + int(t.rng.integers(0, seg.entry_bytes))
+                    os.truncate(seg.path, size)
         except OSError as e:
             err = e
         if err is not None:
@@ -497,7 +498,8 @@ def trial(work: str, seed: int, behaviour: str) -> dict[str, Any]:
         failed = str(e)
     except Exception as e:  # noqa: BLE001
         failed = f"{type(e).__name__}: {e}"
-    return {"batches": t.batches, "wrong": t.wrong, "failed": failed, "notes": t.notes, "sigint_ms": t.sigint_ms,
+    return {"batches": t.batches, "wrong": t.wrong, "failed": failed, "notes": t.notes,
+            "sigint_ms": t.sigint_ms,
             "store": t.store}
 
 
@@ -591,7 +593,8 @@ def main() -> int:
     ap.add_argument("--hang", type=float, default=60, help="a trial running longer than this is a hang")
     ap.add_argument("--behaviours", default=",".join(BEHAVIOURS))
     ap.add_argument("--mmap-truncation", action="store_true",
-                    help="also truncate under the memory-mapped path (in a child: SIGBUS until item 5 is fixed)")
+                    help="also truncate under the memory-mapped path (in a child: SIGBUS until "
+                         "issue 17 item 5 is fixed)")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ARGS = args = ap.parse_args()
@@ -610,13 +613,13 @@ def main() -> int:
     fails: list[str] = []
     notes: Counter = Counter()
     sig_ms: list[float] = []
-    first = last = None
-    peak_threads = 0
+    first = last = mid = None
     done = 0
     for i in range(args.trials):
         if time.monotonic() - t0 > args.time:
             break
-        cmd = {"id": i, "seed": int(rng.integers(0, 2**31)), "behaviour": kinds[int(rng.integers(0, len(kinds)))]}
+        kind = kinds[int(rng.integers(0, len(kinds)))]
+        cmd = {"id": i, "seed": int(rng.integers(0, 2**31)), "behaviour": kind}
         res = w.run(cmd, args.hang)
         b = cmd["behaviour"]
         stats[b]["trials"] += 1
@@ -626,7 +629,7 @@ def main() -> int:
             hangs.append(f"trial {i} {b} seed {cmd['seed']}")
             print(f"HANG: trial {i} ({b}, seed {cmd['seed']}); stacks:\n{tail}", flush=True)
             w = Worker(work, args)
-            first = last = None  # a new process: leak figures restart
+            first = last = mid = None  # a new process: leak figures restart
             continue
         stats[b]["batches"] += res["batches"]
         stats[b]["wrong"] += res["wrong"]
@@ -640,7 +643,8 @@ def main() -> int:
         snap = (res["threads"], res["fds"], res["rss"])
         first = first or snap
         last = snap
-        peak_threads = max(peak_threads, res["threads"])
+        if i == args.trials // 2:
+            mid = snap
     w.kill(dump=False)
     elapsed = time.monotonic() - t0
     print(f"stress_loader: {done} trials in {elapsed:.0f} s (seed {args.seed})")
@@ -653,11 +657,12 @@ def main() -> int:
     leak = False
     if first and last:
         leak = last[0] > first[0] or last[1] > first[1]
-        print(f"after the first / last trial: threads {first[0]} / {last[0]}, fds {first[1]} / {last[1]}, "
-              f"RSS {first[2] / 2**20:.0f} / {last[2] / 2**20:.0f} MiB")
+        rss = " / ".join(f"{x[2] / 2**20:.0f}" for x in (first, mid, last) if x)
+        print(f"after the first / last trial: threads {first[0]} / {last[0]}, fds {first[1]} / {last[1]}; "
+              f"RSS after the first / middle / last trial: {rss} MiB")
     if sig_ms:
-        print(f"SIGINT to KeyboardInterrupt in the loop: median {np.median(sig_ms):.1f} ms, max {max(sig_ms):.1f} ms "
-              f"({len(sig_ms)} trials)")
+        print(f"SIGINT to KeyboardInterrupt in the loop: median {np.median(sig_ms):.1f} ms, "
+              f"max {max(sig_ms):.1f} ms ({len(sig_ms)} trials)")
     for n, k in sorted(notes.items()):
         print(f"  {n}: {k}")
     for f in fails[:20]:

@@ -729,7 +729,8 @@ class _Tasks:
         self.pid = os.getpid()
         self.futs: list[list[Future[Any]] | None] = [None] * nslots
         self.cancelled = False
-        self.reason = ""  # "ended" (finished, closed by its owner, abandoned, failed) or "closed" (Loader.close)
+        # "ended" (finished, closed by its owner, abandoned, failed) or "closed" (Loader.close)
+        self.reason = ""
         self.cv = threading.Condition()  # window progress (an RLock: notify is safe from a finalizer)
         self.win_thread: threading.Thread | None = None
         self.stream: Any = None

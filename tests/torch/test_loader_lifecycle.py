@@ -30,7 +30,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(mmstore.__file__)))
 HANG_S = 120  # a child that has not finished by then is hung (the work takes a few seconds)
 
 
-def run_child(code: str, *args: str, timeout: float = HANG_S, check: bool = True) -> subprocess.CompletedProcess:
+def run_child(code: str, *args: str, timeout: float = HANG_S, check: bool = True
+              ) -> subprocess.CompletedProcess:
     """Run ``code`` in a fresh interpreter; fail (not hang) if it does not finish."""
     env = dict(os.environ, PYTHONPATH=ROOT)
     try:
