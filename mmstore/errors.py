@@ -18,6 +18,7 @@ __all__ = [
     "FormatError",
     "IncompleteStoreError",
     "IngestError",
+    "LoaderStateError",
     "LockedError",
     "MmstoreError",
     "ResourceLimitError",
@@ -107,3 +108,11 @@ class ResourceLimitError(MmstoreError, OSError):
     """The process ran out of a resource the operating system limits (open
     files: a merged store of many segments maps one file per field and
     segment); the message names the limit and how to raise it."""
+
+
+class LoaderStateError(MmstoreError, RuntimeError):
+    """A :class:`mmstore.torch.Loader` was used in a way its state does not
+    allow: a second epoch started while one is still being iterated, two
+    threads calling ``next()`` on one iterator at once, an iterator continued
+    after ``Loader.close()`` or in a forked process. The message says how to
+    end the epoch in progress or start a new one."""

@@ -58,6 +58,51 @@ waits for the copy's event before it can use them, and they are marked with
 ``record_stream`` so the caching allocator does not hand their memory out
 again while the caller's stream still uses them. A host buffer is refilled
 only after the event of the copy out of it has completed.
+
+With ``pin_memory=True`` and CPU batches, a ``batch.cuda(non_blocking=True)``
+issued in the loop body may still be reading the pinned buffer when the
+loader refills it: each ``next()`` records a CUDA event on the current stream
+of the current device, and the refill of a buffer released by that call waits
+for it. Copies issued on other streams are not covered: synchronize them
+yourself, or use ``device="cuda"``.
+
+Lifetime: epochs, threads, processes (the contract)
+---------------------------------------------------
+* **One epoch at a time.** ``iter(loader)`` while an earlier iterator of it is
+  still live (not exhausted, not closed, still referenced) raises
+  :class:`~mmstore.errors.LoaderStateError`, never ends that epoch short.
+  An epoch ends when its iterator is exhausted, ``.close()``-d, or dropped:
+  ``break`` out of a ``for`` loop, ``del it``, an exception. The loader holds
+  only a weak reference to its iterator, so dropping it ends the epoch at
+  once; the iterator holds the loader (as a list iterator holds its list).
+* **Epoch numbers.** An iteration runs the epoch set with :meth:`Loader.set_epoch`,
+  else the one after the last used. The number is used once the iterator
+  yields its *second* batch (or is exhausted). A peek,
+  ``next(iter(loader))``, used nothing: the next loop runs the same epoch
+  from its first batch (a capped loop of two or more batches moves on).
+* **Threads.** An iterator is consumed by one thread at a time: a
+  ``next()`` while another thread is inside ``next()`` raises
+  ``LoaderStateError`` (and so does a second thread's ``iter(loader)``, by
+  the rule above). Use one Loader per thread.
+* **close.** ``Loader.close()``, from any thread, ends the epoch in
+  progress: the consumer's next ``next()`` raises ``LoaderStateError`` (it
+  never looks like a completed epoch). ``iterator.close()`` ends it quietly
+  (``StopIteration``). A closed loader reopens on the next ``iter()``.
+* **Errors.** A read error of batch ``k`` is raised by the ``next()`` that
+  would yield batch ``k``, after batches ``0 .. k-1`` were delivered (also
+  on the CUDA path, which prepares batch ``k + 1`` ahead); the epoch then
+  ends (``StopIteration`` after it) and the loader can start another.
+* **Garbage.** Nothing blocks in a finalizer: a dropped iterator or loader
+  cancels its queued reads and shuts its threads down without waiting (the
+  collector may run them in any thread, a reader thread included). Loader
+  and iterator form no reference cycle, so reference counting frees threads,
+  descriptors and buffers as soon as the last reference goes.
+* **fork.** In a forked child an inherited loader drops the parent's
+  threads, futures and descriptors without touching them; ``iter()`` starts
+  clean, ``close()`` returns at once, and continuing an inherited iterator
+  raises ``LoaderStateError``. **Pickling** (spawn, forkserver) carries the
+  configuration, the store and the epoch counter; the copy opens its own
+  threads and files.
 """
 
 from __future__ import annotations
@@ -65,6 +110,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
+import weakref
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import wait as _wait
@@ -74,6 +120,7 @@ import numpy as np
 import torch
 
 from .. import _sys
+from ..errors import LoaderStateError
 from ..order import BlockShuffle, Order, Sequential, contiguous_ranges
 from ..reader import Store
 from .dataset import _image_fields, open_store_arg
@@ -110,7 +157,9 @@ class Loader:
     pin_memory : bool, optional
         Allocate the ring in pinned memory (default: when ``device`` is CUDA).
         Without CUDA it is not possible: a warning is given and plain memory
-        is used.
+        is used. With CPU batches, a buffer is refilled only after the work
+        queued on the current CUDA stream before the ``next()`` that released
+        it (a ``batch.cuda(non_blocking=True)``) is done.
     prefetch : int, default 4
         Batches read ahead while the caller works on the current one.
     hold : int, default 1
@@ -153,8 +202,10 @@ class Loader:
         Concurrent long reads of the window pass ("read").
 
     Iterating yields one epoch; the epoch is the one set with
-    :meth:`set_epoch`, else one more than the previous iteration's (starting
-    at 0). Starting a new iteration ends the previous one.
+    :meth:`set_epoch`, else one more than the last one used (starting at 0).
+    One epoch runs at a time: ``iter()`` while an iterator is live raises
+    :class:`~mmstore.errors.LoaderStateError` (see the module docstring,
+    "Lifetime", for peeks, threads, ``close``, ``fork`` and pickling).
     """
 
     def __init__(
@@ -237,18 +288,40 @@ class Loader:
         self.window_prefetch = window_prefetch or False
         self.window_threads = max(1, int(window_threads))
         self.warm_report: _sys.WarmReport | None = None
-        self._warm_handle: _sys.WarmHandle | None = None
         self._warmed = False
         self._images = _image_fields(self.store, self.fields) if self.chw else set()
         self._tdtypes = {f: torch.from_numpy(np.empty(0, self.store.schema[f].dtype)).dtype for f in self.fields}
+        self._config = {
+            "batch_size": self.batch_size, "fields": self.fields, "drop_last": self.drop_last,
+            "device": None if self.device is None else str(self.device), "pin_memory": self.pin_memory,
+            "prefetch": self.prefetch, "hold": self.hold, "copy": self.copy, "threads": self.threads,
+            "as_tuple": self.as_tuple, "chw": self.chw, "warm": self.warm, "hints": self.hints,
+            "willneed": self.willneed, "method": self.method, "piece_bytes": self.piece_bytes,
+            "window_prefetch": self.window_prefetch, "window_threads": self.window_threads,
+        }
         self._epoch: int | None = None
         self._next_epoch = 0
-        self._pid = -1
-        self._pool: ThreadPoolExecutor | None = None
-        self._ring: list[dict[str, torch.Tensor]] | None = None
-        self._fds: dict[str, _FieldFiles] = {}
-        self._active: _EpochRun | None = None
+        # per-process resources; released without blocking when the loader is
+        # garbage (see "Lifetime" in the module docstring)
+        self._res = _Resources()
+        self._finalizer = weakref.finalize(self, self._res.release, False)
+        self._active: weakref.ref[_EpochRun] | None = None  # the iterator of the epoch in progress
+        self._tasks: _Tasks | None = None  # the last epoch's reads: waited for before the ring is reused
         self._lock = threading.Lock()
+        self._lock_pid = os.getpid()
+
+    # the per-process resources, by their historical names
+    @property
+    def _pool(self) -> ThreadPoolExecutor | None:
+        return self._res.pool
+
+    @property
+    def _fds(self) -> dict[str, _FieldFiles]:
+        return self._res.fds
+
+    @property
+    def _ring(self) -> list[dict[str, torch.Tensor]] | None:
+        return self._res.ring
 
     # -- public ----------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -260,40 +333,36 @@ class Loader:
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
 
     def __iter__(self) -> Iterator[Any]:
-        if self._active is not None:
-            self._active.close()
-        epoch = self._next_epoch if self._epoch is None else self._epoch
-        self._epoch = None
-        self._next_epoch = epoch + 1
-        self._setup()
-        if self.warm and not self._warmed:
-            self._do_warm()
-        run = _EpochRun(self, epoch)
-        self._active = run
+        with self._guard():
+            self._end_previous()
+            epoch = self._next_epoch if self._epoch is None else self._epoch
+            self._setup()
+            if self.warm and not self._warmed:
+                self._do_warm()
+            run = _EpochRun(self, epoch)
+            self._active = weakref.ref(run)
         return run
 
     def close(self) -> None:
-        """Stop reading, free the threads, buffers and descriptors."""
-        if self._active is not None:
-            self._active.close()
+        """Stop reading, free the threads, buffers and descriptors.
+
+        An epoch still being iterated ends: its iterator's next ``next()``
+        raises :class:`~mmstore.errors.LoaderStateError` (also when ``close``
+        is called from another thread). A later ``iter(loader)`` opens
+        everything again.
+        """
+        with self._guard():
+            run = self._active() if self._active is not None else None
             self._active = None
-        if self._warm_handle is not None:
-            self._warm_handle.stop()
-            try:
-                self._warm_handle.join()
-            except Exception:  # noqa: BLE001 - a failed warm pass is not fatal at close
-                pass
-            self._warm_handle = None
-        if self._pool is not None and self._pid == os.getpid():
-            self._pool.shutdown(wait=True)
-        self._pool = None
-        if self._pid == os.getpid():
-            for ff in self._fds.values():
-                ff.close()
-        self._fds = {}
-        self._ring = None
-        if self._own_store:  # opened from a path: unmap (lets eviction drop the pages)
-            self.store.close()
+            if run is not None:
+                run._ep.tasks.cancel("closed")
+            if self._tasks is not None:
+                self._tasks.cancel("closed")
+                self._tasks.wait()
+                self._tasks = None
+            self._res.release(True)
+            if self._own_store:  # opened from a path: unmap (lets eviction drop the pages)
+                self.store.close()
 
     def __enter__(self) -> Loader:
         return self
@@ -301,11 +370,53 @@ class Loader:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001
-            pass
+    # -- pickling: the configuration; the copy opens its own threads and files --
+    def __getstate__(self) -> dict[str, Any]:
+        return {
+            "store": self.store, "own_store": self._own_store, "order": self.order, "config": self._config,
+            "epoch": self._epoch, "next_epoch": self._next_epoch, "warmed": self._warmed,
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        order = state["order"]
+        self.__init__(  # type: ignore[misc]
+            state["store"], order=order, rank=order.rank, world_size=order.world_size, **state["config"]
+        )
+        self._own_store = state["own_store"]
+        self._epoch, self._next_epoch, self._warmed = state["epoch"], state["next_epoch"], state["warmed"]
+
+    # -- epochs --------------------------------------------------------------------
+    def _guard(self) -> threading.Lock:
+        """This process's lock (one inherited through ``fork`` may be held by
+        a thread that does not exist here)."""
+        pid = os.getpid()
+        if self._lock_pid != pid:
+            self._lock = threading.Lock()
+            self._lock_pid = pid
+        return self._lock
+
+    def _end_previous(self) -> None:
+        """Refuse to start an epoch while one is being iterated; wait until
+        the reads of an ended or abandoned one no longer write into the ring."""
+        run = self._active() if self._active is not None else None
+        if run is not None and run._live():
+            raise LoaderStateError(
+                f"mmstore.torch.Loader: epoch {run.epoch} is still being iterated ({run.k} of "
+                f"{run.nbatches} batches yielded); one Loader runs one epoch at a time. Finish that loop, "
+                "or end it early: `break` out of the `for` loop, or `del`/`.close()` the iterator; "
+                "for two concurrent streams (or two threads) use two Loaders"
+            )
+        self._active = None
+        if self._tasks is not None:  # abandoned (its iterator was dropped) or ended
+            self._tasks.cancel("ended")
+            self._tasks.wait()  # no-op in a forked child: the parent's threads do not run here
+            self._tasks = None  # (only once waited for: an interrupted wait is redone next time)
+
+    def _commit(self, epoch: int) -> None:
+        """Epoch ``epoch`` counts as used: the next iteration takes the next one."""
+        if self._epoch == epoch:
+            self._epoch = None
+        self._next_epoch = epoch + 1
 
     def __repr__(self) -> str:
         return (
@@ -321,33 +432,28 @@ class Loader:
 
     # -- setup -------------------------------------------------------------------
     def _setup(self) -> None:
-        pid = os.getpid()
-        if self._pid != pid:  # first use, or used after fork: nothing inherited is ours
-            self._pool = None
-            for ff in self._fds.values():  # this process's copies of the parent's descriptors
-                ff.close()
-            self._fds = {}
-            self._ring = None
-            self._pid = pid
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="mmstore-loader")
+        res = self._res
+        if res.pid != os.getpid():  # first use, or used after fork: nothing inherited is ours
+            res.adopt()
+        if res.pool is None:
+            res.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="mmstore-loader")
         backend = self.store.backend  # open the backend in this thread, before the readers
         try:
             backend.prepare(self.fields)  # map the fields / open the environment once, outside the threads
         except OSError as exc:
             raise _fd_limit(self.store, exc) from None
         self.store.index  # noqa: B018 - map the index once, outside the threads
-        if self.store.backend_name == "memmap" and self.method != "mmap" and not self._fds:
+        if self.store.backend_name == "memmap" and self.method != "mmap" and not res.fds:
             for f in self.fields:
                 if self.store.schema[f].nbytes >= _PREAD_MIN_BYTES or self.method == "pread":
                     if self.store.schema[f].nbytes == 0:
                         continue
                     try:
-                        self._fds[f] = _FieldFiles(backend.field_segments(f))  # type: ignore[attr-defined]
+                        res.fds[f] = _FieldFiles(backend.field_segments(f))  # type: ignore[attr-defined]
                     except OSError as exc:
                         raise _fd_limit(self.store, exc) from None
-        if self._ring is None:
-            self._ring = [self._alloc_slot() for _ in range(self.ring_size)]
+        if res.ring is None:
+            res.ring = [self._alloc_slot() for _ in range(self.ring_size)]
 
     def _alloc_slot(self) -> dict[str, torch.Tensor]:
         slot = {}
@@ -370,7 +476,7 @@ class Loader:
         self._warmed = True
         paths = self._data_paths()
         if self.warm == "background":
-            self._warm_handle = _sys.warm_in_background(paths)
+            self._res.warm_handle = _sys.warm_in_background(paths)
             return
         self.warm_report = rep = _sys.warm(paths)
         if not rep.complete:
@@ -415,7 +521,7 @@ class Loader:
                 for fd, pos, length in ff.ranges(a, b):
                     os.posix_fadvise(fd, pos, length, os.POSIX_FADV_WILLNEED)
 
-    def _read_window(self, idx: np.ndarray, run: _EpochRun) -> None:
+    def _read_window(self, idx: np.ndarray, run: _Epoch) -> None:
         """Bring a window's records into the page cache with long reads.
 
         ``window_prefetch="read"``: the window's contiguous runs of slots are
@@ -456,7 +562,8 @@ class Loader:
                     return
                 os.posix_fadvise(fd, pos, length, os.POSIX_FADV_WILLNEED)
             return
-        futs = [run.win_pool.submit(self._read_chunk, fd, pos, length, run) for fd, pos, length in chunks]
+        futs = [run.win_pool.submit(  # type: ignore[union-attr]
+            self._read_chunk, fd, pos, length, run) for fd, pos, length in chunks]
         _wait(futs)
         for f in futs:
             if f.exception() is not None and not run.cancelled:
@@ -464,7 +571,7 @@ class Loader:
 
     _tls = threading.local()
 
-    def _read_chunk(self, fd: int, pos: int, length: int, run: _EpochRun) -> None:
+    def _read_chunk(self, fd: int, pos: int, length: int, run: _Epoch) -> None:
         buf = getattr(self._tls, "buf", None)
         if buf is None:
             buf = self._tls.buf = memoryview(bytearray(2 * _MiB))
@@ -557,8 +664,113 @@ class _FieldFiles:
         return out
 
 
-class _EpochRun:
-    """One iteration over one epoch (the iterator ``iter(loader)`` returns)."""
+class _Resources:
+    """A Loader's resources in one process: the reader pool, the ``preadv``
+    descriptors, the ring, a background warm pass. Referenced by the loader
+    and by its ``weakref.finalize``; references neither the loader nor an
+    epoch."""
+
+    def __init__(self) -> None:
+        self.pid = -1
+        self.pool: ThreadPoolExecutor | None = None
+        self.fds: dict[str, _FieldFiles] = {}
+        self.ring: list[dict[str, torch.Tensor]] | None = None
+        self.warm_handle: _sys.WarmHandle | None = None
+
+    def adopt(self) -> None:
+        """Start clean in this process. After ``fork`` the parent's pool, its
+        futures and its warm thread do not run here and their locks may be
+        held forever: they are dropped untouched; the descriptors are this
+        process's own copies and are closed."""
+        self.pool = None
+        self.warm_handle = None
+        self._close_fds()
+        self.ring = None
+        self.pid = os.getpid()
+
+    def release(self, wait: bool) -> None:
+        """Shut the pool down, close the descriptors, drop the ring.
+
+        ``wait=False`` (the finalizer of a loader that became garbage, which
+        may run in any thread, a pool thread included) blocks on nothing:
+        queued reads are cancelled and the threads exit when their current
+        read is done (nothing of the loader is left for them to write into)."""
+        if self.pid != os.getpid():  # inherited through fork: nothing here is ours to stop
+            self.adopt()
+            return
+        pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.shutdown(wait=wait, cancel_futures=True)
+        warm, self.warm_handle = self.warm_handle, None
+        if warm is not None:
+            warm.stop()
+            if wait:
+                try:
+                    warm.join()
+                except Exception:  # noqa: BLE001 - a failed warm pass is not fatal at close
+                    pass
+        self._close_fds()
+        self.ring = None
+
+    def _close_fds(self) -> None:
+        fds, self.fds = self.fds, {}
+        for ff in fds.values():
+            ff.close()
+
+
+class _Tasks:
+    """The reads of one epoch in flight, and whether the epoch was cancelled.
+
+    Shared by the epoch's state, its iterator's finalizer and the loader (which
+    waits for them before reusing the ring); references none of them, so
+    holding it keeps no epoch or loader alive."""
+
+    def __init__(self, nslots: int) -> None:
+        self.pid = os.getpid()
+        self.futs: list[list[Future[Any]] | None] = [None] * nslots
+        self.cancelled = False
+        # "ended" (finished, closed by its owner, abandoned, failed) or "closed" (Loader.close)
+        self.reason = ""
+        self.cv = threading.Condition()  # window progress (an RLock: notify is safe from a finalizer)
+        self.win_thread: threading.Thread | None = None
+        self.stream: Any = None
+
+    def cancel(self, reason: str) -> None:
+        """Stop the epoch: queued reads are cancelled, waiting threads woken.
+        Never blocks (called from finalizers, in any thread)."""
+        if not self.cancelled:
+            self.reason = reason
+            self.cancelled = True
+        if self.pid != os.getpid():
+            return  # a forked child: the parent's futures and locks are not ours
+        for futs in self.futs:
+            for f in futs or ():
+                f.cancel()
+        with self.cv:
+            self.cv.notify_all()
+
+    def wait(self) -> None:
+        """Wait until nothing of this epoch writes into the ring any more.
+        Called by the consumer's thread (``iter``, ``close``), never from a
+        finalizer."""
+        if self.pid != os.getpid():
+            return
+        for i, futs in enumerate(self.futs):
+            if futs:
+                _wait(futs)
+                self.futs[i] = None
+        t = self.win_thread
+        if t is not None and t is not threading.current_thread():
+            t.join()
+        self.win_thread = None
+        if self.stream is not None:
+            self.stream.synchronize()
+
+
+class _Epoch:
+    """The state of one epoch that the reader threads use: the order, the
+    ring's numpy views, the reads in flight. Referenced by the epoch's
+    iterator and by the tasks in the pool; the loader does not reference it."""
 
     def __init__(self, loader: Loader, epoch: int) -> None:
         self.loader = L = loader
@@ -567,12 +779,17 @@ class _EpochRun:
         n = len(self.idx)
         bs = L.batch_size
         self.nbatches = n // bs if L.drop_last else -(-n // bs)
-        self.cancelled = False
-        self.k = 0  # next batch to yield
         self.R = L.ring_size
-        self.futs: list[list[Future[Any]] | None] = [None] * self.R
+        self.tasks = _Tasks(self.R)
+        L._tasks = self.tasks  # from now on the next iter()/close() waits for these reads
         self.events: list[Any] = [None] * self.R
-        self.np_ring = [{f: t.numpy() for f, t in slot.items()} for slot in L._ring]  # type: ignore[union-attr]
+        # pinned CPU batches: a user's `batch.cuda(non_blocking=True)` may still
+        # read a buffer when next() is called; its refill waits for an event
+        # recorded on the current stream at that call
+        self.guard_pinned = L.pin_memory and not L._cuda
+        # this epoch's buffers (Loader.close() from another thread may drop the loader's)
+        self.ring: list[dict[str, torch.Tensor]] = L._ring or []
+        self.np_ring = [{f: t.numpy() for f, t in slot.items()} for slot in self.ring]
         rb = sum(L.store.schema[f].nbytes for f in L.fields) or 1
         self.piece_rows = max(1, L.piece_bytes // rb)
         shuffled = not isinstance(L.order, Sequential)
@@ -600,22 +817,30 @@ class _EpochRun:
                 self.willneed = L.willneed
         # block shuffle: windows read sequentially ahead of the batches
         self.win_bounds: np.ndarray | None = None
-        self.win_thread: threading.Thread | None = None
-        self.cv = threading.Condition()
+        self.win_pool: ThreadPoolExecutor | None = None
         self.win_done = -1
         self.win_need = 0
-        if block and not cached:
-            self.win_bounds = L.order.window_bounds(epoch)
-            self.win_pool = ThreadPoolExecutor(L.window_threads, thread_name_prefix="mmstore-window")
-            self.win_thread = threading.Thread(target=self._window_loop, name="mmstore-window", daemon=True)
-            self.win_thread.start()
         # CUDA
         self.stream = None
-        self.pending_gpu: tuple[int, Any, Any] | None = None
         if L._cuda:
-            self.stream = torch.cuda.Stream(device=L.device)
-        for k in range(min(L.prefetch, self.nbatches)):
-            self._submit(k)
+            self.stream = self.tasks.stream = torch.cuda.Stream(device=L.device)
+        try:
+            if block and not cached:
+                self.win_bounds = L.order.window_bounds(epoch)
+                self.win_pool = ThreadPoolExecutor(L.window_threads, thread_name_prefix="mmstore-window")
+                t = threading.Thread(target=self._window_loop, name="mmstore-window", daemon=True)
+                self.tasks.win_thread = t
+                t.start()
+            for k in range(min(L.prefetch, self.nbatches)):
+                self.submit(k)
+        except BaseException:
+            self.tasks.cancel("ended")
+            self.tasks.wait()
+            raise
+
+    @property
+    def cancelled(self) -> bool:
+        return self.tasks.cancelled
 
     # -- windows -------------------------------------------------------------------
     def _window_of(self, pos: int) -> int:
@@ -623,59 +848,78 @@ class _EpochRun:
 
     def _window_loop(self) -> None:
         b = self.win_bounds
-        assert b is not None
+        cv = self.tasks.cv
+        if b is None:
+            return
         try:
             for w in range(len(b) - 1):
-                with self.cv:
+                with cv:
                     while w > self.win_need and not self.cancelled:
-                        self.cv.wait()
+                        cv.wait()
                 if self.cancelled:
                     return
                 self.loader._read_window(self.idx[b[w] : b[w + 1]], self)
-                with self.cv:
+                with cv:
                     self.win_done = w
-                    self.cv.notify_all()
+                    cv.notify_all()
+        except Exception:  # noqa: BLE001 - a prefetch pass only: a failing read is
+            pass  # reported by the batch that reads the record; this thread prints nothing
         finally:
-            with self.cv:
+            with cv:
                 self.win_done = len(b)  # never leave a batch waiting
-                self.cv.notify_all()
+                cv.notify_all()
+            if self.win_pool is not None:
+                self.win_pool.shutdown(wait=False, cancel_futures=True)
 
     def _wait_window(self, w: int) -> None:
-        with self.cv:
+        cv = self.tasks.cv
+        with cv:
             while self.win_done < w and not self.cancelled:
-                self.cv.wait()
+                cv.wait()
 
     # -- submitting ----------------------------------------------------------------
-    def _bounds(self, k: int) -> tuple[int, int]:
+    def bounds(self, k: int) -> tuple[int, int]:
         bs = self.loader.batch_size
         return k * bs, min((k + 1) * bs, len(self.idx))
 
-    def _submit(self, k: int) -> None:
+    def submit(self, k: int) -> None:
+        """Queue the reads of batch ``k`` into its ring slot."""
         L = self.loader
         s = k % self.R
-        a, b = self._bounds(k)
+        a, b = self.bounds(k)
         idx = self.idx[a:b]
         slot = self.np_ring[s]
         pool = L._pool
-        assert pool is not None
+        if pool is None or self.cancelled:
+            raise _Cancelled()
+        if self.guard_pinned:
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream())
+            self.events[s] = ev
         ev = self.events[s]
         wait_win = -1
         if self.win_bounds is not None:
             wait_win = self._window_of(b - 1)
-            with self.cv:
+            with self.tasks.cv:
                 if wait_win + 1 > self.win_need:
                     self.win_need = wait_win + 1
-                    self.cv.notify_all()
+                    self.tasks.cv.notify_all()
         futs = []
-        for lo in range(0, len(idx), self.piece_rows):
-            hi = min(lo + self.piece_rows, len(idx))
-            futs.append(pool.submit(self._task, idx, slot, lo, hi, ev, wait_win))
-        self.futs[s] = futs
-        if self.willneed:
-            ka = k + self.willneed
-            if ka < self.nbatches:
-                a2, b2 = self._bounds(ka)
-                pool.submit(self._hint_task, self.idx[a2:b2])
+        try:
+            for lo in range(0, len(idx), self.piece_rows):
+                hi = min(lo + self.piece_rows, len(idx))
+                futs.append(pool.submit(self._task, idx, slot, lo, hi, ev, wait_win))
+            self.tasks.futs[s] = futs
+            if self.willneed:
+                ka = k + self.willneed
+                if ka < self.nbatches:
+                    a2, b2 = self.bounds(ka)
+                    pool.submit(self._hint_task, self.idx[a2:b2])
+        except RuntimeError:  # the pool was shut down: Loader.close() from another thread
+            self.tasks.futs[s] = futs
+            if self.cancelled:
+                raise _Cancelled() from None
+            raise
 
     def _task(self, idx: np.ndarray, slot: dict[str, np.ndarray], lo: int, hi: int, ev: Any, wait_win: int) -> None:
         if self.cancelled:
@@ -693,31 +937,30 @@ class _EpochRun:
             except OSError:
                 pass
 
-    def _wait(self, k: int) -> None:
+    def wait_batch(self, k: int) -> None:
+        """Wait for batch ``k``'s reads; raise the first error among them."""
         s = k % self.R
-        futs = self.futs[s] or []
+        futs = self.tasks.futs[s] or []
         _wait(futs)
-        self.futs[s] = None
+        if self.cancelled:
+            raise _Cancelled()
+        self.tasks.futs[s] = None
         for f in futs:
             exc = f.exception()
             if exc is not None:
                 raise exc
 
-    # -- iterating ------------------------------------------------------------------
-    def __iter__(self) -> _EpochRun:
-        return self
-
-    def _host_batch(self, k: int) -> dict[str, torch.Tensor]:
-        a, b = self._bounds(k)
-        slot = self.loader._ring[k % self.R]  # type: ignore[index]
+    def host_batch(self, k: int) -> dict[str, torch.Tensor]:
+        a, b = self.bounds(k)
+        slot = self.ring[k % self.R]
         m = b - a
         return {f: (t if m == t.shape[0] else t[:m]) for f, t in slot.items()}
 
-    def _to_gpu(self, k: int) -> tuple[int, Any, Any]:
+    def to_gpu(self, k: int) -> tuple[int, Any, Any]:
         """Issue the copy of host batch ``k`` on the side stream."""
         L = self.loader
-        self._wait(k)
-        host = self._host_batch(k)
+        self.wait_batch(k)
+        host = self.host_batch(k)
         s = k % self.R
         with torch.cuda.stream(self.stream):
             gpu = {f: t.to(L.device, non_blocking=True) for f, t in host.items()}
@@ -726,64 +969,142 @@ class _EpochRun:
         self.events[s] = ev  # the reader of this slot's next batch waits for it
         return k, gpu, ev
 
-    def __next__(self) -> Any:
-        L = self.loader
-        k = self.k
-        if self.cancelled or k >= self.nbatches:
-            self.close()
-            raise StopIteration
-        try:
-            # batch k - hold is released: its slot takes batch k + prefetch
-            if k + L.prefetch < self.nbatches:
-                self._submit(k + L.prefetch)
-            if L._cuda:
-                cur = self.pending_gpu if self.pending_gpu is not None else self._to_gpu(k)
-                self.pending_gpu = self._to_gpu(k + 1) if k + 1 < self.nbatches else None
-                _, gpu, ev = cur
-                stream = torch.cuda.current_stream(L.device)
-                stream.wait_event(ev)
-                for t in gpu.values():
-                    t.record_stream(stream)
-                out = gpu
-            else:
-                self._wait(k)
-                out = self._host_batch(k)
-                if L.copy:
-                    out = {f: t.clone() for f, t in out.items()}
-        except BaseException:
-            self.close()
-            raise
-        self.k = k + 1
-        return L._wrap(out)
+
+class _EpochRun:
+    """The iterator ``iter(loader)`` returns: one pass over one epoch.
+
+    It keeps its loader alive (as a list iterator keeps its list); the loader
+    keeps only a weak reference to it, so dropping the iterator (``break``,
+    ``del``, an exception) ends the epoch at once, by reference counting,
+    without blocking: queued reads are cancelled and the next ``iter(loader)``
+    waits for the ones still running before it reuses the ring.
+    """
+
+    def __init__(self, loader: Loader, epoch: int) -> None:
+        self._ep = _Epoch(loader, epoch)
+        self.epoch = epoch
+        self.nbatches = self._ep.nbatches
+        self.k = 0  # next batch to yield
+        self._busy = threading.Lock()
+        self._pending_gpu: tuple[int, Any, Any] | None = None
+        self._pending_exc: BaseException | None = None
+
+    @property
+    def futs(self) -> list[list[Future[Any]] | None]:
+        """The reads in flight, per ring slot."""
+        return self._ep.tasks.futs
+
+    def _live(self) -> bool:
+        t = self._ep.tasks
+        return not t.cancelled and t.pid == os.getpid()
+
+    def __iter__(self) -> _EpochRun:
+        return self
 
     def __len__(self) -> int:
         return self.nbatches
 
+    def __next__(self) -> Any:
+        tasks = self._ep.tasks
+        if tasks.pid != os.getpid():
+            raise LoaderStateError(
+                f"mmstore.torch.Loader: this iterator of epoch {self.epoch} was started in process "
+                f"{tasks.pid} and cannot be continued in forked process {os.getpid()} (its reader "
+                "threads exist only in the parent); start a new epoch here with iter(loader), "
+                "which starts clean"
+            )
+        if not self._busy.acquire(blocking=False):
+            raise LoaderStateError(
+                "mmstore.torch.Loader: two threads called next() on the same epoch iterator at once; "
+                "an epoch is consumed by one thread at a time (use one Loader per thread)"
+            )
+        try:
+            return self._next()
+        finally:
+            self._busy.release()
+
+    def _next(self) -> Any:
+        ep = self._ep
+        L = ep.loader
+        k = self.k
+        if ep.cancelled:
+            self._raise_cancelled()
+        if self._pending_exc is not None:  # batch k's read failed while batch k - 1 was prepared
+            exc, self._pending_exc = self._pending_exc, None
+            self._end()
+            raise exc
+        if k >= self.nbatches:
+            L._commit(self.epoch)
+            self._end()
+            raise StopIteration
+        try:
+            # batch k - hold is released: its slot takes batch k + prefetch
+            if k + L.prefetch < self.nbatches:
+                ep.submit(k + L.prefetch)
+            if L._cuda:
+                out = self._next_gpu(k)
+            else:
+                ep.wait_batch(k)
+                out = ep.host_batch(k)
+                if L.copy:  # a numpy copy: no torch intra-op (OpenMP) threads, which hang
+                    # in a forked child once the parent used them
+                    out = {f: torch.from_numpy(t.numpy().copy()) for f, t in out.items()}
+        except _Cancelled:
+            self._raise_cancelled()
+        except BaseException:
+            self._end()
+            raise
+        self.k = k + 1
+        if k == 1:  # a second batch: not a peek; the epoch number is used
+            L._commit(self.epoch)
+        return L._wrap(out)
+
+    def _next_gpu(self, k: int) -> dict[str, torch.Tensor]:
+        ep = self._ep
+        cur = self._pending_gpu if self._pending_gpu is not None else ep.to_gpu(k)
+        self._pending_gpu = None
+        if k + 1 < self.nbatches:
+            try:
+                self._pending_gpu = ep.to_gpu(k + 1)
+            except _Cancelled:
+                raise
+            except Exception as exc:  # noqa: BLE001 - batch k + 1's error, raised when it is asked for
+                self._pending_exc = exc
+        _, gpu, ev = cur
+        stream = torch.cuda.current_stream(ep.loader.device)
+        stream.wait_event(ev)
+        for t in gpu.values():
+            t.record_stream(stream)
+        return gpu
+
+    def _raise_cancelled(self) -> None:
+        t = self._ep.tasks
+        if t.reason == "closed":
+            raise LoaderStateError(
+                f"mmstore.torch.Loader: the loader was closed (Loader.close()) while epoch {self.epoch} "
+                f"was being iterated, after {self.k} of {self.nbatches} batches; the epoch did not "
+                "complete. Start a new epoch with iter(loader) if that was not intended"
+            ) from None
+        raise StopIteration
+
+    def _end(self) -> None:
+        """End this epoch: cancel what is queued, wait for what runs."""
+        t = self._ep.tasks
+        t.cancel("ended")
+        t.wait()
+
     def close(self) -> None:
-        """Cancel what is queued, wait for what runs (nothing writes into the
-        ring after this returns)."""
-        if self.cancelled and self.win_thread is None and not any(self.futs):
+        """End this epoch early: cancel what is queued, wait for what runs
+        (nothing writes into the ring after this returns). Later ``next()``
+        calls raise ``StopIteration``; ``iter(loader)`` starts the next epoch."""
+        if self._ep.tasks.pid != os.getpid():
             return
-        self.cancelled = True
-        with self.cv:
-            self.cv.notify_all()
-        for i, futs in enumerate(self.futs):
-            if futs:
-                for f in futs:
-                    f.cancel()
-                _wait(futs)
-                self.futs[i] = None
-        if self.win_thread is not None:
-            self.win_thread.join()
-            self.win_thread = None
-            self.win_pool.shutdown(wait=True)
-        if self.stream is not None:
-            self.stream.synchronize()
-        if self.loader._active is self:
-            self.loader._active = None
+        self._end()
 
     def __del__(self) -> None:
+        # dropped (break, del, an exception, garbage collection in any thread):
+        # cancel without waiting; the next iter(loader) waits for what still runs
         try:
-            self.close()
+            self._ep.tasks.cancel("ended")
         except Exception:  # noqa: BLE001
             pass

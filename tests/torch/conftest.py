@@ -70,3 +70,9 @@ def stores(tmp_path_factory):
         "merged_ref": build(j("merged_ref"), 120, holes=(0, 7, 30, 31, 119), schema=BIG_SCHEMA),
         "merged_lmdb": build_merged(j("merged_lmdb"), 150, [64, 100], backend="lmdb", schema=BIG_SCHEMA),
     }
+
+
+@pytest.fixture(scope="session")
+def build_store():
+    """``build`` above, for tests that need stores of their own sizes."""
+    return build
