@@ -63,13 +63,20 @@ class IncompleteStoreError(MmstoreError, FileNotFoundError):
 
 
 class StoreExistsError(MmstoreError, FileExistsError):
-    """The destination already holds a store (pass ``overwrite=True``)."""
+    """The destination already holds a store (pass ``overwrite=True``), or an
+    unfinished ingest (pass ``resume=True`` or ``overwrite=True``). The
+    command line's exit code 2: the user chooses."""
+
+    usage_error = True
 
 
 class DestinationError(MmstoreError, ValueError):
     """A destination mmstore may not write or replace: not an mmstore store
     (or ``.partial``), a symbolic link, or a folder that is, contains or lies
-    inside one of the inputs. Nothing was changed."""
+    inside one of the inputs. Nothing was changed. The command line's exit
+    code 2."""
+
+    usage_error = True
 
 
 class LockedError(MmstoreError, BlockingIOError):

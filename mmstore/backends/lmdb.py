@@ -15,6 +15,7 @@ import math
 import mmap
 import os
 import sys
+import threading
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -37,7 +38,27 @@ STAGING_FILE = "_staging.npy"
 # fetches one fault at a time. So readahead follows the record size.
 READAHEAD_MIN_RECORD_BYTES = 16384
 _memmove = ctypes.memmove
-_ENVS: dict[tuple[int, int], list[Any]] = {}  # (dev, inode) -> [env, users, opener pid]
+_ENVS: dict[tuple[int, int], list[Any]] = {}  # (dev, inode) -> [env, users, opener pid, fd, span]
+# NOTE [environment registry]: py-lmdb refuses to open a file a second time in
+# one process while its first environment is open, so looking an entry up,
+# opening it and closing the last user's must not interleave between threads
+# (a Store dropped in one thread while another opens the same file read
+# "already open in this process"). _ENVS_LOCK guards _ENVS. A release comes
+# from a finalizer (any thread, at any allocation, also inside a locked
+# region of the same thread), which must never block: it queues its key in
+# _PENDING and drains the queue only when it gets the lock at once; whoever
+# holds the lock drains it before letting go.
+_ENVS_LOCK = threading.Lock()
+_PENDING: list[tuple[int, int]] = []
+
+
+def _after_fork_in_child() -> None:
+    global _ENVS_LOCK  # another thread may have held it at fork: that thread is gone in the child
+    _ENVS_LOCK = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def _lmdb() -> Any:
@@ -205,37 +226,38 @@ class LmdbBackend(Backend):
         """
         if self._env is None:
             fd, st = self._open_file()
-            key = (st.st_dev, st.st_ino)  # a store re-created at the same path is another file
-            ent = _ENVS.get(key)
-            if ent is None:
-                lmdb = _lmdb()
-                path = os.path.realpath(os.path.join(self.root, self.file))
-                try:
+            with _registry():
+                key = (st.st_dev, st.st_ino)  # a store re-created at the same path is another file
+                ent = _ENVS.get(key)
+                if ent is None:
+                    lmdb = _lmdb()
+                    path = os.path.realpath(os.path.join(self.root, self.file))
                     try:
-                        env = self._open_env(lmdb, path, _map_size(st.st_size))
-                    except lmdb.MemoryError:  # see NOTE [past the end of the file]
-                        env = self._open_env(lmdb, path, _map_size(st.st_size, _SMALL_TAIL))
-                except lmdb.Error as exc:
+                        try:
+                            env = self._open_env(lmdb, path, _map_size(st.st_size))
+                        except lmdb.MemoryError:  # see NOTE [past the end of the file]
+                            env = self._open_env(lmdb, path, _map_size(st.st_size, _SMALL_TAIL))
+                    except lmdb.Error as exc:
+                        os.close(fd)
+                        raise FormatError(f"{path}: not a readable LMDB environment ({exc})") from None
+                    now = os.stat(path)
+                    if (now.st_dev, now.st_ino) != key:  # replaced between the checks and lmdb.open
+                        env.close()
+                        os.close(fd)
+                        raise StoreChangedError(f"{path}: replaced while the store was being opened; reopen it")
+                    span = _mapped_range(st)
+                    if span is not None:
+                        _zero_tail(span, st.st_size)
+                    ent = _ENVS[key] = [env, 0, os.getpid(), fd, span and (span[0], span[0] + st.st_size)]
+                else:
                     os.close(fd)
-                    raise FormatError(f"{path}: not a readable LMDB environment ({exc})") from None
-                now = os.stat(path)
-                if (now.st_dev, now.st_ino) != key:  # replaced between the checks and lmdb.open
-                    env.close()
-                    os.close(fd)
-                    raise StoreChangedError(f"{path}: replaced while the store was being opened; reopen it")
-                span = _mapped_range(st)
-                if span is not None:
-                    _zero_tail(span, st.st_size)
-                ent = _ENVS[key] = [env, 0, os.getpid(), fd, span and (span[0], span[0] + st.st_size)]
-            else:
-                os.close(fd)
-            ent[1] += 1
-            self._env = ent[0]
-            self._env_key = key
-            self._fd = ent[3]  # for the size check before each read
-            self._span = ent[4]  # (start, end) of the file's bytes in the mapping, or None
-            # a Store dropped without close() must still give its share back
-            self._release = weakref.finalize(self, _release_env, key)
+                ent[1] += 1
+                self._env = ent[0]
+                self._env_key = key
+                self._fd = ent[3]  # for the size check before each read
+                self._span = ent[4]  # (start, end) of the file's bytes in the mapping, or None
+                # a Store dropped without close() must still give its share back
+                self._release = weakref.finalize(self, _release_env, key)
         return self._env
 
     def _open_env(self, lmdb: Any, path: str, map_size: int) -> Any:
@@ -399,9 +421,42 @@ def _zero_tail(span: tuple[int, int], file_size: int) -> None:
         raise OSError(ctypes.get_errno(), "mapping zero pages after an LMDB file failed")
 
 
+class _registry:
+    """Hold ``_ENVS_LOCK``; drain the releases queued meanwhile on the way out."""
+
+    def __enter__(self) -> None:
+        _ENVS_LOCK.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            _drain_releases()
+        finally:
+            _ENVS_LOCK.release()
+        if _PENDING:  # queued by another thread after the drain above
+            _try_drain()
+
+
 def _release_env(key: tuple[int, int]) -> None:
-    ent = _ENVS.get(key)
-    if ent is not None:
+    """A Store's share of an environment given back (from a finalizer: never
+    blocks; see NOTE [environment registry])."""
+    _PENDING.append(key)
+    _try_drain()
+
+
+def _try_drain() -> None:
+    if _ENVS_LOCK.acquire(blocking=False):
+        try:
+            _drain_releases()
+        finally:
+            _ENVS_LOCK.release()
+
+
+def _drain_releases() -> None:
+    while _PENDING:
+        key = _PENDING.pop()
+        ent = _ENVS.get(key)
+        if ent is None:
+            continue
         ent[1] -= 1
         if ent[1] <= 0 and ent[2] == os.getpid():  # see NOTE [lmdb and fork]
             del _ENVS[key]

@@ -37,7 +37,6 @@ def run(args: argparse.Namespace) -> int:
     import os
 
     from .._names import printable
-    from ..errors import DestinationError, StoreExistsError
     from ..tools._cli import usage_error
     from ..tools._common import fmt_bytes
     from ..tools.convert import convert_store
@@ -47,9 +46,7 @@ def run(args: argparse.Namespace) -> int:
     bar = progress_bar(not args.no_progress and not args.json, "convert")
     try:
         rep = convert_store(args.src, args.dest, args.backend, overwrite=args.overwrite, progress=bar.update)
-    except (StoreExistsError, DestinationError) as exc:
-        return usage_error("convert", str(exc))
-    finally:
+    finally:  # DestinationError, StoreExistsError: exit 2 (cli.main)
         bar.close()
     if args.json:
         emit_json(rep)

@@ -128,7 +128,7 @@ def _shell_quote(arg: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..errors import DestinationError, IngestError
+    from ..errors import IngestError
     from ..ingest import ingest
 
     hint = f"resume with: {resume_command(args)}"
@@ -172,12 +172,11 @@ def run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 130
     except (ValueError, TypeError) as exc:
-        if isinstance(exc, DestinationError):  # nothing was touched: a usage error
-            print(f"mmstore ingest: {exc}", file=sys.stderr)
-            return 2
         if isinstance(exc, IngestError) or type(exc).__module__.startswith("mmstore"):
             raise
-        print(f"mmstore ingest: {exc}", file=sys.stderr)
+        from .._names import printable
+
+        print(f"mmstore ingest: {printable(exc)}", file=sys.stderr)
         return 2
     finally:
         if old_term is not None:

@@ -41,20 +41,8 @@ def run(args: argparse.Namespace) -> int:
     from ..ingest import merge
     from ..reader import open_store
 
-    from ..errors import DestinationError
-
-    try:
-        path = merge(args.parts, args.dest, overwrite=args.overwrite, copy=args.copy)
-    except DestinationError as exc:  # nothing was touched: a usage error
-        print(f"mmstore merge: {exc}", file=sys.stderr)
-        return 2
-    except OSError as exc:
-        from ..errors import MmstoreError
-
-        if isinstance(exc, MmstoreError):
-            raise
-        print(f"mmstore merge: {exc}", file=sys.stderr)
-        return 1
+    # DestinationError, StoreExistsError: exit 2; an OSError: 1 (cli.main)
+    path = merge(args.parts, args.dest, overwrite=args.overwrite, copy=args.copy)
     if not args.quiet:
         with open_store(path) as s:
             how = "copied" if args.copy else "hard-linked, no record data copied"

@@ -41,6 +41,7 @@ import os
 import stat as _stat
 import struct
 from array import array
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -442,6 +443,23 @@ def _label_notes(ids: dict[str, int], cells: np.ndarray, bad: dict[int, str], mi
     return notes
 
 
+def _csv_rows(reader: Any, path: str) -> Iterator[list[str]]:
+    """The rows of ``reader``; a row the csv module cannot parse (a field over
+    its 128 KiB limit, a NUL byte, a quote left open to the end of the file)
+    is an ``IngestError`` naming its line."""
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise IngestError(
+                f"{path}:{reader.line_num}: not a CSV row the reader can parse ({e}); a field over 128 KiB "
+                "usually means a quote (\") opened and never closed: fix the list"
+            ) from None
+        yield row
+
+
 class ListSource(Source):
     """A CSV/TSV list of paths or ids, with an optional label column.
 
@@ -575,7 +593,7 @@ class ListSource(Source):
         except OSError as e:
             raise IngestError(f"{self.path}: cannot read the list ({e.strerror})") from None
         with fh:
-            reader = csv.reader(fh, delimiter=self.delimiter)
+            reader = _csv_rows(csv.reader(fh, delimiter=self.delimiter), self.path)
             header = next(reader, None)
             if header is None:
                 raise IngestError(f"{self.path}: the list is empty (no header row)")

@@ -4,7 +4,6 @@ byte/rate formatting, and finding the image and label fields of a schema."""
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 from collections.abc import Iterable, Sequence

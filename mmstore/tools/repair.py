@@ -48,6 +48,7 @@ from typing import Any
 import numpy as np
 
 from .._io import atomic_write, fsync_dir, fsync_file, pwrite_all
+from .._names import json_bytes
 from ..errors import FormatError
 from ..format import LMDB_FILE, MANIFEST_FILE, lmdb_file, npy_header
 from ..reader import Store, open_store
@@ -444,7 +445,7 @@ def _rebuild_lmdb(store: Store, fixes: dict[int, bytes], drop: bool) -> None:
             with open(mpath, "rb") as fh:
                 obj = json.loads(fh.read())
             obj["files"].update(sizes)
-            atomic_write(mpath, json.dumps(obj, indent=1, ensure_ascii=False).encode("utf-8") + b"\n")
+            atomic_write(mpath, json_bytes(obj, indent=1) + b"\n")
     finally:
         for _, (work, _) in built:
             shutil.rmtree(work, ignore_errors=True)

@@ -218,6 +218,82 @@ class TestLmdb(BackendContract):
         gc.collect()
         assert len(lb._ENVS) == before
 
+    def test_env_registry_threads_open_and_drop_the_same_file(self, tmp_path):
+        """Stores of one LMDB file opened and dropped in two threads at once:
+        a drop in one thread must never make an open in the other fail with
+        py-lmdb's "already open in this process" (the registry is locked)."""
+        import threading
+
+        import mmstore.backends.lmdb as lb
+
+        path = self.make(tmp_path, n=9)
+        want = sample(4)["image"]
+        errors, start = [], threading.Barrier(2)
+
+        def churn():
+            start.wait()
+            try:
+                for _ in range(300):
+                    s = mmstore.open(path)
+                    np.testing.assert_array_equal(s[4]["image"], want)
+                    del s  # the last user's drop closes the environment
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                errors.append(exc)
+
+        threads = [threading.Thread(target=churn) for _ in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert errors == []
+        assert not any(k[1] == os.stat(os.path.join(path, "records.mdb")).st_ino for k in lb._ENVS)
+
+    def test_env_release_from_a_finalizer_inside_the_registry_lock_is_deferred(self, tmp_path):
+        """A finalizer may run while its own thread holds the registry lock:
+        it queues the release instead of deadlocking, and the holder drains it."""
+        import mmstore.backends.lmdb as lb
+
+        path = self.make(tmp_path, n=5)
+        s = mmstore.open(path)
+        s[1]
+        key = s.backend._env_key
+        with lb._registry():
+            s.close()  # the release comes while the lock is held by this very thread
+            assert key in lb._ENVS and lb._PENDING == [key]
+        assert key not in lb._ENVS and lb._PENDING == []
+
+    def test_fork_while_another_thread_holds_the_registry(self, tmp_path):
+        """A child forked while another thread of the parent holds the lock
+        can still open stores (the lock is renewed in the child)."""
+        import threading
+
+        import mmstore.backends.lmdb as lb
+
+        path = self.make(tmp_path, n=5)
+        held, done = threading.Event(), threading.Event()
+
+        def hold():
+            with lb._registry():
+                held.set()
+                done.wait(30)
+
+        t = threading.Thread(target=hold)
+        t.start()
+        held.wait(30)
+        try:
+            pid = os.fork()
+            if pid == 0:
+                code = 1
+                try:
+                    code = 0 if int(mmstore.open(path)[3]["label"]) == int(sample(3)["label"]) else 3
+                finally:
+                    os._exit(code)
+            _, status = os.waitpid(pid, 0)
+        finally:
+            done.set()
+            t.join()
+        assert os.waitstatus_to_exitcode(status) == 0
+
     def test_many_records_across_transactions(self, tmp_path):
         path = write_store(os.path.join(tmp_path, "many"), 2500, "lmdb", holes=(0, 1024, 2499))
         s = mmstore.open(path)

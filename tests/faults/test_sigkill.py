@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from faultlib import cli_subprocess, kill_after, make_source, run_forked, store_bytes
+from faultlib import cli_subprocess, kill_after, make_source, store_bytes
 
 
 def _argv(src, dest, *extra):
