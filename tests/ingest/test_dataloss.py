@@ -280,7 +280,7 @@ def test_refused_ingest_leaves_no_lock_file(h, folder, tmp_path):
     root, _ = folder
     dest = str(tmp_path / "s")
     assert _ingest(h, root, dest) == 0
-    assert _ingest(h, root, dest) == 1  # exists, no --overwrite
+    assert _ingest(h, root, dest) == 2  # exists, no --overwrite: a usage error
     assert not os.path.exists(dest + ".lock")
     with pytest.raises(IngestError):
         ingest(str(tmp_path / "nothing-here"), dest, (8, 8), workers=0, quiet=True)

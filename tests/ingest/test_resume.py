@@ -192,7 +192,7 @@ def test_resume_refuses_other_inputs_or_parameters(tmp_path, h, capsys):
     assert os.path.isdir(dest + ".partial")
     capsys.readouterr()
     # without --resume: a clear message
-    assert h.cli("ingest", root, dest, "--size", "8x8", "-q") == 1
+    assert h.cli("ingest", root, dest, "--size", "8x8", "-q") == 2  # a partial ingest there: the user chooses (--resume or --overwrite)
     assert "--resume" in capsys.readouterr().err
     # other parameters
     assert h.cli("ingest", root, dest, "--size", "8x9", "-q", "--resume") == 1
