@@ -6,6 +6,7 @@
   torch-free orders of :mod:`mmstore.order` (``set_epoch``, DDP split).
 - :class:`Loader`: batches read by threads into a ring of reusable (pinned)
   buffers, optional asynchronous copy to the GPU; no worker processes.
+  :class:`LoaderTuning`: its tuning knobs in one object.
 - :mod:`mmstore.torch.gpu`: ``normalize``, ``random_flip`` batch-wise on any device.
 """
 
@@ -13,11 +14,13 @@ from __future__ import annotations
 
 from . import gpu
 from .dataset import StoreBatch, StoreDataset, collate
+from ._tuning import LoaderTuning
 from .loader import Loader
 from .sampler import OrderBatchSampler, OrderSampler, build_order
 
 __all__ = [
     "Loader",
+    "LoaderTuning",
     "OrderBatchSampler",
     "OrderSampler",
     "StoreBatch",

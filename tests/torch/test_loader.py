@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 import mmstore
 from mmstore.order import BlockShuffle, Permutation, Sequential
-from mmstore.torch import Loader, OrderSampler, StoreDataset
+from mmstore.torch import Loader, OrderSampler, StoreDataset, _reads
 
 
 def _dl_batches(path, order, batch_size, drop_last, epoch):
@@ -173,7 +173,7 @@ def test_read_errors_propagate(stores, monkeypatch):
     def boom(*a, **k):
         raise OSError(5, "simulated I/O error")
 
-    monkeypatch.setattr(L, "_read_piece", boom)
+    monkeypatch.setattr(_reads.EpochReads, "read", boom)
     with pytest.raises(OSError, match="simulated"):
         list(L)
     monkeypatch.undo()
@@ -205,7 +205,7 @@ def test_threads_really_overlap(stores):
     next(it)
     deadline = time.monotonic() + 10
     while True:  # the 4 batches after the first are read without the consumer asking
-        done = [f is not None and all(x.done() for x in f) for f in it.futs]
+        done = [f is not None and all(x.done() for x in f) for f in it.inflight.futs]
         if sum(done) >= 4 or time.monotonic() > deadline:
             break
         time.sleep(0.01)
@@ -256,13 +256,13 @@ def test_cold_paths_window_prefetch_and_willneed(stores, name, mode, monkeypatch
     n = len(mmstore.open(path))
     order = BlockShuffle(n, 4, 3, seed=7)
     L = Loader(path, 10, order, prefetch=2, threads=3, piece_bytes=4096, window_prefetch=mode)
-    monkeypatch.setattr(L, "_resident_fraction", lambda: 0.0)
+    monkeypatch.setattr(_reads, "resident_fraction", lambda paths: 0.0)
     windows = []
-    orig = L._read_window
-    monkeypatch.setattr(L, "_read_window", lambda idx, run: (windows.append(len(idx)), orig(idx, run)))
+    orig = _reads.WindowPrefetch.read_window
+    monkeypatch.setattr(_reads.WindowPrefetch, "read_window", lambda w, idx: (windows.append(len(idx)), orig(w, idx)))
     hinted = []
-    orig_hint = L._hint
-    monkeypatch.setattr(L, "_hint", lambda idx: (hinted.append(len(idx)), orig_hint(idx)))
+    orig_hint = _reads.EpochReads.hint
+    monkeypatch.setattr(_reads.EpochReads, "hint", lambda r, idx: (hinted.append(len(idx)), orig_hint(r, idx)))
     for epoch in (0, 1):
         L.set_epoch(epoch)
         ours = [b["idx"].clone() for b in L]
