@@ -3,8 +3,9 @@ its iterator.
 
 * :class:`EpochBatches`: what the reader threads use (the epoch's order, the
   ring, the reads in flight, the window pass, the CUDA side stream). Its
-  tasks sit in the loader's thread pool; it references neither the loader
-  nor the iterator.
+  tasks sit in the loader's thread pool; it uses nothing of the loader (it
+  only keeps it alive while its reads run) and does not reference the
+  iterator.
 * :class:`EpochIterator`: what ``iter(loader)`` returns; consumes the batches
   in order, one thread at a time. It keeps its loader alive through the
   loader's callbacks (as a list iterator keeps its list); the loader keeps
@@ -45,13 +46,18 @@ class EpochBatches:
     ``device``: a CUDA device to copy batches to on a side stream, or None.
     ``guard_pinned``: CPU batches in pinned memory; the refill of a buffer
     waits for a CUDA event recorded on the current stream at the ``next()``
-    that released it (a user's ``batch.cuda(non_blocking=True)``)."""
+    that released it (a user's ``batch.cuda(non_blocking=True)``).
+
+    ``owner`` (the loader) is only kept alive, never used: while a read of
+    this epoch is queued or running, its loader is not garbage, so the
+    loader's finalizer cannot close the files under a running read."""
 
     def __init__(
         self, idx: np.ndarray, *, batch_size: int, drop_last: bool, prefetch: int, ring: Ring,
         pool: ThreadPoolExecutor, reads: EpochReads, inflight: InFlight, window: WindowPrefetch | None,
-        device: torch.device | None, guard_pinned: bool,
+        device: torch.device | None, guard_pinned: bool, owner: object,
     ) -> None:
+        self._owner = owner
         self.idx = idx
         self.batch_size = batch_size
         n = len(idx)

@@ -374,6 +374,7 @@ class Loader:
             idx, batch_size=self.batch_size, drop_last=self.drop_last, prefetch=t.prefetch,
             ring=res.ring, pool=res.pool, reads=reads, inflight=inflight, window=window,  # type: ignore[arg-type]
             device=self.device if self._cuda else None, guard_pinned=self.pin_memory and not self._cuda,
+            owner=self,
         )
         return EpochIterator(
             batches, epoch, prefetch=t.prefetch, copy=self.copy, on_used=self._commit, wrap=self._wrap,
