@@ -13,8 +13,8 @@
 from __future__ import annotations
 
 from . import gpu
-from .dataset import StoreBatch, StoreDataset, collate
 from ._tuning import LoaderTuning
+from .dataset import StoreBatch, StoreDataset, collate
 from .loader import Loader
 from .sampler import OrderBatchSampler, OrderSampler, build_order
 
