@@ -25,7 +25,6 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as _wait
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -35,10 +34,8 @@ from ..backends.segmented import limit_error
 from ..errors import ResourceLimitError
 from ..order import contiguous_ranges
 from ..reader import Store
-
-if TYPE_CHECKING:
-    from ._ring import InFlight
-    from ._tuning import LoaderTuning
+from ._ring import InFlight
+from ._tuning import LoaderTuning
 
 __all__ = [
     "PREAD_MIN_BYTES", "EpochReads", "FieldFiles", "WindowPrefetch", "data_paths", "field_segments",

@@ -22,6 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mmstore
+import mmstore.backends.memmap as memmap_backend
 from mmstore.errors import LoaderStateError
 from mmstore.order import Sequential, make_order
 from mmstore.torch import Loader, _reads
@@ -395,8 +396,6 @@ def test_read_error_is_raised_at_its_batch_after_the_earlier_ones(truncated_copy
     identity check (``StoreChangedError``, tests/faults/test_stale_readers.py);
     one that lands after that check, before the read, is what this test is
     about, so the check is switched off here to put the cut in that window."""
-    import mmstore.backends.memmap as memmap_backend
-
     monkeypatch.setattr(memmap_backend, "note_identity", lambda *a, **k: None)
     dst, ref, cut = truncated_copy
     L = Loader(dst, 16, Sequential(301), method="pread", threads=3, prefetch=prefetch)
