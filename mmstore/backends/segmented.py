@@ -19,20 +19,20 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ResourceLimitError
+from .._safecopy import SAFE_COPY_MIN_BYTES, MappingFault, copy_entries
+from ..errors import ResourceLimitError, StoreChangedError
 from ..schema import Schema
 from .base import Backend, FieldSegment, SlotFile
 
 __all__ = ["SegmentedBackend"]
 
-_memmove = ctypes.memmove  # releases the GIL: for big entries, so reader threads overlap
-# the same memmove called *without* releasing the GIL: for small entries, where
-# a GIL hand-off per 8-byte copy cost more than the copy (2 reader threads ran
-# 20% slower than a single store's np.take)
+# Entries of SAFE_COPY_MIN_BYTES and more: one kernel copy a batch (releases
+# the GIL, SIGBUS-proof: mmstore/_safecopy.py). Smaller ones: memmove called
+# *without* releasing the GIL, where a GIL hand-off per 8-byte copy cost more
+# than the copy (2 reader threads ran 20% slower than a single store's np.take)
 _memmove_gil = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
     ctypes.cast(ctypes.memmove, ctypes.c_void_p).value
 )
-_BIG_ENTRY = 2048  # as memmap's _MEMMOVE_MIN_BYTES
 
 
 class SegmentedBackend(Backend):
@@ -142,10 +142,11 @@ class SegmentedBackend(Backend):
         """NOTE [gather]: measured with 300 segments and 160-byte records, the
         per-segment path cost ~9 us per record in batches of 256 (each touched
         segment costs a few numpy calls per field), against 0.2 us for a
-        single store. Here every record is one ``memmove`` from its segment's
-        mapping (runs of consecutive slots and rows merged), as ``_copy_rows``
-        does for big fields of a single store: the cost no longer depends on
-        how many segments a batch touches."""
+        single store. Here the addresses of every record in its segment's
+        mapping are computed at once, then copied in one kernel call a batch
+        (big entries, as a single store does) or one ``memmove`` a run of
+        consecutive slots and rows (small entries): the cost no longer depends
+        on how many segments a batch touches."""
         seg = np.repeat(np.arange(len(self.parts)), np.diff(cuts))  # slots are sorted
         local = slots - self.first[seg]
         for name in fields:
@@ -162,13 +163,22 @@ class SegmentedBackend(Backend):
             dst = out[name]
             src_addr = bases[seg] + local * nb
             dst_addr = dst.ctypes.data + rows.astype(np.int64) * nb
+            if nb >= SAFE_COPY_MIN_BYTES:  # one kernel copy a batch, SIGBUS-proof (mmstore/_safecopy.py)
+                try:
+                    copy_entries(dst_addr, src_addr, nb)
+                except MappingFault:
+                    for k in touched.tolist():
+                        self.parts[k].check_mapped(name)  # type: ignore[attr-defined]  # names the file
+                    raise StoreChangedError(f"{self.root}: a file of field {name!r} could not be read while the "
+                                            "store was open; it was modified in use: reopen the store, or run "
+                                            "`mmstore verify`") from None
+                continue
             brk = np.flatnonzero((np.diff(src_addr) != nb) | (np.diff(dst_addr) != nb)) + 1
             starts = np.concatenate(([0], brk)).tolist()
             ends = np.concatenate((brk, [len(slots)])).tolist()
             sa, da = src_addr.tolist(), dst_addr.tolist()
-            move = _memmove if nb >= _BIG_ENTRY else _memmove_gil
             for a, b in zip(starts, ends):
-                move(da[a], sa[a], (b - a) * nb)
+                _memmove_gil(da[a], sa[a], (b - a) * nb)
 
     def iter_packed(self, start: int, stop: int) -> Iterator[tuple[int, memoryview | None]]:
         self._make_room()
