@@ -60,9 +60,9 @@ class BackendReader(ABC):
     backend's name):
 
     ``positional``
-        Every field's entries sit at fixed positions of plain files (entry
-        ``j`` of a file at ``offset + j * entry_bytes``): :meth:`field_segments`
-        says where, so readers may ``pread`` them, ``evict`` may drop exactly
+        Every field's entries sit at fixed positions of its own ``.npy`` file
+        per segment (``Backend.field_file``; entry ``j`` at ``offset + j *
+        entry_bytes``): :meth:`field_segments` says where, so readers may ``pread`` them, ``evict`` may drop exactly
         their pages, ``verify`` may hash them with large sequential reads and
         ``repair`` may rewrite one entry in place; :meth:`array` maps a field
         of one segment and :meth:`check_mapped` guards a copy out of it.
@@ -153,6 +153,10 @@ class BackendReader(ABC):
         return False
 
     def _not_positional(self, what: str) -> str:
+        if self.positional:  # a merged store of a positional backend: one mapping per segment
+            return (f"{what}: this merged store's fields are split over {len(self.segment_backends())} segment "
+                    f"files, so there is no single mapping; use segment_backends()[k].{what}(name), or "
+                    "field_segments(name), which lists each file with its slot range")
         return (f"{what}: the {self.name} backend does not keep fields at fixed file positions "
                 "(check backend.positional first)")
 
@@ -185,6 +189,12 @@ class Backend(BackendReader):
     def finalize(cls, partial_dir: str, schema: Schema, slots: int, holes: np.ndarray) -> None:  # noqa: B027
         """Turn the written slot files into the finished data files
         (``holes`` is a bool array over slots). Default: nothing to do."""
+
+    @classmethod
+    def field_file(cls, field: str, segment: int | None = None) -> str:
+        """Positional backends: the ``.npy`` file of ``field`` (of ``segment``),
+        shape ``(slots, *field shape)``, the field's dtype."""
+        raise NotImplementedError(f"field_file: the {cls.name} backend does not keep fields in files of their own")
 
     @classmethod
     def finalize_bytes(cls, schema: Schema, slots: int) -> int:

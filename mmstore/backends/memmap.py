@@ -47,6 +47,10 @@ class MemmapBackend(Backend):
     def data_file_names(cls, schema: Schema, segment: int | None = None) -> list[str]:
         return [field_file(f.name, segment) for f in schema]
 
+    @classmethod
+    def field_file(cls, field: str, segment: int | None = None) -> str:
+        return field_file(field, segment)
+
     def check(self) -> None:
         for f in self.schema:
             name = field_file(f.name, self.segment)

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import IncompleteStoreError, ResourceLimitError
-from ..format import field_file, lmdb_file, read_manifest
+from ..format import lmdb_file, read_manifest
 from .verify_report import MAX_LISTED, BadRecord, Problem, VerifyReport
 from .verify_lmdb import walk_range
 from .verify_structure import Ctx, check_structure
@@ -65,7 +65,9 @@ class _Collector:
                 )
 
 
-def _content_memmap(ctx: Ctx, col: _Collector, threads: int, progress: Callable[[int], Any] | None) -> int:
+def _content_positional(ctx: Ctx, col: _Collector, threads: int, progress: Callable[[int], Any] | None) -> int:
+    """Hash every record of a positional backend (memmap) from its fields'
+    files, read in large chunks by ``threads`` threads."""
     import xxhash
 
     fields = [f for f in ctx.schema if f.nbytes]
@@ -93,7 +95,7 @@ def _content_memmap(ctx: Ctx, col: _Collector, threads: int, progress: Callable[
                 while got < len(mv):
                     n = os.preadv(fd, [mv[got:]], off + got)
                     if n <= 0:
-                        raise OSError(f"{field_file(f.name, seg)}: short read at offset {off + got}")
+                        raise OSError(f"{ctx.cls.field_file(f.name, seg)}: short read at offset {off + got}")
                     got += n
                 views.append(mv)
             calc = np.empty(b - a, np.uint64)
@@ -130,7 +132,7 @@ def _content_memmap(ctx: Ctx, col: _Collector, threads: int, progress: Callable[
                 if not count or not fields:
                     continue
                 for f in fields:
-                    fd = os.open(os.path.join(ctx.path, field_file(f.name, seg)), os.O_RDONLY)
+                    fd = os.open(os.path.join(ctx.path, ctx.cls.field_file(f.name, seg)), os.O_RDONLY)
                     fds.append(fd)
                     if hasattr(os, "posix_fadvise"):
                         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
@@ -281,9 +283,9 @@ def verify_store(
     col = _Collector(ctx, rep)
     t1 = time.perf_counter()
     try:
-        if ctx.backend == "memmap":
-            nbytes = _content_memmap(ctx, col, threads, progress)
-        else:
+        if ctx.cls.positional:
+            nbytes = _content_positional(ctx, col, threads, progress)
+        else:  # records under slot keys (lmdb)
             nbytes = _content_lmdb(ctx, col, rep, threads, progress)
     except Exception as exc:  # noqa: BLE001 - an unreadable file is a finding, not a crash
         if isinstance(exc, (KeyboardInterrupt, MemoryError)):

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backends import data_file_names
+from ..backends import backend_class, data_file_names
 from ..backends.base import check_npy
 from ..errors import FormatError, IncompleteStoreError
 from ..format import (
@@ -25,12 +25,12 @@ from ..format import (
     LMDB_FILE,
     MANIFEST_FILE,
     decode_key,
-    field_file,
     lmdb_file,
     read_manifest,
 )
 from ..schema import Schema
 from ..writer import file_digest
+from .verify_lmdb import lmdb_entries
 from .verify_report import Problem, VerifyReport
 
 __all__ = ["Ctx", "check_structure"]
@@ -45,6 +45,7 @@ class Ctx:
         self.slots: int = manifest["slots"]
         self.records: int = manifest["records"]
         self.backend: str = manifest["backend"]
+        self.cls = backend_class(self.backend)
         self.segmented = manifest.get("segments") is not None
         # (segment number or None, first slot, slot count) of each data segment
         counts = manifest.get("segments") or [self.slots]
@@ -138,19 +139,18 @@ def check_structure(path: str, rep: VerifyReport) -> Ctx | None:
             bad_files.add(name)
             return None
 
-    if ctx.backend == "memmap":
+    if ctx.cls.positional:  # every field an .npy file per segment
         for seg, _, count in ctx.segments:
             for f in ctx.schema:
-                off = npy(field_file(f.name, seg), f.dtype, (count, *f.shape))
+                off = npy(ctx.cls.field_file(f.name, seg), f.dtype, (count, *f.shape))
                 if off is None:
                     ctx.data_ok = False
                 else:
                     ctx.offsets[(f.name, seg)] = off
-    else:
-        if any(lmdb_file(seg) in bad_files for seg, _, _ in ctx.segments):
-            ctx.data_ok = False
-        else:
-            _check_lmdb_quick(ctx, rep)
+    elif set(data_names) & bad_files:
+        ctx.data_ok = False
+    else:  # records under slot keys (lmdb): counted by a child process
+        _check_lmdb_quick(ctx, rep)
     ck_off = npy(CHECKSUMS_FILE, KEY_DTYPE, (ctx.slots,))
     if ck_off is not None:
         ctx.checksums = _load_u8(j(CHECKSUMS_FILE), ck_off, ctx.slots)
@@ -296,10 +296,8 @@ def _check_index(ctx: Ctx, rep: VerifyReport, bad_files: set[str], npy: Callable
 def _check_lmdb_quick(ctx: Ctx, rep: VerifyReport) -> None:
     """Count the keys of every LMDB file, in a child process (a damaged
     page must not kill verify: see :mod:`mmstore.tools.verify_lmdb`)."""
-    from .verify_lmdb import lmdb_entries
-
     try:
-        import lmdb  # noqa: F401
+        ctx.cls.check_available()
     except ImportError:
         rep.problems.append(Problem("lmdb", "cannot check records.mdb: the 'lmdb' package is not installed (pip install lmdb)", LMDB_FILE))
         ctx.data_ok = False
