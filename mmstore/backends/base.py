@@ -70,6 +70,13 @@ class BackendReader(ABC):
         (:meth:`read_into`, :meth:`iter_packed`), and ``repair`` rebuilds a
         damaged segment's files from a staging copy (``write_layout``, then
         ``finalize``).
+    ``crashes_on_damage``
+        Reading a damaged data file can kill the reading process (LMDB trusts
+        its pages: a flipped byte can make it read outside its mapping), so a
+        tool that must survive damage (``verify``) reads such files in child
+        processes. Otherwise ``verify`` reads them in its own process: with
+        large sequential reads when ``positional``, else through
+        :meth:`iter_packed`.
     ``segmented``
         The data is split in segments (a merged store, see format.py,
         "Segments"); :meth:`segment_backends` lists them, each a
@@ -78,6 +85,7 @@ class BackendReader(ABC):
 
     name: ClassVar[str]
     positional: ClassVar[bool] = False
+    crashes_on_damage: ClassVar[bool] = False
     segmented: ClassVar[bool] = False
 
     def __init__(
@@ -186,7 +194,7 @@ class Backend(BackendReader):
         """File names holding record data in a finished store (of one segment)."""
 
     @classmethod
-    def finalize(cls, partial_dir: str, schema: Schema, slots: int, holes: np.ndarray) -> None:  # noqa: B027
+    def finalize(cls, partial_dir: str, schema: Schema, slots: int, holes: np.ndarray) -> None:
         """Turn the written slot files into the finished data files
         (``holes`` is a bool array over slots). Default: nothing to do."""
 
@@ -203,7 +211,7 @@ class Backend(BackendReader):
         return 0
 
     @classmethod
-    def check_available(cls) -> None:  # noqa: B027 - optional hook
+    def check_available(cls) -> None:
         """Raise ``ImportError`` (saying what to install) if this backend
         cannot work here; called before a write starts, not after hours of it."""
 

@@ -93,6 +93,7 @@ class LmdbBackend(Backend):
     """Records are read with one read-only transaction per batch."""
 
     name = "lmdb"
+    crashes_on_damage = True  # see NOTE [lmdb meta pages] and mmstore.tools.verify_lmdb
 
     def __init__(
         self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | None = None,

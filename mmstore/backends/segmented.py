@@ -50,6 +50,7 @@ class SegmentedBackend(BackendReader):
         super().__init__(root, schema, sum(counts), files)
         self.name = cls.name  # type: ignore[misc]
         self.positional = cls.positional  # type: ignore[misc]
+        self.crashes_on_damage = cls.crashes_on_damage  # type: ignore[misc]
         self.parts: list[Backend] = [cls(root, schema, c, files, segment=k, **kw) for k, c in enumerate(counts)]
         self.first = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
         # memmap: field -> (each segment's array, their addresses); the arrays

@@ -50,8 +50,8 @@ import numpy as np
 
 from .._io import atomic_write, fsync_dir, fsync_file, pwrite_all
 from .._names import json_bytes
-from ..errors import FormatError
 from ..backends import Backend, SlotFile
+from ..errors import FormatError
 from ..format import MANIFEST_FILE, npy_header
 from ..reader import Store, open_store
 from .verify import VerifyReport

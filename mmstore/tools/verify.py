@@ -68,8 +68,6 @@ class _Collector:
 def _content_positional(ctx: Ctx, col: _Collector, threads: int, progress: Callable[[int], Any] | None) -> int:
     """Hash every record of a positional backend (memmap) from its fields'
     files, read in large chunks by ``threads`` threads."""
-    import xxhash
-
     fields = [f for f in ctx.schema if f.nbytes]
     rb = ctx.schema.record_bytes
     fds: list[int] = []  # the current segment's, one per field: segments are checked one after another
@@ -79,7 +77,6 @@ def _content_positional(ctx: Ctx, col: _Collector, threads: int, progress: Calla
         stored = ctx.checksums
         if stored is None:
             raise ValueError("verify: the content pass needs the checksums")
-        one = len(fields) == 1
 
         def run(k: int, a: int, b: int) -> int:
             """Check global slots [a, b) of segment k."""
@@ -91,28 +88,9 @@ def _content_positional(ctx: Ctx, col: _Collector, threads: int, progress: Calla
             for fd, f, buf in zip(fds, fields, bufs):
                 mv = memoryview(buf)[: (b - a) * f.nbytes]
                 off = ctx.offsets[(f.name, seg)] + (a - first) * f.nbytes
-                got = 0
-                while got < len(mv):
-                    n = os.preadv(fd, [mv[got:]], off + got)
-                    if n <= 0:
-                        raise OSError(f"{ctx.cls.field_file(f.name, seg)}: short read at offset {off + got}")
-                    got += n
+                _pread_exact(fd, mv, off, ctx.cls.field_file(f.name, seg))
                 views.append(mv)
-            calc = np.empty(b - a, np.uint64)
-            if one:
-                nb = fields[0].nbytes
-                v = views[0]
-                h3 = xxhash.xxh3_64_intdigest
-                for k in range(b - a):
-                    calc[k] = h3(v[k * nb : (k + 1) * nb])
-            else:
-                h = xxhash.xxh3_64()
-                sizes = [f.nbytes for f in fields]
-                for k in range(b - a):
-                    h.reset()
-                    for v, nb in zip(views, sizes):
-                        h.update(v[k * nb : (k + 1) * nb])
-                    calc[k] = h.intdigest()
+            calc = _hash_rows(views, [f.nbytes for f in fields], b - a)
             want = stored[a:b]
             holes = ctx.holes[a:b]
             for k in np.flatnonzero((calc != want) & ~holes).tolist():
@@ -157,6 +135,37 @@ def _content_positional(ctx: Ctx, col: _Collector, threads: int, progress: Calla
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _pread_exact(fd: int, mv: memoryview, off: int, name: str) -> None:
+    """Fill ``mv`` from ``fd`` at ``off`` (``OSError`` naming ``name`` at its end)."""
+    got = 0
+    while got < len(mv):
+        n = os.preadv(fd, [mv[got:]], off + got)
+        if n <= 0:
+            raise OSError(f"{name}: short read at offset {off + got}")
+        got += n
+
+
+def _hash_rows(views: list[memoryview], sizes: list[int], n: int) -> np.ndarray:
+    """xxh3_64 of each of ``n`` records whose fields are rows of ``views``
+    (row ``k`` of field ``i``: ``sizes[i]`` bytes at ``k * sizes[i]``)."""
+    import xxhash
+
+    calc = np.empty(n, np.uint64)
+    if len(views) == 1:
+        nb, v = sizes[0], views[0]
+        h3 = xxhash.xxh3_64_intdigest
+        for k in range(n):
+            calc[k] = h3(v[k * nb : (k + 1) * nb])
+        return calc
+    h = xxhash.xxh3_64()
+    for k in range(n):
+        h.reset()
+        for v, nb in zip(views, sizes):
+            h.update(v[k * nb : (k + 1) * nb])
+        calc[k] = h.intdigest()
+    return calc
 
 
 def _content_lmdb(ctx: Ctx, col: _Collector, rep: VerifyReport, threads: int,
@@ -227,6 +236,47 @@ def _content_lmdb(ctx: Ctx, col: _Collector, rep: VerifyReport, threads: int,
     return int(totals["done"])
 
 
+def _content_packed(ctx: Ctx, col: _Collector, progress: Callable[[int], Any] | None) -> int:
+    """Hash every record as the backend itself reads it (``iter_packed``),
+    one segment after another: for a backend that is neither positional nor
+    walked in a child. Holes must be absent or zero bytes."""
+    import xxhash
+
+    stored = ctx.checksums
+    if stored is None:
+        raise ValueError("verify: the content pass needs the checksums")
+    rb = ctx.schema.record_bytes
+    total = pend = 0
+    for seg, first, count in ctx.segments:
+        part = ctx.cls(ctx.path, ctx.schema, count, ctx.m["files"], segment=seg)
+        try:
+            for s, v in part.iter_packed(0, count):
+                g = first + s
+                if v is None:
+                    if not ctx.holes[g]:
+                        col.bad(g, "missing", "a record", "no record")
+                    continue
+                if ctx.holes[g]:
+                    if any(bytes(v)):
+                        col.bad(g, "hole-not-zero", "zero bytes", "non-zero bytes")
+                elif len(v) != rb:
+                    col.bad(g, "size", f"{rb} bytes", f"{len(v)} bytes")
+                else:
+                    h = xxhash.xxh3_64_intdigest(v)
+                    if h != int(stored[g]):
+                        col.bad(g, "checksum", _hexs(stored[g]), _hexs(h))
+                total += len(v)
+                pend += len(v)
+                if progress is not None and pend >= _CHUNK_BYTES:
+                    progress(pend)
+                    pend = 0
+        finally:
+            part.close()
+    if progress is not None and pend:
+        progress(pend)
+    return total
+
+
 def verify_store(
     path: str | os.PathLike[str],
     *,
@@ -285,8 +335,10 @@ def verify_store(
     try:
         if ctx.cls.positional:
             nbytes = _content_positional(ctx, col, threads, progress)
-        else:  # records under slot keys (lmdb)
+        elif ctx.cls.crashes_on_damage:  # LMDB: walked in child processes
             nbytes = _content_lmdb(ctx, col, rep, threads, progress)
+        else:
+            nbytes = _content_packed(ctx, col, progress)
     except Exception as exc:  # noqa: BLE001 - an unreadable file is a finding, not a crash
         if isinstance(exc, (KeyboardInterrupt, MemoryError)):
             raise

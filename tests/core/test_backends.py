@@ -414,3 +414,74 @@ def test_every_kind_reads_like_plain_memmap(tmp_path, kind):
 
     ref = build(os.path.join(tmp_path, "ref"), "memmap", 25, holes=(3, 24))
     assert_reads_same(ref, build(os.path.join(tmp_path, "other"), kind, 25, holes=(3, 24)))
+
+
+def _make_hole_non_zero(path, slot):
+    """Put non-zero bytes where hole ``slot`` is (the file's own way)."""
+    s = mmstore.open(path)
+    if s.backend.name == "memmap":
+        seg = next(g for g in s.backend.field_segments("image") if g.first <= slot < g.first + g.count)
+        with open(seg.path, "r+b") as fh:
+            fh.seek(seg.offset + (slot - seg.first) * seg.entry_bytes)
+            fh.write(b"\xff" * seg.entry_bytes)
+        return
+    import json
+
+    import lmdb
+
+    part = next(p for p in s.backend.segment_backends() if (p.first or 0) <= slot < (p.first or 0) + p.slots)
+    env = lmdb.open(os.path.join(path, part.file), subdir=False, lock=False, map_size=1 << 26)
+    with env.begin(write=True) as txn:
+        txn.put((slot - (part.first or 0)).to_bytes(8, "big"), b"\x01" * s.schema.record_bytes)
+    env.close()
+    with open(os.path.join(path, "manifest.json"), "rb") as fh:
+        obj = json.loads(fh.read())
+    obj["files"][part.file] = os.path.getsize(os.path.join(path, part.file))
+    with open(os.path.join(path, "manifest.json"), "w") as fh:
+        json.dump(obj, fh)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_a_backend_without_capabilities_is_served_by_the_interface_alone(tmp_path, kind, monkeypatch):
+    """A new backend that declares no capability (neither positional nor
+    read in child processes): verify checks it through its own ``check`` and
+    ``iter_packed``, repair rebuilds its segments through ``write_layout`` and
+    ``finalize``, doctor measures it by file reads. Simulated by switching the
+    two backends' capabilities off."""
+    from mmstore.backends import LmdbBackend, MemmapBackend
+    from mmstore.tools.doctor import doctor_store
+    from mmstore.tools.repair import repair_store
+    from mmstore.tools.verify import verify_store
+
+    import mmstore.tools.repair as repair_mod
+    import mmstore.tools.verify as verify_mod
+    import mmstore.tools.verify_structure as structure_mod
+
+    monkeypatch.setattr(MemmapBackend, "positional", False)
+    monkeypatch.setattr(LmdbBackend, "crashes_on_damage", False)
+    calls = []
+    for mod, name in ((verify_mod, "_content_packed"), (structure_mod, "_check_with_backend"),
+                      (repair_mod, "_rebuild_segments")):
+        real = getattr(mod, name)
+        monkeypatch.setattr(mod, name, lambda *a, _real=real, _name=name, **kw: calls.append(_name) or _real(*a, **kw))
+    path = build(os.path.join(tmp_path, "s"), kind, 30, holes=(4, 21))
+    ref = build(os.path.join(tmp_path, "ref"), kind.split("-")[0], 30, holes=(4, 21))
+    rep = verify_store(path)
+    assert rep.ok and rep.content_checked and rep.problems == []
+    rb = mmstore.open(path).schema.record_bytes
+    assert rep.checked_bytes == (30 if kind.startswith("memmap") else 28) * rb  # memmap holes are zero entries
+    _make_hole_non_zero(path, 21)
+    rep = verify_store(path)
+    assert [(b.slot, b.what) for b in rep.bad_records] == [(21, "hole-not-zero")] and rep.problems == []
+    rr = repair_store(path, rep)
+    assert rr.attempted and rr.repaired == [21], rr.message
+    assert verify_store(path).ok
+    assert calls == ["_check_with_backend", "_content_packed"] * 2 + ["_rebuild_segments"] + \
+        ["_check_with_backend", "_content_packed"]
+    from storetest import assert_reads_same
+
+    assert_reads_same(ref, path)
+    assert not any(n.startswith(".repair-") for n in os.listdir(path))
+    doc = doctor_store(path, samples=8, threads=2, budget_s=0.5, seq_bytes=1 << 16)
+    assert doc.backend == kind.split("-")[0] and doc.cold_sample == 8
+    assert any("random record-sized reads" in n for n in doc.notes), doc.notes
