@@ -4,8 +4,9 @@
 a merged store reads its segments through ``segmented``. All are specified in
 ``mmstore/format.py``. Code outside this package asks a backend what it can
 do (``BackendReader.positional``, ``segmented``, the hooks in ``base``), never
-which one it is: a new backend is a module here, a line in
-:func:`backend_class` and its section of format.py.
+which one it is: a new backend is a module here, its class in
+``_REGISTRY`` and its section of format.py (with its name in
+``SUPPORTED_BACKENDS``).
 """
 
 from __future__ import annotations
@@ -24,13 +25,16 @@ __all__ = [
 ]
 
 
+# every backend, by the name manifests and writers use (format.SUPPORTED_BACKENDS)
+_REGISTRY: dict[str, type[Backend]] = {cls.name: cls for cls in (MemmapBackend, LmdbBackend)}
+
+
 def backend_class(name: str) -> type[Backend]:
     """The backend class registered under ``name`` (the writers' factory)."""
-    if name == MemmapBackend.name:
-        return MemmapBackend
-    if name == LmdbBackend.name:
-        return LmdbBackend
-    raise ValueError(f"unknown backend {name!r}; choose 'memmap' or 'lmdb'")
+    cls = _REGISTRY.get(name)
+    if cls is None:
+        raise ValueError(f"unknown backend {name!r}; choose 'memmap' or 'lmdb'")
+    return cls
 
 
 def data_file_names(name: str, schema: Schema, segments: Sequence[int] | None = None) -> list[str]:
