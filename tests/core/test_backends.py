@@ -9,10 +9,10 @@ import pickle
 
 import numpy as np
 import pytest
+from storetest import SMALL_SCHEMA, assert_same_files, sample, write_store
 
 import mmstore
 from mmstore.ingest import merge
-from storetest import SMALL_SCHEMA, assert_same_files, sample, write_store
 
 KINDS = ["memmap", "lmdb", "memmap-merged", "lmdb-merged"]
 
@@ -448,14 +448,13 @@ def test_a_backend_without_capabilities_is_served_by_the_interface_alone(tmp_pat
     ``iter_packed``, repair rebuilds its segments through ``write_layout`` and
     ``finalize``, doctor measures it by file reads. Simulated by switching the
     two backends' capabilities off."""
+    import mmstore.tools.repair as repair_mod
+    import mmstore.tools.verify as verify_mod
+    import mmstore.tools.verify_structure as structure_mod
     from mmstore.backends import LmdbBackend, MemmapBackend
     from mmstore.tools.doctor import doctor_store
     from mmstore.tools.repair import repair_store
     from mmstore.tools.verify import verify_store
-
-    import mmstore.tools.repair as repair_mod
-    import mmstore.tools.verify as verify_mod
-    import mmstore.tools.verify_structure as structure_mod
 
     monkeypatch.setattr(MemmapBackend, "positional", False)
     monkeypatch.setattr(LmdbBackend, "crashes_on_damage", False)
