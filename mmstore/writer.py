@@ -343,10 +343,7 @@ class StoreWriter:
             raise ValueError(f"backend must be one of {SUPPORTED_BACKENDS}, got {backend!r}")
         if slots is not None and (isinstance(slots, bool) or int(slots) != slots or slots < 0):
             raise ValueError(f"slots must be an integer >= 0 or None, got {slots!r}")
-        if backend == "lmdb":
-            from .backends.lmdb import _lmdb
-
-            _lmdb()  # fail now, not after hours of writing, when lmdb is missing
+        backend_class(backend).check_available()  # fail now, not after hours of writing (lmdb missing)
         self.backend = backend
         self.fixed = slots is not None
         self.label_names = list(label_names) if label_names is not None else None
@@ -408,7 +405,8 @@ class StoreWriter:
         layout.append(SlotFile(CHECKSUMS_FILE, KEY_DTYPE, (), 8, {}))
         largest = max((len(npy_header(sf.dtype, (capacity, *sf.entry_shape))) + capacity * sf.stride, sf.name)
                       for sf in layout)[::-1]
-        check_space(os.path.dirname(self.partial), _reserve_bytes(layout, capacity, self.backend), self.path, largest)
+        reserve = _reserve_bytes(layout, capacity) + backend_class(self.backend).finalize_bytes(self.schema, capacity)
+        check_space(os.path.dirname(self.partial), reserve, self.path, largest)
         make_partial(self.partial)
         try:
             for sf in layout:
@@ -645,11 +643,10 @@ class StoreWriter:
         write_durable(os.path.join(self.partial, name), head, body)
 
 
-def _reserve_bytes(layout: list[SlotFile], capacity: int, backend: str) -> int:
-    """Bytes a fresh ``.partial`` reserves for ``capacity`` slots; an lmdb store
-    needs its records once more while ``records.mdb`` is built at close."""
-    data = sum(len(npy_header(sf.dtype, (capacity, *sf.entry_shape))) + capacity * sf.stride for sf in layout)
-    return data + (capacity * layout[0].stride if backend == "lmdb" else 0)
+def _reserve_bytes(layout: list[SlotFile], capacity: int) -> int:
+    """Bytes the slot files of a fresh ``.partial`` take for ``capacity`` slots
+    (what the backend's ``finalize`` needs at close comes on top)."""
+    return sum(len(npy_header(sf.dtype, (capacity, *sf.entry_shape))) + capacity * sf.stride for sf in layout)
 
 
 def write_durable(path: str, head: Any, body: Any = None) -> None:

@@ -27,12 +27,13 @@ class MemmapBackend(Backend):
     """Fields are read through read-only shared mappings of their files."""
 
     name = "memmap"
+    positional = True
 
     def __init__(
         self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | None = None,
-        ident: dict[str, tuple[int, int, int, int]] | None = None,
+        ident: dict[str, tuple[int, int, int, int]] | None = None, readahead: bool | None = None,
     ) -> None:
-        super().__init__(root, schema, slots, files, segment, ident)
+        super().__init__(root, schema, slots, files, segment, ident)  # readahead: the kernel's default
         self._offsets: dict[str, int] = {}
         self._sizes: dict[str, int] = {}  # field -> the exact size of its file
         self._arrays: dict[str, np.ndarray] = {}
@@ -45,6 +46,10 @@ class MemmapBackend(Backend):
     @classmethod
     def data_file_names(cls, schema: Schema, segment: int | None = None) -> list[str]:
         return [field_file(f.name, segment) for f in schema]
+
+    @classmethod
+    def field_file(cls, field: str, segment: int | None = None) -> str:
+        return field_file(field, segment)
 
     def check(self) -> None:
         for f in self.schema:
@@ -132,11 +137,6 @@ class MemmapBackend(Backend):
         for name in self.schema.names if fields is None else fields:
             self.array(name)
 
-    def mapping(self, name: str) -> mmap.mmap | None:
-        """The mmap object behind field ``name`` (for kernel hints)."""
-        self.array(name)
-        return self._maps.get(name)
-
     def read_into(
         self, slots: np.ndarray, rows: np.ndarray, fields: Sequence[str], out: dict[str, np.ndarray]
     ) -> None:
@@ -186,10 +186,6 @@ class MemmapBackend(Backend):
                     mv[pos : pos + f.nbytes] = memoryview(arr[s]).cast("B") if f.shape else arr[s].tobytes()
                 pos += f.nbytes
             yield s, mv
-
-    def field_views(self, slot: int) -> list[np.ndarray]:
-        """Views of each field's entry at ``slot`` (zero copy)."""
-        return [self.array(f.name)[slot] for f in self.schema]
 
     def close(self) -> None:
         self._arrays.clear()

@@ -443,13 +443,13 @@ class Loader:
         except OSError as exc:
             raise _fd_limit(self.store, exc) from None
         self.store.index  # noqa: B018 - map the index once, outside the threads
-        if self.store.backend_name == "memmap" and self.method != "mmap" and not res.fds:
+        if backend.positional and self.method != "mmap" and not res.fds:
             for f in self.fields:
                 if self.store.schema[f].nbytes >= _PREAD_MIN_BYTES or self.method == "pread":
                     if self.store.schema[f].nbytes == 0:
                         continue
                     try:
-                        res.fds[f] = _FieldFiles(backend.field_segments(f))  # type: ignore[attr-defined]
+                        res.fds[f] = _FieldFiles(backend.field_segments(f))
                     except OSError as exc:
                         raise _fd_limit(self.store, exc) from None
         if res.ring is None:
@@ -463,11 +463,11 @@ class Loader:
         return slot
 
     def _data_paths(self) -> list[str]:
-        if self.store.backend_name == "memmap":
-            backend = self.store.backend
-            paths = [seg.path for f in self.fields for seg in backend.field_segments(f)]  # type: ignore[attr-defined]
+        backend = self.store.backend
+        if backend.positional:  # only the fields this loader reads
+            paths = [seg.path for f in self.fields for seg in backend.field_segments(f)]
         else:
-            paths = [p for p in self.store.data_paths() if p.endswith(".mdb")]
+            paths = backend.data_paths()
         if self.store.records < self.store.slots:
             paths.append(os.path.join(self.store.path, "_index.npy"))
         return paths
