@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from ..reader import open_store
+
 EXAMPLE = """example:
   mmstore demo                        # about two minutes on 2 cores
   mmstore demo --images 400 --quick   # a fast smoke run
@@ -179,7 +181,6 @@ def _experiment(folder: str, store_path: str, side: int, workers: int, quick: bo
     import torch
     from torch.utils.data import DataLoader
 
-    from ..reader import open_store
     from ..torch import Loader, StoreDataset
 
     # one OpenCV thread per DataLoader worker, and no thread pool alive in this
