@@ -22,10 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from ._dest import check_dest, is_own_partial, is_store, make_partial
 from ._crash import crash_point
+from ._dest import check_dest, is_own_partial, is_store, make_partial
 from ._io import atomic_write, check_space, fallocate, fsync_dir, fsync_file, hasher, pwrite_all, record_checksum
 from ._names import json_bytes, json_text
+from ._version import __version__
 from .backends import SlotFile, backend_class
 from .backends.base import check_npy
 from .errors import DestinationError, LockedError, SchemaError, StoreExistsError
@@ -49,7 +50,6 @@ from .format import (
     read_manifest,
 )
 from .schema import Schema, coerce_rows
-from ._version import __version__
 
 __all__ = ["SlotWriter", "StoreWriter", "WRITER_STATE_FILE", "acquire_lock", "file_digest", "publish", "release_lock"]
 

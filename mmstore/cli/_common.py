@@ -1,5 +1,7 @@
-"""Helpers shared by the command modules (argparse glue,
-JSON output, progress bars). Library code never imports this."""
+"""Helpers shared by the command modules: argparse glue, JSON output, progress bars.
+
+Library code never imports this.
+"""
 
 from __future__ import annotations
 

@@ -184,7 +184,7 @@ def _experiment(folder: str, store_path: str, side: int, workers: int, quick: bo
     from ..torch import Loader, StoreDataset
 
     # one OpenCV thread per DataLoader worker, and no thread pool alive in this
-    # process when the workers fork (NOTE [OpenCV and fork] in ingest/pipeline.py)
+    # process when the workers fork (NOTE [OpenCV and fork] in ingest/workers.py)
     cv2.setNumThreads(1)
 
     files, labels = [], []

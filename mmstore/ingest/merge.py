@@ -51,9 +51,9 @@ from typing import Any
 import numpy as np
 
 from .._crash import crash_point
+from .._dest import check_dest, is_own_partial
 from .._io import check_space, describe_write_error, fsync_dir, fsync_file, pwrite_all
 from ..backends import backend_class, data_file_names
-from .._dest import check_dest, is_own_partial
 from ..errors import DestinationError, IngestError, StoreExistsError
 from ..format import (
     CHECKSUMS_FILE,

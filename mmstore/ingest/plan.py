@@ -1,4 +1,4 @@
-"""The ingest plan: scan the source once, then derive the schema, the fingerprints, the run state and the provenance."""
+"""The ingest plan: scan the source once; derive the schema, fingerprints, run state and provenance."""
 
 from __future__ import annotations
 

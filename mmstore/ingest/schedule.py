@@ -1,4 +1,4 @@
-"""Who decodes which slot range: in this process, or through the worker pool with retries after a worker dies."""
+"""Who decodes which slot range: here, or through the worker pool, retrying after a worker dies."""
 
 from __future__ import annotations
 
