@@ -155,7 +155,7 @@ class _JpegFolder:
 
 
 def _evict(paths: list[str]) -> None:
-    from .. import _sys
+    from .. import _sys  # lazy: NOTE [lazy commands]
 
     for p in paths:
         try:
@@ -285,7 +285,7 @@ DEMO_MARKER = ".mmstore-demo"  # in a --workdir: the demo's files there are its 
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import ingest as ingest_mod
+    from .. import ingest as ingest_mod  # lazy: NOTE [lazy commands]
     from ..tools import show_store, verify_store
 
     n, side = int(args.images), int(args.size)

@@ -658,7 +658,7 @@ class ListSource(Source):
 
 def _lmdb() -> Any:
     try:
-        import lmdb
+        import lmdb  # lazy: only LMDB sources need the package
     except ImportError:  # pragma: no cover
         raise IngestError("reading an LMDB source needs the lmdb package: pip install lmdb") from None
     return lmdb
