@@ -265,16 +265,16 @@ class _Run:
     def _decode_all(self, sched: Scheduler) -> None:
         if sched.stopped is not None:
             return
-        try:
-            if self.pool is None:
-                sched.run_inline(self.job, self.writer.slot_writer, self.source.reader())
-            else:
+        if self.pool is not None:
+            try:
                 sched.run_pool(self.pool)
-        except WorkerFailed as exc:
-            raise IngestError(f"{self.dest}: {exc}; {self._kept()}") from None
-        except OSError as exc:
-            if isinstance(exc, MmstoreError):
-                raise
+            except WorkerFailed as exc:  # a worker could not write (its message says why)
+                raise IngestError(f"{self.dest}: {exc}; {self._kept()}") from None
+            return
+        reader = self.source.reader()
+        try:
+            sched.run_inline(self.job, self.writer.slot_writer, reader)
+        except OSError as exc:  # writing failed here (a bad input is a hole, never an OSError)
             raise IngestError(f"{self.dest}: {describe_write_error(exc)}; {self._kept()}") from None
 
     def _finish(self, stopped: str | None) -> None:
