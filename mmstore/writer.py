@@ -22,10 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__
+from ._crash import crash_point
 from ._dest import check_dest, is_own_partial, is_store, make_partial
-from ._io import atomic_write, check_space, crash_point, fallocate, fsync_dir, fsync_file, hasher, pwrite_all, record_checksum
+from ._io import atomic_write, check_space, fallocate, fsync_dir, fsync_file, hasher, pwrite_all, record_checksum
 from ._names import json_bytes, json_text
+from ._version import __version__
 from .backends import SlotFile, backend_class
 from .backends.base import check_npy
 from .errors import DestinationError, LockedError, SchemaError, StoreExistsError
@@ -46,10 +47,11 @@ from .format import (
     decode_key,
     encode_key,
     npy_header,
+    read_manifest,
 )
-from .schema import Schema, _coerce_rows
+from .schema import Schema, coerce_rows
 
-__all__ = ["SlotWriter", "StoreWriter", "WRITER_STATE_FILE", "acquire_lock", "file_digest", "publish"]
+__all__ = ["SlotWriter", "StoreWriter", "WRITER_STATE_FILE", "acquire_lock", "file_digest", "publish", "release_lock"]
 
 WRITER_STATE_FILE = "_writer.json"
 _UNSET, _WRITTEN, _HOLE = 0, 1, 2
@@ -122,7 +124,7 @@ def _open_lock_file(lock_path: str) -> int:
     return fd
 
 
-def _release_lock(path: str, fd: int, unlink: bool = True) -> None:
+def release_lock(path: str, fd: int, unlink: bool = True) -> None:
     """Let go of the lock; unlink ``PATH.lock`` first, while still holding it
     (see NOTE [lock file unlink]; ``unlink`` is kept for callers' clarity)."""
     if unlink:
@@ -222,7 +224,7 @@ class SlotWriter:
             b = min(n, a + step)
             packed = np.empty((b - a, rb), np.uint8)
             for f, off in zip(self.schema, self.schema.offsets):
-                col = _coerce_rows(f, cols[f.name][a:b])
+                col = coerce_rows(f, cols[f.name][a:b])
                 if f.nbytes:
                     packed[:, off : off + f.nbytes] = col.reshape(b - a, -1).view(np.uint8)
                     i, inner, nb = self._where[f.name]
@@ -362,7 +364,7 @@ class StoreWriter:
                 raise StoreExistsError(f"{self.path}: already exists; pass overwrite=True (--overwrite) to replace it")
             self._open(int(slots) if slots is not None else 0, overwrite, resume)
         except BaseException:
-            _release_lock(self.path, self._lock)
+            release_lock(self.path, self._lock)
             raise
 
     # -- setup ------------------------------------------------------------------
@@ -545,7 +547,7 @@ class StoreWriter:
             return
         self._closed = True
         self._slots_writer.close()
-        _release_lock(self.path, self._lock)
+        release_lock(self.path, self._lock)
 
     def close(self) -> str:
         """Finish: write everything, publish ``PATH`` atomically; return it."""
@@ -557,7 +559,7 @@ class StoreWriter:
             self.abort()
             raise
         self._closed = True
-        _release_lock(self.path, self._lock)
+        release_lock(self.path, self._lock)
         return self.path
 
     def _finish(self) -> None:
@@ -728,8 +730,6 @@ def publish(path: str) -> None:
     Bookkeeping files that are not part of the store (writer and ingest
     state) are removed first; an existing ``PATH`` is replaced.
     """
-    from .format import read_manifest
-
     partial = path + PARTIAL_SUFFIX
     man = read_manifest(partial)
     replace = os.path.lexists(path)
