@@ -7,17 +7,16 @@ that imports torch).
 
 from __future__ import annotations
 
-__version__ = "0.2.0"
-
-from .errors import (  # noqa: E402
+from ._version import __version__
+from .errors import (
     FormatError,
     IncompleteStoreError,
     MmstoreError,
     VersionError,
 )
-from .reader import Store, open_store  # noqa: E402
-from .schema import Field, Schema  # noqa: E402
-from .writer import StoreWriter  # noqa: E402
+from .reader import Store, open_store
+from .schema import Field, Schema
+from .writer import StoreWriter
 
 open = open_store  # noqa: A001 - mmstore.open(path) is the public entry point
 

@@ -1,22 +1,27 @@
 """Small file-system helpers: atomic writes, fsync, preallocation, checksums.
 
 Every write path of mmstore goes through these functions, so a fault test can
-wrap them in one place (see ``NOTE [crash points]``).
+stop a run at any of them (see ``NOTE [crash points]`` in ``_crash.py``).
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import resource
 from collections.abc import Iterable
 from typing import Any
 
 import numpy as np
 
+from ._crash import crash_point
+from .errors import ResourceLimitError
+
 __all__ = [
     "atomic_write",
     "check_space",
-    "crash_point",
+    "crash_point",  # re-exported: I/O callers import their crash hook with the helpers
+    "describe_write_error",
     "fallocate",
     "fsync_dir",
     "free_bytes",
@@ -25,27 +30,6 @@ __all__ = [
     "pwrite_all",
     "record_checksum",
 ]
-
-# NOTE [crash points]: tests set MMSTORE_CRASH_AT="phase:k" (phase one of
-# write, fsync, commit, rename, or "any") to make the process die with
-# os._exit(77) just before the k-th such operation, counted per process. It
-# costs one dict lookup per call when unset and is how the fault suite walks
-# every numbered point of an ingest in turn.
-_CRASH = os.environ.get("MMSTORE_CRASH_AT", "")
-_COUNTS: dict[str, int] = {}
-
-
-def crash_point(phase: str) -> None:
-    """Die here if ``MMSTORE_CRASH_AT`` names this occurrence of ``phase``."""
-    if not _CRASH:
-        return
-    want, _, k = _CRASH.partition(":")
-    if want not in (phase, "any"):
-        return
-    key = want
-    _COUNTS[key] = _COUNTS.get(key, 0) + 1
-    if str(_COUNTS[key]) == k:
-        os._exit(77)
 
 
 def fsync_file(fd: int) -> None:
@@ -137,10 +121,6 @@ def check_space(path: str, need: int, what: str, largest: tuple[str, int] = ("",
     ResourceLimitError
         (``ENOSPC`` or ``EFBIG``) naming how much is needed and what is allowed.
     """
-    import resource
-
-    from .errors import ResourceLimitError
-
     cap = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
     if cap != resource.RLIM_INFINITY and largest[1] > cap:
         raise ResourceLimitError(
@@ -157,6 +137,18 @@ def check_space(path: str, need: int, what: str, largest: tuple[str, int] = ("",
             f"{what}: needs {_mb(need)} for its data files but only {_mb(free)} are free on the file system of "
             f"{path}; free at least {_mb(need - free)} or choose another destination (nothing was reserved)",
         )
+
+
+def describe_write_error(exc: OSError) -> str:
+    """One line saying why writing a store failed: a full disk or a file-size
+    limit get a cause a user can act on, anything else its own message."""
+    if exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1)):
+        cause = "the disk is full (or over quota)"
+    elif exc.errno == errno.EFBIG:
+        cause = "a file grew past the allowed size (File too large: RLIMIT_FSIZE or the file system's limit)"
+    else:
+        return f"I/O error: {exc}"
+    return f"writing the store failed: {cause} [{exc}]"
 
 
 def atomic_write(path: str, data: bytes) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from .backends import Backend, data_file_names, open_backend
+from .backends import BackendReader, data_file_names, open_backend
 from .backends.base import check_npy
 from .errors import FormatError, StoreChangedError
 from .format import (
@@ -80,7 +80,7 @@ class Store:
         self._ident = ident
         self._check_files()
         self._pid = -1
-        self._backend: Backend | None = None
+        self._backend: BackendReader | None = None
         self._maps: dict[str, tuple[mmap.mmap | None, int]] = {}  # bookkeeping file -> (mapping, size)
         self._index: np.ndarray | None = None
         self._key_offsets: np.ndarray | None = None
@@ -146,13 +146,12 @@ class Store:
         note_identity(self._ident, path, st)
         return st.st_size
 
-    def _b(self) -> Backend:
+    def _b(self) -> BackendReader:
         pid = os.getpid()
         if self._backend is None or self._pid != pid:
-            kw = {"readahead": self._lmdb_readahead} if self.backend_name == "lmdb" else {}
             self._backend = open_backend(
                 self.backend_name, self.path, self.schema, self.slots, self.manifest["files"], self.segments,
-                ident=self._ident, **kw,
+                ident=self._ident, readahead=self._lmdb_readahead,
             )
             self._pid = pid
             self._maps = {}
@@ -162,7 +161,7 @@ class Store:
         return self._backend
 
     @property
-    def backend(self) -> Backend:
+    def backend(self) -> BackendReader:
         """This process's backend object."""
         return self._b()
 

@@ -197,7 +197,7 @@ def _coerce(f: Field, value: Any) -> np.ndarray:
     return np.ascontiguousarray(cast)
 
 
-def _coerce_rows(f: Field, value: Any) -> np.ndarray:
+def coerce_rows(f: Field, value: Any) -> np.ndarray:
     """Like ``_coerce`` for a block of rows: shape ``(n, *f.shape)``."""
     arr = np.asarray(value)
     if arr.shape[1:] != f.shape:

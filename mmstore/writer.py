@@ -22,10 +22,11 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__
+from ._crash import crash_point
 from ._dest import check_dest, is_own_partial, is_store, make_partial
-from ._io import atomic_write, check_space, crash_point, fallocate, fsync_dir, fsync_file, hasher, pwrite_all, record_checksum
+from ._io import atomic_write, check_space, fallocate, fsync_dir, fsync_file, hasher, pwrite_all, record_checksum
 from ._names import json_bytes, json_text
+from ._version import __version__
 from .backends import SlotFile, backend_class
 from .backends.base import check_npy
 from .errors import DestinationError, LockedError, SchemaError, StoreExistsError
@@ -46,10 +47,11 @@ from .format import (
     decode_key,
     encode_key,
     npy_header,
+    read_manifest,
 )
-from .schema import Schema, _coerce_rows
+from .schema import Schema, coerce_rows
 
-__all__ = ["SlotWriter", "StoreWriter", "WRITER_STATE_FILE", "acquire_lock", "file_digest", "publish"]
+__all__ = ["SlotWriter", "StoreWriter", "WRITER_STATE_FILE", "acquire_lock", "file_digest", "publish", "release_lock"]
 
 WRITER_STATE_FILE = "_writer.json"
 _UNSET, _WRITTEN, _HOLE = 0, 1, 2
@@ -122,7 +124,7 @@ def _open_lock_file(lock_path: str) -> int:
     return fd
 
 
-def _release_lock(path: str, fd: int, unlink: bool = True) -> None:
+def release_lock(path: str, fd: int, unlink: bool = True) -> None:
     """Let go of the lock; unlink ``PATH.lock`` first, while still holding it
     (see NOTE [lock file unlink]; ``unlink`` is kept for callers' clarity)."""
     if unlink:
@@ -222,7 +224,7 @@ class SlotWriter:
             b = min(n, a + step)
             packed = np.empty((b - a, rb), np.uint8)
             for f, off in zip(self.schema, self.schema.offsets):
-                col = _coerce_rows(f, cols[f.name][a:b])
+                col = coerce_rows(f, cols[f.name][a:b])
                 if f.nbytes:
                     packed[:, off : off + f.nbytes] = col.reshape(b - a, -1).view(np.uint8)
                     i, inner, nb = self._where[f.name]
@@ -343,10 +345,7 @@ class StoreWriter:
             raise ValueError(f"backend must be one of {SUPPORTED_BACKENDS}, got {backend!r}")
         if slots is not None and (isinstance(slots, bool) or int(slots) != slots or slots < 0):
             raise ValueError(f"slots must be an integer >= 0 or None, got {slots!r}")
-        if backend == "lmdb":
-            from .backends.lmdb import _lmdb
-
-            _lmdb()  # fail now, not after hours of writing, when lmdb is missing
+        backend_class(backend).check_available()  # fail now, not after hours of writing (lmdb missing)
         self.backend = backend
         self.fixed = slots is not None
         self.label_names = list(label_names) if label_names is not None else None
@@ -365,7 +364,7 @@ class StoreWriter:
                 raise StoreExistsError(f"{self.path}: already exists; pass overwrite=True (--overwrite) to replace it")
             self._open(int(slots) if slots is not None else 0, overwrite, resume)
         except BaseException:
-            _release_lock(self.path, self._lock)
+            release_lock(self.path, self._lock)
             raise
 
     # -- setup ------------------------------------------------------------------
@@ -408,7 +407,8 @@ class StoreWriter:
         layout.append(SlotFile(CHECKSUMS_FILE, KEY_DTYPE, (), 8, {}))
         largest = max((len(npy_header(sf.dtype, (capacity, *sf.entry_shape))) + capacity * sf.stride, sf.name)
                       for sf in layout)[::-1]
-        check_space(os.path.dirname(self.partial), _reserve_bytes(layout, capacity, self.backend), self.path, largest)
+        reserve = _reserve_bytes(layout, capacity) + backend_class(self.backend).finalize_bytes(self.schema, capacity)
+        check_space(os.path.dirname(self.partial), reserve, self.path, largest)
         make_partial(self.partial)
         try:
             for sf in layout:
@@ -547,7 +547,7 @@ class StoreWriter:
             return
         self._closed = True
         self._slots_writer.close()
-        _release_lock(self.path, self._lock)
+        release_lock(self.path, self._lock)
 
     def close(self) -> str:
         """Finish: write everything, publish ``PATH`` atomically; return it."""
@@ -559,7 +559,7 @@ class StoreWriter:
             self.abort()
             raise
         self._closed = True
-        _release_lock(self.path, self._lock)
+        release_lock(self.path, self._lock)
         return self.path
 
     def _finish(self) -> None:
@@ -645,11 +645,10 @@ class StoreWriter:
         write_durable(os.path.join(self.partial, name), head, body)
 
 
-def _reserve_bytes(layout: list[SlotFile], capacity: int, backend: str) -> int:
-    """Bytes a fresh ``.partial`` reserves for ``capacity`` slots; an lmdb store
-    needs its records once more while ``records.mdb`` is built at close."""
-    data = sum(len(npy_header(sf.dtype, (capacity, *sf.entry_shape))) + capacity * sf.stride for sf in layout)
-    return data + (capacity * layout[0].stride if backend == "lmdb" else 0)
+def _reserve_bytes(layout: list[SlotFile], capacity: int) -> int:
+    """Bytes the slot files of a fresh ``.partial`` take for ``capacity`` slots
+    (what the backend's ``finalize`` needs at close comes on top)."""
+    return sum(len(npy_header(sf.dtype, (capacity, *sf.entry_shape))) + capacity * sf.stride for sf in layout)
 
 
 def write_durable(path: str, head: Any, body: Any = None) -> None:
@@ -731,8 +730,6 @@ def publish(path: str) -> None:
     Bookkeeping files that are not part of the store (writer and ingest
     state) are removed first; an existing ``PATH`` is replaced.
     """
-    from .format import read_manifest
-
     partial = path + PARTIAL_SUFFIX
     man = read_manifest(partial)
     replace = os.path.lexists(path)

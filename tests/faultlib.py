@@ -3,7 +3,7 @@
 Runs of the ingest happen in forked children of the test process (cheap: no
 new interpreter, no re-import) with ``--workers 0`` so every write, fsync,
 commit and rename happens in that child, where ``NOTE [crash points]`` in
-``mmstore/_io.py`` can stop it at the k-th occurrence with ``os._exit(77)``.
+``mmstore/_crash.py`` can stop it at the k-th occurrence with ``os._exit(77)``.
 """
 
 from __future__ import annotations
@@ -60,10 +60,9 @@ def run_forked(argv: list[str], crash: str = "", setup=None) -> int:
     if pid == 0:  # child
         rc = 98
         try:
-            import mmstore._io as mio
+            from mmstore import _crash
 
-            mio._CRASH = crash
-            mio._COUNTS.clear()
+            _crash.arm(crash)
             if setup is not None:
                 setup()
             from mmstore.cli import main

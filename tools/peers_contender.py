@@ -1,16 +1,18 @@
-"""mmstore as a contender of the peers harness (shared/peers/run_bench.py).
+"""mmstore as a contender of the peers harness (``run_bench.py`` in the shared peers folder).
 
-The harness folder is read-only; to run it, copy it and register this class::
+Written against the public API a user has: ``mmstore.StoreWriter`` and its
+``write_batch`` to write, ``store[i]`` and ``store.read_batch(idx)`` to read.
+The harness folder is read-only; to run it, copy it and register this class
+(``REPO`` is this repository's root, ``PEERS`` the harness folder)::
 
-    cp -r ../shared/peers /tmp/peers && cd /tmp/peers
-    cat >> contenders.py <<'EOF'
+    cp -r "$PEERS" /tmp/peers && cd /tmp/peers
+    cat >> contenders.py <<EOF
     import sys as _sys
-    _sys.path[:0] = ["/work/main/tools", "/work/main"]
+    _sys.path[:0] = ["$REPO/tools", "$REPO"]
     from peers_contender import register as _register
     _register(CONTENDERS)
     EOF
-    /work/main/.venv/bin/python run_bench.py --only mmstore,npy,lmdb --n 2000 \\
-        --out /tmp/peers/results.md --skip-raw
+    python run_bench.py --only mmstore,npy,lmdb --n 2000 --out /tmp/peers/results.md --skip-raw
 
 ``MmStore`` is the memmap backend, ``MmStoreLmdb`` the lmdb backend. The
 reader's ``get(i)`` is the public per-sample API (``store[i]``), its
@@ -22,6 +24,7 @@ DataLoader rows hand the arrays to torch), and the native loader is a
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 
 import numpy as np
@@ -35,6 +38,7 @@ if _ROOT not in sys.path:
     sys.path.insert(0, _ROOT)
 
 SCHEMA = {"image": ("|u1", SHAPE), "label": ("<i8", ())}
+WRITE_BATCH = 256  # records per write_batch call (about 38 MB of 224x224x3 images)
 
 
 class _MmReader(Reader):
@@ -67,29 +71,26 @@ class MmStore(Contender):
 
     @property
     def notes(self):  # type: ignore[override]
-        return [f"mmstore.StoreWriter(backend={self.backend!r}) from the decoded records (fsync "
-                "included); get(i) = store[i] (a copy through read_batch); batched and native = "
-                "store.read_batch(idx), which sorts the slots and copies each record once "
-                "(memmove), into a new batch array."]
+        return [f"mmstore.StoreWriter(backend={self.backend!r}).write_batch of {WRITE_BATCH} decoded "
+                "records at a time (fsync included); get(i) = store[i] (a copy through read_batch); "
+                "batched and native = store.read_batch(idx), which sorts the slots and copies each "
+                "record once (memmove), into a new batch array."]
 
     def warmup_imports(self):
         import mmstore  # noqa: F401
 
     def write(self, src, out):
         import mmstore
+
         if os.path.exists(out):
-            import shutil
             shutil.rmtree(out)
         os.makedirs(os.path.dirname(out), exist_ok=True)
         n = len(src.labels)
         labels = np.asarray(src.labels, dtype=np.int64)
         with mmstore.StoreWriter(out, SCHEMA, slots=n, backend=self.backend) as w:
-            sw = w.slot_writer
-            for i in range(n):
-                sw.write_arrays(i, {"image": np.ascontiguousarray(src.images[i]),
-                                    "label": labels[i : i + 1].reshape(())})
-            w.mark_written(np.arange(n))
-            w.set_keys(np.zeros(n + 1, np.uint64), b"")
+            for a in range(0, n, WRITE_BATCH):
+                b = min(n, a + WRITE_BATCH)
+                w.write_batch(a, {"image": src.images[a:b], "label": labels[a:b]})
 
     def open(self, out):
         return _MmReader(out)

@@ -1,4 +1,11 @@
-"""The interface every backend implements, read side and write side."""
+"""The interface every backend implements.
+
+``BackendReader`` is the read side, what ``Store.backend`` is: one backend or a
+merged store's segments (``segmented.py``); its capabilities say what callers
+may do beyond reading records. ``Backend`` adds the write side (the slot
+files a writer fills, the finished file names, ``finalize``) for one storage
+format; see format.py for the formats themselves.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +21,7 @@ from ..errors import FormatError
 from ..format import note_identity, open_store_file, read_npy_header
 from ..schema import Schema
 
-__all__ = ["Backend", "FieldSegment", "SlotFile", "check_npy"]
+__all__ = ["Backend", "BackendReader", "FieldSegment", "SlotFile", "check_npy"]
 
 
 class SlotFile(NamedTuple):
@@ -32,7 +39,7 @@ class SlotFile(NamedTuple):
 
 
 class FieldSegment(NamedTuple):
-    """One file of a memmap field: global slot ``first + j`` (``0 <= j <
+    """One file of a positional field: global slot ``first + j`` (``0 <= j <
     count``) is at byte ``offset + j * entry_bytes`` of ``path``."""
 
     path: str
@@ -42,14 +49,44 @@ class FieldSegment(NamedTuple):
     count: int
 
 
-class Backend(ABC):
-    """Read access to the record data of one finished store.
+class BackendReader(ABC):
+    """Read access to the record data of one finished store: what
+    ``Store.backend`` is (one backend, or a merged store's segments).
 
     Instances are created per process (see ``NOTE [fork safety]`` in
     ``reader.py``); they map or open their files lazily.
+
+    Capabilities (what callers outside ``backends/`` may ask instead of the
+    backend's name):
+
+    ``positional``
+        Every field's entries sit at fixed positions of its own ``.npy`` file
+        per segment (``Backend.field_file``; entry ``j`` at ``offset + j *
+        entry_bytes``): :meth:`field_segments` says where, so readers may ``pread`` them, ``evict`` may drop exactly
+        their pages, ``verify`` may hash them with large sequential reads and
+        ``repair`` may rewrite one entry in place; :meth:`array` maps a field
+        of one segment and :meth:`check_mapped` guards a copy out of it.
+        Otherwise entries are reached through the backend only
+        (:meth:`read_into`, :meth:`iter_packed`), and ``repair`` rebuilds a
+        damaged segment's files from a staging copy (``write_layout``, then
+        ``finalize``).
+    ``crashes_on_damage``
+        Reading a damaged data file can kill the reading process (LMDB trusts
+        its pages: a flipped byte can make it read outside its mapping), so a
+        tool that must survive damage (``verify``) reads such files in child
+        processes. Otherwise ``verify`` reads them in its own process: with
+        large sequential reads when ``positional``, else through
+        :meth:`iter_packed`.
+    ``segmented``
+        The data is split in segments (a merged store, see format.py,
+        "Segments"); :meth:`segment_backends` lists them, each a
+        single-segment backend whose ``first`` is its first global slot.
     """
 
     name: ClassVar[str]
+    positional: ClassVar[bool] = False
+    crashes_on_damage: ClassVar[bool] = False
+    segmented: ClassVar[bool] = False
 
     def __init__(
         self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | None = None,
@@ -64,22 +101,6 @@ class Backend(ABC):
         # path -> identity of each data file when the store was opened (shared
         # with the Store): a file opened later must be that file (see format.py)
         self.ident = ident
-
-    # -- layout -----------------------------------------------------------
-    @classmethod
-    @abstractmethod
-    def write_layout(cls, schema: Schema) -> list[SlotFile]:
-        """The slot files a writer fills (in the ``.partial`` directory)."""
-
-    @classmethod
-    @abstractmethod
-    def data_file_names(cls, schema: Schema, segment: int | None = None) -> list[str]:
-        """File names holding record data in a finished store (of one segment)."""
-
-    @classmethod
-    def finalize(cls, partial_dir: str, schema: Schema, slots: int, holes: np.ndarray) -> None:
-        """Turn the written slot files into the finished data files
-        (``holes`` is a bool array over slots). Default: nothing to do."""
 
     # -- read side --------------------------------------------------------
     @abstractmethod
@@ -102,9 +123,13 @@ class Backend(ABC):
         """Yield ``(slot, packed record bytes or None for an absent record)`` for
         slots in ``[start, stop)``; the view is valid until the next item."""
 
+    @abstractmethod
     def data_paths(self) -> list[str]:
         """Absolute paths of the data files (for warm/evict/verify)."""
-        return [os.path.join(self.root, n) for n in self.data_file_names(self.schema, self.segment)]
+
+    @abstractmethod
+    def segment_backends(self) -> list[Backend]:
+        """The single-segment backends of this store's data, in slot order."""
 
     def prepare(self, fields: Sequence[str] | None = None) -> None:  # noqa: B027 - optional hook
         """Open mappings / environments (of ``fields``, default all) now,
@@ -112,6 +137,90 @@ class Backend(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release handles (mappings, environments)."""
+
+    # -- positional backends only (see ``positional``) ---------------------
+    def field_segments(self, name: str) -> list[FieldSegment]:
+        """Where field ``name`` lives: one :class:`FieldSegment` per segment."""
+        raise NotImplementedError(self._not_positional("field_segments"))
+
+    def array(self, name: str) -> np.ndarray:
+        """Field ``name`` of a single-segment backend as a read-only array over
+        its mapping, shape ``(slots, *shape)``."""
+        raise NotImplementedError(self._not_positional("array"))
+
+    def check_mapped(self, name: str) -> None:
+        """Raise ``StoreChangedError`` if field ``name``'s mapped file shrank
+        (see NOTE [truncated under a mapping] in memmap.py)."""
+        raise NotImplementedError(self._not_positional("check_mapped"))
+
+    # -- repair hooks --------------------------------------------------------
+    def has_stray_entries(self, holes: np.ndarray) -> bool:
+        """True if a single-segment backend holds an entry that is not one of
+        its records (``holes``: bool over its slots), which only rebuilding
+        its files removes. Positional backends have none by construction."""
+        return False
+
+    def _not_positional(self, what: str) -> str:
+        if self.positional:  # a merged store of a positional backend: one mapping per segment
+            return (f"{what}: this merged store's fields are split over {len(self.segment_backends())} segment "
+                    f"files, so there is no single mapping; use segment_backends()[k].{what}(name), or "
+                    "field_segments(name), which lists each file with its slot range")
+        return (f"{what}: the {self.name} backend does not keep fields at fixed file positions "
+                "(check backend.positional first)")
+
+
+class Backend(BackendReader):
+    """One storage backend: the layout writers fill and the reader of one
+    segment (``segment`` None: a store's only data files). Registered by
+    name in :func:`mmstore.backends.backend_class`."""
+
+    def __init__(
+        self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | None = None,
+        ident: dict[str, tuple[int, int, int, int]] | None = None, readahead: bool | None = None,
+    ) -> None:
+        """``readahead``: the kernel readahead of the backend's mappings
+        (None: the backend's default); backends without such a setting ignore it."""
+        super().__init__(root, schema, slots, files, segment, ident)
+
+    # -- layout -----------------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def write_layout(cls, schema: Schema) -> list[SlotFile]:
+        """The slot files a writer fills (in the ``.partial`` directory)."""
+
+    @classmethod
+    @abstractmethod
+    def data_file_names(cls, schema: Schema, segment: int | None = None) -> list[str]:
+        """File names holding record data in a finished store (of one segment)."""
+
+    @classmethod
+    def finalize(cls, partial_dir: str, schema: Schema, slots: int, holes: np.ndarray) -> None:
+        """Turn the written slot files into the finished data files
+        (``holes`` is a bool array over slots). Default: nothing to do."""
+
+    @classmethod
+    def field_file(cls, field: str, segment: int | None = None) -> str:
+        """Positional backends: the ``.npy`` file of ``field`` (of ``segment``),
+        shape ``(slots, *field shape)``, the field's dtype."""
+        raise NotImplementedError(f"field_file: the {cls.name} backend does not keep fields in files of their own")
+
+    @classmethod
+    def finalize_bytes(cls, schema: Schema, slots: int) -> int:
+        """Disk space ``finalize`` needs beyond the slot files (checked before
+        a write starts). Default: none."""
+        return 0
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Raise ``ImportError`` (saying what to install) if this backend
+        cannot work here; called before a write starts, not after hours of it."""
+
+    # -- read side --------------------------------------------------------
+    def data_paths(self) -> list[str]:
+        return [os.path.join(self.root, n) for n in self.data_file_names(self.schema, self.segment)]
+
+    def segment_backends(self) -> list[Backend]:
+        return [self]
 
 
 def check_npy(

@@ -93,10 +93,11 @@ class LmdbBackend(Backend):
     """Records are read with one read-only transaction per batch."""
 
     name = "lmdb"
+    crashes_on_damage = True  # see NOTE [lmdb meta pages] and mmstore.tools.verify_lmdb
 
     def __init__(
         self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | None = None,
-        readahead: bool | None = None, ident: dict[str, tuple[int, int, int, int]] | None = None,
+        ident: dict[str, tuple[int, int, int, int]] | None = None, readahead: bool | None = None,
     ) -> None:
         super().__init__(root, schema, slots, files, segment, ident)
         self.file = lmdb_file(segment)
@@ -113,6 +114,15 @@ class LmdbBackend(Backend):
     @classmethod
     def data_file_names(cls, schema: Schema, segment: int | None = None) -> list[str]:
         return [lmdb_file(segment)]
+
+    @classmethod
+    def check_available(cls) -> None:
+        _lmdb()
+
+    @classmethod
+    def finalize_bytes(cls, schema: Schema, slots: int) -> int:
+        """The records once more: ``records.mdb`` is built next to the staging file."""
+        return slots * schema.record_bytes
 
     @classmethod
     def finalize(cls, partial_dir: str, schema: Schema, slots: int, holes: np.ndarray) -> None:
@@ -359,6 +369,16 @@ class LmdbBackend(Backend):
             while nxt < stop:
                 yield nxt, None
                 nxt += 1
+
+    def has_stray_entries(self, holes: np.ndarray) -> bool:
+        """A key that is not one of this segment's records (malformed, past
+        its slots, or a hole's): a scan of the keys only."""
+        with self.env().begin() as txn:
+            for k in txn.cursor().iternext(keys=True, values=False):
+                s = int.from_bytes(k, "big") if len(k) == 8 else -1
+                if not 0 <= s < len(holes) or holes[s]:
+                    return True
+        return False
 
     def close(self) -> None:
         if self._env is not None:

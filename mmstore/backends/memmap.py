@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import os
 from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from .._safecopy import SAFE_COPY_MIN_BYTES, MappingFault, copy_entries
 from ..errors import StoreChangedError
 from ..format import field_file, note_identity, open_store_file
 from ..schema import Schema
@@ -16,23 +16,24 @@ from .base import Backend, FieldSegment, SlotFile, check_npy
 
 __all__ = ["MemmapBackend"]
 
-# Entries at least this big are copied one by one with memmove (which, as a
-# ctypes foreign call, releases the GIL, so reader threads overlap their page
-# faults); smaller ones are gathered with one numpy ``take``.
-_MEMMOVE_MIN_BYTES = 2048
-_memmove = ctypes.memmove
+# Entries at least this big are copied by the kernel, in one call a batch
+# (``_safecopy.copy_entries``: SIGBUS-proof, and as a ctypes foreign call it
+# releases the GIL, so reader threads overlap their page faults); smaller ones
+# are gathered with one numpy ``take``.
+_MEMMOVE_MIN_BYTES = SAFE_COPY_MIN_BYTES
 
 
 class MemmapBackend(Backend):
     """Fields are read through read-only shared mappings of their files."""
 
     name = "memmap"
+    positional = True
 
     def __init__(
         self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | None = None,
-        ident: dict[str, tuple[int, int, int, int]] | None = None,
+        ident: dict[str, tuple[int, int, int, int]] | None = None, readahead: bool | None = None,
     ) -> None:
-        super().__init__(root, schema, slots, files, segment, ident)
+        super().__init__(root, schema, slots, files, segment, ident)  # readahead: the kernel's default
         self._offsets: dict[str, int] = {}
         self._sizes: dict[str, int] = {}  # field -> the exact size of its file
         self._arrays: dict[str, np.ndarray] = {}
@@ -45,6 +46,10 @@ class MemmapBackend(Backend):
     @classmethod
     def data_file_names(cls, schema: Schema, segment: int | None = None) -> list[str]:
         return [field_file(f.name, segment) for f in schema]
+
+    @classmethod
+    def field_file(cls, field: str, segment: int | None = None) -> str:
+        return field_file(field, segment)
 
     def check(self) -> None:
         for f in self.schema:
@@ -97,8 +102,10 @@ class MemmapBackend(Backend):
         NOTE [truncated under a mapping]: a copy out of the mapped part of a
         truncated file kills the process with SIGBUS (or, within the file's
         last page, reads zeros), so every copy out of a mapping is preceded by
-        this check. What remains is a race: a truncation between the check
-        and the end of the copy that follows (one batch) still faults."""
+        this check. A truncation between the check and the end of the copy
+        that follows cannot fault the copies of big entries (``_gather``:
+        mmstore/_safecopy.py); small entries (numpy ``take``, microseconds
+        a batch) remain exposed to that race."""
         mm = self._maps.get(name)
         if mm is not None and mm.size() < self._sizes[name]:
             path = os.path.join(self.root, field_file(name, self.segment))
@@ -130,11 +137,6 @@ class MemmapBackend(Backend):
         for name in self.schema.names if fields is None else fields:
             self.array(name)
 
-    def mapping(self, name: str) -> mmap.mmap | None:
-        """The mmap object behind field ``name`` (for kernel hints)."""
-        self.array(name)
-        return self._maps.get(name)
-
     def read_into(
         self, slots: np.ndarray, rows: np.ndarray, fields: Sequence[str], out: dict[str, np.ndarray]
     ) -> None:
@@ -155,7 +157,20 @@ class MemmapBackend(Backend):
                 else:
                     dst[rows] = np.take(src, slots, axis=0)
                 continue
-            _copy_rows(src, dst, slots, rows, nbytes)
+            self._gather(name, src, dst, slots, rows, nbytes)
+
+    def _gather(self, name: str, src: np.ndarray, dst: np.ndarray, slots: np.ndarray, rows: np.ndarray,
+                nbytes: int) -> None:
+        """Copy big entries out of the mapping; a truncation racing the copy is
+        a ``StoreChangedError``, not SIGBUS (see mmstore/_safecopy.py)."""
+        try:
+            copy_entries(dst.ctypes.data + rows.astype(np.int64) * nbytes,
+                         src.ctypes.data + slots.astype(np.int64) * nbytes, nbytes)
+        except MappingFault:
+            self.check_mapped(name)  # names the file and its new size
+            path = os.path.join(self.root, field_file(name, self.segment))
+            raise StoreChangedError(f"{path}: part of the file could not be read while the store was open; "
+                                    "it was modified in use: reopen the store, or run `mmstore verify`") from None
 
     def iter_packed(self, start: int, stop: int) -> Iterator[tuple[int, memoryview | None]]:
         arrays = [self.array(f.name) for f in self.schema]
@@ -172,10 +187,6 @@ class MemmapBackend(Backend):
                 pos += f.nbytes
             yield s, mv
 
-    def field_views(self, slot: int) -> list[np.ndarray]:
-        """Views of each field's entry at ``slot`` (zero copy)."""
-        return [self.array(f.name)[slot] for f in self.schema]
-
     def close(self) -> None:
         self._arrays.clear()
         for mm in self._maps.values():
@@ -184,19 +195,3 @@ class MemmapBackend(Backend):
             except BufferError:  # a caller still holds a view; the GC unmaps later
                 pass
         self._maps.clear()
-
-
-def _copy_rows(src: np.ndarray, dst: np.ndarray, slots: np.ndarray, rows: np.ndarray, nbytes: int) -> None:
-    """memmove each entry (runs of consecutive slots and rows in one call)."""
-    sbase = src.ctypes.data
-    dbase = dst.ctypes.data
-    s_list = slots.tolist()
-    r_list = rows.tolist()
-    n = len(s_list)
-    j = 0
-    while j < n:
-        k = j + 1
-        while k < n and s_list[k] == s_list[k - 1] + 1 and r_list[k] == r_list[k - 1] + 1:
-            k += 1
-        _memmove(dbase + r_list[j] * nbytes, sbase + s_list[j] * nbytes, (k - j) * nbytes)
-        j = k

@@ -5,9 +5,9 @@ Global slot ``s`` is local slot ``s - first[k]`` of segment ``k``, where
 ``first`` are the cumulative segment sizes. ``read_into`` gets its slots
 sorted, so each segment's share of a batch is one contiguous run of it, found
 with one ``searchsorted``. A batch within one segment goes straight to that
-segment's backend; a memmap batch over several is copied record by record
-from each segment's mapping (see NOTE [gather]); an lmdb batch is read per
-segment touched (one transaction each).
+segment's backend; a batch of a positional backend (memmap) over several is
+copied record by record from each segment's mapping (see NOTE [gather]);
+other backends (lmdb) read it per segment touched (one transaction each).
 """
 
 from __future__ import annotations
@@ -19,24 +19,28 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ResourceLimitError
+from .._safecopy import SAFE_COPY_MIN_BYTES, MappingFault, copy_entries
+from ..errors import ResourceLimitError, StoreChangedError
 from ..schema import Schema
-from .base import Backend, FieldSegment, SlotFile
+from .base import Backend, BackendReader, FieldSegment
 
 __all__ = ["SegmentedBackend"]
 
-_memmove = ctypes.memmove  # releases the GIL: for big entries, so reader threads overlap
-# the same memmove called *without* releasing the GIL: for small entries, where
-# a GIL hand-off per 8-byte copy cost more than the copy (2 reader threads ran
-# 20% slower than a single store's np.take)
+# Entries of SAFE_COPY_MIN_BYTES and more: one kernel copy a batch (releases
+# the GIL, SIGBUS-proof: mmstore/_safecopy.py). Smaller ones: memmove called
+# *without* releasing the GIL, where a GIL hand-off per 8-byte copy cost more
+# than the copy (2 reader threads ran 20% slower than a single store's np.take)
 _memmove_gil = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
     ctypes.cast(ctypes.memmove, ctypes.c_void_p).value
 )
-_BIG_ENTRY = 2048  # as memmap's _MEMMOVE_MIN_BYTES
 
 
-class SegmentedBackend(Backend):
-    """The segments of one store, each read by its own backend of class ``cls``."""
+class SegmentedBackend(BackendReader):
+    """The segments of one store, each read by its own backend of class ``cls``
+    (whose name and capabilities it has; the write side is the single
+    backend's: segmented stores are made by ``mmstore merge``)."""
+
+    segmented = True
 
     def __init__(
         self, cls: type[Backend], root: str, schema: Schema, counts: Sequence[int], files: dict[str, int],
@@ -45,6 +49,8 @@ class SegmentedBackend(Backend):
         counts = [int(c) for c in counts]
         super().__init__(root, schema, sum(counts), files)
         self.name = cls.name  # type: ignore[misc]
+        self.positional = cls.positional  # type: ignore[misc]
+        self.crashes_on_damage = cls.crashes_on_damage  # type: ignore[misc]
         self.parts: list[Backend] = [cls(root, schema, c, files, segment=k, **kw) for k, c in enumerate(counts)]
         self.first = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
         # memmap: field -> (each segment's array, their addresses); the arrays
@@ -55,14 +61,8 @@ class SegmentedBackend(Backend):
         self.files_per_segment = len(cls.data_file_names(schema, 0))
         self._room = False  # open-files limit raised for this store's files (on first read)
 
-    # the layout is the single backend's; a writer never writes segments
-    @classmethod
-    def write_layout(cls, schema: Schema) -> list[SlotFile]:
-        raise TypeError("segmented stores are made by `mmstore merge`, not written slot by slot")
-
-    @classmethod
-    def data_file_names(cls, schema: Schema, segment: int | None = None) -> list[str]:
-        raise TypeError("use the segment backends' data_file_names")
+    def segment_backends(self) -> list[Backend]:
+        return list(self.parts)
 
     def data_paths(self) -> list[str]:
         return [p for part in self.parts for p in part.data_paths()]
@@ -118,10 +118,10 @@ class SegmentedBackend(Backend):
             return
         cuts = np.searchsorted(slots, self.first, side="left")
         touched = np.flatnonzero(np.diff(cuts))
-        if self.name == "memmap":
+        if self.positional:
             # a batch spread over many segments: one address-based copy loop
             # instead of a few numpy calls per segment (see NOTE [gather])
-            self._gather_memmap(slots, rows, fields, out, cuts, touched)
+            self._gather_mapped(slots, rows, fields, out, cuts, touched)
             return
         for k in touched.tolist():  # the segments this batch touches
             part = self.parts[k]
@@ -135,17 +135,18 @@ class SegmentedBackend(Backend):
             else:
                 part.read_into(local, r, fields, out)
 
-    def _gather_memmap(
+    def _gather_mapped(
         self, slots: np.ndarray, rows: np.ndarray, fields: Sequence[str], out: dict[str, np.ndarray],
         cuts: np.ndarray, touched: np.ndarray,
     ) -> None:
         """NOTE [gather]: measured with 300 segments and 160-byte records, the
         per-segment path cost ~9 us per record in batches of 256 (each touched
         segment costs a few numpy calls per field), against 0.2 us for a
-        single store. Here every record is one ``memmove`` from its segment's
-        mapping (runs of consecutive slots and rows merged), as ``_copy_rows``
-        does for big fields of a single store: the cost no longer depends on
-        how many segments a batch touches."""
+        single store. Here the addresses of every record in its segment's
+        mapping are computed at once, then copied in one kernel call a batch
+        (big entries, as a single store does) or one ``memmove`` a run of
+        consecutive slots and rows (small entries): the cost no longer depends
+        on how many segments a batch touches."""
         seg = np.repeat(np.arange(len(self.parts)), np.diff(cuts))  # slots are sorted
         local = slots - self.first[seg]
         for name in fields:
@@ -154,21 +155,30 @@ class SegmentedBackend(Backend):
                 continue
             held = self._bases.get(name)
             if held is None:
-                arrays = [part.array(name) for part in self.parts]  # type: ignore[attr-defined]
+                arrays = [part.array(name) for part in self.parts]
                 held = self._bases[name] = (arrays, np.array([a.ctypes.data for a in arrays], np.int64))
             for k in touched.tolist():  # see NOTE [truncated under a mapping] (memmap.py)
-                self.parts[k].check_mapped(name)  # type: ignore[attr-defined]
+                self.parts[k].check_mapped(name)
             bases = held[1]
             dst = out[name]
             src_addr = bases[seg] + local * nb
             dst_addr = dst.ctypes.data + rows.astype(np.int64) * nb
+            if nb >= SAFE_COPY_MIN_BYTES:  # one kernel copy a batch, SIGBUS-proof (mmstore/_safecopy.py)
+                try:
+                    copy_entries(dst_addr, src_addr, nb)
+                except MappingFault:
+                    for k in touched.tolist():
+                        self.parts[k].check_mapped(name)  # type: ignore[attr-defined]  # names the file
+                    raise StoreChangedError(f"{self.root}: a file of field {name!r} could not be read while the "
+                                            "store was open; it was modified in use: reopen the store, or run "
+                                            "`mmstore verify`") from None
+                continue
             brk = np.flatnonzero((np.diff(src_addr) != nb) | (np.diff(dst_addr) != nb)) + 1
             starts = np.concatenate(([0], brk)).tolist()
             ends = np.concatenate((brk, [len(slots)])).tolist()
             sa, da = src_addr.tolist(), dst_addr.tolist()
-            move = _memmove if nb >= _BIG_ENTRY else _memmove_gil
             for a, b in zip(starts, ends):
-                move(da[a], sa[a], (b - a) * nb)
+                _memmove_gil(da[a], sa[a], (b - a) * nb)
 
     def iter_packed(self, start: int, stop: int) -> Iterator[tuple[int, memoryview | None]]:
         self._make_room()
@@ -191,25 +201,12 @@ class SegmentedBackend(Backend):
                     it.close()  # type: ignore[attr-defined]
 
     def field_segments(self, name: str) -> list[FieldSegment]:
-        """memmap: where field ``name`` lives, one entry per segment."""
+        """Where field ``name`` lives, one entry per segment (positional backends)."""
         out = []
         for k, part in enumerate(self.parts):
-            (seg,) = part.field_segments(name)  # type: ignore[attr-defined]
+            (seg,) = part.field_segments(name)
             out.append(seg._replace(first=int(self.first[k])))
         return out
-
-    def field_location(self, name: str) -> tuple[str, int, int]:
-        raise TypeError(
-            f"field {name!r} of this merged store is split over {len(self.parts)} segment files; "
-            "use field_segments(name), which lists each file with its slot range"
-        )
-
-    def array(self, name: str) -> Any:
-        raise TypeError(
-            f"field {name!r} of this merged store is split over {len(self.parts)} segment files, so there is "
-            "no single array over it; read with store.read_batch / store.column, or map each of "
-            "field_segments(name)"
-        )
 
     def close(self) -> None:
         self._bases.clear()

@@ -4,6 +4,11 @@ Each subcommand lives in its own module of this package, which defines
 ``register(subparsers)``; the handler parses, calls the library, renders the
 report and returns an exit code: 0 ok, 1 the check found a problem, 2 a usage
 error or not a store.
+
+NOTE [lazy commands]: building the parser imports every command module, so a
+command module imports only light modules at its top; the machinery it runs
+(``mmstore.ingest``, ``mmstore.tools.<tool>``, torch, cv2) is imported inside
+its handler, so ``mmstore verify`` never loads the ingest, nor ``--help`` any of it.
 """
 
 from __future__ import annotations
@@ -17,7 +22,8 @@ import sys
 import traceback
 from collections.abc import Iterator, Sequence
 
-from .. import __version__
+from .._names import printable
+from .._version import __version__
 from ..errors import IncompleteStoreError, MmstoreError
 
 __all__ = ["COMMANDS", "EXIT_OK", "EXIT_PROBLEM", "EXIT_USAGE", "main"]
@@ -73,8 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             if os.environ.get("MMSTORE_DEBUG"):
                 traceback.print_exc()
-            from .._names import printable  # a message may quote names found in a store
-
+            # a message may quote names found in a store
             print(f"mmstore {args.command}: {printable(message)}", file=sys.stderr)
             return code
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..tools._cli import add_common, emit_json, subparser, usage_error
+from ..errors import IncompleteStoreError
+from ..tools._common import fmt_bytes, table
+from ._common import add_common, emit_json, subparser, usage_error
 
 EXAMPLE = """examples:
   mmstore bench /data/landmarks.store
@@ -63,8 +65,6 @@ def run(args: argparse.Namespace) -> int:
                           caches=caches, paths=paths, workers=args.workers, max_seconds=args.max_seconds,
                           source=args.source, seed=args.seed)
     except FileNotFoundError as exc:
-        from ..errors import IncompleteStoreError
-
         if isinstance(exc, IncompleteStoreError):
             raise
         return usage_error("bench", str(exc))
@@ -78,8 +78,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render(rep) -> str:  # noqa: ANN001
-    from ..tools._common import fmt_bytes, table
-
     out = [f"store      {rep.path} ({rep.backend}, {rep.records:,} records of {fmt_bytes(rep.record_bytes)}); "
            f"{rep.samples:,} samples per case, batches of {rep.batch_size}"]
     if rep.torch:

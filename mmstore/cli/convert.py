@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import os
 
-from ..tools._cli import emit_json, progress_bar, subparser
+from .._names import printable
+from ..tools._common import fmt_bytes
+from ._common import emit_json, progress_bar, subparser, usage_error
 
 EXAMPLE = """examples:
   mmstore convert /data/lm.store /data/lm-lmdb.store --backend lmdb
@@ -34,11 +37,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    import os
-
-    from .._names import printable
-    from ..tools._cli import usage_error
-    from ..tools._common import fmt_bytes
     from ..tools.convert import convert_store
 
     if os.path.realpath(args.src) == os.path.realpath(args.dest):

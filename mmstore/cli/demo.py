@@ -20,6 +20,8 @@ from typing import Any
 
 import numpy as np
 
+from ..reader import open_store
+
 EXAMPLE = """example:
   mmstore demo                        # about two minutes on 2 cores
   mmstore demo --images 400 --quick   # a fast smoke run
@@ -153,7 +155,7 @@ class _JpegFolder:
 
 
 def _evict(paths: list[str]) -> None:
-    from .. import _sys
+    from .. import _sys  # lazy: NOTE [lazy commands]
 
     for p in paths:
         try:
@@ -179,11 +181,10 @@ def _experiment(folder: str, store_path: str, side: int, workers: int, quick: bo
     import torch
     from torch.utils.data import DataLoader
 
-    from ..reader import open_store
     from ..torch import Loader, StoreDataset
 
     # one OpenCV thread per DataLoader worker, and no thread pool alive in this
-    # process when the workers fork (NOTE [OpenCV and fork] in ingest/pipeline.py)
+    # process when the workers fork (NOTE [OpenCV and fork] in ingest/workers.py)
     cv2.setNumThreads(1)
 
     files, labels = [], []
@@ -284,7 +285,7 @@ DEMO_MARKER = ".mmstore-demo"  # in a --workdir: the demo's files there are its 
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import ingest as ingest_mod
+    from .. import ingest as ingest_mod  # lazy: NOTE [lazy commands]
     from ..tools import show_store, verify_store
 
     n, side = int(args.images), int(args.size)

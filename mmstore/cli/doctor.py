@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from ..tools._cli import add_common, emit_json, subparser, usage_error
+from ..tools._common import fmt_bytes, fmt_seconds, table
+from ._common import add_common, emit_json, subparser, usage_error
 
 EXAMPLE = """examples:
   mmstore doctor /data/landmarks.store
@@ -50,8 +51,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render(rep) -> str:  # noqa: ANN001
-    from ..tools._common import fmt_bytes, fmt_seconds, table
-
     def num(x, unit=""):  # noqa: ANN001, ANN202
         return "not measured" if x is None else f"{x:,.0f}{unit}"
 

@@ -7,6 +7,10 @@ import os
 import shlex
 import signal
 import sys
+from typing import Any
+
+from .._names import printable
+from ..errors import IngestError
 
 EXAMPLE = """examples:
   mmstore ingest photos/ photos.store --size 224x224            # ImageFolder or flat folder
@@ -89,19 +93,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-# options that must be repeated for a resume (they enter the fingerprint)
-_REPEAT = (
-    "size", "resize", "channels", "layout", "bgr", "interp_up", "pad_value", "fast_decode", "max_pixels",
-    "no_strict_jpeg", "labels", "root", "path_column", "label_column", "path_template", "delimiter", "header",
-    "label_type", "missing_label", "image_key", "label_key", "shard", "backend", "workers", "on_error", "max_errors", "quiet",
-)
 _DEFAULTS = {"resize": "center-crop", "channels": 3, "layout": "hwc", "interp_up": "linear", "pad_value": 0,
              "backend": "memmap", "on_error": "skip"}
 
 
 def resume_command(args: argparse.Namespace) -> str:
+    from ..ingest.options import SOURCE_OPTIONS, SPEC_OPTIONS  # lazy: NOTE [lazy commands]
+
+    # the options that must be repeated for a resume (they enter the fingerprint)
+    repeat = ("size", *("no_strict_jpeg" if k == "strict_jpeg" else k for k in SPEC_OPTIONS), *SOURCE_OPTIONS,
+              "shard", "backend", "workers", "on_error", "max_errors", "quiet")
     argv = ["mmstore", "ingest", args.source, args.dest]
-    for k in _REPEAT:
+    for k in repeat:
         v = getattr(args, k, None)
         if k == "header":
             argv += ["--no-header"] if v is False else []
@@ -111,10 +114,10 @@ def resume_command(args: argparse.Namespace) -> str:
         flag = "--" + k.replace("_", "-")
         argv += [flag] if v is True else [flag, str(v)]
     argv.append("--resume")
-    return " ".join(_shell_quote(a) for a in argv)
+    return " ".join(shell_quote(a) for a in argv)
 
 
-def _shell_quote(arg: str) -> str:
+def shell_quote(arg: str) -> str:
     """``shlex.quote``, except that an argument holding bytes that are not UTF-8
     (or control characters) is written as bash ``$'...'`` with ``\\xNN``
     escapes, so the printed resume command can be pasted as it is."""
@@ -127,9 +130,18 @@ def _shell_quote(arg: str) -> str:
     return "$'" + "".join(out) + "'"
 
 
+def _options(args: argparse.Namespace) -> dict[str, Any]:
+    """The decode and source options of ``ingest()`` from the parsed flags."""
+    from ..ingest.options import SOURCE_OPTIONS, SPEC_OPTIONS  # lazy: NOTE [lazy commands]
+
+    opts = {k: getattr(args, k) for k in SPEC_OPTIONS if k != "strict_jpeg"}
+    opts["strict_jpeg"] = not args.no_strict_jpeg
+    opts.update({k: getattr(args, k) for k in SOURCE_OPTIONS if getattr(args, k) is not None})
+    return opts
+
+
 def run(args: argparse.Namespace) -> int:
-    from ..errors import IngestError
-    from ..ingest import ingest
+    from ..ingest import ingest  # lazy: NOTE [lazy commands]
 
     hint = f"resume with: {resume_command(args)}"
     old_term = None
@@ -153,19 +165,7 @@ def run(args: argparse.Namespace) -> int:
             chunk=args.chunk,
             progress_interval=args.log_interval,
             resume_hint=hint,
-            resize=args.resize,
-            channels=args.channels,
-            layout=args.layout,
-            bgr=args.bgr,
-            interp_up=args.interp_up,
-            pad_value=args.pad_value,
-            fast_decode=args.fast_decode,
-            max_pixels=args.max_pixels,
-            strict_jpeg=not args.no_strict_jpeg,
-            **{k: getattr(args, k) for k in ("labels", "root", "path_column", "label_column", "path_template",
-                                             "delimiter", "header", "label_type", "missing_label", "image_key",
-                                             "label_key")
-               if getattr(args, k) is not None},
+            **_options(args),
         )
     except KeyboardInterrupt:
         print(f"mmstore ingest: interrupted; the committed work is kept in {args.dest}.partial\n{hint}",
@@ -174,8 +174,6 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as exc:
         if isinstance(exc, IngestError) or type(exc).__module__.startswith("mmstore"):
             raise
-        from .._names import printable
-
         print(f"mmstore ingest: {printable(exc)}", file=sys.stderr)
         return 2
     finally:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import re
 
-from ..tools._cli import add_common, emit_json, subparser, usage_error
+from .._names import json_text, printable
+from ..tools._common import fmt_bytes, table
+from ._common import add_common, emit_json, subparser, usage_error
 
 EXAMPLE = """examples:
   mmstore inspect /data/landmarks.store
@@ -33,8 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._names import printable
-    from ..tools.inspect import inspect_store
+    from ..tools.inspect import inspect_store  # lazy: NOTE [lazy commands]
 
     if args.sample < 0:
         return usage_error("inspect", "--sample must be >= 0")
@@ -48,9 +50,6 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render(rep) -> str:  # noqa: ANN001
-    from .._names import printable
-    from ..tools._common import fmt_bytes, table
-
     out = [f"store        {printable(rep.path)}",
            f"id           {rep.store_id}   format {'.'.join(map(str, rep.format_version))}   backend {rep.backend}",
            f"records      {rep.records:,} in {rep.slots:,} slots ({rep.skipped:,} skipped), "
@@ -109,8 +108,6 @@ def render(rep) -> str:  # noqa: ANN001
 
 def _file_rows(rep) -> list[tuple[str, int]]:  # noqa: ANN001
     """File sizes; a segmented store's data files one row per field (``image.*.npy``)."""
-    import re
-
     if rep.segments is None or len(rep.segments) <= 3:
         return sorted(rep.files.items())
     rows: dict[str, int] = {}
@@ -124,7 +121,5 @@ def _file_rows(rep) -> list[tuple[str, int]]:  # noqa: ANN001
 
 
 def _short(v, n: int = 90) -> str:  # noqa: ANN001
-    from .._names import json_text, printable
-
     s = printable(v) if isinstance(v, str) else json_text(v)
     return s if len(s) <= n else s[: n - 3] + "..."

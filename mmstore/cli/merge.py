@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..reader import open_store
+
 EXAMPLE = """example:
   for k in 0 1 2 3; do mmstore ingest photos/ part$k.store --size 224x224 --shard $k/4; done
   mmstore merge part0.store part1.store part2.store part3.store photos.store
@@ -38,8 +40,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..ingest import merge
-    from ..reader import open_store
+    from ..ingest import merge  # lazy: NOTE [lazy commands]
 
     # DestinationError, StoreExistsError: exit 2; an OSError: 1 (cli.main)
     path = merge(args.parts, args.dest, overwrite=args.overwrite, copy=args.copy)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from ..tools._cli import add_common, emit_json, subparser, usage_error
+from .._names import printable
+from ..tools._common import UsageError
+from ._common import add_common, emit_json, subparser, usage_error
 
 EXAMPLE = """examples:
   mmstore show /data/landmarks.store -o grid.png                 # 16 random records
@@ -36,8 +38,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .._names import printable
-    from ..tools._common import UsageError
     from ..tools.show import show_store
 
     indices = None

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..tools._cli import add_common, emit_json, progress_bar, subparser
+from .._names import printable
+from ..tools._common import fmt_bytes
+from ._common import add_common, emit_json, progress_bar, subparser, usage_error
 
 EXAMPLE = """examples:
   mmstore verify /data/landmarks.store            # structure + every record (parallel)
@@ -38,7 +40,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..tools._cli import usage_error
     from ..tools.verify import verify_store
 
     if args.quick and args.repair:
@@ -86,9 +87,6 @@ def _verify(args: argparse.Namespace, verify_store):  # noqa: ANN001, ANN202
 
 
 def render(rep, max_listed: int = 20) -> str:  # noqa: ANN001
-    from .._names import printable
-    from ..tools._common import fmt_bytes
-
     out = [f"store      {rep.path}"]
     if rep.store_id:
         out.append(f"id         {rep.store_id}   backend {rep.backend}   {rep.records:,} records in {rep.slots:,} slots")
@@ -118,8 +116,6 @@ def render(rep, max_listed: int = 20) -> str:  # noqa: ANN001
 
 
 def render_repair(rr) -> str:  # noqa: ANN001
-    from .._names import printable
-
     lines = [f"repair     {printable(rr.message)}"]
     for s in rr.failed[:20]:
         lines.append(f"  not repaired: slot {s['slot']} key {s['key']!r}: {printable(s['reason'])}")

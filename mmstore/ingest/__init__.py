@@ -20,7 +20,8 @@ region ``(x0, y0, x1, y1)``, end exclusive, that was resampled; see
 dtype and shape and have only ``image`` (and ``label``).
 
 Crash safety and resume: see ``resume.py`` (commit log) and ``pipeline.py``
-(workers). Resume rule: pass ``resume=True`` (CLI ``--resume``); it
+(the run and how its pieces fit: ``options``, ``plan``, ``records``,
+``workers``, ``schedule``, ``committer``, ``progress``). Resume rule: pass ``resume=True`` (CLI ``--resume``); it
 continues ``DEST.partial`` when there is one and starts a fresh run when there
 is none, so an always-``--resume`` command line is safe to requeue. Without
 it, an existing ``DEST.partial`` is an error that says to add ``--resume``.
@@ -31,8 +32,10 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from ..errors import IngestError
 from .merge import merge
-from .pipeline import IngestResult, parse_shard, parse_size, run_ingest
+from .options import make_spec, parse_shard, split_options
+from .pipeline import IngestResult, run_ingest
 from .sources import (
     IMAGE_EXTENSIONS,
     ArraySource,
@@ -59,49 +62,6 @@ __all__ = [
     "make_spec",
     "merge",
 ]
-
-
-def make_spec(
-    size: Any = None,
-    *,
-    resize: str = "center-crop",
-    channels: int = 3,
-    layout: str = "hwc",
-    bgr: bool = False,
-    interp_up: str = "linear",
-    pad_value: int = 0,
-    fast_decode: bool = False,
-    max_pixels: int | None = None,
-    strict_jpeg: bool = True,
-) -> Any:
-    """A :class:`mmstore.decode.DecodeSpec` from ingest options (None without a size)."""
-    hw = parse_size(size)
-    if hw is None:
-        return None
-    from ..decode import DecodeSpec
-
-    kw: dict[str, Any] = {}
-    if max_pixels is not None:
-        kw["max_pixels"] = int(max_pixels)
-    return DecodeSpec(
-        size=hw,
-        resize=resize,
-        channels=int(channels),
-        layout=layout,
-        bgr=bool(bgr),
-        interp_up=interp_up,
-        pad_value=int(pad_value),
-        fast_decode=bool(fast_decode),
-        strict_jpeg=bool(strict_jpeg),
-        **kw,
-    )
-
-
-_SPEC_KEYS = ("resize", "channels", "layout", "bgr", "interp_up", "pad_value", "fast_decode", "max_pixels", "strict_jpeg")
-_SOURCE_KEYS = (
-    "labels", "root", "path_column", "label_column", "path_template", "delimiter", "header", "image_key", "label_key",
-    "label_type", "missing_label",
-)
 
 
 def ingest(
@@ -157,11 +117,7 @@ def ingest(
     IngestResult
         Counts, reasons of the skipped inputs, timing; ``summary()`` renders it.
     """
-    unknown = set(options) - set(_SPEC_KEYS) - set(_SOURCE_KEYS)
-    if unknown:
-        raise TypeError(f"unknown ingest option(s): {sorted(unknown)}")
-    spec_kw = {k: options[k] for k in _SPEC_KEYS if k in options}
-    src_kw = {k: options[k] for k in _SOURCE_KEYS if k in options}
+    spec_kw, src_kw = split_options(options)
     if isinstance(source, Source):
         if src_kw:
             raise TypeError(f"source options {sorted(src_kw)} need a source path, not a Source object")
@@ -170,8 +126,6 @@ def ingest(
         src = detect_source(os.fspath(source), **src_kw)
     spec = make_spec(size, **spec_kw)
     if spec is None and not src.decoded:
-        from ..errors import IngestError
-
         raise IngestError(f"{src.path}: encoded images need a target size: pass size=(H, W) (CLI: --size HxW)")
     return run_ingest(
         src,

@@ -50,9 +50,10 @@ from typing import Any
 
 import numpy as np
 
-from .._io import check_space, crash_point, fsync_dir, fsync_file, pwrite_all
-from ..backends import backend_class, data_file_names
+from .._crash import crash_point
 from .._dest import check_dest, is_own_partial
+from .._io import check_space, describe_write_error, fsync_dir, fsync_file, pwrite_all
+from ..backends import backend_class, data_file_names
 from ..errors import DestinationError, IngestError, StoreExistsError
 from ..format import (
     CHECKSUMS_FILE,
@@ -69,7 +70,8 @@ from ..format import (
 )
 from ..reader import Store, open_store
 from ..tools._common import fmt_bytes
-from ..writer import _release_lock, acquire_lock, errors_jsonl, publish, write_durable, write_manifest
+from ..writer import acquire_lock, errors_jsonl, publish, release_lock, write_durable, write_manifest
+from .plan import fingerprint
 
 __all__ = ["merge"]
 
@@ -161,11 +163,9 @@ def _provenance(stores: list[Store], paths: list[str], total: int) -> dict[str, 
             "merged_from": [os.path.abspath(p) for p in paths],
             "merged_store_ids": [s.store_id for s in stores],
         }
-    from .pipeline import _fingerprint
-
     prov = dict(first.provenance)
     # the fingerprint a single run over all inputs records
-    ing["fingerprint"] = _fingerprint(
+    ing["fingerprint"] = fingerprint(
         str(ing.get("inputs_fingerprint")), {"shard": None, "range": [0, ing.get("inputs", total)]}
     )
     ing["shard"] = None
@@ -246,7 +246,7 @@ def merge(
             _check_dest(dest, paths, overwrite)  # again under the lock: what DEST is now is what gets replaced
             _build(stores, paths, dest, overwrite=overwrite, copy=copy)
         finally:
-            _release_lock(dest, lock)
+            release_lock(dest, lock)
     finally:
         for s in stores:
             s.close()
@@ -314,9 +314,7 @@ def _build(stores: list[Store], paths: list[str], dest: str, *, overwrite: bool,
         # a merge's .partial holds nothing worth keeping (a rerun starts over)
         shutil.rmtree(partial, ignore_errors=True)
         if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, getattr(errno, "EDQUOT", -1), errno.EFBIG):
-            from .pipeline import _describe_oserror
-
-            raise OSError(exc.errno, f"{dest}: {_describe_oserror(exc)}; nothing was created (the parts are "
+            raise OSError(exc.errno, f"{dest}: {describe_write_error(exc)}; nothing was created (the parts are "
                           "untouched): free some space and run the merge again") from None
         raise
 
@@ -324,93 +322,134 @@ def _build(stores: list[Store], paths: list[str], dest: str, *, overwrite: bool,
 def _fill(stores: list[Store], paths: list[str], dest: str, partial: str,
           ids: list[dict[str, tuple[int, int, int, int]]], copy: bool) -> None:
     first = stores[0]
-    backend = first.backend_name
-    schema = first.schema
+    backend, schema = first.backend_name, first.schema
     total = sum(s.slots for s in stores)
     records = sum(s.records for s in stores)
-    # 1. record data: each part's segments, linked (or copied) in order
+    counts, linked = _link_data(stores, dest, partial, copy)
+    names = data_file_names(backend, schema, counts) + [CHECKSUMS_FILE, KEYS_OFFSETS_FILE, KEYS_BLOB_FILE]
+    if records < total:
+        names += [INDEX_FILE, ERRORS_FILE]
+    _write_bookkeeping(stores, partial, names[len(names) - (5 if records < total else 3):], total, records)
+    fsync_dir(partial)
+    crash_point("merge")
+    _check_unchanged(stores, ids, linked, partial)
+    write_manifest(partial, names, backend=backend, records=records, slots=total, schema=schema,
+                   label_names=first.label_names, provenance=_provenance(stores, paths, total), segments=counts)
+    publish(dest)  # removes the _merging mark (not in the manifest), then renames
+
+
+def _link_data(stores: list[Store], dest: str, partial: str, copy: bool) -> tuple[list[int], list[tuple[str, str]]]:
+    """Record data: each part's segments, hard-linked (or copied) in order;
+    returns the segments' slot counts and the (source, link) pairs."""
+    backend, schema = stores[0].backend_name, stores[0].schema
     counts: list[int] = []
     linked: list[tuple[str, str]] = []
     for s in stores:
         for count, srcs in _segments_of(s):
-            k = len(counts)
-            for src, name in zip(srcs, backend_class(backend).data_file_names(schema, k)):
+            for src, name in zip(srcs, backend_class(backend).data_file_names(schema, len(counts))):
                 dst = os.path.join(partial, name)
                 if copy:
                     _copy_file(src, dst)
-                    continue
-                try:
-                    os.link(src, dst)
-                except OSError as exc:
-                    if exc.errno in _NO_LINK:
-                        shutil.rmtree(partial, ignore_errors=True)
-                        raise IngestError(
-                            f"cannot hard-link {src} into {dest} ({os.strerror(exc.errno)}): merge links the "
-                            "parts' data files, which needs DEST on the same file system as the parts (and "
-                            "one that allows hard links); choose such a DEST, or pass --copy (copy=True) to "
-                            f"copy the {fmt_bytes(_data_bytes(stores))} of record data instead"
-                        ) from None
-                    raise
-                linked.append((src, dst))
+                else:
+                    _link(src, dst, dest, partial, stores)
+                    linked.append((src, dst))
             counts.append(count)
             crash_point("merge")
-    # 2. bookkeeping: the parts' files laid end to end, slots and key offsets
-    # renumbered, streamed in chunks (memory does not grow with the store)
-    j = lambda n: os.path.join(partial, n)  # noqa: E731
-    names = data_file_names(backend, schema, counts) + [CHECKSUMS_FILE, KEYS_OFFSETS_FILE, KEYS_BLOB_FILE]
-    holes = records < total
-    if holes:
-        names += [INDEX_FILE, ERRORS_FILE]
-    outs = {n: os.open(j(n), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644) for n in names[-(5 if holes else 3):]}
+    return counts, linked
+
+
+def _link(src: str, dst: str, dest: str, partial: str, stores: list[Store]) -> None:
     try:
-        pos = {n: 0 for n in outs}
+        os.link(src, dst)
+    except OSError as exc:
+        if exc.errno not in _NO_LINK:
+            raise
+        shutil.rmtree(partial, ignore_errors=True)
+        raise IngestError(
+            f"cannot hard-link {src} into {dest} ({os.strerror(exc.errno)}): merge links the "
+            "parts' data files, which needs DEST on the same file system as the parts (and "
+            "one that allows hard links); choose such a DEST, or pass --copy (copy=True) to "
+            f"copy the {fmt_bytes(_data_bytes(stores))} of record data instead"
+        ) from None
 
-        def put(name: str, data: Any) -> None:
-            pwrite_all(outs[name], data, pos[name])
-            pos[name] += len(memoryview(data).cast("B"))
 
-        put(CHECKSUMS_FILE, npy_header(KEY_DTYPE, (total,)))
-        put(KEYS_OFFSETS_FILE, npy_header(KEY_DTYPE, (total + 1,)))
-        put(KEYS_OFFSETS_FILE, np.zeros(1, KEY_DTYPE).tobytes())
-        if holes:
-            put(INDEX_FILE, npy_header(KEY_DTYPE, (records,)))
+class _Appender:
+    """The bookkeeping files being written, each appended at its own position."""
+
+    def __init__(self, partial: str, names: list[str]) -> None:
+        self.fds: dict[str, int] = {}
+        for n in names:
+            self.fds[n] = os.open(os.path.join(partial, n), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        self.pos = {n: 0 for n in names}
+
+    def put(self, name: str, data: Any) -> None:
+        pwrite_all(self.fds[name], data, self.pos[name])
+        self.pos[name] += len(memoryview(data).cast("B"))
+
+    def copy(self, name: str, src: str, offset: int, n: int) -> None:
+        _copy_range(src, offset, n, self.fds[name], self.pos[name])
+        self.pos[name] += n
+
+    def close(self, sync: bool) -> None:
+        try:
+            for fd in self.fds.values():
+                if sync:
+                    fsync_file(fd)
+        finally:
+            for fd in self.fds.values():
+                os.close(fd)
+
+
+def _write_bookkeeping(stores: list[Store], partial: str, names: list[str], total: int, records: int) -> None:
+    """The parts' checksums, keys, index and errors laid end to end, slots and
+    key offsets renumbered, streamed in chunks (memory does not grow with the store)."""
+    out = _Appender(partial, names)
+    ok = False
+    try:
+        out.put(CHECKSUMS_FILE, npy_header(KEY_DTYPE, (total,)))
+        out.put(KEYS_OFFSETS_FILE, npy_header(KEY_DTYPE, (total + 1,)))
+        out.put(KEYS_OFFSETS_FILE, np.zeros(1, KEY_DTYPE).tobytes())
+        if records < total:
+            out.put(INDEX_FILE, npy_header(KEY_DTYPE, (records,)))
         base = blob_len = 0
         for s in stores:
-            n = s.slots
-            _copy_range(os.path.join(s.path, CHECKSUMS_FILE), s._ck_offset, 8 * n, outs[CHECKSUMS_FILE],
-                        pos[CHECKSUMS_FILE])
-            pos[CHECKSUMS_FILE] += 8 * n
-            ko = os.path.join(s.path, KEYS_OFFSETS_FILE)
-            for a in range(0, n, _CHUNK):
-                b = min(n, a + _CHUNK)
-                put(KEYS_OFFSETS_FILE, (_read_u8(ko, s._ko_offset + 8 * (a + 1), b - a) + np.uint64(blob_len)).tobytes())
-            part_blob = int(s.manifest["files"][KEYS_BLOB_FILE])
-            _copy_range(os.path.join(s.path, KEYS_BLOB_FILE), 0, part_blob, outs[KEYS_BLOB_FILE], pos[KEYS_BLOB_FILE])
-            pos[KEYS_BLOB_FILE] += part_blob
-            blob_len += part_blob
-            if holes:
-                for a in range(0, s.records, _CHUNK):
-                    b = min(s.records, a + _CHUNK)
-                    if s.records == n:
-                        local = np.arange(a, b, dtype=KEY_DTYPE)
-                    else:
-                        local = _read_u8(os.path.join(s.path, INDEX_FILE), s._ix_offset + 8 * a, b - a)
-                    put(INDEX_FILE, (local + np.uint64(base)).tobytes())
-                skipped = s.skipped()
-                if skipped:
-                    put(ERRORS_FILE, errors_jsonl(
-                        (base + int(e["slot"]), encode_key(e["key"]), str(e["reason"])) for e in skipped))
-            base += n
+            blob_len += _append_part(out, s, base, blob_len, records < total)
+            base += s.slots
             s.close()
-        for fd in outs.values():
-            fsync_file(fd)
+        ok = True
     finally:
-        for fd in outs.values():
-            os.close(fd)
-    fsync_dir(partial)
-    crash_point("merge")
-    # 3. nothing may have changed under us: a part re-created or rewritten
-    # since it was opened would leave its new data under its old checksums
+        out.close(sync=ok)
+
+
+def _append_part(out: _Appender, s: Store, base: int, blob_len: int, holes: bool) -> int:
+    """Append part ``s`` (its slots start at ``base``); return its key blob's length."""
+    n = s.slots
+    out.copy(CHECKSUMS_FILE, os.path.join(s.path, CHECKSUMS_FILE), s._ck_offset, 8 * n)
+    ko = os.path.join(s.path, KEYS_OFFSETS_FILE)
+    for a in range(0, n, _CHUNK):
+        b = min(n, a + _CHUNK)
+        out.put(KEYS_OFFSETS_FILE, (_read_u8(ko, s._ko_offset + 8 * (a + 1), b - a) + np.uint64(blob_len)).tobytes())
+    part_blob = int(s.manifest["files"][KEYS_BLOB_FILE])
+    out.copy(KEYS_BLOB_FILE, os.path.join(s.path, KEYS_BLOB_FILE), 0, part_blob)
+    if holes:
+        for a in range(0, s.records, _CHUNK):
+            b = min(s.records, a + _CHUNK)
+            if s.records == n:
+                local = np.arange(a, b, dtype=KEY_DTYPE)
+            else:
+                local = _read_u8(os.path.join(s.path, INDEX_FILE), s._ix_offset + 8 * a, b - a)
+            out.put(INDEX_FILE, (local + np.uint64(base)).tobytes())
+        skipped = s.skipped()
+        if skipped:
+            out.put(ERRORS_FILE, errors_jsonl(
+                (base + int(e["slot"]), encode_key(e["key"]), str(e["reason"])) for e in skipped))
+    return part_blob
+
+
+def _check_unchanged(stores: list[Store], ids: list[dict[str, tuple[int, int, int, int]]],
+                     linked: list[tuple[str, str]], partial: str) -> None:
+    """Nothing may have changed under us: a part re-created or rewritten since
+    it was opened would leave its new data under its old checksums."""
     for s, before in zip(stores, ids):
         if _file_ids(s) != before:
             shutil.rmtree(partial, ignore_errors=True)
@@ -421,9 +460,6 @@ def _fill(stores: list[Store], paths: list[str], dest: str, partial: str,
         if (a.st_dev, a.st_ino) != (b.st_dev, b.st_ino):
             shutil.rmtree(partial, ignore_errors=True)
             raise IngestError(f"{src}: replaced while it was being merged; run the merge again")
-    write_manifest(partial, names, backend=backend, records=records, slots=total, schema=schema,
-                   label_names=first.label_names, provenance=_provenance(stores, paths, total), segments=counts)
-    publish(dest)  # removes the _merging mark (not in the manifest), then renames
 
 
 def _left_by_merge(partial: str) -> bool:

@@ -29,8 +29,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import xxhash
 
-from .._io import atomic_write, crash_point, fsync_file, pwrite_all
+from .._crash import crash_point
+from .._io import atomic_write, fsync_file, pwrite_all
 
 __all__ = ["COMMIT_LOG", "STATE_FILE", "CommitLog", "read_state", "write_state"]
 
@@ -39,8 +41,6 @@ COMMIT_LOG = "_ingest_commits.log"
 
 
 def _digest(b: bytes) -> str:
-    import xxhash
-
     return xxhash.xxh3_64(b).hexdigest()
 
 

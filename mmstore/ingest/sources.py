@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import csv
 import io
+import itertools
 import os
 import stat as _stat
 import struct
@@ -45,7 +46,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
+import xxhash
 
+from ..decode import read_bytes, sniff_image
 from ..errors import DecodeError as _CoreDecodeError
 from ..errors import IngestError
 from ..format import decode_key, encode_key
@@ -86,8 +89,6 @@ class _Hash:
     """Streaming fingerprint of a listing."""
 
     def __init__(self, kind: str) -> None:
-        import xxhash
-
         self.h = xxhash.xxh3_128()
         self.h.update(kind.encode() + b"\0")
 
@@ -166,8 +167,6 @@ def _stat_key(path: bytes) -> tuple[int, int]:
 
 def read_file(path: bytes | str) -> np.ndarray:
     """Read one input file, or raise a decode error with a reason."""
-    from ..decode import read_bytes
-
     try:
         st = os.stat(path)
     except FileNotFoundError:
@@ -220,8 +219,6 @@ def _ext(name: bytes) -> bytes:
 
 
 def _sniff_path(path: bytes) -> bool:
-    from ..decode import sniff_image
-
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError:
@@ -618,8 +615,6 @@ class ListSource(Source):
             self.path_column_name = header[pc]
             b = _Builder("list", lc is not None)
             ids: dict[str, int] = {}
-            import itertools
-
             for lineno, row in enumerate(itertools.chain(first_data, reader), 1 if first_data else 2):
                 if not row or (len(row) == 1 and not row[0].strip()):
                     continue
@@ -646,8 +641,7 @@ class ListSource(Source):
         if lc is not None:
             errs = np.flatnonzero(np.isin(cells, np.fromiter(bad, np.int64, len(bad)))) if bad else []
             self.listing.label_errors = {int(i): bad[int(cells[i])] for i in errs}
-            import xxhash  # the labels as stored (and which rows are holes) are part of the inputs
-
+            # the labels as stored (and which rows are holes) are part of the inputs
             self.listing.fingerprint = xxhash.xxh3_128(
                 self.listing.fingerprint.encode() + labels.tobytes() + repr(sorted(bad.items())).encode("utf-8", "surrogateescape")
             ).hexdigest()
@@ -664,7 +658,7 @@ class ListSource(Source):
 
 def _lmdb() -> Any:
     try:
-        import lmdb
+        import lmdb  # lazy: only LMDB sources need the package
     except ImportError:  # pragma: no cover
         raise IngestError("reading an LMDB source needs the lmdb package: pip install lmdb") from None
     return lmdb
@@ -776,8 +770,6 @@ class ArraySource(Source):
             b.add(str(i).encode())
         self.listing = b.finish(None, extra=f"{st.st_size}:{st.st_mtime_ns}:{arr.shape}:{arr.dtype.str}")
         if labels is not None:
-            import xxhash
-
             self.listing.labels = labels
             self.listing.fingerprint = xxhash.xxh3_128(self.listing.fingerprint.encode() + labels.tobytes()).hexdigest()
         return self.listing

@@ -6,7 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -207,8 +207,3 @@ def sample_indices(n: int, k: int, seed: int = 0) -> np.ndarray:
     if k >= n:
         return np.arange(n, dtype=np.int64)
     return np.sort(rng.choice(n, size=k, replace=False)).astype(np.int64)
-
-
-def iter_chunks(n: int, step: int) -> Iterable[tuple[int, int]]:
-    for a in range(0, n, step):
-        yield a, min(n, a + step)

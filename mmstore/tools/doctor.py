@@ -5,11 +5,12 @@ Measurements (all sampled, bounded by ``budget_s``):
 - sequential read speed of the largest data file (a range of it is evicted
   first, so this is the disk, not the cache);
 - cold random record reads per second: a sample of records is evicted from
-  the page cache (memmap: exactly their byte ranges, page-aligned), then read
-  one by one through ``Store.read_batch``, by one reader and by ``threads``
-  concurrent readers (what ``mmstore.torch.Loader`` does); for lmdb, whose
-  record positions are not known, random record-sized reads of
-  ``records.mdb`` stand in;
+  the page cache (a positional backend such as memmap: exactly their byte
+  ranges, page-aligned), then read one by one through ``Store.read_batch``,
+  by one reader and by ``threads`` concurrent readers (what
+  ``mmstore.torch.Loader`` does); for other backends (lmdb), whose record
+  positions are not known, random record-sized reads of the largest data
+  file stand in;
 - warm random record reads per second: the same records again, now cached,
   in batches;
 - memory available (MemAvailable and the cgroup limit) against the store size.
@@ -81,14 +82,14 @@ class DoctorReport:
 
 
 def _evict_records(store: Store, slots: np.ndarray) -> bool:
-    """Drop the pages of ``slots`` of every memmap field; True if mincore then
-    shows none of them resident."""
+    """Drop the pages of ``slots`` of every field (a positional backend's);
+    True if mincore then shows none of them resident."""
     page = _sys.PAGE_SIZE
     ok = True
     for f in store.schema:
         if not f.nbytes:
             continue
-        for seg in store.backend.field_segments(f.name):  # type: ignore[attr-defined]
+        for seg in store.backend.field_segments(f.name):
             mine = slots[(slots >= seg.first) & (slots < seg.first + seg.count)] - seg.first
             if not len(mine):
                 continue
@@ -181,32 +182,8 @@ def doctor_store(
         np.random.default_rng(seed).shuffle(idx)
         rep.cold_sample = len(idx)
         rep.cold_threads = threads
-        deadline = time.perf_counter() + 0.4 * budget_s
         if cold:
-            if store.backend_name == "memmap":
-                half = max(1, len(idx) // 2)
-                a, b = idx[:half], idx[half:]
-                rep.cold_evicted = _evict_records(store, store.slots_of(idx))
-                n1, t1 = _time_reads(store, a, 1, time.perf_counter() + 0.2 * budget_s)
-                rep.cold_reads_per_s_1 = n1 / t1 if t1 > 0 and n1 else None
-                if len(b):
-                    n2, t2 = _time_reads(store, b, threads, deadline)
-                    rep.cold_reads_per_s = n2 / t2 if t2 > 0 and n2 else None
-                else:
-                    rep.cold_reads_per_s = rep.cold_reads_per_s_1
-            else:
-                rb = store.schema.record_bytes
-                r1 = _sys.random_read_speed(big, rb, n=max(1, len(idx) // 2), cold=True, threads=1, seed=seed,
-                                            max_seconds=0.2 * budget_s)
-                r2 = _sys.random_read_speed(big, rb, n=max(1, len(idx) // 2), cold=True, threads=threads,
-                                            seed=seed + 1, max_seconds=0.2 * budget_s)
-                rep.cold_reads_per_s_1 = r1.ops_per_s or None
-                rep.cold_reads_per_s = r2.ops_per_s or None
-                rep.cold_evicted = r1.resident_before == 0 if r1.resident_before is not None else None
-                rep.notes.append("lmdb: cold figures are random record-sized reads of records.mdb")
-                store.read_batch(np.sort(idx))  # bring the sampled records in for the warm figure
-            if rep.cold_evicted is False:
-                rep.notes.append("eviction did not take (tmpfs, locked or dirty pages): cold figures are too high")
+            _measure_cold(store, rep, idx, big, threads, budget_s, seed)
         else:
             store.read_batch(np.sort(idx))
         if rep.cold_reads_per_s_1:
@@ -229,6 +206,39 @@ def doctor_store(
             rep.seconds = time.perf_counter() - t_start
         except NameError:
             pass
+
+
+def _measure_cold(store: Store, rep: DoctorReport, idx: np.ndarray, big: str, threads: int, budget_s: float,
+                  seed: int) -> None:
+    """The cold random-read figures of ``rep``: the sampled records evicted
+    and read (a positional backend), else random record-sized reads of the
+    largest data file ``big``; leaves the sample in the page cache."""
+    deadline = time.perf_counter() + 0.4 * budget_s
+    if store.backend.positional:  # exactly the sampled records' pages
+        half = max(1, len(idx) // 2)
+        a, b = idx[:half], idx[half:]
+        rep.cold_evicted = _evict_records(store, store.slots_of(idx))
+        n1, t1 = _time_reads(store, a, 1, time.perf_counter() + 0.2 * budget_s)
+        rep.cold_reads_per_s_1 = n1 / t1 if t1 > 0 and n1 else None
+        if len(b):
+            n2, t2 = _time_reads(store, b, threads, deadline)
+            rep.cold_reads_per_s = n2 / t2 if t2 > 0 and n2 else None
+        else:
+            rep.cold_reads_per_s = rep.cold_reads_per_s_1
+    else:
+        rb = store.schema.record_bytes
+        r1 = _sys.random_read_speed(big, rb, n=max(1, len(idx) // 2), cold=True, threads=1, seed=seed,
+                                    max_seconds=0.2 * budget_s)
+        r2 = _sys.random_read_speed(big, rb, n=max(1, len(idx) // 2), cold=True, threads=threads,
+                                    seed=seed + 1, max_seconds=0.2 * budget_s)
+        rep.cold_reads_per_s_1 = r1.ops_per_s or None
+        rep.cold_reads_per_s = r2.ops_per_s or None
+        rep.cold_evicted = r1.resident_before == 0 if r1.resident_before is not None else None
+        rep.notes.append(f"{store.backend_name}: cold figures are random record-sized reads of "
+                         f"{os.path.basename(big)}")
+        store.read_batch(np.sort(idx))  # bring the sampled records in for the warm figure
+    if rep.cold_evicted is False:
+        rep.notes.append("eviction did not take (tmpfs, locked or dirty pages): cold figures are too high")
 
 
 def _predict(rep: DoctorReport) -> None:

@@ -15,12 +15,13 @@ so the repaired store is byte-identical to a fresh ingest. A record whose
 source is gone, or decodes to other bytes (the file changed), is left as it
 is and reported.
 
-memmap: each field's entry is written in place (``pwrite``), then fsynced.
-lmdb: rewriting a value in place would change the page layout, so the
-environment is rebuilt from a staging file of every record exactly as an
-ingest builds it (same keys in the same order, same transactions), and
-replaces ``records.mdb`` atomically (the manifest's size entry is updated
-if it differs).
+A positional backend (memmap, see ``BackendReader.positional``): each
+field's entry is written in place (``pwrite``), then fsynced. Other backends
+(lmdb: rewriting a value in place would change the page layout): the data
+files of each segment concerned are rebuilt the way a writer builds them
+(the backend's slot files of every record, then its ``finalize``: for lmdb
+the same keys in the same order, same transactions), and replace the old
+ones atomically (the manifest's size entries are updated if they differ).
 
 A store may come from someone else, so its provenance is untrusted input:
 repair writes only to regular files directly inside the store (opened with
@@ -49,8 +50,9 @@ import numpy as np
 
 from .._io import atomic_write, fsync_dir, fsync_file, pwrite_all
 from .._names import json_bytes
+from ..backends import Backend, SlotFile
 from ..errors import FormatError
-from ..format import LMDB_FILE, MANIFEST_FILE, lmdb_file, npy_header
+from ..format import MANIFEST_FILE, npy_header
 from ..reader import Store, open_store
 from .verify import VerifyReport
 
@@ -350,16 +352,16 @@ def repair_store(path: str | os.PathLike[str], report: VerifyReport) -> RepairRe
                 rr.failed.append({"slot": b.slot, "key": b.key, "reason": str(exc)})
         if src is not None:
             src.close()
-        needs_lmdb_rebuild = store.backend_name == "lmdb" and (
-            fixes or any(b.what in ("hole-has-record", "extra-key") for b in bad))
-        rr.attempted = bool(fixes) or needs_lmdb_rebuild
-        if store.backend_name == "memmap":
-            _write_memmap(store, fixes)
-        elif needs_lmdb_rebuild:
-            _rebuild_lmdb(store, fixes, drop=any(b.what in ("hole-has-record", "extra-key") for b in bad))
-        rr.repaired = sorted(fixes)
         dropped = sum(b.what in ("hole-has-record", "extra-key") for b in bad)
-        fixed = len(fixes) + (dropped if needs_lmdb_rebuild else 0)
+        in_place = store.backend.positional
+        needs_rebuild = not in_place and bool(fixes or dropped)
+        rr.attempted = bool(fixes) or needs_rebuild
+        if in_place:
+            _write_in_place(store, fixes)
+        elif needs_rebuild:
+            _rebuild_segments(store, fixes, drop=bool(dropped))
+        rr.repaired = sorted(fixes)
+        fixed = len(fixes) + (dropped if needs_rebuild else 0)
         rr.message = (f"repaired {fixed} of {len(bad)} bad record(s)"
                       + (f" from {rr.source}" if rr.source and fixes else "")
                       + (f" (dropped {dropped} LMDB key(s) that are not records)" if dropped else "")
@@ -389,14 +391,15 @@ def open_for_repair(store_path: str, path: str, flags: int) -> int:
     return fd
 
 
-def _write_memmap(store: Store, fixes: dict[int, bytes]) -> None:
+def _write_in_place(store: Store, fixes: dict[int, bytes]) -> None:
+    """Write each fixed record's fields at their positions (a positional backend)."""
     if not fixes:
         return
     for f in store.schema:
         if not f.nbytes:
             continue
         pos = store.schema.offset(f.name)
-        for seg in store.backend.field_segments(f.name):  # type: ignore[attr-defined]
+        for seg in store.backend.field_segments(f.name):
             mine = sorted((s, v) for s, v in fixes.items() if seg.first <= s < seg.first + seg.count)
             if not mine:
                 continue
@@ -410,36 +413,35 @@ def _write_memmap(store: Store, fixes: dict[int, bytes]) -> None:
                 os.close(fd)
 
 
-def _rebuild_lmdb(store: Store, fixes: dict[int, bytes], drop: bool) -> None:
-    """Rebuild the LMDB file of every segment that holds a fix, or (``drop``)
-    a key that is not a record; the others stay as they are (in a merged
+def _rebuild_segments(store: Store, fixes: dict[int, bytes], drop: bool) -> None:
+    """Rebuild the data files of every segment that holds a fix, or (``drop``)
+    an entry that is not a record; the others stay as they are (in a merged
     store they stay shared with the part they came from). The new files are
     all built before the first replaces its old one, then the manifest's
     sizes are updated."""
-    counts = store.segments or [store.slots]
-    firsts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()
     holes = np.ones(store.slots, bool)
     holes[store.slots_of(np.arange(store.records))] = False
-    segmented = store.segments is not None
-    parts = store.backend.parts if segmented else [store.backend]  # type: ignore[attr-defined]
     todo = []
-    for k, count in enumerate(counts):
-        lo = firsts[k]
+    for part in store.backend.segment_backends():
+        lo, count = part.first or 0, part.slots
         need = any(lo <= s < lo + count for s in fixes)
-        if drop and not need:  # does this segment hold a key that is not a record?
-            need = _has_stray_key(parts[k].env(), holes[lo : lo + count])  # type: ignore[attr-defined]
+        if drop and not need:  # does this segment hold an entry that is not a record?
+            need = part.has_stray_entries(holes[lo : lo + count])
         if need:
-            todo.append((k, lo, count))
-    built = []
+            todo.append((part, lo, count))
+    built: list[tuple[str, str, str]] = []  # (work directory, new file, the store's file it replaces)
     try:
-        for k, lo, count in todo:
-            built.append((lmdb_file(k if segmented else None), _build_lmdb_file(store, fixes, holes, lo, count)))
+        for part, lo, count in todo:
+            work = _build_segment(store, type(part), fixes, holes, lo, count)
+            names = part.data_file_names(store.schema, part.segment)
+            built += [(work, os.path.join(work, new), name)
+                      for new, name in zip(part.data_file_names(store.schema), names)]
         store.close()
-        for name, (work, new) in built:
+        for _, new, name in built:
             # a new inode: a part store sharing the old file (merge) keeps it
             os.replace(new, os.path.join(store.path, name))
         fsync_dir(store.path)
-        sizes = {name: os.path.getsize(os.path.join(store.path, name)) for name, _ in built}
+        sizes = {name: os.path.getsize(os.path.join(store.path, name)) for _, _, name in built}
         if any(size != store.manifest["files"].get(name) for name, size in sizes.items()):
             mpath = os.path.join(store.path, MANIFEST_FILE)
             with open(mpath, "rb") as fh:
@@ -447,56 +449,65 @@ def _rebuild_lmdb(store: Store, fixes: dict[int, bytes], drop: bool) -> None:
             obj["files"].update(sizes)
             atomic_write(mpath, json_bytes(obj, indent=1) + b"\n")
     finally:
-        for _, (work, _) in built:
+        for work in {w for w, _, _ in built}:
             shutil.rmtree(work, ignore_errors=True)
 
 
-def _has_stray_key(env: Any, holes: np.ndarray) -> bool:
-    """True if the environment holds a key that is not one of its records
-    (malformed, past its slots, or a hole's): a scan of the keys only."""
-    with env.begin() as txn:
-        for k in txn.cursor().iternext(keys=True, values=False):
-            s = int.from_bytes(k, "big") if len(k) == 8 else -1
-            if not 0 <= s < len(holes) or holes[s]:
-                return True
-    return False
-
-
-def _build_lmdb_file(store: Store, fixes: dict[int, bytes], holes: np.ndarray, lo: int,
-                     count: int) -> tuple[str, str]:
-    """Build the LMDB file of global slots ``[lo, lo + count)`` in a work
-    directory next to the store; return (work directory, new file)."""
-    from ..backends.lmdb import STAGING_FILE, LmdbBackend
-
-    rb = store.schema.record_bytes
+def _build_segment(store: Store, cls: type[Backend], fixes: dict[int, bytes], holes: np.ndarray, lo: int,
+                   count: int) -> str:
+    """Build the data files of global slots ``[lo, lo + count)`` the way a
+    writer does (``cls``'s slot files, then its ``finalize``) in a work
+    directory inside the store; return the directory."""
     work = os.path.join(store.path, f".repair-{uuid.uuid4().hex[:8]}")  # inside the store, never next to it
     os.mkdir(work)
     try:
-        staging = os.path.join(work, STAGING_FILE)
-        header = npy_header(np.dtype("|u1"), (count, rb))
-        fd = os.open(staging, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        layout = cls.write_layout(store.schema)
+        fds = [os.open(os.path.join(work, sf.name), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644) for sf in layout]
         try:
-            pwrite_all(fd, header, 0)
-            os.ftruncate(fd, len(header) + count * rb)
+            heads = [npy_header(sf.dtype, (count, *sf.entry_shape)) for sf in layout]
+            for fd, sf, head in zip(fds, layout, heads):
+                pwrite_all(fd, head, 0)
+                os.ftruncate(fd, len(head) + count * sf.stride)
             step = 4096
             for a in range(lo, lo + count, step):
                 b = min(lo + count, a + step)
-                chunk = bytearray((b - a) * rb)
-                for s, v in store.backend.iter_packed(a, b):
-                    if holes[s]:
-                        continue
-                    val = fixes.get(s)
-                    if val is None and v is not None and len(v) == rb:
-                        val = bytes(v)
-                    if val is not None:
-                        chunk[(s - a) * rb : (s - a + 1) * rb] = val
-                pwrite_all(fd, chunk, len(header) + (a - lo) * rb)
-            fsync_file(fd)
+                packed = _packed_chunk(store, fixes, holes, a, b)
+                for fd, sf, head in zip(fds, layout, heads):
+                    pwrite_all(fd, _entries(store, sf, packed), len(head) + (a - lo) * sf.stride)
+            for fd in fds:
+                fsync_file(fd)
         finally:
-            os.close(fd)
-        LmdbBackend.finalize(work, store.schema, count, holes[lo : lo + count])
-        os.unlink(staging)
-        return work, os.path.join(work, LMDB_FILE)
+            for fd in fds:
+                os.close(fd)
+        cls.finalize(work, store.schema, count, holes[lo : lo + count])
+        return work
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
         raise
+
+
+def _packed_chunk(store: Store, fixes: dict[int, bytes], holes: np.ndarray, a: int, b: int) -> np.ndarray:
+    """The packed records of slots ``[a, b)`` (fixed where ``fixes`` says,
+    zeros for holes and unreadable records), shape ``(b - a, record_bytes)``."""
+    rb = store.schema.record_bytes
+    chunk = np.zeros((b - a, rb), np.uint8)
+    for s, v in store.backend.iter_packed(a, b):
+        if holes[s]:
+            continue
+        val = fixes.get(s)
+        if val is None and v is not None and len(v) == rb:
+            val = bytes(v)
+        if val is not None:
+            chunk[s - a] = np.frombuffer(val, np.uint8)
+    return chunk
+
+
+def _entries(store: Store, sf: SlotFile, packed: np.ndarray) -> np.ndarray:
+    """The entries of slot file ``sf`` for packed records ``packed``."""
+    if sf.stride == packed.shape[1] and all(store.schema.offset(n) == o for n, o in sf.fields.items()):
+        return packed  # a file of packed records (lmdb's staging file)
+    out = np.zeros((len(packed), sf.stride), np.uint8)
+    for name, inner in sf.fields.items():
+        off, nb = store.schema.offset(name), store.schema[name].nbytes
+        out[:, inner : inner + nb] = packed[:, off : off + nb]
+    return out

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import IncompleteStoreError, ResourceLimitError
-from ..format import field_file, lmdb_file, read_manifest
+from ..format import lmdb_file, read_manifest
 from .verify_report import MAX_LISTED, BadRecord, Problem, VerifyReport
 from .verify_lmdb import walk_range
 from .verify_structure import Ctx, check_structure
@@ -65,9 +65,9 @@ class _Collector:
                 )
 
 
-def _content_memmap(ctx: Ctx, col: _Collector, threads: int, progress: Callable[[int], Any] | None) -> int:
-    import xxhash
-
+def _content_positional(ctx: Ctx, col: _Collector, threads: int, progress: Callable[[int], Any] | None) -> int:
+    """Hash every record of a positional backend (memmap) from its fields'
+    files, read in large chunks by ``threads`` threads."""
     fields = [f for f in ctx.schema if f.nbytes]
     rb = ctx.schema.record_bytes
     fds: list[int] = []  # the current segment's, one per field: segments are checked one after another
@@ -77,7 +77,6 @@ def _content_memmap(ctx: Ctx, col: _Collector, threads: int, progress: Callable[
         stored = ctx.checksums
         if stored is None:
             raise ValueError("verify: the content pass needs the checksums")
-        one = len(fields) == 1
 
         def run(k: int, a: int, b: int) -> int:
             """Check global slots [a, b) of segment k."""
@@ -89,28 +88,9 @@ def _content_memmap(ctx: Ctx, col: _Collector, threads: int, progress: Callable[
             for fd, f, buf in zip(fds, fields, bufs):
                 mv = memoryview(buf)[: (b - a) * f.nbytes]
                 off = ctx.offsets[(f.name, seg)] + (a - first) * f.nbytes
-                got = 0
-                while got < len(mv):
-                    n = os.preadv(fd, [mv[got:]], off + got)
-                    if n <= 0:
-                        raise OSError(f"{field_file(f.name, seg)}: short read at offset {off + got}")
-                    got += n
+                _pread_exact(fd, mv, off, ctx.cls.field_file(f.name, seg))
                 views.append(mv)
-            calc = np.empty(b - a, np.uint64)
-            if one:
-                nb = fields[0].nbytes
-                v = views[0]
-                h3 = xxhash.xxh3_64_intdigest
-                for k in range(b - a):
-                    calc[k] = h3(v[k * nb : (k + 1) * nb])
-            else:
-                h = xxhash.xxh3_64()
-                sizes = [f.nbytes for f in fields]
-                for k in range(b - a):
-                    h.reset()
-                    for v, nb in zip(views, sizes):
-                        h.update(v[k * nb : (k + 1) * nb])
-                    calc[k] = h.intdigest()
+            calc = _hash_rows(views, [f.nbytes for f in fields], b - a)
             want = stored[a:b]
             holes = ctx.holes[a:b]
             for k in np.flatnonzero((calc != want) & ~holes).tolist():
@@ -130,7 +110,7 @@ def _content_memmap(ctx: Ctx, col: _Collector, threads: int, progress: Callable[
                 if not count or not fields:
                     continue
                 for f in fields:
-                    fd = os.open(os.path.join(ctx.path, field_file(f.name, seg)), os.O_RDONLY)
+                    fd = os.open(os.path.join(ctx.path, ctx.cls.field_file(f.name, seg)), os.O_RDONLY)
                     fds.append(fd)
                     if hasattr(os, "posix_fadvise"):
                         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
@@ -155,6 +135,37 @@ def _content_memmap(ctx: Ctx, col: _Collector, threads: int, progress: Callable[
     finally:
         for fd in fds:
             os.close(fd)
+
+
+def _pread_exact(fd: int, mv: memoryview, off: int, name: str) -> None:
+    """Fill ``mv`` from ``fd`` at ``off`` (``OSError`` naming ``name`` at its end)."""
+    got = 0
+    while got < len(mv):
+        n = os.preadv(fd, [mv[got:]], off + got)
+        if n <= 0:
+            raise OSError(f"{name}: short read at offset {off + got}")
+        got += n
+
+
+def _hash_rows(views: list[memoryview], sizes: list[int], n: int) -> np.ndarray:
+    """xxh3_64 of each of ``n`` records whose fields are rows of ``views``
+    (row ``k`` of field ``i``: ``sizes[i]`` bytes at ``k * sizes[i]``)."""
+    import xxhash
+
+    calc = np.empty(n, np.uint64)
+    if len(views) == 1:
+        nb, v = sizes[0], views[0]
+        h3 = xxhash.xxh3_64_intdigest
+        for k in range(n):
+            calc[k] = h3(v[k * nb : (k + 1) * nb])
+        return calc
+    h = xxhash.xxh3_64()
+    for k in range(n):
+        h.reset()
+        for v, nb in zip(views, sizes):
+            h.update(v[k * nb : (k + 1) * nb])
+        calc[k] = h.intdigest()
+    return calc
 
 
 def _content_lmdb(ctx: Ctx, col: _Collector, rep: VerifyReport, threads: int,
@@ -225,6 +236,47 @@ def _content_lmdb(ctx: Ctx, col: _Collector, rep: VerifyReport, threads: int,
     return int(totals["done"])
 
 
+def _content_packed(ctx: Ctx, col: _Collector, progress: Callable[[int], Any] | None) -> int:
+    """Hash every record as the backend itself reads it (``iter_packed``),
+    one segment after another: for a backend that is neither positional nor
+    walked in a child. Holes must be absent or zero bytes."""
+    import xxhash
+
+    stored = ctx.checksums
+    if stored is None:
+        raise ValueError("verify: the content pass needs the checksums")
+    rb = ctx.schema.record_bytes
+    total = pend = 0
+    for seg, first, count in ctx.segments:
+        part = ctx.cls(ctx.path, ctx.schema, count, ctx.m["files"], segment=seg)
+        try:
+            for s, v in part.iter_packed(0, count):
+                g = first + s
+                if v is None:
+                    if not ctx.holes[g]:
+                        col.bad(g, "missing", "a record", "no record")
+                    continue
+                if ctx.holes[g]:
+                    if any(bytes(v)):
+                        col.bad(g, "hole-not-zero", "zero bytes", "non-zero bytes")
+                elif len(v) != rb:
+                    col.bad(g, "size", f"{rb} bytes", f"{len(v)} bytes")
+                else:
+                    h = xxhash.xxh3_64_intdigest(v)
+                    if h != int(stored[g]):
+                        col.bad(g, "checksum", _hexs(stored[g]), _hexs(h))
+                total += len(v)
+                pend += len(v)
+                if progress is not None and pend >= _CHUNK_BYTES:
+                    progress(pend)
+                    pend = 0
+        finally:
+            part.close()
+    if progress is not None and pend:
+        progress(pend)
+    return total
+
+
 def verify_store(
     path: str | os.PathLike[str],
     *,
@@ -281,10 +333,12 @@ def verify_store(
     col = _Collector(ctx, rep)
     t1 = time.perf_counter()
     try:
-        if ctx.backend == "memmap":
-            nbytes = _content_memmap(ctx, col, threads, progress)
-        else:
+        if ctx.cls.positional:
+            nbytes = _content_positional(ctx, col, threads, progress)
+        elif ctx.cls.crashes_on_damage:  # LMDB: walked in child processes
             nbytes = _content_lmdb(ctx, col, rep, threads, progress)
+        else:
+            nbytes = _content_packed(ctx, col, progress)
     except Exception as exc:  # noqa: BLE001 - an unreadable file is a finding, not a crash
         if isinstance(exc, (KeyboardInterrupt, MemoryError)):
             raise

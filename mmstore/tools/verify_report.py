@@ -17,7 +17,7 @@ class Problem:
     number of LMDB keys differs from the records), lmdb-damaged (reading an
     LMDB file failed or killed the reader), symlink (a symbolic link in the
     store), not-regular (a store file that is a FIFO, directory, device ...),
-    read."""
+    backend (the backend cannot work here), read."""
 
     kind: str
     message: str

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backends import data_file_names
+from ..backends import backend_class, data_file_names
 from ..backends.base import check_npy
 from ..errors import FormatError, IncompleteStoreError
 from ..format import (
@@ -25,12 +25,12 @@ from ..format import (
     LMDB_FILE,
     MANIFEST_FILE,
     decode_key,
-    field_file,
     lmdb_file,
     read_manifest,
 )
 from ..schema import Schema
 from ..writer import file_digest
+from .verify_lmdb import lmdb_entries
 from .verify_report import Problem, VerifyReport
 
 __all__ = ["Ctx", "check_structure"]
@@ -45,6 +45,7 @@ class Ctx:
         self.slots: int = manifest["slots"]
         self.records: int = manifest["records"]
         self.backend: str = manifest["backend"]
+        self.cls = backend_class(self.backend)
         self.segmented = manifest.get("segments") is not None
         # (segment number or None, first slot, slot count) of each data segment
         counts = manifest.get("segments") or [self.slots]
@@ -82,6 +83,37 @@ def _load_u8(path: str, offset: int, count: int) -> np.ndarray:
 
 
 def check_structure(path: str, rep: VerifyReport) -> Ctx | None:
+    ctx = _read_manifest(path, rep)
+    if ctx is None:
+        return None
+    data_names, bad_files, on_disk = _check_listing(ctx, rep)
+    npy = _NpyCheck(ctx, rep, bad_files)
+    _check_data_files(ctx, rep, data_names, bad_files, npy)
+    _check_checksums(ctx, rep, npy)
+    _check_keys(ctx, rep, bad_files, npy)
+    for name, want in sorted((ctx.m.get("digests") or {}).items()):
+        if name in bad_files or name not in on_disk:
+            continue
+        got = file_digest(os.path.join(path, name), 0)
+        if got != want:
+            rep.problems.append(Problem("digest", f"{name}: content hashes to {got} but the manifest says {want}: "
+                                        "the file was changed or damaged since the store was written", name))
+            if name in (KEYS_OFFSETS_FILE, KEYS_BLOB_FILE):
+                ctx.key_offsets = ctx.key_blob = None
+    _check_index(ctx, rep, bad_files, npy)
+    if ctx.checksums is not None:
+        nz = np.flatnonzero(ctx.holes & (ctx.checksums != 0))
+        for s in nz[:100].tolist():
+            rep.problems.append(Problem("hole", f"slot {s} is a hole but its checksum is "
+                                        f"{int(ctx.checksums[s]):016x}, expected 0", CHECKSUMS_FILE))
+        if len(nz) > 100:
+            rep.problems.append(Problem("hole", f"... and {len(nz) - 100} more holes with a non-zero checksum",
+                                        CHECKSUMS_FILE))
+    return ctx
+
+
+def _read_manifest(path: str, rep: VerifyReport) -> Ctx | None:
+    """The store's manifest as a :class:`Ctx`, or None (a problem noted)."""
     prob = rep.problems
     mpath = os.path.join(path, MANIFEST_FILE)
     if os.path.lexists(mpath) and not stat.S_ISREG(os.lstat(mpath).st_mode):
@@ -97,23 +129,29 @@ def check_structure(path: str, rep: VerifyReport) -> Ctx | None:
         return None
     ctx = Ctx(path, m)
     rep.store_id, rep.backend, rep.records, rep.slots = m["store_id"], m["backend"], m["records"], m["slots"]
-    files: dict[str, int] = m["files"]
-    j = lambda n: os.path.join(path, n)  # noqa: E731
-    data_names = data_file_names(ctx.backend, ctx.schema, m.get("segments"))
+    return ctx
+
+
+def _check_listing(ctx: Ctx, rep: VerifyReport) -> tuple[list[str], set[str], set[str]]:
+    """The manifest's file list against the files the store needs and the
+    directory: ``(data file names, names not to be read, names on disk)``."""
+    prob = rep.problems
+    files: dict[str, int] = ctx.m["files"]
+    j = lambda n: os.path.join(ctx.path, n)  # noqa: E731
+    data_names = data_file_names(ctx.backend, ctx.schema, ctx.m.get("segments"))
     needed = data_names + [CHECKSUMS_FILE, KEYS_OFFSETS_FILE, KEYS_BLOB_FILE]
-    has_holes = ctx.records < ctx.slots
-    if has_holes:
+    if ctx.records < ctx.slots:
         needed += [INDEX_FILE, ERRORS_FILE]
     for n in needed:
         if n not in files:
             prob.append(Problem("manifest", f"the manifest's 'files' does not list {n}, which this store needs", n))
     for n in sorted(set(files) - set(needed)):
         prob.append(Problem("manifest", f"the manifest's 'files' lists {n}, which does not belong in this store", n))
-    on_disk = set(os.listdir(path))
+    on_disk = set(os.listdir(ctx.path))
     for n in sorted(on_disk - set(files) - {MANIFEST_FILE}):
         what = "directory" if os.path.isdir(j(n)) else "file"
         prob.append(Problem("stray", f"{n}: a stray {what} that is not part of the store (remove it)", n))
-    bad_files = _check_file_types(path, on_disk, set(needed), prob)
+    bad_files = _check_file_types(ctx.path, on_disk, set(needed), prob)
     for n in needed:
         if n in bad_files:
             continue
@@ -127,80 +165,108 @@ def check_structure(path: str, rep: VerifyReport) -> Ctx | None:
             what = "truncated" if size < want else "extended (bytes appended)"
             prob.append(Problem("size", f"{n}: the manifest says {want:,} bytes, found {size:,}: {what}", n))
             bad_files.add(n)
+    return data_names, bad_files, on_disk
 
-    def npy(name: str, dtype: Any, shape: tuple[int, ...]) -> int | None:
-        if name in bad_files:
+
+class _NpyCheck:
+    """Check one ``.npy`` file of the store: its data offset, or None (a
+    ``header`` problem noted, the file marked bad)."""
+
+    def __init__(self, ctx: Ctx, rep: VerifyReport, bad_files: set[str]) -> None:
+        self.ctx, self.rep, self.bad_files = ctx, rep, bad_files
+
+    def __call__(self, name: str, dtype: Any, shape: tuple[int, ...]) -> int | None:
+        if name in self.bad_files:
             return None
         try:
-            return check_npy(j(name), np.dtype(dtype), shape, files.get(name))
+            return check_npy(os.path.join(self.ctx.path, name), np.dtype(dtype), shape, self.ctx.m["files"].get(name))
         except FormatError as exc:
-            prob.append(Problem("header", str(exc), name))
-            bad_files.add(name)
+            self.rep.problems.append(Problem("header", str(exc), name))
+            self.bad_files.add(name)
             return None
 
-    if ctx.backend == "memmap":
+
+def _check_data_files(ctx: Ctx, rep: VerifyReport, data_names: list[str], bad_files: set[str],
+                      npy: _NpyCheck) -> None:
+    """The record data files, as the backend's capabilities allow without
+    reading records: a positional backend's field files are ``.npy`` files of
+    one shape each; LMDB files (``crashes_on_damage``) have their keys counted
+    in a child process; any other backend checks its own files."""
+    if ctx.cls.positional:
         for seg, _, count in ctx.segments:
             for f in ctx.schema:
-                off = npy(field_file(f.name, seg), f.dtype, (count, *f.shape))
+                off = npy(ctx.cls.field_file(f.name, seg), f.dtype, (count, *f.shape))
                 if off is None:
                     ctx.data_ok = False
                 else:
                     ctx.offsets[(f.name, seg)] = off
-    else:
-        if any(lmdb_file(seg) in bad_files for seg, _, _ in ctx.segments):
-            ctx.data_ok = False
-        else:
-            _check_lmdb_quick(ctx, rep)
-    ck_off = npy(CHECKSUMS_FILE, KEY_DTYPE, (ctx.slots,))
-    if ck_off is not None:
-        ctx.checksums = _load_u8(j(CHECKSUMS_FILE), ck_off, ctx.slots)
-        dig = file_digest(j(CHECKSUMS_FILE), ck_off)
-        if dig != m["checksum_digest"]:
-            prob.append(Problem(
-                "digest",
-                f"{CHECKSUMS_FILE} hashes to {dig} but the manifest says {m['checksum_digest']}: the "
-                "manifest belongs to another store, or the checksums file was changed",
-                CHECKSUMS_FILE,
-            ))
-    else:
+    elif set(data_names) & bad_files:
         ctx.data_ok = False
+    elif ctx.cls.crashes_on_damage:
+        _check_lmdb_quick(ctx, rep)
+    else:
+        _check_with_backend(ctx, rep)
+
+
+def _check_with_backend(ctx: Ctx, rep: VerifyReport) -> None:
+    """Each segment's data files as its backend checks them on open."""
+    try:
+        ctx.cls.check_available()
+    except ImportError as exc:
+        rep.problems.append(Problem("backend", f"cannot check the {ctx.backend} data files: {exc}"))
+        ctx.data_ok = False
+        return
+    for seg, _, count in ctx.segments:
+        part = ctx.cls(ctx.path, ctx.schema, count, ctx.m["files"], segment=seg)
+        try:
+            part.check()
+        except FormatError as exc:
+            rep.problems.append(Problem("header", str(exc), ctx.cls.data_file_names(ctx.schema, seg)[0]))
+            ctx.data_ok = False
+        finally:
+            part.close()
+
+
+def _check_checksums(ctx: Ctx, rep: VerifyReport, npy: _NpyCheck) -> None:
+    path = os.path.join(ctx.path, CHECKSUMS_FILE)
+    ck_off = npy(CHECKSUMS_FILE, KEY_DTYPE, (ctx.slots,))
+    if ck_off is None:
+        ctx.data_ok = False
+        return
+    ctx.checksums = _load_u8(path, ck_off, ctx.slots)
+    dig = file_digest(path, ck_off)
+    if dig != ctx.m["checksum_digest"]:
+        rep.problems.append(Problem(
+            "digest",
+            f"{CHECKSUMS_FILE} hashes to {dig} but the manifest says {ctx.m['checksum_digest']}: the "
+            "manifest belongs to another store, or the checksums file was changed",
+            CHECKSUMS_FILE,
+        ))
+
+
+def _check_keys(ctx: Ctx, rep: VerifyReport, bad_files: set[str], npy: _NpyCheck) -> None:
+    prob = rep.problems
     ko_off = npy(KEYS_OFFSETS_FILE, KEY_DTYPE, (ctx.slots + 1,))
-    if ko_off is not None and KEYS_BLOB_FILE not in bad_files:
-        offs = _load_u8(j(KEYS_OFFSETS_FILE), ko_off, ctx.slots + 1)
-        with open(j(KEYS_BLOB_FILE), "rb") as fh:
-            blob = fh.read()
-        ok = True
-        if len(offs) and int(offs[0]) != 0:
-            prob.append(Problem("keys", f"{KEYS_OFFSETS_FILE}: the first offset is {int(offs[0])}, expected 0", KEYS_OFFSETS_FILE))
-            ok = False
-        dec = np.flatnonzero(offs[1:] < offs[:-1])
-        if len(dec):
-            prob.append(Problem("keys", f"{KEYS_OFFSETS_FILE}: offsets decrease at slot(s) {dec[:10].tolist()}", KEYS_OFFSETS_FILE))
-            ok = False
-        if len(offs) and int(offs[-1]) != len(blob):
-            prob.append(Problem(
-                "keys", f"{KEYS_OFFSETS_FILE}: the last offset is {int(offs[-1])} but {KEYS_BLOB_FILE} has "
-                f"{len(blob)} bytes (key files from different stores?)", KEYS_OFFSETS_FILE))
-            ok = False
-        if ok:
-            ctx.key_offsets, ctx.key_blob = offs, blob
-    for name, want in sorted((m.get("digests") or {}).items()):
-        if name in bad_files or name not in on_disk:
-            continue
-        got = file_digest(j(name), 0)
-        if got != want:
-            prob.append(Problem("digest", f"{name}: content hashes to {got} but the manifest says {want}: "
-                                "the file was changed or damaged since the store was written", name))
-            if name in (KEYS_OFFSETS_FILE, KEYS_BLOB_FILE):
-                ctx.key_offsets = ctx.key_blob = None
-    _check_index(ctx, rep, bad_files, npy)
-    if ctx.checksums is not None:
-        nz = np.flatnonzero(ctx.holes & (ctx.checksums != 0))
-        for s in nz[:100].tolist():
-            prob.append(Problem("hole", f"slot {s} is a hole but its checksum is {int(ctx.checksums[s]):016x}, expected 0", CHECKSUMS_FILE))
-        if len(nz) > 100:
-            prob.append(Problem("hole", f"... and {len(nz) - 100} more holes with a non-zero checksum", CHECKSUMS_FILE))
-    return ctx
+    if ko_off is None or KEYS_BLOB_FILE in bad_files:
+        return
+    offs = _load_u8(os.path.join(ctx.path, KEYS_OFFSETS_FILE), ko_off, ctx.slots + 1)
+    with open(os.path.join(ctx.path, KEYS_BLOB_FILE), "rb") as fh:
+        blob = fh.read()
+    ok = True
+    if len(offs) and int(offs[0]) != 0:
+        prob.append(Problem("keys", f"{KEYS_OFFSETS_FILE}: the first offset is {int(offs[0])}, expected 0", KEYS_OFFSETS_FILE))
+        ok = False
+    dec = np.flatnonzero(offs[1:] < offs[:-1])
+    if len(dec):
+        prob.append(Problem("keys", f"{KEYS_OFFSETS_FILE}: offsets decrease at slot(s) {dec[:10].tolist()}", KEYS_OFFSETS_FILE))
+        ok = False
+    if len(offs) and int(offs[-1]) != len(blob):
+        prob.append(Problem(
+            "keys", f"{KEYS_OFFSETS_FILE}: the last offset is {int(offs[-1])} but {KEYS_BLOB_FILE} has "
+            f"{len(blob)} bytes (key files from different stores?)", KEYS_OFFSETS_FILE))
+        ok = False
+    if ok:
+        ctx.key_offsets, ctx.key_blob = offs, blob
 
 
 def _file_kind(p: str) -> str:
@@ -296,10 +362,8 @@ def _check_index(ctx: Ctx, rep: VerifyReport, bad_files: set[str], npy: Callable
 def _check_lmdb_quick(ctx: Ctx, rep: VerifyReport) -> None:
     """Count the keys of every LMDB file, in a child process (a damaged
     page must not kill verify: see :mod:`mmstore.tools.verify_lmdb`)."""
-    from .verify_lmdb import lmdb_entries
-
     try:
-        import lmdb  # noqa: F401
+        ctx.cls.check_available()
     except ImportError:
         rep.problems.append(Problem("lmdb", "cannot check records.mdb: the 'lmdb' package is not installed (pip install lmdb)", LMDB_FILE))
         ctx.data_ok = False

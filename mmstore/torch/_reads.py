@@ -52,21 +52,19 @@ _CHUNK = 8 * _MiB  # the longest single read of the window pass ("read")
 def field_segments(store: Store, field: str) -> list[FieldSegment] | None:
     """Where ``field``'s records lie, for positional reads: one segment per
     data file (several in a merged store, format.py "Segments"), or None when
-    the backend has no such files (LMDB). The loader's one call into the
+    the backend is not positional (LMDB). The loader's one call into the
     backend's segment interface."""
-    if store.backend_name != "memmap":
-        return None
-    return store.backend.field_segments(field)  # type: ignore[attr-defined]
+    backend = store.backend
+    return backend.field_segments(field) if backend.positional else None
 
 
 def data_paths(store: Store, fields: Sequence[str]) -> list[str]:
     """The files an epoch over ``fields`` reads (what ``warm`` and the
     residency check look at)."""
-    segs = [field_segments(store, f) for f in fields]
-    if store.backend_name == "memmap":
-        paths = [seg.path for ss in segs for seg in ss or ()]
+    if store.backend.positional:  # only the fields read
+        paths = [seg.path for f in fields for seg in field_segments(store, f) or ()]
     else:
-        paths = [p for p in store.data_paths() if p.endswith(".mdb")]
+        paths = store.backend.data_paths()
     if store.records < store.slots:
         paths.append(os.path.join(store.path, "_index.npy"))
     return paths

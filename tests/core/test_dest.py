@@ -15,7 +15,7 @@ import mmstore
 from mmstore import writer as writer_mod
 from mmstore._dest import check_dest, is_own_partial, is_store
 from mmstore.errors import DestinationError, LockedError, StoreExistsError
-from mmstore.writer import _release_lock, acquire_lock, publish
+from mmstore.writer import release_lock, acquire_lock, publish
 from storetest import SMALL_SCHEMA, sample, write_store
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -217,7 +217,7 @@ def test_lock_unlink_race_is_safe(tmp_path, monkeypatch):
     def interleaved(fd, op):
         if not state["released"]:  # B has opened the old file; now A lets go
             state["released"] = True
-            _release_lock(dest, a)
+            release_lock(dest, a)
         return real_flock(fd, op)
 
     monkeypatch.setattr(writer_mod.fcntl, "flock", interleaved)
@@ -228,7 +228,7 @@ def test_lock_unlink_race_is_safe(tmp_path, monkeypatch):
     assert (st_b.st_dev, st_b.st_ino) == (st_name.st_dev, st_name.st_ino)
     with pytest.raises(LockedError):
         acquire_lock(dest)  # C
-    _release_lock(dest, b)
+    release_lock(dest, b)
     assert not os.path.exists(dest + ".lock")
 
 
@@ -239,7 +239,7 @@ def test_lock_two_processes_racing_never_both_hold_it(tmp_path):
     code = textwrap.dedent(f"""
         import os, sys
         from mmstore.errors import LockedError
-        from mmstore.writer import _release_lock, acquire_lock
+        from mmstore.writer import release_lock, acquire_lock
         dest, held, got = {dest!r}, {str(tmp_path / 'held')!r}, 0
         for _ in range(300):
             try:
@@ -249,7 +249,7 @@ def test_lock_two_processes_racing_never_both_hold_it(tmp_path):
             mark = os.open(held, os.O_CREAT | os.O_EXCL | os.O_WRONLY)  # fails if the other holds it too
             os.close(mark)
             os.unlink(held)
-            _release_lock(dest, fd)
+            release_lock(dest, fd)
             got += 1
         print(got)
     """)

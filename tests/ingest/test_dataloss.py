@@ -302,7 +302,7 @@ def test_npz_uint64_labels_that_do_not_fit_are_refused_not_wrapped(tmp_path):
 @given(st.binary(min_size=1, max_size=20).filter(lambda b: b"\0" not in b))
 @settings(max_examples=40, deadline=None)
 def test_resume_hint_quotes_any_name_so_it_can_be_pasted(raw):
-    from mmstore.cli.ingest import _shell_quote
+    from mmstore.cli.ingest import shell_quote
 
-    out = subprocess.run(["bash", "-c", "printf %s " + _shell_quote(os.fsdecode(raw))], capture_output=True, timeout=30)
+    out = subprocess.run(["bash", "-c", "printf %s " + shell_quote(os.fsdecode(raw))], capture_output=True, timeout=30)
     assert out.stdout == raw

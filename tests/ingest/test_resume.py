@@ -302,3 +302,24 @@ def test_interrupt_prints_resume_command(tmp_path, h):
     ref = str(tmp_path / "ref")
     _run_ok(h, "ingest", root, ref, "--size", "32x32", "-q")
     h.assert_same_store(ref, dest)
+
+
+def test_a_crash_point_in_a_worker_crashes_the_whole_run(tmp_path, h):
+    """A worker that dies at a crash point takes the parent down with it (as a
+    power cut would), instead of the parent retrying the range as a decoder
+    crash; the run then resumes to the reference bytes."""
+    root = str(tmp_path / "w")
+    h.make_folder(root, per_class=12, seed=21)
+    ref = str(tmp_path / "ref")
+    _run_ok(h, "ingest", root, ref, "--size", "8x8", "--workers", "0", "-q")
+    dest = str(tmp_path / "d")
+    # each record is several pwrites in a worker; the parent writes far fewer
+    # (headers, state, one commit line per chunk of 3), so a worker gets here first
+    rc, err = _crash_run(h, root, dest, "write:40", workers="2")
+    assert rc == 77, err
+    assert os.path.isdir(dest + ".partial") and not os.path.exists(dest)
+    with open(os.path.join(dest + ".partial", "_ingest_commits.log"), "rb") as fh:
+        assert b"decoding crashed" not in fh.read()
+    p = h.cli_subprocess("ingest", root, dest, "--size", "8x8", "--workers", "2", "-q", "--resume")
+    assert p.wait(120) == 0
+    h.assert_same_store(ref, dest)

@@ -1,5 +1,7 @@
-"""Helpers shared by the checking commands' CLI modules (argparse glue,
-JSON output, progress bars). Library code never imports this."""
+"""Helpers shared by the command modules: argparse glue, JSON output, progress bars.
+
+Library code never imports this.
+"""
 
 from __future__ import annotations
 
@@ -7,7 +9,7 @@ import argparse
 import sys
 from typing import Any
 
-from ._common import dumps
+from ..tools._common import dumps
 
 __all__ = ["add_common", "emit_json", "progress_bar", "subparser", "usage_error"]
 

@@ -1,0 +1,169 @@
+"""Ingest options: the one list of decode and source option names, their parsers, and the resume hint."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..decode import DecodeSpec
+
+__all__ = [
+    "DEFAULT_RESUME_HINT",
+    "SOURCE_OPTIONS",
+    "SPEC_OPTIONS",
+    "ErrorLimit",
+    "kept_message",
+    "make_spec",
+    "parse_max_errors",
+    "parse_shard",
+    "parse_size",
+    "shard_range",
+    "split_options",
+]
+
+# keyword options of mmstore.ingest.ingest() that shape the decode (DecodeSpec) ...
+SPEC_OPTIONS = ("resize", "channels", "layout", "bgr", "interp_up", "pad_value", "fast_decode", "max_pixels",
+                "strict_jpeg")
+# ... and those that describe the source (see sources.detect_source); the CLI's flags are these names
+SOURCE_OPTIONS = ("labels", "root", "path_column", "label_column", "path_template", "delimiter", "header",
+                  "label_type", "missing_label", "image_key", "label_key")
+
+DEFAULT_RESUME_HINT = "rerun the same ingest with resume=True (CLI: --resume)"
+
+
+def kept_message(partial: str, hint: str | None = None) -> str:
+    """What a stopped ingest says about its kept work and how to continue it."""
+    return f"the work done so far is kept in {partial}; {hint or DEFAULT_RESUME_HINT} to continue"
+
+
+def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``options`` as (decode options, source options); unknown names are a TypeError."""
+    unknown = set(options) - set(SPEC_OPTIONS) - set(SOURCE_OPTIONS)
+    if unknown:
+        raise TypeError(f"unknown ingest option(s): {sorted(unknown)}")
+    spec_kw = {k: options[k] for k in SPEC_OPTIONS if k in options}
+    src_kw = {k: options[k] for k in SOURCE_OPTIONS if k in options}
+    return spec_kw, src_kw
+
+
+def make_spec(
+    size: Any = None,
+    *,
+    resize: str = "center-crop",
+    channels: int = 3,
+    layout: str = "hwc",
+    bgr: bool = False,
+    interp_up: str = "linear",
+    pad_value: int = 0,
+    fast_decode: bool = False,
+    max_pixels: int | None = None,
+    strict_jpeg: bool = True,
+) -> DecodeSpec | None:
+    """A :class:`mmstore.decode.DecodeSpec` from ingest options (None without a size)."""
+    hw = parse_size(size)
+    if hw is None:
+        return None
+    kw: dict[str, Any] = {}
+    if max_pixels is not None:
+        kw["max_pixels"] = int(max_pixels)
+    return DecodeSpec(
+        size=hw,
+        resize=resize,
+        channels=int(channels),
+        layout=layout,
+        bgr=bool(bgr),
+        interp_up=interp_up,
+        pad_value=int(pad_value),
+        fast_decode=bool(fast_decode),
+        strict_jpeg=bool(strict_jpeg),
+        **kw,
+    )
+
+
+def parse_size(text: str | int | tuple[int, int] | None) -> tuple[int, int] | None:
+    """``"224x224"``, ``"224"``, ``224`` or ``(h, w)`` -> ``(h, w)``."""
+    if text is None:
+        return None
+    if isinstance(text, (tuple, list)):
+        h, w = text
+        return int(h), int(w)
+    if isinstance(text, int):
+        return text, text
+    s = str(text).lower().replace("*", "x")
+    try:
+        if "x" in s:
+            h, w = s.split("x")
+            out = int(h), int(w)
+        else:
+            out = int(s), int(s)
+    except ValueError:
+        raise ValueError(f"size must be HxW such as 224x224, got {text!r}") from None
+    if min(out) <= 0:
+        raise ValueError(f"size must be positive, got {text!r}")
+    return out
+
+
+def parse_shard(text: str | tuple[int, int] | None) -> tuple[int, int] | None:
+    """``"K/N"`` (0 <= K < N) -> ``(K, N)``."""
+    if text is None:
+        return None
+    if isinstance(text, (tuple, list)):
+        k, n = (int(v) for v in text)
+    else:
+        try:
+            k_s, n_s = str(text).split("/")
+            k, n = int(k_s), int(n_s)
+        except ValueError:
+            raise ValueError(f"--shard must be K/N such as 0/8, got {text!r}") from None
+    if not (n >= 1 and 0 <= k < n):
+        raise ValueError(f"--shard K/N needs 0 <= K < N (K counts from 0), got {k}/{n}")
+    return k, n
+
+
+def shard_range(n: int, shard: tuple[int, int] | None) -> tuple[int, int]:
+    """The input range ``[lo, hi)`` of shard ``(K, N)`` of ``n`` inputs (all of them for None)."""
+    if shard is None:
+        return 0, n
+    k, m = shard
+    return k * n // m, (k + 1) * n // m
+
+
+def parse_max_errors(text: str | int | float | None) -> tuple[str, float] | None:
+    """``"10"`` -> ("count", 10); ``"1.5%"`` -> ("percent", 1.5); None: no limit."""
+    if text is None:
+        return None
+    s = str(text).strip()
+    try:
+        if s.endswith("%"):
+            v = float(s[:-1])
+            if not 0 <= v <= 100:
+                raise ValueError
+            return "percent", v
+        v = int(s)
+        if v < 0:
+            raise ValueError
+        return "count", float(v)
+    except ValueError:
+        raise ValueError(f"--max-errors must be a count N or a percentage P%, got {text!r}") from None
+
+
+class ErrorLimit:
+    """``--on-error`` / ``--max-errors`` as one rule: how many failed inputs stop a run."""
+
+    def __init__(self, on_error: str, max_errors: str | int | None) -> None:
+        if on_error not in ("skip", "fail"):
+            raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
+        self.limit = ("count", 0.0) if on_error == "fail" else parse_max_errors(max_errors)
+
+    def exceeded(self, nerr: int, slots: int) -> bool:
+        """True when ``nerr`` failed inputs of ``slots`` are more than allowed."""
+        if self.limit is None:
+            return False
+        kind, v = self.limit
+        return nerr > (v if kind == "count" else v / 100.0 * slots)
+
+    def message(self, nerr: int, reasons: Any) -> str:
+        kind, v = self.limit  # type: ignore[misc]
+        lim = f"{int(v)}" if kind == "count" else f"{v:g}%"
+        top = "; ".join(f"{c}x {r}" for r, c in reasons.most_common(3))
+        return (f"stopped: {nerr} inputs failed, more than --max-errors {lim} allows (--on-error fail stops at "
+                f"the first); most common: {top}")

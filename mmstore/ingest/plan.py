@@ -1,0 +1,112 @@
+"""The ingest plan: scan the source once; derive the schema, fingerprints, run state and provenance."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+
+from ..errors import IngestError
+from ..schema import Schema
+from .options import shard_range
+from .records import schema_for
+from .sources import DatasetSource, Source, to_array
+
+__all__ = ["Plan", "fingerprint", "make_plan", "mismatch_message"]
+
+
+def fingerprint(listing_fp: str, params: dict[str, Any]) -> str:
+    """The fingerprint of a listing and the parameters that change an output byte."""
+    return xxhash.xxh3_128(listing_fp.encode() + json.dumps(params, sort_keys=True).encode()).hexdigest()
+
+
+@dataclass
+class Plan:
+    """What one ingest run will write: inputs ``lo..hi`` of ``listing`` as ``schema``."""
+
+    listing: Any
+    lo: int
+    hi: int
+    schema: Schema
+    state: dict[str, Any]  # saved in DEST.partial; a resume must match its fingerprint
+    provenance: dict[str, Any]  # goes into the manifest
+
+    @property
+    def slots(self) -> int:
+        return self.hi - self.lo
+
+    @property
+    def fingerprint(self) -> str:
+        return str(self.state["fingerprint"])
+
+
+def _first_item(source: Source, spec: Any, index: int) -> Any:
+    """Item ``index`` when the schema needs it (arrays stored as they are);
+    notes on a dataset source whether its items carry labels."""
+    if not (source.decoded and spec is None) and not isinstance(source, DatasetSource):
+        return None
+    item = source.reader().load(index)
+    if not isinstance(source, DatasetSource):
+        return item
+    img, lab = source.split(item)
+    source.has_labels = lab is not None
+    return to_array(img) if spec is None else None
+
+
+def make_plan(source: Source, spec: Any, backend: str, shard: tuple[int, int] | None) -> Plan:
+    """Scan ``source`` and plan the run (``IngestError`` when it has no inputs)."""
+    listing = source.scan()
+    n_total = len(listing)
+    if n_total == 0:
+        raise IngestError(f"{source.path or 'the dataset'}: no inputs found (empty source); nothing was created")
+    lo, hi = shard_range(n_total, shard)
+    schema = schema_for(source, spec, _first_item(source, spec, lo if hi > lo else 0))
+    desc = source.describe()
+    params = {
+        "source": {k: v for k, v in desc.items() if k not in ("path", "root")},
+        "decode": spec.to_dict() if spec is not None else None,
+        "schema": schema.to_json(),
+        "backend": backend,
+        "inputs": n_total,
+        "label_names": listing.label_names,
+    }
+    inputs_fp = fingerprint(listing.fingerprint, params)
+    shard_l = list(shard) if shard else None
+    run_fp = fingerprint(inputs_fp, {"shard": shard_l, "range": [lo, hi]})
+    state = {
+        "fingerprint": run_fp,
+        "inputs_fingerprint": inputs_fp,
+        "listing_fingerprint": listing.fingerprint,
+        "params": params,
+        "shard": shard_l,
+        "range": [lo, hi],
+        "slots": hi - lo,
+    }
+    provenance = {
+        "source": desc,
+        "resize": spec.resize if spec is not None else None,
+        "size": list(spec.size) if spec is not None else None,
+        "ingest": {"fingerprint": run_fp, "inputs_fingerprint": inputs_fp, "inputs": n_total, "shard": shard_l,
+                   "range": [lo, hi], "params": params},
+    }
+    return Plan(listing, lo, hi, schema, state, provenance)
+
+
+def mismatch_message(partial: str, old: dict[str, Any], new: dict[str, Any]) -> str:
+    """Why the interrupted run in ``partial`` (state ``old``) cannot be resumed as ``new``."""
+    diffs = []
+    op, np_ = old.get("params", {}), new["params"]
+    for k in sorted(set(op) | set(np_)):
+        if op.get(k) != np_.get(k):
+            diffs.append(f"{k}: then {json.dumps(op.get(k))[:200]}, now {json.dumps(np_.get(k))[:200]}")
+    if old.get("shard") != new["shard"] or old.get("range") != new["range"]:
+        diffs.append(f"shard: then {old.get('shard')} {old.get('range')}, now {new['shard']} {new['range']}")
+    if not diffs and old.get("listing_fingerprint") != new["listing_fingerprint"]:
+        diffs.append("the input files changed (names, sizes, modification times or labels differ)")
+    what = "; ".join(diffs) or "the fingerprint differs"
+    return (
+        f"{partial}: cannot resume: the interrupted ingest used other inputs or parameters ({what}); "
+        "rerun with exactly the original inputs and options, or pass --overwrite to start over"
+    )

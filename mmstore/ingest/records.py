@@ -1,0 +1,139 @@
+"""The per-record work of an ingest: one input -> the schema's arrays, written at its slot (runs in workers)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..decode import decode_image, fit_array
+from ..errors import SchemaError
+from ..schema import Schema
+from ..writer import SlotWriter
+from .sources import DatasetSource, InputError, Source, reason_of, to_array
+
+__all__ = ["BOX_DTYPE", "LABEL_DTYPE", "ORIG_SIZE_DTYPE", "RecordJob", "process_range", "schema_for"]
+
+LABEL_DTYPE = "<i8"
+ORIG_SIZE_DTYPE = "<i4"
+BOX_DTYPE = "<i4"
+
+
+def schema_for(source: Source, spec: Any, first_item: Any) -> Schema:
+    """The store's schema: ``image`` (the spec's record shape, or the first
+    item's dtype and shape), ``label`` when there are labels, and ``orig_size``
+    / ``box`` when images are fitted to a target size."""
+    fields: dict[str, Any] = {}
+    if spec is not None:
+        fields["image"] = ("|u1", spec.record_shape())
+    else:
+        arr = np.asarray(first_item)
+        fields["image"] = (arr.dtype.newbyteorder("<") if arr.dtype.itemsize > 1 else arr.dtype, arr.shape)
+    has_label = source.listing.labels is not None or getattr(source, "has_labels", False)
+    if has_label:
+        fields["label"] = (LABEL_DTYPE, ())
+    if spec is not None:
+        fields["orig_size"] = (ORIG_SIZE_DTYPE, (2,))
+        fields["box"] = (BOX_DTYPE, (4,))
+    return Schema(fields)
+
+
+class RecordJob:
+    """Everything a worker needs to make records; inherited by fork, never pickled."""
+
+    def __init__(self, source: Source, spec: Any, schema: Schema, lo: int, partial: str) -> None:
+        self.source = source
+        self.spec = spec
+        self.schema = schema
+        self.lo = lo
+        self.partial = partial
+        self.labels = source.listing.labels
+        self.label_errors = source.listing.label_errors  # input -> hole reason (a list's bad label cells)
+        self.has_label = "label" in schema
+        self.full = "box" in schema  # image fields with orig_size / box
+
+    def checked(self, rec: dict[str, Any]) -> dict[str, np.ndarray]:
+        """``rec`` as the schema's arrays: a cheap exact check when every value
+        already has its field's dtype, shape and layout, else ``Schema.validate``
+        (lossless conversions, ``SchemaError`` otherwise)."""
+        if len(rec) == len(self.schema):
+            for f in self.schema:
+                v = rec.get(f.name)
+                if not (isinstance(v, np.ndarray) and v.dtype == f.dtype and v.shape == f.shape
+                        and v.flags.c_contiguous):
+                    break
+            else:
+                return rec
+        return self.schema.validate(rec)
+
+    def record(self, reader: Any, slot: int) -> dict[str, Any]:
+        """The fields of the input at ``slot`` (raises for an input that becomes a hole)."""
+        i = self.lo + slot
+        if i in self.label_errors:
+            raise InputError(self.label_errors[i])
+        img, label = self._load(reader, i)
+        out: dict[str, Any] = {}
+        d = None
+        if not self.source.decoded:
+            d = decode_image(img, self.spec)
+        elif self.spec is not None:
+            d = fit_array(img, self.spec)
+        out["image"] = img if d is None else d.image
+        if self.has_label:
+            out["label"] = self._label(i, label)
+        if self.full:
+            out["orig_size"] = np.array(d.orig_size, ORIG_SIZE_DTYPE)
+            out["box"] = np.array(d.box, BOX_DTYPE)
+        return out
+
+    def _load(self, reader: Any, i: int) -> tuple[Any, Any]:
+        if not isinstance(self.source, DatasetSource):
+            return reader.load(i), None
+        img, label = self.source.split(reader.load(i))
+        if img is None:
+            raise InputError("wrong-shape: dataset item has no image")
+        return to_array(img), label
+
+    def _label(self, i: int, label: Any) -> Any:
+        if label is None:
+            label = self.labels[i] if self.labels is not None else None
+        if label is None:
+            raise InputError("wrong-shape: item has no label")
+        if hasattr(label, "item"):
+            label = label.item()
+        try:
+            return np.array(label, LABEL_DTYPE) if float(label) == int(label) else label
+        except (TypeError, ValueError, OverflowError):
+            return label  # validate() reports it
+
+
+def _hole_reason(exc: Exception) -> str:
+    """Why an input became a hole, from the exception its record raised."""
+    if isinstance(exc, OSError):  # a reading error that is not a decode error
+        return f"unreadable: [Errno {exc.errno}] {exc.strerror or exc}"
+    if isinstance(exc, SchemaError):
+        return f"wrong-shape: {exc}"
+    if isinstance(exc, MemoryError):
+        return "too-large: out of memory while decoding"
+    r = reason_of(exc)
+    return r if r is not None else f"corrupt: {type(exc).__name__}: {str(exc)[:200]}"
+
+
+def process_range(job: RecordJob, sw: SlotWriter, reader: Any, a: int, b: int) -> list[tuple[int, str]]:
+    """Decode and write slots ``a..b``; return the holes (slot, reason).
+
+    The data is not fsynced here: the parent's committer fsyncs the store's
+    files (one fsync covers every chunk reported before it started) and only
+    then appends the chunks to the commit log, off the decoders' path. An
+    ``OSError`` from writing (a full disk) propagates: it ends the run.
+    """
+    errs: list[tuple[int, str]] = []
+    for s in range(a, b):
+        try:
+            arrays = job.checked(job.record(reader, s))
+        except Exception as exc:  # noqa: BLE001 - a bad input must never stop the run
+            errs.append((s, _hole_reason(exc)))
+            sw.zero(s)
+            continue
+        sw.write_arrays(s, arrays)
+    return errs

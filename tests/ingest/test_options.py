@@ -1,0 +1,117 @@
+"""The one list of ingest options: the library, the CLI flags and the printed resume command agree."""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mmstore.cli import build_parser
+from mmstore.cli.ingest import resume_command
+from mmstore.ingest import ingest
+from mmstore.ingest.options import SOURCE_OPTIONS, SPEC_OPTIONS, ErrorLimit, make_spec, split_options
+
+
+def _ingest_parser() -> argparse.ArgumentParser:
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return sub.choices["ingest"]
+
+
+def _flag(name: str) -> str:
+    return "--no-strict-jpeg" if name == "strict_jpeg" else "--" + name.replace("_", "-")
+
+
+def test_every_option_has_its_cli_flag_and_no_flag_is_unlisted():
+    p = _ingest_parser()
+    flags = {s for a in p._actions for s in a.option_strings}
+    for name in SPEC_OPTIONS + SOURCE_OPTIONS:
+        want = "--no-header" if name == "header" else _flag(name)
+        assert want in flags, f"option {name!r} has no CLI flag {want}"
+    run = {"--workers", "--on-error", "--max-errors", "--resume", "--overwrite", "--shard", "--backend", "--chunk",
+           "--log-interval", "--quiet", "-q", "--size", "-h", "--help"}
+    listed = {"--no-header" if n == "header" else _flag(n) for n in SPEC_OPTIONS + SOURCE_OPTIONS}
+    assert flags - run - listed == set(), "a CLI flag that is neither a run option nor a listed option"
+
+
+def test_split_options_routes_every_name_and_refuses_unknown_ones():
+    opts = {name: i for i, name in enumerate(SPEC_OPTIONS + SOURCE_OPTIONS)}
+    spec_kw, src_kw = split_options(opts)
+    assert spec_kw == {k: opts[k] for k in SPEC_OPTIONS}
+    assert src_kw == {k: opts[k] for k in SOURCE_OPTIONS}
+    with pytest.raises(TypeError, match="unknown ingest option.*'colour'"):
+        split_options({"resize": "pad", "colour": 3})
+
+
+def test_ingest_refuses_an_unknown_option_before_touching_anything(tmp_path):
+    with pytest.raises(TypeError, match="unknown ingest option"):
+        ingest(str(tmp_path / "src"), str(tmp_path / "dest"), 16, colour=3)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_make_spec_takes_exactly_the_spec_options():
+    spec = make_spec("24x32", resize="pad", channels=1, layout="chw", bgr=True, interp_up="cubic", pad_value=7,
+                     fast_decode=True, max_pixels=10**6, strict_jpeg=False)
+    assert (spec.size, spec.resize, spec.channels, spec.layout, spec.bgr, spec.interp_up, spec.pad_value,
+            spec.fast_decode, spec.max_pixels, spec.strict_jpeg) == ((24, 32), "pad", 1, "chw", True, "cubic", 7,
+                                                                     True, 10**6, False)
+    assert make_spec(None, resize="pad") is None
+
+
+# every option set to a value other than its default, as the user would type it
+_VALUES = {
+    "--size": st.sampled_from(["16x16", "224x160", "32"]),
+    "--resize": st.sampled_from(["stretch", "pad", "none"]),
+    "--channels": st.just("1"),
+    "--layout": st.just("chw"),
+    "--interp-up": st.just("cubic"),
+    "--pad-value": st.integers(1, 255).map(str),
+    "--max-pixels": st.integers(1, 10**9).map(str),
+    "--labels": st.sampled_from(["auto", "folders", "none"]),
+    "--root": st.text("abc é/ '$", min_size=1, max_size=8),
+    "--path-column": st.sampled_from(["id", "0", "file name"]),
+    "--label-column": st.sampled_from(["landmark_id", "2"]),
+    "--path-template": st.just("{id[0]}/{id}.jpg"),
+    "--delimiter": st.sampled_from([";", "|"]),
+    "--label-type": st.sampled_from(["int", "names", "auto"]),
+    "--missing-label": st.sampled_from(["error", "class"]),
+    "--image-key": st.just("x"),
+    "--label-key": st.just("y"),
+    "--shard": st.sampled_from(["0/2", "3/8"]),
+    "--backend": st.just("lmdb"),
+    "--workers": st.integers(0, 64).map(str),
+    "--on-error": st.just("fail"),
+    "--max-errors": st.sampled_from(["5", "1.5%"]),
+}
+_SWITCHES = ["--bgr", "--fast-decode", "--no-strict-jpeg", "--no-header", "--quiet"]
+
+
+@settings(max_examples=60, deadline=None)
+@given(values=st.fixed_dictionaries({}, optional=_VALUES), switches=st.sets(st.sampled_from(_SWITCHES)),
+       source=st.text("ab é'\" $", min_size=1, max_size=6))
+def test_the_resume_command_repeats_every_option_given(values, switches, source):
+    p = _ingest_parser()
+    argv = [source, "dest.store"]
+    for flag, v in values.items():
+        argv += [flag, v]
+    argv += sorted(switches)
+    args = p.parse_args(argv)
+    cmd = shlex.split(resume_command(args))
+    assert cmd[:2] == ["mmstore", "ingest"] and cmd[-1] == "--resume"
+    again = p.parse_args(cmd[2:])
+    assert again.resume and not args.resume
+    again.resume = False
+    assert vars(again) == vars(args)
+
+
+def test_error_limit_counts_and_percentages():
+    assert not ErrorLimit("skip", None).exceeded(10**6, 10**6)
+    assert ErrorLimit("fail", "50%").exceeded(1, 100)  # fail stops at the first, whatever max_errors says
+    assert not ErrorLimit("skip", "3").exceeded(3, 100) and ErrorLimit("skip", "3").exceeded(4, 100)
+    assert not ErrorLimit("skip", "10%").exceeded(10, 100) and ErrorLimit("skip", "10%").exceeded(11, 100)
+    with pytest.raises(ValueError, match="on_error must be"):
+        ErrorLimit("ignore", None)
+    with pytest.raises(ValueError, match="--max-errors must be"):
+        ErrorLimit("skip", "-1")
