@@ -22,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from .._io import crash_point, fsync_dir, fsync_file
+from .._crash import crash_point
+from .._io import fsync_dir, fsync_file
 from ..errors import FormatError, StoreChangedError
 from ..format import LMDB_FILE, LMDB_TXN_RECORDS, lmdb_file, lmdb_key, note_identity, open_store_file
 from ..schema import Schema
