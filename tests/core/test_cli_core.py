@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from mmstore.cli import main
+from mmstore.cli import COMMANDS, main
 
 
 def test_no_command_is_usage_error(capsys):
@@ -26,8 +26,6 @@ def test_python_dash_m_version():
 
 
 def test_every_command_has_help_with_an_example(capsys):
-    from mmstore.cli import COMMANDS
-
     for name in COMMANDS:
         try:
             main([name, "--help"])

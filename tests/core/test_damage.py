@@ -12,9 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mmstore
+import mmstore.format as fmt
 from mmstore.errors import FormatError, IncompleteStoreError, VersionError
 from mmstore.format import parse_manifest
-from storetest import write_store
+from support.stores import write_store
 
 N = 10
 
@@ -173,8 +174,6 @@ def test_garbled_manifest(store, content):
 
 
 def test_manifest_size_capped_before_parsing(store, monkeypatch):
-    import mmstore.format as fmt
-
     monkeypatch.setattr(fmt, "MANIFEST_MAX_BYTES", 100)
     with pytest.raises(FormatError, match="limit"):
         mmstore.open(store)

@@ -9,6 +9,7 @@ import pytest
 
 import mmstore
 from mmstore.tools import verify_store
+from support.faults import flip_bit
 
 N = 300
 SCHEMA = {"image": ("|u1", (16, 16, 3)), "label": ("<i8", ()), "box": ("<f4", (4,))}
@@ -30,14 +31,6 @@ def _store(path, backend, holes=(7, 150)):
     return path
 
 
-def _flip(path, offset, bit):
-    with open(path, "r+b") as fh:
-        fh.seek(offset)
-        b = fh.read(1)[0]
-        fh.seek(offset)
-        fh.write(bytes([b ^ (1 << bit)]))
-
-
 def test_100_random_flips_in_memmap_data_files_each_named(tmp_path):
     path = _store(str(tmp_path / "s"), "memmap")
     store = mmstore.open(path)
@@ -50,7 +43,7 @@ def test_100_random_flips_in_memmap_data_files_each_named(tmp_path):
         slot = int(rng.integers(0, N))
         offset = off0 + slot * entry + int(rng.integers(0, entry))
         bit = int(rng.integers(0, 8))
-        _flip(fpath, offset, bit)
+        flip_bit(fpath, offset, bit)
         try:
             rep = verify_store(path, threads=1)
             assert not rep.ok, f"trial {trial}: flip in {name} slot {slot} not detected"
@@ -63,7 +56,7 @@ def test_100_random_flips_in_memmap_data_files_each_named(tmp_path):
                 assert bad.index == store.slots_of(np.arange(len(store))).tolist().index(slot)
                 assert bad.what == "checksum"
         finally:
-            _flip(fpath, offset, bit)
+            flip_bit(fpath, offset, bit)
     assert verify_store(path, threads=2).ok
 
 
@@ -83,14 +76,14 @@ def test_flips_in_lmdb_values_each_named(tmp_path):
         assert where >= 0
         offset = where + int(rng.integers(0, len(packed)))
         bit = int(rng.integers(0, 8))
-        _flip(mdb, offset, bit)
+        flip_bit(mdb, offset, bit)
         try:
             rep = verify_store(path, threads=1)
             assert [r.slot for r in rep.bad_records] == [slot], (trial, rep.bad_records, rep.problems)
             assert rep.bad_records[0].index == live.index(slot)
             assert rep.bad_records[0].key == f"src/{slot}.jpg"
         finally:
-            _flip(mdb, offset, bit)
+            flip_bit(mdb, offset, bit)
     store.close()
     assert verify_store(path).ok
 
@@ -105,11 +98,11 @@ def test_flips_in_bookkeeping_files_never_pass(tmp_path, target):
     for _ in range(10):
         off = int(rng.integers(start, size))
         bit = int(rng.integers(0, 8))
-        _flip(p, off, bit)
+        flip_bit(p, off, bit)
         try:
             rep = verify_store(path, threads=1)
             assert not rep.ok, f"flip at {target}:{off} bit {bit} passed verify"
         except mmstore.FormatError:
             pass  # refused outright is fine too
         finally:
-            _flip(p, off, bit)
+            flip_bit(p, off, bit)

@@ -16,7 +16,8 @@ import os
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-import storefuzz
+from support import fuzz as storefuzz
+
 
 CASES = 60
 

@@ -7,11 +7,14 @@ import os
 
 import numpy as np
 import pytest
-from helpers import run_cli, run_json, run_sub, small_image_store
-from storetest import write_store
 
 import mmstore
 from mmstore.cli import COMMANDS
+from mmstore.tools.cache import warm_store
+from support.compare import assert_reads_same
+from support.faults import flip_bit
+from support.proc import cli, run_cli, run_json, run_sub
+from support.stores import image_store, write_parts, write_store
 
 TOOLS = ("inspect", "verify", "show", "warm", "evict", "doctor", "bench", "convert")
 
@@ -19,7 +22,7 @@ TOOLS = ("inspect", "verify", "show", "warm", "evict", "doctor", "bench", "conve
 @pytest.fixture(scope="module")
 def img_store(tmp_path_factory):
     d = tmp_path_factory.mktemp("img")
-    path, imgs = small_image_store(d / "img.store", n=600, holes=(3, 50), label_names=list("abcde"),
+    path, imgs = image_store(d / "img.store", n=600, holes=(3, 50), label_names=list("abcde"),
                                    provenance={"source": {"kind": "folder", "path": "/nowhere"}})
     return path
 
@@ -27,9 +30,7 @@ def img_store(tmp_path_factory):
 @pytest.mark.parametrize("cmd", TOOLS)
 def test_help_has_an_example(cmd, capsys):
     with pytest.raises(SystemExit) as e:
-        from mmstore.cli import main
-
-        main([cmd, "--help"])
+        cli(cmd, "--help")
     assert e.value.code == 0
     assert "example" in capsys.readouterr().out
 
@@ -73,7 +74,7 @@ def _read_png(path):
 
 @pytest.mark.parametrize("channels,layout", [(3, "hwc"), (1, "hwc"), (3, "chw"), (1, "chw")])
 def test_show_tiles_equal_records(tmp_path, channels, layout, capsys):
-    p, imgs = small_image_store(tmp_path / "s", n=40, channels=channels, layout=layout, label_names=list("vwxyz"))
+    p, imgs = image_store(tmp_path / "s", n=40, channels=channels, layout=layout, label_names=list("vwxyz"))
     out = tmp_path / "grid.png"
     rc, rep = run_json(["show", p, "-o", out, "-n", "6", "--seed", "2", "--scale", "2"], capsys)
     assert rc == 0
@@ -116,8 +117,6 @@ def test_warm_evict(img_store, capsys):
 
 def test_warm_does_not_fit(img_store, capsys):
     # a tiny fraction of memory cannot hold even this small store? force it with a fake budget
-    from mmstore.tools.cache import warm_store
-
     rep = warm_store(img_store, max_fraction=1e-9)
     assert rep.complete in (True, False)  # whole store may already be resident (counts as fitting)
     if not rep.complete:
@@ -157,7 +156,7 @@ def test_bench_plot_and_source(tmp_path, capsys):
 
     src = tmp_path / "src"
     os.makedirs(src / "img")
-    p, imgs = small_image_store(tmp_path / "s", n=50)
+    p, imgs = image_store(tmp_path / "s", n=50)
     for s in range(50):
         cv2.imwrite(str(src / "img" / f"{s:05d}.png"), imgs[s][..., ::-1])
     rc, rep = run_json(["bench", p, "--samples", "20", "--paths", "read_batch", "--orders", "permutation",
@@ -196,8 +195,6 @@ def test_convert_roundtrip(tmp_path, capsys):
 
 
 def test_convert_refuses_damaged_source(tmp_path, capsys):
-    from helpers import flip_bit
-
     a = write_store(tmp_path / "a", 30)
     flip_bit(os.path.join(a, "label.npy"), os.path.getsize(os.path.join(a, "label.npy")) - 2)
     rc, _, err = run_cli(["convert", a, tmp_path / "b", "--backend", "lmdb"], capsys)
@@ -223,8 +220,6 @@ def test_subprocess(img_store, tmp_path, argv):
 def test_every_command_on_a_merged_store(tmp_path, capsys):
     """A segmented store (mmstore merge) works with every tool; convert turns
     it back into a plain store that reads the same."""
-    from storetest import assert_reads_same, write_parts
-
     parts = write_parts(tmp_path / "p", 60, [10, 20, 30, 45], holes={4, 30})
     ref = write_store(tmp_path / "ref", 60, holes={4, 30})
     m = str(tmp_path / "m")
