@@ -7,7 +7,7 @@ Valid small stores of both backends, plain and merged, get one or two
 structured mutations each (manifest fields and bytes, .npy headers, index /
 key offset / checksum values, data and LMDB page bytes, truncation, file
 types: symlink, /dev/zero, FIFO, directory); every public entry point runs on
-the result in a forked child (see tests/storefuzz.py). Prints the cases tried,
+the result in a forked child (see tests/support/fuzz.py). Prints the cases tried,
 crashes (must be 0), hangs (must be 0), other violations (must be 0), and the
 CLI tracebacks or "unexpected" errors seen (must be 0: every command ends with
 a one-line message naming the problem). Exits 1 when any of these is not 0.
@@ -28,7 +28,7 @@ sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 
 from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 
-import storefuzz  # noqa: E402
+from support import fuzz as storefuzz  # noqa: E402
 
 
 def main() -> int:

@@ -211,16 +211,28 @@ def test_fuzzed_manifests_only_raise_format_errors(tmp_path_factory, key, value,
     base = getattr(test_fuzzed_manifests_only_raise_format_errors, "_base", None)
     if base is None:
         base = test_fuzzed_manifests_only_raise_format_errors._base = _valid_manifest(tmp_path_factory)
+    if key is None:  # 64 bytes cannot hold a valid manifest
+        with pytest.raises((FormatError, VersionError)):
+            parse_manifest(raw)
+        return
     m = json.loads(json.dumps(base))
-    if key is None:
-        data = raw
-    else:
-        m[key] = value
-        data = json.dumps(m).encode()
+    m[key] = value
     try:
-        parse_manifest(data)
+        out = parse_manifest(json.dumps(m).encode())
     except (FormatError, VersionError):
-        pass
+        return
+    _assert_normalised(out)
+
+
+def _assert_normalised(m):
+    """What parse_manifest promises about anything it accepts."""
+    assert m["format"] == "mmstore" and m["version"][0] == 1 and len(m["version"]) == 2
+    assert isinstance(m["records"], int) and isinstance(m["slots"], int) and 0 <= m["records"] <= m["slots"]
+    assert m["schema"] and len({name for name, _, _ in m["schema"]}) == len(m["schema"])
+    for name, dtype, shape in m["schema"]:
+        assert isinstance(name, str) and isinstance(dtype, np.dtype) and isinstance(shape, tuple)
+        assert all(isinstance(d, int) and d >= 0 for d in shape)
+    assert all(isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in m["files"].items())
 
 
 @settings(max_examples=150, deadline=None)
@@ -230,6 +242,8 @@ def test_fuzzed_schema_entries(data):
     m = {"format": "mmstore", "version": [1, 0], "store_id": "0" * 32, "backend": "memmap", "records": 0,
          "slots": 0, "schema": [ent], "checksum": {"algorithm": "xxh3_64", "digest": "0" * 16}, "files": {}}
     try:
-        parse_manifest(json.dumps(m).encode())
+        out = parse_manifest(json.dumps(m).encode())
     except FormatError:
-        pass
+        return
+    _assert_normalised(out)
+    assert out["schema"][0][0] == ent["name"] and out["schema"][0][1] == np.dtype(ent["dtype"])

@@ -27,7 +27,7 @@ def interrupted(tmp_path):
 
 
 def _refused(src, dest, *extra):
-    return cli(ingest_argv(src, dest, "--resume", *extra))
+    return cli(*ingest_argv(src, dest, "--resume", *extra))
 
 
 def test_file_added(interrupted, capsys):

@@ -461,14 +461,17 @@ def test_item11_malformed_errors_jsonl_entries(tmp_path, line, capsys):
     rc, rep = run_json(["verify", store], capsys)
     assert rc == 1 and [p["kind"] for p in rep["problems"]] == ["errors"], rep["problems"]
     assert len(rep["problems"][0]["message"]) < 400
-    _one_line_error(run_sub(["inspect", store]), codes=(0, 1))
+    line = _one_line_error(run_sub(["inspect", store]), codes=(1,))
+    assert "errors.jsonl: line 1" in line and line.endswith("the file is damaged"), line
 
 
 def test_item11_csv_field_over_128_kib(tmp_path):
     csv = tmp_path / "list.csv"
     csv.write_text("path,label\n" + "a" * (200 * 1024) + ",1\n")
     p = run_sub(["ingest", csv, tmp_path / "out", "--size", "8x8", "--workers", "0", "--quiet"])
-    _one_line_error(p)
+    line = _one_line_error(p, codes=(1,))
+    assert f"{csv}:2: not a CSV row" in line and "128 KiB" in line, line
+    assert sorted(os.listdir(tmp_path)) == ["list.csv"]  # no store, no partial, no lock
 
 
 def test_item11_repair_whose_lmdb_source_lacks_data_mdb(tmp_path):
