@@ -15,6 +15,7 @@ import mmstore
 import mmstore.format as fmt
 from mmstore.errors import FormatError, IncompleteStoreError, VersionError
 from mmstore.format import parse_manifest
+from support.faults import edit_manifest
 from support.stores import write_store
 
 N = 10
@@ -23,15 +24,6 @@ N = 10
 @pytest.fixture
 def store(tmp_path, backend):
     return write_store(os.path.join(tmp_path, "s"), N, backend, holes=(4,))
-
-
-def _edit_manifest(path, fn):
-    mp = os.path.join(path, "manifest.json")
-    with open(mp) as fh:
-        m = json.load(fh)
-    fn(m)
-    with open(mp, "w") as fh:
-        json.dump(m, fh)
 
 
 def test_missing_manifest_says_incomplete(store):
@@ -58,13 +50,13 @@ def test_no_such_store(tmp_path):
 
 
 def test_unknown_major_version(store):
-    _edit_manifest(store, lambda m: m.update(version=[2, 0]))
+    edit_manifest(store, lambda m: m.update(version=[2, 0]))
     with pytest.raises(VersionError, match="version 2.0"):
         mmstore.open(store)
 
 
 def test_newer_minor_version_opens(store):
-    _edit_manifest(store, lambda m: m.update(version=[1, 7], new_optional_key={"x": 1}))
+    edit_manifest(store, lambda m: m.update(version=[1, 7], new_optional_key={"x": 1}))
     assert len(mmstore.open(store)) == N - 1
 
 
@@ -119,7 +111,7 @@ def test_wrong_dtype_in_manifest(store):
     def f(m):
         m["schema"][1]["dtype"] = "<i4"
 
-    _edit_manifest(store, f)
+    edit_manifest(store, f)
     with pytest.raises(FormatError):
         mmstore.open(store)
 
@@ -128,16 +120,16 @@ def test_wrong_schema_shape(store):
     def f(m):
         m["schema"][0]["shape"] = [8, 6, 4]
 
-    _edit_manifest(store, f)
+    edit_manifest(store, f)
     with pytest.raises(FormatError):
         mmstore.open(store)
 
 
 def test_counts_disagree_with_files(store):
-    _edit_manifest(store, lambda m: m.update(records=m["records"] - 1))
+    edit_manifest(store, lambda m: m.update(records=m["records"] - 1))
     with pytest.raises(FormatError):
         mmstore.open(store)
-    _edit_manifest(store, lambda m: m.update(records=m["records"] + 1, slots=m["slots"] + 1))
+    edit_manifest(store, lambda m: m.update(records=m["records"] + 1, slots=m["slots"] + 1))
     with pytest.raises(FormatError):
         mmstore.open(store)
 
@@ -151,7 +143,7 @@ def test_missing_field_file(tmp_path):
 
 @pytest.mark.parametrize("bad", ["../escape.npy", "a/b", "..", "manifest.json"])
 def test_unsafe_names_in_files(store, bad):
-    _edit_manifest(store, lambda m: m["files"].update({bad: 1}))
+    edit_manifest(store, lambda m: m["files"].update({bad: 1}))
     with pytest.raises(FormatError, match="unsafe"):
         mmstore.open(store)
 
@@ -160,7 +152,7 @@ def test_unsafe_field_name(store):
     def f(m):
         m["schema"][0]["name"] = "../../etc"
 
-    _edit_manifest(store, f)
+    edit_manifest(store, f)
     with pytest.raises(FormatError, match="field name"):
         mmstore.open(store)
 

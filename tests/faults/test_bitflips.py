@@ -10,6 +10,7 @@ import pytest
 import mmstore
 from mmstore.tools import verify_store
 from support.faults import flip_bit
+from support.stores import write_store
 
 N = 300
 SCHEMA = {"image": ("|u1", (16, 16, 3)), "label": ("<i8", ()), "box": ("<f4", (4,))}
@@ -22,13 +23,7 @@ def _rec(i):
 
 
 def _store(path, backend, holes=(7, 150)):
-    with mmstore.StoreWriter(path, SCHEMA, slots=N, backend=backend) as w:
-        for s in range(N):
-            if s in holes:
-                w.skip(s, f"src/{s}.jpg", "corrupt: test")
-            else:
-                w.write(s, _rec(s), key=f"src/{s}.jpg")
-    return path
+    return write_store(path, N, backend, holes, schema=SCHEMA, make=_rec, keys="src/{}.jpg", reason="corrupt: test")
 
 
 def test_100_random_flips_in_memmap_data_files_each_named(tmp_path):

@@ -5,7 +5,6 @@ crash or hang runs in a forked child (``childrun``)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from mmstore.backends.base import check_npy
 from mmstore.errors import FormatError, IncompleteStoreError, MmstoreError
 from mmstore.format import npy_header
 from mmstore.ingest.merge import merge
-from support.faults import drop_dac_override
+from support.faults import drop_dac_override, edit_manifest, rewrite_file
 from support.proc import cli_env, in_child
 from support.stores import SMALL_SCHEMA, write_parts, write_store
 
@@ -27,23 +26,9 @@ N = 12
 HOLES = (3, 7)
 
 
-def _manifest(path):
-    with open(os.path.join(path, "manifest.json")) as fh:
-        return json.load(fh)
-
-
-def _set_manifest(path, obj=None, raw=None):
+def _set_manifest(path, raw):
     with open(os.path.join(path, "manifest.json"), "wb") as fh:
-        fh.write(raw if raw is not None else json.dumps(obj).encode())
-
-
-def _rewrite(path, name, data):
-    """Replace bookkeeping file ``name`` and list its new size in the manifest."""
-    with open(os.path.join(path, name), "wb") as fh:
-        fh.write(data)
-    m = _manifest(path)
-    m["files"][name] = len(data)
-    _set_manifest(path, m)
+        fh.write(raw)
 
 
 def _set_u8(path, name, pos, value):
@@ -201,13 +186,15 @@ def test_item10_a_symlinked_data_file_is_refused_even_when_it_points_to_a_good_c
 ])
 def test_item10_sizes_that_overflow_are_refused(tmp_path, change):
     path = write_store(str(tmp_path / "s"), N)
-    m = _manifest(path)
-    for k, v in change.items():
-        if k.startswith("schema."):
-            next(f for f in m["schema"] if f["name"] == k[7:])["shape"] = v
-        else:
-            m[k] = v
-    _set_manifest(path, m)
+
+    def apply(m):
+        for k, v in change.items():
+            if k.startswith("schema."):
+                next(f for f in m["schema"] if f["name"] == k[7:])["shape"] = v
+            else:
+                m[k] = v
+
+    edit_manifest(path, apply)
     with pytest.raises(FormatError, match="manifest"):
         mmstore.open(path)
 
@@ -216,9 +203,7 @@ def test_item10_a_128_byte_file_with_an_overflowing_shape_is_not_a_store(tmp_pat
     """Was: slots 2**61 and shape [2**32, 2**32, 1] wrapped to 0 bytes; a
     128-byte .npy (its header only) opened and verify --quick said OK."""
     path = write_store(str(tmp_path / "s"), N)
-    m = _manifest(path)
-    m["schema"][0]["shape"] = [2**32, 2**32, 1]
-    _set_manifest(path, m)
+    edit_manifest(path, lambda m: m["schema"][0].update(shape=[2**32, 2**32, 1]))
     hdr = npy_header(np.dtype("|u1"), (N, 2**32, 2**32, 1))
     with open(tmp_path / "x.npy", "wb") as fh:
         fh.write(hdr)
@@ -233,11 +218,11 @@ def test_item10_huge_json_integers_are_format_errors(tmp_path):
     with open(os.path.join(path, "manifest.json"), "rb") as fh:
         raw = good = fh.read()
     raw = raw.replace(b'"records": ', b'"records": ' + b"9" * 5000 + b', "x": ', 1)
-    _set_manifest(path, raw=raw)
+    _set_manifest(path, raw)
     with pytest.raises(FormatError, match="not valid UTF-8 JSON"):
         mmstore.open(path)
-    _set_manifest(path, raw=good)
-    _rewrite(path, "errors.jsonl", b'{"slot": ' + b"1" * 5000 + b', "key": "k", "reason": "r"}\n')
+    _set_manifest(path, good)
+    rewrite_file(path, "errors.jsonl", b'{"slot": ' + b"1" * 5000 + b', "key": "k", "reason": "r"}\n')
     with pytest.raises(FormatError, match="errors.jsonl: line 1 is not JSON"):
         mmstore.open(path).skipped()
 
@@ -246,7 +231,7 @@ def test_item10_huge_json_integers_are_format_errors(tmp_path):
                                   b'"reason": "r"}', b'{"slot": 3}', b"null", b"[" * 5000])
 def test_item10_malformed_errors_jsonl_entries_are_format_errors(tmp_path, line):
     path = write_store(str(tmp_path / "s"), N, holes=HOLES)
-    _rewrite(path, "errors.jsonl", line + b"\n")
+    rewrite_file(path, "errors.jsonl", line + b"\n")
     with pytest.raises(FormatError, match="errors.jsonl: line 1"):
         mmstore.open(path).skipped()
 

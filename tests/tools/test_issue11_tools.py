@@ -34,6 +34,7 @@ from mmstore.tools.repair import SourceGone, check_template, repair_store
 from mmstore.tools.verify import verify_store
 from mmstore.tools.verify_lmdb import _run_child
 from support.faults import drop_dac_override, flip_bit, flip_lmdb_bits, rewrite_file, sync_manifest
+from support.images import make_folder
 from support.proc import cli_env, run_cli, run_json, run_sub
 from support.stores import write_store
 
@@ -237,13 +238,9 @@ def test_item8_verify_names_a_bad_record_with_a_non_utf8_key(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    d = tmp_path_factory.mktemp("src")
-    rng = np.random.default_rng(0)
-    for c in ("cat", "dog"):
-        os.makedirs(d / c)
-        for i in range(12):
-            cv2.imwrite(str(d / c / f"{i:03d}.png"), rng.integers(0, 256, (20, 24, 3), dtype=np.uint8))
-    return str(d)
+    d = str(tmp_path_factory.mktemp("src"))
+    make_folder(d, ("cat", "dog"), per_class=12, exts=(".png",), name="{:03d}")
+    return d
 
 
 def _ingest(src, dest, backend="memmap", **kw):
@@ -450,7 +447,8 @@ def test_item11_manifest_integer_over_4300_digits(tmp_path):
     p = run_sub(["verify", store])
     assert p.returncode == 1 and "[manifest]" in p.stdout and "Traceback" not in p.stderr
     for cmd in ("inspect", "warm", "doctor"):
-        _one_line_error(run_sub([cmd, store]))
+        line = _one_line_error(run_sub([cmd, store]), codes=(1,))
+        assert f"mmstore {cmd}: {mp}: " in line and "manifest is damaged" in line, line
 
 
 @pytest.mark.parametrize("line", [b"[1, 2]", b"42", b'{"slot": "3"}', b"[" * 100_000, b"\xff\xfe",

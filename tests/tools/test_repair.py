@@ -11,6 +11,7 @@ import pytest
 import mmstore
 from support.compare import assert_reads_same, assert_same_files
 from support.faults import flip_bit, flip_lmdb_bits
+from support.images import make_folder
 from support.proc import run_cli, run_json
 
 cv2 = pytest.importorskip("cv2")
@@ -20,12 +21,7 @@ ingest_mod = pytest.importorskip("mmstore.ingest")
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
     d = tmp_path_factory.mktemp("src")
-    rng = np.random.default_rng(0)
-    for c in ("cat", "dog", "eel"):
-        os.makedirs(d / c)
-        for i in range(30):
-            img = rng.integers(0, 256, (20 + i % 5, 24, 3), dtype=np.uint8)
-            cv2.imwrite(str(d / c / f"{i:03d}.png"), img)
+    make_folder(str(d), ("cat", "dog", "eel"), per_class=30, exts=(".png",), name="{:03d}")
     (d / "cat" / "broken.jpg").write_bytes(b"not an image")
     return str(d)
 
