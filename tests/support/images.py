@@ -25,23 +25,40 @@ def photo(rng: np.random.Generator, h: int, w: int, ch: int = 3) -> np.ndarray:
     return out[..., 0] if ch == 1 else out
 
 
-def encode(img: np.ndarray, ext: str = ".jpg", quality: int = 90, rgb: bool = False) -> bytes:
-    """``img`` encoded by OpenCV as ``ext``. Its channels are in OpenCV's
-    (BGR) order unless ``rgb``; a 2-D array is gray."""
+def marked_photo(h: int, w: int, seed: int = 0) -> np.ndarray:
+    """A photo-like RGB image that is not symmetric (smooth gradients,
+    texture, a red marker in the top-left corner), so a flip, rotation or
+    channel swap shows."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
+    r = 128 + 100 * np.sin(x / (w / 3 + 1) + seed)
+    g = 255 * y / max(h - 1, 1)
+    b = 128 + 90 * np.cos((x + 2 * y) / (min(h, w) / 4 + 1))
+    img = np.stack([r, g, b], -1) + rng.normal(0, 6, (h, w, 3))
+    img = np.clip(img, 0, 255).astype(np.uint8)
+    img[: max(1, h // 4), : max(1, w // 5)] = (250, 20, 20)
+    return img
+
+
+def encode(img: np.ndarray, ext: str = ".jpg", params=(), rgb: bool = False) -> bytes:
+    """``img`` encoded by OpenCV as ``ext`` with OpenCV ``params``. Its
+    channels are in OpenCV's (BGR) order unless ``rgb``; a 2-D array is gray."""
     import cv2
 
     if rgb and img.ndim == 3:
-        img = np.ascontiguousarray(img[..., ::-1])
-    params = [cv2.IMWRITE_JPEG_QUALITY, quality] if ext in (".jpg", ".jpeg") else []
-    ok, buf = cv2.imencode(ext, img, params)
+        img = img[..., ::-1]
+    ok, buf = cv2.imencode(ext, np.ascontiguousarray(img), list(params))
     if not ok:
-        raise ValueError(f"OpenCV could not encode a {img.shape} image as {ext}")
+        raise ValueError(f"OpenCV could not encode a {img.shape} {img.dtype} image as {ext}")
     return buf.tobytes()
 
 
-def write_image(path, img: np.ndarray, ext: str = ".jpg", rgb: bool = False) -> bytes:
-    """Write ``img`` (see ``encode``) encoded as ``ext`` to ``path``; return the bytes."""
-    data = encode(img, ext, rgb=rgb)
+def write_image(path, img: np.ndarray, ext: str = ".jpg", rgb: bool = False, quality: int = 90) -> bytes:
+    """Write ``img`` (see ``encode``) as ``ext`` (JPEG at ``quality``) to ``path``; return the bytes."""
+    import cv2
+
+    params = [cv2.IMWRITE_JPEG_QUALITY, quality] if ext.lower() in (".jpg", ".jpeg") else []
+    data = encode(img, ext, params, rgb=rgb)
     with open(path, "wb") as fh:
         fh.write(data)
     return data
