@@ -1,7 +1,7 @@
 """Issue 11 item 3 (a Store reads the store it opened, or fails naming the
 change, in every process) and issue 17 item 5 (a file truncated under an open
 store is a typed error naming the file, never SIGBUS or zeros). Every read
-that could crash runs in a forked child (``childrun``)."""
+that could crash runs in a forked child (``support.proc.in_child``)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Issue 11, a store from someone else, reader side: items 6 (offsets proven
 in range), 7 (LMDB damage read without SIGBUS), 10 (crafted bookkeeping
 files) and the core of 11 (typed errors instead of OSErrors). Whatever could
-crash or hang runs in a forked child (``childrun``)."""
+crash or hang runs in a forked child (``support.proc.in_child``)."""
 
 from __future__ import annotations
 
