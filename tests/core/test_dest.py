@@ -16,9 +16,8 @@ from mmstore import writer as writer_mod
 from mmstore._dest import check_dest, is_own_partial, is_store
 from mmstore.errors import DestinationError, LockedError, StoreExistsError
 from mmstore.writer import release_lock, acquire_lock, publish
-from storetest import SMALL_SCHEMA, sample, write_store
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from support.proc import cli, cli_env
+from support.stores import SMALL_SCHEMA, sample, write_store
 
 
 def _user_folder(root) -> dict[str, bytes]:
@@ -36,12 +35,6 @@ def _assert_intact(root, files) -> None:
     for rel, data in files.items():
         with open(os.path.join(root, rel), "rb") as fh:
             assert fh.read() == data, rel
-
-
-def _cli(*argv) -> int:
-    from mmstore.cli import main
-
-    return main([str(a) for a in argv])
 
 
 # -- item 1: --overwrite only replaces a store --------------------------------------------
@@ -183,22 +176,22 @@ def test_convert_and_merge_refusals_exit_2_and_touch_nothing(tmp_path, capsys):
     files = _user_folder(proj)
     src = write_store(proj / "train.store", 4)
     before = {n: (proj / "train.store" / n).read_bytes() for n in os.listdir(src)}
-    assert _cli("convert", src, proj, "--backend", "lmdb", "--overwrite", "--no-progress") == 2
+    assert cli("convert", src, proj, "--backend", "lmdb", "--overwrite", "--no-progress") == 2
     assert "contains the input" in capsys.readouterr().err
     os.symlink(src, tmp_path / "alias")
-    assert _cli("convert", src, tmp_path / "alias", "--backend", "lmdb", "--overwrite", "--no-progress") == 2
-    assert _cli("merge", src, proj, "--overwrite", "-q") == 2
-    assert _cli("merge", src, proj / "train.store" / "m", "-q") == 2
+    assert cli("convert", src, tmp_path / "alias", "--backend", "lmdb", "--overwrite", "--no-progress") == 2
+    assert cli("merge", src, proj, "--overwrite", "-q") == 2
+    assert cli("merge", src, proj / "train.store" / "m", "-q") == 2
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "keep.txt").write_text("x")
-    assert _cli("merge", src, tmp_path / "plain", "--overwrite", "-q") == 2
-    assert _cli("convert", src, tmp_path / "plain", "--backend", "lmdb", "--overwrite", "--no-progress") == 2
+    assert cli("merge", src, tmp_path / "plain", "--overwrite", "-q") == 2
+    assert cli("convert", src, tmp_path / "plain", "--backend", "lmdb", "--overwrite", "--no-progress") == 2
     assert (tmp_path / "plain" / "keep.txt").read_text() == "x"
     _assert_intact(proj, files)
     assert {n: (proj / "train.store" / n).read_bytes() for n in os.listdir(src)} == before
     # converting into a real store with --overwrite still works
     out = write_store(tmp_path / "out", 1)
-    assert _cli("convert", src, out, "--backend", "lmdb", "--overwrite", "--no-progress") == 0
+    assert cli("convert", src, out, "--backend", "lmdb", "--overwrite", "--no-progress") == 0
     assert mmstore.open(out).records == 4
 
 
@@ -253,7 +246,7 @@ def test_lock_two_processes_racing_never_both_hold_it(tmp_path):
             got += 1
         print(got)
     """)
-    env = dict(os.environ, PYTHONPATH=REPO)
+    env = cli_env()
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]
