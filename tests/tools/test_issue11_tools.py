@@ -549,3 +549,27 @@ def test_item9_kind_repair_label_search_is_bounded(tmp_path, folder, monkeypatch
     monkeypatch.setattr(repair_mod, "LABEL_SEARCH_BYTES", 2 << 30)
     rc, rep = run_json(["verify", store, "--repair"], capsys)
     assert rc == 1 and "other bytes" in rep["repair"]["failed"][0]["reason"]
+
+
+@pytest.mark.parametrize("link", ["symlink", "hardlink"])
+def test_output_file_that_links_into_the_store_is_replaced_not_written_through(tmp_path, link):
+    """`show -o` and `bench --plot` given a name that is a link to a store file
+    (review of issue 11): the link is replaced by the new file; the store's
+    files keep every byte."""
+    store = write_store(tmp_path / "s", 10)
+    def files():
+        return {n: (tmp_path / "s" / n).read_bytes() for n in os.listdir(store)}
+
+    before = files()
+    for k, (target, argv) in enumerate([
+        ("manifest.json", ["show", store, "-n", "2", "-o"]),
+        ("image.npy", ["bench", store, "--paths", "read_batch", "--samples", "10", "--max-seconds", "0.1",
+                       "--plot"]),
+    ]):
+        out = tmp_path / f"out{k}.png"
+        (os.symlink if link == "symlink" else os.link)(os.path.join(store, target), out)
+        p = run_sub([*argv, out])
+        assert p.returncode == 0, p.stderr
+        assert not out.is_symlink() and out.read_bytes()[:4] == b"\x89PNG"
+    assert files() == before
+    assert verify_store(store).ok
