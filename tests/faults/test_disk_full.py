@@ -92,3 +92,24 @@ def test_lmdb_map_too_small_is_grown(src, tmp_path):
     for k in a.fields:
         np.testing.assert_array_equal(a.column(k), b.column(k))
     shutil.rmtree(dest)
+
+
+def test_lmdb_file_over_the_size_limit_names_the_cause(src, tmp_path):
+    """Building records.mdb past RLIMIT_FSIZE (review of issue 11): liblmdb says
+    only "Input/output error", and a failed put used to surface as an
+    "unexpected" BufferError. Now convert and ingest say the file size limit
+    was reached; ingest keeps its work and --resume completes it."""
+    plain = str(tmp_path / "plain")
+    assert run_forked(_argv(src, plain)) == 0
+    data = os.path.getsize(os.path.join(plain, "image.npy"))
+    limit = data + 2048  # the staging copy fits; records.mdb (a 6,912-byte record takes two 4 KiB pages) not
+    r = _run_limited(["convert", plain, str(tmp_path / "c"), "--backend", "lmdb", "--no-progress"], limit)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "unexpected" not in r.stderr, r.stderr
+    assert "records.mdb" in r.stderr and "file size limit" in r.stderr, r.stderr
+    assert not os.path.exists(str(tmp_path / "c"))
+    dest = str(tmp_path / "l")
+    r = _run_limited(_argv(src, dest, "--backend", "lmdb"), limit)
+    assert r.returncode == 1 and "unexpected" not in r.stderr and "File too large" in r.stderr, r.stderr
+    assert run_forked(_argv(src, dest, "--backend", "lmdb", "--resume")) == 0
+    a, b = mmstore.open(plain), mmstore.open(dest)
+    np.testing.assert_array_equal(a.read_batch(np.arange(len(a)))["image"], b.read_batch(np.arange(len(b)))["image"])
