@@ -82,10 +82,39 @@ def test_overwrite_deletes_nothing_through_a_symlink_inside_the_old_store(tmp_pa
     outside = tmp_path / "outside"
     files = _user_folder(outside)
     dest = write_store(tmp_path / "s", 3)
-    os.symlink(outside, os.path.join(dest, "planted"))  # a store from someone else may hold anything
+    os.unlink(os.path.join(dest, "_keys.bin"))  # a store from someone else may hold anything ...
+    os.symlink(outside, os.path.join(dest, "_keys.bin"))  # ... under a name its manifest lists
     write_store(dest, 2, overwrite=True)
     _assert_intact(outside, files)
     assert mmstore.open(dest).records == 2
+
+
+@pytest.mark.parametrize("entry", ["notes/thesis.txt", "todo.txt", "link"])
+def test_overwrite_refuses_a_store_holding_entries_its_manifest_does_not_list(tmp_path, entry):
+    """A user's file put inside a store is not ours to delete (review of
+    issue 11): --overwrite refuses, names it, and changes nothing."""
+    dest = write_store(tmp_path / "s", 3)
+    path = os.path.join(dest, entry)
+    if entry == "link":
+        os.symlink(tmp_path, path)
+    else:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as fh:
+            fh.write("mine")
+    before = sorted(os.listdir(dest))
+    with pytest.raises(DestinationError, match=entry.split("/")[0]):
+        write_store(dest, 2, overwrite=True)
+    assert sorted(os.listdir(dest)) == before and mmstore.open(dest).records == 3
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.ppm").write_bytes(b"P6 2 2 255\n" + bytes(range(12)))
+    assert cli("ingest", str(src), dest, "--size", "8x8", "--overwrite", "-q") == 2
+    assert sorted(os.listdir(dest)) == before
+    os.unlink(path)  # the user moves their file out: now it is replaced
+    if entry == "notes/thesis.txt":
+        os.rmdir(os.path.dirname(path))
+    assert cli("ingest", str(src), dest, "--size", "8x8", "--overwrite", "-q") == 0  # the source was fine
+    assert mmstore.open(dest).records == 1
 
 
 def test_foreign_partial_is_never_written_or_discarded(tmp_path):
