@@ -400,6 +400,12 @@ def _label_values(
     bad: dict[int, str] = {}
     names: list[str] | None = None
     blank = blank_int if kind == "int" else {""}
+    if kind == "int" and missing == "class" and blank and any(ints[c] == -1 for c in is_int):
+        raise IngestError(
+            f"{path}: label column {column!r} already uses -1 as a label, and --missing-label class would give the "
+            "blank cells that label too, merging them with it: pass --missing-label error (blank rows become "
+            "holes listed in errors.jsonl), or give the blank rows a label of their own in the list"
+        )
     if kind == "int":
         for c, k in ids.items():
             v = ints[c]
