@@ -77,6 +77,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ._runs import find_runs
+from ._sys import mem_available
+
 __all__ = [
     "BlockShuffle",
     "Order",
@@ -601,13 +604,9 @@ class BlockShuffle(Order):
 
 def _mem_available() -> int:
     """``MemAvailable`` in bytes (Linux), else free physical memory, else 1 GiB."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    avail = mem_available()
+    if avail is not None:
+        return avail
     try:
         return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
     except (AttributeError, OSError, ValueError):
@@ -718,10 +717,8 @@ def contiguous_ranges(
     u = np.unique(_index_array("indices", indices))
     if u.size == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    brk = np.flatnonzero(np.diff(u) > max_gap + 1) + 1
-    starts = u[np.concatenate([[0], brk])]
-    stops = u[np.concatenate([brk - 1, [u.size - 1]])] + 1
-    return starts, stops
+    first, end = find_runs(1, u, max_gap=max_gap)
+    return u[first], u[np.asarray(end) - 1] + 1
 
 
 def _bounds(length: int, groups: int | np.ndarray) -> np.ndarray:

@@ -9,6 +9,7 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from .._runs import SMALL_RECORD_BYTES, find_runs
 from ..errors import StoreChangedError
 from ..format import field_file, note_identity, open_store_file
 from ..schema import Schema
@@ -16,10 +17,9 @@ from .base import Backend, FieldSegment, SlotFile, check_npy
 
 __all__ = ["MemmapBackend"]
 
-# Entries at least this big are copied one by one with memmove (which, as a
-# ctypes foreign call, releases the GIL, so reader threads overlap their page
-# faults); smaller ones are gathered with one numpy ``take``.
-_MEMMOVE_MIN_BYTES = 2048
+# Entries of at least SMALL_RECORD_BYTES are copied run by run with memmove
+# (which, as a ctypes foreign call, releases the GIL, so reader threads overlap
+# their page faults); smaller ones are gathered with one numpy ``take``.
 _memmove = ctypes.memmove
 
 
@@ -149,7 +149,7 @@ class MemmapBackend(Backend):
             if nbytes == 0:
                 continue
             self.check_mapped(name)  # see NOTE [truncated under a mapping]
-            if nbytes < _MEMMOVE_MIN_BYTES:
+            if nbytes < SMALL_RECORD_BYTES:
                 if identity_rows and rows[0] == 0 and rows[-1] == n - 1:
                     np.take(src, slots, axis=0, out=dst)
                 else:
@@ -192,11 +192,5 @@ def _copy_rows(src: np.ndarray, dst: np.ndarray, slots: np.ndarray, rows: np.nda
     dbase = dst.ctypes.data
     s_list = slots.tolist()
     r_list = rows.tolist()
-    n = len(s_list)
-    j = 0
-    while j < n:
-        k = j + 1
-        while k < n and s_list[k] == s_list[k - 1] + 1 and r_list[k] == r_list[k - 1] + 1:
-            k += 1
+    for j, k in zip(*find_runs(1, slots, rows)):
         _memmove(dbase + r_list[j] * nbytes, sbase + s_list[j] * nbytes, (k - j) * nbytes)
-        j = k

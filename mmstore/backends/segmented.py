@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .._runs import SMALL_RECORD_BYTES, find_runs
 from ..errors import ResourceLimitError
 from ..schema import Schema
 from .base import Backend, FieldSegment, SlotFile
@@ -32,7 +33,6 @@ _memmove = ctypes.memmove  # releases the GIL: for big entries, so reader thread
 _memmove_gil = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
     ctypes.cast(ctypes.memmove, ctypes.c_void_p).value
 )
-_BIG_ENTRY = 2048  # as memmap's _MEMMOVE_MIN_BYTES
 
 
 class SegmentedBackend(Backend):
@@ -162,11 +162,9 @@ class SegmentedBackend(Backend):
             dst = out[name]
             src_addr = bases[seg] + local * nb
             dst_addr = dst.ctypes.data + rows.astype(np.int64) * nb
-            brk = np.flatnonzero((np.diff(src_addr) != nb) | (np.diff(dst_addr) != nb)) + 1
-            starts = np.concatenate(([0], brk)).tolist()
-            ends = np.concatenate((brk, [len(slots)])).tolist()
+            starts, ends = find_runs(nb, src_addr, dst_addr)
             sa, da = src_addr.tolist(), dst_addr.tolist()
-            move = _memmove if nb >= _BIG_ENTRY else _memmove_gil
+            move = _memmove if nb >= SMALL_RECORD_BYTES else _memmove_gil
             for a, b in zip(starts, ends):
                 move(da[a], sa[a], (b - a) * nb)
 
