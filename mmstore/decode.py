@@ -656,7 +656,12 @@ def decode_image(data: bytes | bytearray | memoryview | np.ndarray, spec: Decode
         if not jpeg_has_eoi(mv, hd.sos_end):
             raise DecodeError("truncated: jpeg has no end-of-image marker after its scan data")
         return _decode_jpeg(buf, hd, spec, cv2)
+    return _decode_other(mv, buf, fmt, hd, spec, cv2)
 
+
+def _decode_other(mv: memoryview, buf: np.ndarray, fmt: str, hd: Header, spec: DecodeSpec, cv2: Any) -> Decoded:
+    """Every format but JPEG: OpenCV decodes with metadata, then 8-bit, alpha,
+    channels and EXIF orientation as the module docstring says."""
     try:
         if hasattr(cv2, "imdecodeWithMetadata"):
             img, mtypes, mdata = cv2.imdecodeWithMetadata(buf, cv2.IMREAD_UNCHANGED)

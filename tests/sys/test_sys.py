@@ -191,6 +191,43 @@ def test_resident_partial_and_windowed(disk_dir, monkeypatch):
     assert got == 2 * PS - 20
 
 
+def test_evict_range_drops_only_around_the_range(disk_dir):
+    size = 4 * MiB
+    p = write_file(disk_dir / "range.bin", os.urandom(size))
+    read_all(p)
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        assert msys.resident_fd(fd, size) == size
+        assert msys.evict_range(fd, 5000, 3000, size) is True
+        assert msys.resident_fd(fd, size, 5000, 3000) == 0
+        # widened at most to the 2 MiB folio bounds: the second half stays
+        assert msys.resident_fd(fd, size, 2 * MiB, 2 * MiB) == 2 * MiB
+        # without a size nothing is checked, and the call says True
+        assert msys.evict_range(fd, 3 * MiB, 100) is True
+    finally:
+        os.close(fd)
+
+
+@linux_only
+def test_evict_range_reports_pages_that_stay(tmp_path):
+    """tmpfs pages are the file's storage: they stay, and evict_range says so."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or msys.disk_info(shm)["fs_type"] != "tmpfs":
+        pytest.skip("no tmpfs at /dev/shm")
+    fd_, name = tempfile.mkstemp(dir=shm, prefix="mmstore_evict_")
+    os.close(fd_)
+    try:
+        p = write_file(Path(name), os.urandom(256 * KiB))
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            assert msys.evict_range(fd, 0, 64 * KiB, 256 * KiB) is False
+            assert msys.resident_fd(fd, 256 * KiB, 0, 64 * KiB) == 64 * KiB
+        finally:
+            os.close(fd)
+    finally:
+        os.unlink(name)
+
+
 # --------------------------------------------------------------------------
 # warm
 # --------------------------------------------------------------------------
