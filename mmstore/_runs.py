@@ -27,11 +27,14 @@ def find_runs(step: int, *arrays: np.ndarray, same: np.ndarray | None = None,
     per run).
 
     Returns ``(starts, ends)``: lists of ints, run ``k`` covering positions
-    ``starts[k]`` to ``ends[k] - 1``. Empty lists for empty arrays.
+    ``starts[k]`` to ``ends[k] - 1``. Empty lists for empty arrays. Batches
+    take a plain loop, long arrays (and ``same``/``max_gap``) numpy.
     """
     n = len(arrays[0]) if arrays else (0 if same is None else len(same))
     if n <= 1:
         return ([0], [1]) if n == 1 else ([], [])
+    if n <= _LOOP_MAX and same is None and max_gap == 0:
+        return _runs_loop(step, [a.tolist() for a in arrays], n)
     brk = np.zeros(n - 1, dtype=bool)
     for a in arrays:
         d = np.diff(a)
@@ -41,3 +44,24 @@ def find_runs(step: int, *arrays: np.ndarray, same: np.ndarray | None = None,
     cut = np.flatnonzero(brk) + 1
     starts = [0] + cut.tolist()
     return starts, starts[1:] + [n]
+
+
+# Up to this many positions (a batch) a plain loop over lists is cheaper than
+# numpy's few calls: measured in the memmap copy of a 256-record batch right
+# after the previous batch's memmoves, the numpy path cost ~150 us more per
+# batch than the inline loop it replaced, this loop ~30 us more.
+_LOOP_MAX = 1024
+
+
+def _runs_loop(step: int, cols: list[list[int]], n: int) -> tuple[list[int], list[int]]:
+    starts = [0]
+    if len(cols) == 1:
+        (c,) = cols
+        starts += [i for i in range(1, n) if c[i] - c[i - 1] != step]
+    elif len(cols) == 2:
+        a, b = cols
+        starts += [i for i in range(1, n) if a[i] - a[i - 1] != step or b[i] - b[i - 1] != step]
+    else:
+        starts += [i for i in range(1, n) if any(x[i] - x[i - 1] != step for x in cols)]
+    return starts, starts[1:] + [n]
+

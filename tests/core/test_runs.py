@@ -53,3 +53,14 @@ def test_find_runs_examples():
     assert find_runs(1, u, max_gap=1) == ([0, 3], [3, 5])
     assert find_runs(1, np.array([7])) == ([0], [1])
     assert find_runs(1, np.array([], np.int64)) == ([], [])
+
+
+def test_find_runs_long_arrays_match_the_obvious_loop():
+    """Above a thousand positions the vectorised path runs; it must agree too."""
+    rng = np.random.default_rng(5)
+    for n in (1023, 1024, 1025, 5000):
+        moves = rng.choice([160, 160, 160, 320, -160, 0], size=n - 1)
+        a = np.cumsum(np.concatenate([[10_000], moves])).astype(np.int64)
+        b = np.cumsum(np.concatenate([[0], rng.choice([160, 160, 1], size=n - 1)])).astype(np.int64)
+        for arrays in ([a], [a, b]):
+            assert find_runs(160, *arrays) == naive_runs(160, arrays, None, 0)
