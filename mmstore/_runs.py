@@ -14,7 +14,7 @@ __all__ = ["SMALL_RECORD_BYTES", "find_runs"]
 SMALL_RECORD_BYTES = 2048
 
 
-def find_runs(step: int, *arrays: np.ndarray, same: np.ndarray | None = None,
+def find_runs(step: int, *arrays: np.ndarray | list[int], same: np.ndarray | None = None,
               max_gap: int = 0) -> tuple[list[int], list[int]]:
     """Split positions ``0..n-1`` into maximal runs of neighbours.
 
@@ -26,7 +26,8 @@ def find_runs(step: int, *arrays: np.ndarray, same: np.ndarray | None = None,
     per run), sorted unique slots with gaps of at most ``max_gap`` (one range
     per run).
 
-    Returns ``(starts, ends)``: lists of ints, run ``k`` covering positions
+    ``arrays`` are 1-D integer arrays or lists of ints (a caller that has
+    the lists anyway saves the conversion). Returns ``(starts, ends)``: lists of ints, run ``k`` covering positions
     ``starts[k]`` to ``ends[k] - 1``. Empty lists for empty arrays. Batches
     take a plain loop, long arrays (and ``same``/``max_gap``) numpy.
     """
@@ -34,10 +35,10 @@ def find_runs(step: int, *arrays: np.ndarray, same: np.ndarray | None = None,
     if n <= 1:
         return ([0], [1]) if n == 1 else ([], [])
     if n <= _LOOP_MAX and same is None and max_gap == 0:
-        return _runs_loop(step, [a.tolist() for a in arrays], n)
+        return _runs_loop(step, [a if isinstance(a, list) else a.tolist() for a in arrays], n)
     brk = np.zeros(n - 1, dtype=bool)
     for a in arrays:
-        d = np.diff(a)
+        d = np.diff(np.asarray(a, dtype=np.int64))
         brk |= (d != step) if max_gap == 0 else ((d < step) | (d > step + max_gap))
     if same is not None:
         brk |= same[1:] != same[:-1]

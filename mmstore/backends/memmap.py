@@ -192,5 +192,5 @@ def _copy_rows(src: np.ndarray, dst: np.ndarray, slots: np.ndarray, rows: np.nda
     dbase = dst.ctypes.data
     s_list = slots.tolist()
     r_list = rows.tolist()
-    for j, k in zip(*find_runs(1, slots, rows)):
+    for j, k in zip(*find_runs(1, s_list, r_list)):
         _memmove(dbase + r_list[j] * nbytes, sbase + s_list[j] * nbytes, (k - j) * nbytes)
