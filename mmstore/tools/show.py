@@ -12,7 +12,6 @@ import numpy as np
 from ..reader import open_store
 from .._names import ascii_text
 from ._common import (
-    UsageError,
     check_output,
     find_image_field,
     find_label_field,

@@ -120,6 +120,7 @@ import numpy as np
 import torch
 
 from .. import _sys
+from .._runs import SMALL_RECORD_BYTES
 from ..errors import LoaderStateError
 from ..order import BlockShuffle, Order, Sequential, contiguous_ranges
 from ..reader import Store
@@ -128,7 +129,7 @@ from .sampler import build_order
 
 __all__ = ["Loader"]
 
-_PREAD_MIN_BYTES = 2048
+_PREAD_MIN_BYTES = SMALL_RECORD_BYTES  # smaller fields are gathered by the backend, not pread
 _MiB = 1 << 20
 
 
