@@ -76,6 +76,8 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+import numpy.random  # noqa: F401 - loaded now, not lazily inside a training loop: an
+# import that a Ctrl-C interrupts swallows the KeyboardInterrupt (issue 17 review)
 
 from ._runs import find_runs
 from ._sys import mem_available
