@@ -9,7 +9,8 @@ lock). The rule:
   the inputs (compared by ``realpath``, so symlinks do not hide it).
 * With ``overwrite``, an existing ``DEST`` is replaced only when it is an
   mmstore store (a real directory whose ``manifest.json`` is a regular file
-  that parses as an mmstore manifest).
+  that parses as an mmstore manifest) holding nothing its manifest does not
+  list (a user's notes put inside a store are not ours to delete).
 * An existing ``DEST.partial`` is resumed or discarded only when it is one
   of ours (see :func:`is_own_partial`).
   Anything else is a :class:`~mmstore.errors.DestinationError` and nothing is
@@ -129,10 +130,27 @@ def check_dest(
         raise DestinationError(f"{dest}: exists and is {kind} that is not an mmstore store (no valid "
                                f"{MANIFEST_FILE}); --overwrite only ever replaces a store: choose another DEST, "
                                "or move it away yourself")
+    if overwrite and is_store(dest):
+        foreign = _foreign_entries(dest)
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+            what = "1 entry that is" if len(foreign) == 1 else f"{len(foreign)} entries that are"
+            raise DestinationError(f"{dest}: the store holds {what} not part of it ({shown}); --overwrite "
+                                   "replaces only what mmstore wrote: move them out first (`mmstore verify` "
+                                   "lists them as stray)")
     if os.path.lexists(partial) and not is_own_partial(partial):
         raise DestinationError(f"{partial}: exists and was not made by mmstore (no mmstore marker); it is never "
                                "written to or discarded: move it away yourself, or choose another DEST")
     return dest
+
+
+def _foreign_entries(store: str) -> list[str]:
+    """Names in ``store`` that its manifest does not list (someone else's files)."""
+    try:
+        listed = set(read_manifest(store).get("files", {})) | {MANIFEST_FILE}
+        return sorted(n for n in os.listdir(store) if n not in listed)
+    except (OSError, ValueError):
+        return []
 
 
 def make_partial(partial: str) -> None:

@@ -30,10 +30,13 @@ import sys
 
 import numpy as np
 
+from ._runs import SMALL_RECORD_BYTES
+
 __all__ = ["MappingFault", "SAFE_COPY_MIN_BYTES", "copy_entries", "safe_copy_available"]
 
-# Entries at least this big are copied with process_vm_readv (see above).
-SAFE_COPY_MIN_BYTES = 2048
+# Entries at least this big are copied with process_vm_readv (see above):
+# the one threshold between small and big records.
+SAFE_COPY_MIN_BYTES = SMALL_RECORD_BYTES
 _IOV_MAX = 1024
 
 

@@ -76,6 +76,11 @@ from dataclasses import KW_ONLY, dataclass
 from typing import Any, ClassVar
 
 import numpy as np
+import numpy.random  # noqa: F401 - loaded now, not lazily inside a training loop: an
+# import that a Ctrl-C interrupts swallows the KeyboardInterrupt (issue 17 review)
+
+from ._runs import find_runs
+from ._sys import mem_available
 
 __all__ = [
     "BlockShuffle",
@@ -601,13 +606,9 @@ class BlockShuffle(Order):
 
 def _mem_available() -> int:
     """``MemAvailable`` in bytes (Linux), else free physical memory, else 1 GiB."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
+    avail = mem_available()
+    if avail is not None:
+        return avail
     try:
         return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
     except (AttributeError, OSError, ValueError):
@@ -718,10 +719,8 @@ def contiguous_ranges(
     u = np.unique(_index_array("indices", indices))
     if u.size == 0:
         return np.zeros(0, np.int64), np.zeros(0, np.int64)
-    brk = np.flatnonzero(np.diff(u) > max_gap + 1) + 1
-    starts = u[np.concatenate([[0], brk])]
-    stops = u[np.concatenate([brk - 1, [u.size - 1]])] + 1
-    return starts, stops
+    first, end = find_runs(1, u, max_gap=max_gap)
+    return u[first], u[np.asarray(end) - 1] + 1
 
 
 def _bounds(length: int, groups: int | np.ndarray) -> np.ndarray:
@@ -887,6 +886,17 @@ def shuffle_quality(
             raise _bad("labels", f"<array of shape {labels.shape}>",
                        f"a 1-D array with at least n={n} labels")
         lab = labels[order]
+    out.update(_label_mixing(lab, batch_size))
+    nbatch = -(-length // batch_size)
+    seeks = count_seeks(order, batch_size)
+    out["runs_per_batch"] = seeks / nbatch
+    out["mean_run_length"] = length / seeks
+    return out
+
+
+def _label_mixing(lab: np.ndarray, batch_size: int) -> dict[str, float]:
+    """The label figures of :func:`shuffle_quality` for labels in consumption order."""
+    length = lab.shape[0]
     _, codes, counts = np.unique(lab, return_inverse=True, return_counts=True)
     codes = codes.astype(np.int64, copy=False).ravel()
     classes = counts.size
@@ -900,19 +910,16 @@ def shuffle_quality(
     sizes[-1] = length - (nbatch - 1) * batch_size
     pairs = float(np.sum(sizes * (sizes - 1)) / 2)
     same = float(np.sum(kc * (kc - 1.0)) / 2)
-    out["same_label_pairs"] = _ratio(same / pairs if pairs else 0.0, q)
     adj = np.ones(length - 1, dtype=bool)
     adj[batch_size - 1 :: batch_size] = False  # pairs that cross a batch edge
     n_adj = int(adj.sum())
     same_adj = int(np.count_nonzero((codes[1:] == codes[:-1]) & adj))
-    out["adjacent_same_label"] = _ratio(same_adj / n_adj if n_adj else 0.0, q)
-    out["labels_per_batch"] = keys.size / nbatch
-    out["labels_per_batch_uniform"] = _expected_distinct(counts, length, sizes)
-
-    seeks = count_seeks(order, batch_size)
-    out["runs_per_batch"] = seeks / nbatch
-    out["mean_run_length"] = length / seeks
-    return out
+    return {
+        "same_label_pairs": _ratio(same / pairs if pairs else 0.0, q),
+        "adjacent_same_label": _ratio(same_adj / n_adj if n_adj else 0.0, q),
+        "labels_per_batch": keys.size / nbatch,
+        "labels_per_batch_uniform": _expected_distinct(counts, length, sizes),
+    }
 
 
 def _ratio(observed: float, expected: float) -> float:

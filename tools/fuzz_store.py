@@ -7,7 +7,7 @@ Valid small stores of both backends, plain and merged, get one or two
 structured mutations each (manifest fields and bytes, .npy headers, index /
 key offset / checksum values, data and LMDB page bytes, truncation, file
 types: symlink, /dev/zero, FIFO, directory); every public entry point runs on
-the result in a forked child (see tests/storefuzz.py). Prints the cases tried,
+the result in a forked child (see tests/support/fuzz.py). Prints the cases tried,
 crashes (must be 0), hangs (must be 0), other violations (must be 0), and the
 CLI tracebacks or "unexpected" errors seen (must be 0: every command ends with
 a one-line message naming the problem). Exits 1 when any of these is not 0.
@@ -28,7 +28,7 @@ sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 
 from hypothesis import HealthCheck, Phase, given, seed, settings  # noqa: E402
 
-import storefuzz  # noqa: E402
+from support import fuzz  # noqa: E402
 
 
 def main() -> int:
@@ -48,21 +48,21 @@ def main() -> int:
     import mmstore.tools.show  # noqa: F401
     import mmstore.tools.verify  # noqa: F401
 
-    outcomes: list[storefuzz.Outcome] = []
+    outcomes: list[fuzz.Outcome] = []
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mmstore-fuzz-") as root:
-        bases = storefuzz.make_bases(os.path.join(root, "bases"))
-        refs = {k: storefuzz.reference(p) for k, p in bases.items()}
+        bases = fuzz.make_bases(os.path.join(root, "bases"))
+        refs = {k: fuzz.reference(p) for k, p in bases.items()}
 
         @seed(args.seed)
         @settings(max_examples=args.cases, deadline=None, database=None, phases=[Phase.generate],
                   suppress_health_check=list(HealthCheck))
-        @given(storefuzz.case_strategy(bases))
+        @given(fuzz.case_strategy(bases))
         def run(case):
             if time.monotonic() - t0 > args.minutes * 60:
                 return
             name, muts = case
-            o = storefuzz.run_case(bases[name], refs[name], muts, os.path.join(root, "case"),
+            o = fuzz.run_case(bases[name], refs[name], muts, os.path.join(root, "case"),
                                    timeout=args.timeout, loader=not args.no_loader)
             o.case = f"{name}: {o.case}"
             outcomes.append(o)

@@ -28,9 +28,10 @@ sys.path[:0] = [REPO, os.path.join(REPO, "tests"), os.path.join(REPO, "tests", "
 
 import numpy as np  # noqa: E402
 
-from faultlib import (  # noqa: E402
-    CRASHED, cli_subprocess, content_ok, ingest_argv, kill_after, make_source, run_forked, store_bytes,
-)
+from support.compare import store_bytes  # noqa: E402
+from support.faults import CRASHED, content_ok, ingest_argv, run_forked  # noqa: E402
+from support.images import make_source  # noqa: E402
+from support.proc import kill_after, killable_cli  # noqa: E402
 
 
 def crash_points(work, src, backend, phase, ref):
@@ -85,7 +86,7 @@ def sigkills(work, seeds):
     src = make_source(os.path.join(work, "ksrc"), n_per_class=300)
     ref_dest = os.path.join(work, "kref")
     t0 = time.monotonic()
-    p = cli_subprocess(_argv(src, ref_dest))
+    p = killable_cli(_argv(src, ref_dest))
     p.communicate()
     duration = time.monotonic() - t0
     ref = store_bytes(ref_dest)
@@ -93,7 +94,7 @@ def sigkills(work, seeds):
     for seed in range(seeds):
         rng = np.random.default_rng(seed)
         dest = os.path.join(work, f"k{seed}")
-        p = cli_subprocess(_argv(src, dest))
+        p = killable_cli(_argv(src, dest))
         if kill_after(p, float(rng.uniform(0.05, 1.0)) * duration):
             killed += 1
             partial += os.path.isdir(dest + ".partial")

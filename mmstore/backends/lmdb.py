@@ -11,9 +11,11 @@ manifest left a ``.partial`` that could not resume).
 from __future__ import annotations
 
 import ctypes
+import errno
 import math
 import mmap
 import os
+import resource
 import sys
 import threading
 import weakref
@@ -22,7 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from .._io import crash_point, fsync_dir, fsync_file
+from .._crash import crash_point
+from .._io import fsync_dir, fsync_file
 from ..errors import FormatError, StoreChangedError
 from ..format import LMDB_FILE, LMDB_TXN_RECORDS, lmdb_file, lmdb_key, note_identity, open_store_file
 from ..schema import Schema
@@ -143,28 +146,18 @@ class LmdbBackend(Backend):
         try:
             with open(staging, "rb") as fh:
                 mm = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if slots * rb else None
+                view = memoryview(mm) if mm is not None else memoryview(b"")
                 try:
-                    view = memoryview(mm) if mm is not None else memoryview(b"")
                     for start in range(0, len(present), LMDB_TXN_RECORDS):
-                        chunk = present[start : start + LMDB_TXN_RECORDS].tolist()
-                        while True:
-                            try:
-                                with env.begin(write=True) as txn:
-                                    for s in chunk:
-                                        o = offset + s * rb
-                                        txn.put(lmdb_key(s), view[o : o + rb], append=True)
-                                    crash_point("commit")
-                                break
-                            except lmdb.MapFullError:
-                                # NOTE: the estimate above should make this
-                                # unreachable; a too-small map is grown, never fatal.
-                                map_size *= 2
-                                env.set_mapsize(map_size)
-                    view.release()
+                        map_size = _put_chunk(env, view, present[start : start + LMDB_TXN_RECORDS].tolist(),
+                                              offset, rb, map_size)
                 finally:
+                    view.release()  # before the mapping closes, also when a put failed
                     if mm is not None:
                         mm.close()
             env.sync(True)
+        except lmdb.Error as exc:  # liblmdb says "Input/output error" for a full disk or a file size limit
+            raise _write_failure(path, exc) from None
         finally:
             env.close()
         fd = os.open(path, os.O_RDONLY)
@@ -439,6 +432,41 @@ def _zero_tail(span: tuple[int, int], file_size: int) -> None:
     got = libc.mmap(start, span[1] - start, mmap.PROT_READ, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | map_fixed, -1, 0)
     if got != start:
         raise OSError(ctypes.get_errno(), "mapping zero pages after an LMDB file failed")
+
+
+def _put_chunk(env: Any, view: memoryview, chunk: list[int], offset: int, rb: int, map_size: int) -> int:
+    """One write transaction of ``chunk``'s records; returns the map size
+    (grown if the estimate was too small)."""
+    while True:
+        try:
+            with env.begin(write=True) as txn:
+                for s in chunk:
+                    o = offset + s * rb
+                    txn.put(lmdb_key(s), view[o : o + rb], append=True)
+                crash_point("commit")
+            return map_size
+        except _lmdb().MapFullError:
+            # NOTE: lmdb_map_size should make this unreachable; a too-small map is grown, never fatal
+            map_size *= 2
+            env.set_mapsize(map_size)
+
+
+def _write_failure(path: str, exc: Exception) -> OSError:
+    """liblmdb reports a full disk and a file size limit alike as "Input/output
+    error": tell them apart by the file's size and the free space, so the
+    message names the cause (``_io.describe_write_error``, the CLI's hint)."""
+    code = errno.EIO
+    try:
+        size = os.path.getsize(path)
+        soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+        st = os.statvfs(os.path.dirname(path) or ".")
+        if soft != resource.RLIM_INFINITY and size + (1 << 20) >= soft:
+            code = errno.EFBIG
+        elif st.f_bavail * st.f_frsize < (1 << 20):
+            code = errno.ENOSPC
+    except OSError:
+        pass
+    return OSError(code, f"writing the LMDB file failed ({exc})", path)
 
 
 class _registry:

@@ -8,7 +8,8 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
-from .._safecopy import SAFE_COPY_MIN_BYTES, MappingFault, copy_entries
+from .._runs import SMALL_RECORD_BYTES
+from .._safecopy import MappingFault, copy_entries
 from ..errors import StoreChangedError
 from ..format import field_file, note_identity, open_store_file
 from ..schema import Schema
@@ -16,11 +17,10 @@ from .base import Backend, FieldSegment, SlotFile, check_npy
 
 __all__ = ["MemmapBackend"]
 
-# Entries at least this big are copied by the kernel, in one call a batch
-# (``_safecopy.copy_entries``: SIGBUS-proof, and as a ctypes foreign call it
-# releases the GIL, so reader threads overlap their page faults); smaller ones
-# are gathered with one numpy ``take``.
-_MEMMOVE_MIN_BYTES = SAFE_COPY_MIN_BYTES
+# Entries of at least SMALL_RECORD_BYTES are copied by the kernel, in one call
+# a batch (``_safecopy.copy_entries``: SIGBUS-proof, and as a ctypes foreign
+# call it releases the GIL, so reader threads overlap their page faults);
+# smaller ones are gathered with one numpy ``take``.
 
 
 class MemmapBackend(Backend):
@@ -151,7 +151,7 @@ class MemmapBackend(Backend):
             if nbytes == 0:
                 continue
             self.check_mapped(name)  # see NOTE [truncated under a mapping]
-            if nbytes < _MEMMOVE_MIN_BYTES:
+            if nbytes < SMALL_RECORD_BYTES:
                 if identity_rows and rows[0] == 0 and rows[-1] == n - 1:
                     np.take(src, slots, axis=0, out=dst)
                 else:

@@ -19,14 +19,15 @@ from typing import Any
 
 import numpy as np
 
-from .._safecopy import SAFE_COPY_MIN_BYTES, MappingFault, copy_entries
+from .._runs import SMALL_RECORD_BYTES, find_runs
+from .._safecopy import MappingFault, copy_entries
 from ..errors import ResourceLimitError, StoreChangedError
 from ..schema import Schema
 from .base import Backend, BackendReader, FieldSegment
 
 __all__ = ["SegmentedBackend"]
 
-# Entries of SAFE_COPY_MIN_BYTES and more: one kernel copy a batch (releases
+# Entries of SMALL_RECORD_BYTES and more: one kernel copy a batch (releases
 # the GIL, SIGBUS-proof: mmstore/_safecopy.py). Smaller ones: memmove called
 # *without* releasing the GIL, where a GIL hand-off per 8-byte copy cost more
 # than the copy (2 reader threads ran 20% slower than a single store's np.take)
@@ -163,19 +164,17 @@ class SegmentedBackend(BackendReader):
             dst = out[name]
             src_addr = bases[seg] + local * nb
             dst_addr = dst.ctypes.data + rows.astype(np.int64) * nb
-            if nb >= SAFE_COPY_MIN_BYTES:  # one kernel copy a batch, SIGBUS-proof (mmstore/_safecopy.py)
+            if nb >= SMALL_RECORD_BYTES:  # one kernel copy a batch, SIGBUS-proof (mmstore/_safecopy.py)
                 try:
                     copy_entries(dst_addr, src_addr, nb)
                 except MappingFault:
                     for k in touched.tolist():
-                        self.parts[k].check_mapped(name)  # type: ignore[attr-defined]  # names the file
+                        self.parts[k].check_mapped(name)  # names the file
                     raise StoreChangedError(f"{self.root}: a file of field {name!r} could not be read while the "
                                             "store was open; it was modified in use: reopen the store, or run "
                                             "`mmstore verify`") from None
                 continue
-            brk = np.flatnonzero((np.diff(src_addr) != nb) | (np.diff(dst_addr) != nb)) + 1
-            starts = np.concatenate(([0], brk)).tolist()
-            ends = np.concatenate((brk, [len(slots)])).tolist()
+            starts, ends = find_runs(nb, src_addr, dst_addr)
             sa, da = src_addr.tolist(), dst_addr.tolist()
             for a, b in zip(starts, ends):
                 _memmove_gil(da[a], sa[a], (b - a) * nb)

@@ -101,7 +101,8 @@ def _describe(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, OSError):
         what = exc.strerror or text
         hint = {errno.EACCES: "check the permissions", errno.EPERM: "check the permissions",
-                errno.ENOSPC: "free some space", errno.EIO: "the disk reports errors (see the kernel log)"}
+                errno.ENOSPC: "free some space",
+                errno.EFBIG: "a file reached the file size limit (ulimit -f) or the file system's maximum", errno.EIO: "the disk reports errors (see the kernel log)"}
         return EXIT_PROBLEM, f"{_where(exc)}: {what}" + (f"; {hint[exc.errno]}" if exc.errno in hint else "")
     return EXIT_PROBLEM, (f"{type(exc).__name__}: {text} (unexpected: set MMSTORE_DEBUG=1 to see where, and "
                           "please report it)")

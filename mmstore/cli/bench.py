@@ -60,6 +60,9 @@ def run(args: argparse.Namespace) -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             return usage_error("bench", "--plot needs matplotlib: pip install matplotlib")
+        from ..tools._common import check_output
+
+        check_output(args.store, args.plot)  # before the measurement, not after it
     try:
         rep = bench_store(args.store, samples=args.samples, batch_size=args.batch_size, orders=orders,
                           caches=caches, paths=paths, workers=args.workers, max_seconds=args.max_seconds,

@@ -6,6 +6,7 @@ import argparse
 import os
 
 from .._names import printable
+from ..format import SUPPORTED_BACKENDS
 from ..tools._common import fmt_bytes
 from ._common import emit_json, progress_bar, subparser, usage_error
 
@@ -28,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("src", metavar="SRC", help="the store to read")
     p.add_argument("dest", metavar="DEST", help="the store to write")
-    p.add_argument("--backend", required=True, choices=["memmap", "lmdb"], help="backend of DEST")
+    p.add_argument("--backend", required=True, choices=SUPPORTED_BACKENDS, help="backend of DEST")
     p.add_argument("--overwrite", action="store_true",
                    help="replace DEST if it is an mmstore store (anything else is refused)")
     p.add_argument("--json", action="store_true", help="print the report as JSON")

@@ -11,6 +11,7 @@ from typing import Any
 
 from .._names import printable
 from ..errors import IngestError
+from ..format import SUPPORTED_BACKENDS
 
 EXAMPLE = """examples:
   mmstore ingest photos/ photos.store --size 224x224            # ImageFolder or flat folder
@@ -86,7 +87,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="replace DEST if it is an mmstore store (and discard our DEST.partial); anything else, "
                    "or a DEST that is, contains or lies inside SOURCE, is refused")
     r.add_argument("--shard", metavar="K/N", help="ingest only part K (from 0) of N; join parts with mmstore merge")
-    r.add_argument("--backend", choices=["memmap", "lmdb"], default="memmap", help="store backend (default memmap)")
+    r.add_argument("--backend", choices=SUPPORTED_BACKENDS, default="memmap", help="store backend (default memmap)")
     r.add_argument("--chunk", type=int, default=None, help=argparse.SUPPRESS)
     r.add_argument("--log-interval", type=float, default=10.0, help=argparse.SUPPRESS)
     r.add_argument("--quiet", "-q", action="store_true", help="no progress and no summary")

@@ -167,18 +167,7 @@ def _stat_key(path: bytes) -> tuple[int, int]:
 
 def read_file(path: bytes | str) -> np.ndarray:
     """Read one input file, or raise a decode error with a reason."""
-    try:
-        st = os.stat(path)
-    except FileNotFoundError:
-        reason = "unreadable: [Errno 2] No such file or directory"
-        if os.path.islink(path):
-            reason += " (broken symlink)"
-        raise InputError(reason) from None
-    except OSError as e:
-        raise InputError(f"unreadable: [Errno {e.errno}] {e.strerror}") from None
-    if _stat.S_ISREG(st.st_mode) and st.st_size > MAX_FILE_BYTES:
-        raise InputError(f"too-large: file of {st.st_size} bytes (limit {MAX_FILE_BYTES})")
-    return read_bytes(path)
+    return read_bytes(path, max_bytes=MAX_FILE_BYTES)
 
 
 # --------------------------------------------------------------------------
@@ -400,6 +389,12 @@ def _label_values(
     bad: dict[int, str] = {}
     names: list[str] | None = None
     blank = blank_int if kind == "int" else {""}
+    if kind == "int" and missing == "class" and blank and any(ints[c] == -1 for c in is_int):
+        raise IngestError(
+            f"{path}: label column {column!r} already uses -1 as a label, and --missing-label class would give the "
+            "blank cells that label too, merging them with it: pass --missing-label error (blank rows become "
+            "holes listed in errors.jsonl), or give the blank rows a label of their own in the list"
+        )
     if kind == "int":
         for c, k in ids.items():
             v = ints[c]

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import os
+import tempfile
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +18,8 @@ from ..schema import Field, Schema
 __all__ = [
     "FieldArgumentError",
     "UsageError",
+    "check_output",
+    "write_output",
     "find_image_field",
     "find_label_field",
     "fmt_bytes",
@@ -207,3 +210,47 @@ def sample_indices(n: int, k: int, seed: int = 0) -> np.ndarray:
     if k >= n:
         return np.arange(n, dtype=np.int64)
     return np.sort(rng.choice(n, size=k, replace=False)).astype(np.int64)
+
+
+def check_output(store: str | os.PathLike[str], output: str | os.PathLike[str]) -> None:
+    """A file a checking command writes (``show -o``, ``bench --plot``) goes
+    to an existing folder outside the store: a command never writes into a
+    store it only reads (see :func:`write_output` for links)."""
+    out = os.path.abspath(os.fspath(output))
+    folder = os.path.dirname(out)
+    if not os.path.isdir(folder):
+        raise UsageError(f"{os.fspath(output)}: the folder {folder} does not exist; create it or write elsewhere")
+    real_store = os.path.realpath(os.fspath(store))
+    real_folder = os.path.realpath(folder)
+    if real_folder == real_store or real_folder.startswith(real_store + os.sep):
+        raise UsageError(f"{os.fspath(output)}: is inside the store {os.fspath(store)}; write it elsewhere")
+    if os.path.isdir(out):
+        raise UsageError(f"{os.fspath(output)}: is a folder; name a file")
+
+
+def write_output(path: str | os.PathLike[str], data: bytes) -> str:
+    """Write ``data`` to ``path`` as a new file: a temporary file in the same
+    folder (created exclusively), then renamed over ``path``. The rename
+    replaces whatever directory entry ``path`` is, so a symbolic link or a
+    hard link there (to a store's ``manifest.json``, say) is replaced, never
+    written through. Returns the absolute path."""
+    out = os.path.abspath(os.fspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".mmstore-", suffix=".tmp", dir=os.path.dirname(out))
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+        os.chmod(tmp, 0o644 & ~_umask())
+        os.replace(tmp, out)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return out
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

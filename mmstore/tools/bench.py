@@ -17,6 +17,7 @@ reported alongside.
 
 from __future__ import annotations
 
+import io
 import os
 import time
 from collections.abc import Callable, Iterator
@@ -27,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..reader import Store, open_store
-from ._common import find_label_field
+from ._common import find_label_field, write_output
 
 __all__ = ["BenchCase", "BenchReport", "bench_store", "plot_bench"]
 
@@ -317,6 +318,7 @@ def plot_bench(rep: BenchReport, output: str) -> str:
                  f"batch {rep.batch_size})", fontsize=9)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(output, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
-    return os.path.abspath(output)
+    return write_output(output, buf.getvalue())  # never through a link (see write_output)

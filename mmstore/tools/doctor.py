@@ -84,7 +84,6 @@ class DoctorReport:
 def _evict_records(store: Store, slots: np.ndarray) -> bool:
     """Drop the pages of ``slots`` of every field (a positional backend's);
     True if mincore then shows none of them resident."""
-    page = _sys.PAGE_SIZE
     ok = True
     for f in store.schema:
         if not f.nbytes:
@@ -98,18 +97,7 @@ def _evict_records(store: Store, slots: np.ndarray) -> bool:
             try:
                 size = os.fstat(fd).st_size
                 for s in mine.tolist():
-                    a = off + s * nb
-                    b = a + nb
-                    for align in (page, 64 << 10, 2 << 20):
-                        lo, hi = a - a % align, -(-b // align) * align
-                        os.posix_fadvise(fd, lo, hi - lo, os.POSIX_FADV_DONTNEED)
-                        try:
-                            if _sys._resident_fd(fd, size, a, nb) == 0:
-                                break
-                        except (OSError, NotImplementedError, AttributeError):
-                            break
-                    else:
-                        ok = False
+                    ok = _sys.evict_range(fd, off + s * nb, nb, size) and ok
             finally:
                 os.close(fd)
     return ok

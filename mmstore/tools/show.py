@@ -11,7 +11,14 @@ import numpy as np
 
 from ..reader import open_store
 from .._names import ascii_text
-from ._common import UsageError, find_image_field, find_label_field, sample_indices, to_hwc
+from ._common import (
+    check_output,
+    find_image_field,
+    find_label_field,
+    sample_indices,
+    to_hwc,
+    write_output,
+)
 
 __all__ = ["ShowReport", "Tile", "render_grid", "show_store"]
 
@@ -140,7 +147,7 @@ def show_store(
     """
     import cv2
 
-    _check_output(path, output)
+    check_output(path, output)
     store = open_store(path)
     try:
         found = find_image_field(store.schema, image_field)
@@ -187,24 +194,11 @@ def show_store(
         ok, enc = cv2.imencode(ext, canvas)
         if not ok:
             raise ValueError(f"{out}: OpenCV cannot write {ext} images; use .png")
-        with open(out, "wb") as fh:
-            fh.write(enc.tobytes())
-        return ShowReport(store.path, os.path.abspath(out), f.name, lay, imgs.shape[3], scale,
+        written = write_output(out, enc.tobytes())  # never through a link (see write_output)
+        return ShowReport(store.path, written, f.name, lay, imgs.shape[3], scale,
                           canvas.shape[1], canvas.shape[0], "bgr" if bgr else "rgb", tiles)
     finally:
         store.close()
-
-
-def _check_output(store: str | os.PathLike[str], output: str | os.PathLike[str]) -> None:
-    """The grid goes to an existing folder outside the store (a command never
-    writes into a store it only reads)."""
-    out = os.path.abspath(os.fspath(output))
-    folder = os.path.dirname(out)
-    if not os.path.isdir(folder):
-        raise UsageError(f"{os.fspath(output)}: the folder {folder} does not exist; create it or write elsewhere")
-    real_store = os.path.realpath(os.fspath(store))
-    if os.path.realpath(folder) == real_store or os.path.realpath(folder).startswith(real_store + os.sep):
-        raise UsageError(f"{os.fspath(output)}: is inside the store {os.fspath(store)}; write the grid elsewhere")
 
 
 def _is_bgr(prov: dict[str, Any]) -> bool:

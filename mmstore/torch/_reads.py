@@ -29,6 +29,7 @@ from concurrent.futures import wait as _wait
 import numpy as np
 
 from .. import _sys
+from .._runs import SMALL_RECORD_BYTES
 from ..backends.base import FieldSegment
 from ..backends.segmented import limit_error
 from ..errors import ResourceLimitError
@@ -42,7 +43,7 @@ __all__ = [
     "open_field_files", "prepare_store", "resident_fraction",
 ]
 
-PREAD_MIN_BYTES = 2048  # smaller records are gathered out of the mapping
+PREAD_MIN_BYTES = SMALL_RECORD_BYTES  # smaller fields are gathered by the backend, not pread
 _MiB = 1 << 20
 _CHUNK = 8 * _MiB  # the longest single read of the window pass ("read")
 

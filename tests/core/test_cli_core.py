@@ -5,33 +5,34 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from mmstore.cli import main
+import pytest
+
+import mmstore
+from mmstore.cli import COMMANDS, main
 
 
 def test_no_command_is_usage_error(capsys):
     assert main([]) == 2
+    out = capsys.readouterr().out  # the help, listing every command
+    assert out.startswith("usage: mmstore") and all(name in out for name in COMMANDS)
 
 
 def test_unknown_option_is_usage_error(capsys):
-    try:
-        rc = main(["demo", "--no-such-option"])
-    except SystemExit as e:
-        rc = e.code
-    assert rc == 2
+    with pytest.raises(SystemExit) as e:
+        main(["demo", "--no-such-option"])
+    assert e.value.code == 2
+    assert "unrecognized arguments: --no-such-option" in capsys.readouterr().err
 
 
 def test_python_dash_m_version():
     r = subprocess.run([sys.executable, "-m", "mmstore", "--version"], capture_output=True, text=True)
-    assert r.returncode == 0 and r.stdout.startswith("mmstore ")
+    assert r.returncode == 0 and r.stdout == f"mmstore {mmstore.__version__}\n", r.stdout
 
 
 def test_every_command_has_help_with_an_example(capsys):
-    from mmstore.cli import COMMANDS
-
     for name in COMMANDS:
-        try:
+        with pytest.raises(SystemExit) as e:
             main([name, "--help"])
-        except SystemExit as e:
-            assert e.code == 0
+        assert e.value.code == 0, name
         out = capsys.readouterr().out
         assert "example" in out.lower(), name

@@ -12,9 +12,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mmstore
+import mmstore.format as fmt
 from mmstore.errors import FormatError, IncompleteStoreError, VersionError
 from mmstore.format import parse_manifest
-from storetest import write_store
+from support.faults import edit_manifest
+from support.stores import write_store
 
 N = 10
 
@@ -22,15 +24,6 @@ N = 10
 @pytest.fixture
 def store(tmp_path, backend):
     return write_store(os.path.join(tmp_path, "s"), N, backend, holes=(4,))
-
-
-def _edit_manifest(path, fn):
-    mp = os.path.join(path, "manifest.json")
-    with open(mp) as fh:
-        m = json.load(fh)
-    fn(m)
-    with open(mp, "w") as fh:
-        json.dump(m, fh)
 
 
 def test_missing_manifest_says_incomplete(store):
@@ -57,13 +50,13 @@ def test_no_such_store(tmp_path):
 
 
 def test_unknown_major_version(store):
-    _edit_manifest(store, lambda m: m.update(version=[2, 0]))
+    edit_manifest(store, lambda m: m.update(version=[2, 0]))
     with pytest.raises(VersionError, match="version 2.0"):
         mmstore.open(store)
 
 
 def test_newer_minor_version_opens(store):
-    _edit_manifest(store, lambda m: m.update(version=[1, 7], new_optional_key={"x": 1}))
+    edit_manifest(store, lambda m: m.update(version=[1, 7], new_optional_key={"x": 1}))
     assert len(mmstore.open(store)) == N - 1
 
 
@@ -118,7 +111,7 @@ def test_wrong_dtype_in_manifest(store):
     def f(m):
         m["schema"][1]["dtype"] = "<i4"
 
-    _edit_manifest(store, f)
+    edit_manifest(store, f)
     with pytest.raises(FormatError):
         mmstore.open(store)
 
@@ -127,16 +120,16 @@ def test_wrong_schema_shape(store):
     def f(m):
         m["schema"][0]["shape"] = [8, 6, 4]
 
-    _edit_manifest(store, f)
+    edit_manifest(store, f)
     with pytest.raises(FormatError):
         mmstore.open(store)
 
 
 def test_counts_disagree_with_files(store):
-    _edit_manifest(store, lambda m: m.update(records=m["records"] - 1))
+    edit_manifest(store, lambda m: m.update(records=m["records"] - 1))
     with pytest.raises(FormatError):
         mmstore.open(store)
-    _edit_manifest(store, lambda m: m.update(records=m["records"] + 1, slots=m["slots"] + 1))
+    edit_manifest(store, lambda m: m.update(records=m["records"] + 1, slots=m["slots"] + 1))
     with pytest.raises(FormatError):
         mmstore.open(store)
 
@@ -150,7 +143,7 @@ def test_missing_field_file(tmp_path):
 
 @pytest.mark.parametrize("bad", ["../escape.npy", "a/b", "..", "manifest.json"])
 def test_unsafe_names_in_files(store, bad):
-    _edit_manifest(store, lambda m: m["files"].update({bad: 1}))
+    edit_manifest(store, lambda m: m["files"].update({bad: 1}))
     with pytest.raises(FormatError, match="unsafe"):
         mmstore.open(store)
 
@@ -159,7 +152,7 @@ def test_unsafe_field_name(store):
     def f(m):
         m["schema"][0]["name"] = "../../etc"
 
-    _edit_manifest(store, f)
+    edit_manifest(store, f)
     with pytest.raises(FormatError, match="field name"):
         mmstore.open(store)
 
@@ -173,8 +166,6 @@ def test_garbled_manifest(store, content):
 
 
 def test_manifest_size_capped_before_parsing(store, monkeypatch):
-    import mmstore.format as fmt
-
     monkeypatch.setattr(fmt, "MANIFEST_MAX_BYTES", 100)
     with pytest.raises(FormatError, match="limit"):
         mmstore.open(store)
@@ -212,16 +203,28 @@ def test_fuzzed_manifests_only_raise_format_errors(tmp_path_factory, key, value,
     base = getattr(test_fuzzed_manifests_only_raise_format_errors, "_base", None)
     if base is None:
         base = test_fuzzed_manifests_only_raise_format_errors._base = _valid_manifest(tmp_path_factory)
+    if key is None:  # 64 bytes cannot hold a valid manifest
+        with pytest.raises((FormatError, VersionError)):
+            parse_manifest(raw)
+        return
     m = json.loads(json.dumps(base))
-    if key is None:
-        data = raw
-    else:
-        m[key] = value
-        data = json.dumps(m).encode()
+    m[key] = value
     try:
-        parse_manifest(data)
+        out = parse_manifest(json.dumps(m).encode())
     except (FormatError, VersionError):
-        pass
+        return
+    _assert_normalised(out)
+
+
+def _assert_normalised(m):
+    """What parse_manifest promises about anything it accepts."""
+    assert m["format"] == "mmstore" and m["version"][0] == 1 and len(m["version"]) == 2
+    assert isinstance(m["records"], int) and isinstance(m["slots"], int) and 0 <= m["records"] <= m["slots"]
+    assert m["schema"] and len({name for name, _, _ in m["schema"]}) == len(m["schema"])
+    for name, dtype, shape in m["schema"]:
+        assert isinstance(name, str) and isinstance(dtype, np.dtype) and isinstance(shape, tuple)
+        assert all(isinstance(d, int) and d >= 0 for d in shape)
+    assert all(isinstance(k, str) and isinstance(v, int) and v >= 0 for k, v in m["files"].items())
 
 
 @settings(max_examples=150, deadline=None)
@@ -231,6 +234,8 @@ def test_fuzzed_schema_entries(data):
     m = {"format": "mmstore", "version": [1, 0], "store_id": "0" * 32, "backend": "memmap", "records": 0,
          "slots": 0, "schema": [ent], "checksum": {"algorithm": "xxh3_64", "digest": "0" * 16}, "files": {}}
     try:
-        parse_manifest(json.dumps(m).encode())
+        out = parse_manifest(json.dumps(m).encode())
     except FormatError:
-        pass
+        return
+    _assert_normalised(out)
+    assert out["schema"][0][0] == ent["name"] and out["schema"][0][1] == np.dtype(ent["dtype"])

@@ -16,9 +16,8 @@ from mmstore import writer as writer_mod
 from mmstore._dest import check_dest, is_own_partial, is_store
 from mmstore.errors import DestinationError, LockedError, StoreExistsError
 from mmstore.writer import release_lock, acquire_lock, publish
-from storetest import SMALL_SCHEMA, sample, write_store
-
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from support.proc import cli, cli_env
+from support.stores import SMALL_SCHEMA, sample, write_store
 
 
 def _user_folder(root) -> dict[str, bytes]:
@@ -36,12 +35,6 @@ def _assert_intact(root, files) -> None:
     for rel, data in files.items():
         with open(os.path.join(root, rel), "rb") as fh:
             assert fh.read() == data, rel
-
-
-def _cli(*argv) -> int:
-    from mmstore.cli import main
-
-    return main([str(a) for a in argv])
 
 
 # -- item 1: --overwrite only replaces a store --------------------------------------------
@@ -89,10 +82,39 @@ def test_overwrite_deletes_nothing_through_a_symlink_inside_the_old_store(tmp_pa
     outside = tmp_path / "outside"
     files = _user_folder(outside)
     dest = write_store(tmp_path / "s", 3)
-    os.symlink(outside, os.path.join(dest, "planted"))  # a store from someone else may hold anything
+    os.unlink(os.path.join(dest, "_keys.bin"))  # a store from someone else may hold anything ...
+    os.symlink(outside, os.path.join(dest, "_keys.bin"))  # ... under a name its manifest lists
     write_store(dest, 2, overwrite=True)
     _assert_intact(outside, files)
     assert mmstore.open(dest).records == 2
+
+
+@pytest.mark.parametrize("entry", ["notes/thesis.txt", "todo.txt", "link"])
+def test_overwrite_refuses_a_store_holding_entries_its_manifest_does_not_list(tmp_path, entry):
+    """A user's file put inside a store is not ours to delete (review of
+    issue 11): --overwrite refuses, names it, and changes nothing."""
+    dest = write_store(tmp_path / "s", 3)
+    path = os.path.join(dest, entry)
+    if entry == "link":
+        os.symlink(tmp_path, path)
+    else:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as fh:
+            fh.write("mine")
+    before = sorted(os.listdir(dest))
+    with pytest.raises(DestinationError, match=entry.split("/")[0]):
+        write_store(dest, 2, overwrite=True)
+    assert sorted(os.listdir(dest)) == before and mmstore.open(dest).records == 3
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.ppm").write_bytes(b"P6 2 2 255\n" + bytes(range(12)))
+    assert cli("ingest", str(src), dest, "--size", "8x8", "--overwrite", "-q") == 2
+    assert sorted(os.listdir(dest)) == before
+    os.unlink(path)  # the user moves their file out: now it is replaced
+    if entry == "notes/thesis.txt":
+        os.rmdir(os.path.dirname(path))
+    assert cli("ingest", str(src), dest, "--size", "8x8", "--overwrite", "-q") == 0  # the source was fine
+    assert mmstore.open(dest).records == 1
 
 
 def test_foreign_partial_is_never_written_or_discarded(tmp_path):
@@ -183,22 +205,22 @@ def test_convert_and_merge_refusals_exit_2_and_touch_nothing(tmp_path, capsys):
     files = _user_folder(proj)
     src = write_store(proj / "train.store", 4)
     before = {n: (proj / "train.store" / n).read_bytes() for n in os.listdir(src)}
-    assert _cli("convert", src, proj, "--backend", "lmdb", "--overwrite", "--no-progress") == 2
+    assert cli("convert", src, proj, "--backend", "lmdb", "--overwrite", "--no-progress") == 2
     assert "contains the input" in capsys.readouterr().err
     os.symlink(src, tmp_path / "alias")
-    assert _cli("convert", src, tmp_path / "alias", "--backend", "lmdb", "--overwrite", "--no-progress") == 2
-    assert _cli("merge", src, proj, "--overwrite", "-q") == 2
-    assert _cli("merge", src, proj / "train.store" / "m", "-q") == 2
+    assert cli("convert", src, tmp_path / "alias", "--backend", "lmdb", "--overwrite", "--no-progress") == 2
+    assert cli("merge", src, proj, "--overwrite", "-q") == 2
+    assert cli("merge", src, proj / "train.store" / "m", "-q") == 2
     (tmp_path / "plain").mkdir()
     (tmp_path / "plain" / "keep.txt").write_text("x")
-    assert _cli("merge", src, tmp_path / "plain", "--overwrite", "-q") == 2
-    assert _cli("convert", src, tmp_path / "plain", "--backend", "lmdb", "--overwrite", "--no-progress") == 2
+    assert cli("merge", src, tmp_path / "plain", "--overwrite", "-q") == 2
+    assert cli("convert", src, tmp_path / "plain", "--backend", "lmdb", "--overwrite", "--no-progress") == 2
     assert (tmp_path / "plain" / "keep.txt").read_text() == "x"
     _assert_intact(proj, files)
     assert {n: (proj / "train.store" / n).read_bytes() for n in os.listdir(src)} == before
     # converting into a real store with --overwrite still works
     out = write_store(tmp_path / "out", 1)
-    assert _cli("convert", src, out, "--backend", "lmdb", "--overwrite", "--no-progress") == 0
+    assert cli("convert", src, out, "--backend", "lmdb", "--overwrite", "--no-progress") == 0
     assert mmstore.open(out).records == 4
 
 
@@ -253,7 +275,7 @@ def test_lock_two_processes_racing_never_both_hold_it(tmp_path):
             got += 1
         print(got)
     """)
-    env = dict(os.environ, PYTHONPATH=REPO)
+    env = cli_env()
     procs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]

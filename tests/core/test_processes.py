@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import mmstore
-from storetest import SMALL_SCHEMA, sample, write_store
+from support.stores import SMALL_SCHEMA, sample, write_store
 
 
 def _child_read(store, idx):

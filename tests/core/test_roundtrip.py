@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
 
 import mmstore
+from support.compare import assert_same_files
 
 DTYPES = ["|u1", "<i2", "<f2", "<f4", "<i8", "|b1"]
 SHAPES = st.sampled_from([(), (3,), (1,), (2, 3, 2), (4, 1, 3)])
@@ -61,11 +62,11 @@ def test_round_trip_both_backends_any_order(sd, rnd, raw_idx):
             rnd.shuffle(shuffled)
             shuf = os.path.join(d, f"{backend}-shuf")
             _write(shuf, fields, count, data, holes, backend, shuffled, append=False)
-            _assert_same_bytes(seq, shuf)
+            assert_same_files(seq, shuf)
             if not holes:
                 app = os.path.join(d, f"{backend}-app")
                 _write(app, fields, count, data, holes, backend, range(count), append=True)
-                _assert_same_bytes(seq, app)
+                assert_same_files(seq, app)
             paths[backend] = seq
         stores = {b: mmstore.open(p) for b, p in paths.items()}
         n = len(live)
@@ -87,11 +88,3 @@ def test_round_trip_both_backends_any_order(sd, rnd, raw_idx):
             np.testing.assert_array_equal(arr[live], data[name][live])
         for s in stores.values():
             s.close()
-
-
-def _assert_same_bytes(a, b):
-    assert sorted(os.listdir(a)) == sorted(os.listdir(b))
-    for name in os.listdir(a):
-        if name != "manifest.json":
-            with open(os.path.join(a, name), "rb") as fa, open(os.path.join(b, name), "rb") as fb:
-                assert fa.read() == fb.read(), name

@@ -12,7 +12,8 @@ import pytest
 
 import mmstore
 from mmstore.errors import LockedError, SchemaError, StoreExistsError
-from storetest import SMALL_SCHEMA, assert_same_files, sample, write_store
+from support.compare import assert_same_files
+from support.stores import SMALL_SCHEMA, sample, write_store
 
 
 def test_schema_validation_names_the_field(store_dir):

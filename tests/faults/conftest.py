@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from faultlib import ingest_argv, make_source, run_forked, store_bytes
+from support.compare import store_bytes
+from support.faults import ingest_argv, run_forked
+from support.images import make_source
 
 
 @pytest.fixture(scope="module")

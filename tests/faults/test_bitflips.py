@@ -9,6 +9,8 @@ import pytest
 
 import mmstore
 from mmstore.tools import verify_store
+from support.faults import flip_bit
+from support.stores import write_store
 
 N = 300
 SCHEMA = {"image": ("|u1", (16, 16, 3)), "label": ("<i8", ()), "box": ("<f4", (4,))}
@@ -21,21 +23,7 @@ def _rec(i):
 
 
 def _store(path, backend, holes=(7, 150)):
-    with mmstore.StoreWriter(path, SCHEMA, slots=N, backend=backend) as w:
-        for s in range(N):
-            if s in holes:
-                w.skip(s, f"src/{s}.jpg", "corrupt: test")
-            else:
-                w.write(s, _rec(s), key=f"src/{s}.jpg")
-    return path
-
-
-def _flip(path, offset, bit):
-    with open(path, "r+b") as fh:
-        fh.seek(offset)
-        b = fh.read(1)[0]
-        fh.seek(offset)
-        fh.write(bytes([b ^ (1 << bit)]))
+    return write_store(path, N, backend, holes, schema=SCHEMA, make=_rec, keys="src/{}.jpg", reason="corrupt: test")
 
 
 def test_100_random_flips_in_memmap_data_files_each_named(tmp_path):
@@ -50,7 +38,7 @@ def test_100_random_flips_in_memmap_data_files_each_named(tmp_path):
         slot = int(rng.integers(0, N))
         offset = off0 + slot * entry + int(rng.integers(0, entry))
         bit = int(rng.integers(0, 8))
-        _flip(fpath, offset, bit)
+        flip_bit(fpath, offset, bit)
         try:
             rep = verify_store(path, threads=1)
             assert not rep.ok, f"trial {trial}: flip in {name} slot {slot} not detected"
@@ -63,7 +51,7 @@ def test_100_random_flips_in_memmap_data_files_each_named(tmp_path):
                 assert bad.index == store.slots_of(np.arange(len(store))).tolist().index(slot)
                 assert bad.what == "checksum"
         finally:
-            _flip(fpath, offset, bit)
+            flip_bit(fpath, offset, bit)
     assert verify_store(path, threads=2).ok
 
 
@@ -83,14 +71,14 @@ def test_flips_in_lmdb_values_each_named(tmp_path):
         assert where >= 0
         offset = where + int(rng.integers(0, len(packed)))
         bit = int(rng.integers(0, 8))
-        _flip(mdb, offset, bit)
+        flip_bit(mdb, offset, bit)
         try:
             rep = verify_store(path, threads=1)
             assert [r.slot for r in rep.bad_records] == [slot], (trial, rep.bad_records, rep.problems)
             assert rep.bad_records[0].index == live.index(slot)
             assert rep.bad_records[0].key == f"src/{slot}.jpg"
         finally:
-            _flip(mdb, offset, bit)
+            flip_bit(mdb, offset, bit)
     store.close()
     assert verify_store(path).ok
 
@@ -105,11 +93,11 @@ def test_flips_in_bookkeeping_files_never_pass(tmp_path, target):
     for _ in range(10):
         off = int(rng.integers(start, size))
         bit = int(rng.integers(0, 8))
-        _flip(p, off, bit)
+        flip_bit(p, off, bit)
         try:
             rep = verify_store(path, threads=1)
             assert not rep.ok, f"flip at {target}:{off} bit {bit} passed verify"
         except mmstore.FormatError:
             pass  # refused outright is fine too
         finally:
-            _flip(p, off, bit)
+            flip_bit(p, off, bit)

@@ -9,7 +9,10 @@ import time
 
 import pytest
 
-from faultlib import CRASHED, ingest_argv, make_source, run_forked, store_bytes
+from support.compare import store_bytes
+from support.faults import CRASHED, ingest_argv, run_forked
+from support.images import make_source
+from support.proc import cli
 
 
 @pytest.fixture
@@ -24,9 +27,7 @@ def interrupted(tmp_path):
 
 
 def _refused(src, dest, *extra):
-    from mmstore.cli import main
-
-    return main(ingest_argv(src, dest, "--resume", *extra))
+    return cli(*ingest_argv(src, dest, "--resume", *extra))
 
 
 def test_file_added(interrupted, capsys):

@@ -13,8 +13,10 @@ import numpy as np
 import pytest
 
 import mmstore
-from faultlib import cli_subprocess, make_source
 from mmstore.tools import verify_store
+from mmstore.writer import acquire_lock
+from support.images import make_source
+from support.proc import killable_cli
 
 N = 400
 SCHEMA = {"image": ("|u1", (16, 16, 3)), "label": ("<i8", ())}
@@ -105,18 +107,16 @@ def test_lmdb_more_readers_than_the_default_limit(tmp_path):
 
 
 def test_second_ingest_into_the_same_destination_is_refused(tmp_path):
-    from mmstore.writer import acquire_lock
-
     src = make_source(str(tmp_path / "src"), n_per_class=2)
     dest = str(tmp_path / "d")
     fd = acquire_lock(dest)  # a live ingest holds the lock
     try:
-        p = cli_subprocess(["ingest", src, dest, "--size", "16x16", "--workers", "0"])
+        p = killable_cli(["ingest", src, dest, "--size", "16x16", "--workers", "0"])
         _, err = p.communicate()
         assert p.returncode != 0 and b"another process" in err, err
         assert not os.path.exists(dest)
     finally:
         os.close(fd)
-    p = cli_subprocess(["ingest", src, dest, "--size", "16x16", "--workers", "0", "--quiet"])
+    p = killable_cli(["ingest", src, dest, "--size", "16x16", "--workers", "0", "--quiet"])
     p.communicate()
     assert p.returncode == 0 and len(mmstore.open(dest)) == 4

@@ -10,7 +10,9 @@ import shutil
 
 import pytest
 
-from faultlib import CRASHED, content_ok, ingest_argv, run_forked, store_bytes
+from support.compare import store_bytes
+from support.faults import CRASHED, content_ok, ingest_argv, run_forked
+
 
 PHASES = ("write", "fsync", "commit", "rename")
 

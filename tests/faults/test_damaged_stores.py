@@ -3,7 +3,6 @@ a precise message; never a shorter array or wrong data returned silently."""
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 
@@ -13,20 +12,20 @@ import pytest
 import mmstore
 from mmstore.errors import FormatError, IncompleteStoreError, VersionError
 from mmstore.tools import verify_store
+from support.faults import edit_manifest
+from support.stores import write_store
 
 N = 12
 SCHEMA = {"image": ("|u1", (8, 8, 3)), "label": ("<i8", ())}
 
 
 def _make(path, backend, seed=0):
-    rng = np.random.default_rng(seed)
-    with mmstore.StoreWriter(path, SCHEMA, slots=N, backend=backend) as w:
-        for s in range(N):
-            if s == 5:
-                w.skip(s, f"k{s}", "corrupt: test")
-            else:
-                w.write(s, {"image": rng.integers(0, 256, (8, 8, 3), dtype=np.uint8), "label": s}, key=f"k{s}")
-    return path
+    rng = np.random.default_rng(seed)  # drawn in slot order
+
+    def record(s):
+        return {"image": rng.integers(0, 256, (8, 8, 3), dtype=np.uint8), "label": s}
+
+    return write_store(path, N, backend, holes=(5,), schema=SCHEMA, make=record, keys="k{}", reason="corrupt: test")
 
 
 @pytest.fixture(scope="module")
@@ -79,25 +78,16 @@ def test_every_file_truncated_or_extended(pristine, tmp_path, backend, name, how
     assert name in msg or "FAILED" in msg
 
 
-def _edit(path, fn):
-    mp = os.path.join(path, "manifest.json")
-    with open(mp) as fh:
-        m = json.load(fh)
-    fn(m)
-    with open(mp, "w") as fh:
-        json.dump(m, fh)
-
-
 MANIFEST_CASES = {
     "empty": lambda p: open(os.path.join(p, "manifest.json"), "w").close(),
     "truncated": lambda p: os.truncate(os.path.join(p, "manifest.json"), os.path.getsize(os.path.join(p, "manifest.json")) // 2),
-    "wrong_schema_dtype": lambda p: _edit(p, lambda m: m["schema"][1].update(dtype="<i4")),
-    "wrong_schema_shape": lambda p: _edit(p, lambda m: m["schema"][0].update(shape=[8, 8, 1])),
-    "fewer_records": lambda p: _edit(p, lambda m: m.update(records=m["records"] - 1)),
-    "fewer_slots": lambda p: _edit(p, lambda m: m.update(slots=m["slots"] - 1, records=m["records"] - 1)),
-    "dotdot_file": lambda p: _edit(p, lambda m: m["files"].update({"../x": 3})),
-    "dotdot_field": lambda p: _edit(p, lambda m: m["schema"][0].update(name="..")),
-    "size_lie": lambda p: _edit(p, lambda m: m["files"].update({"_keys.bin": m["files"]["_keys.bin"] + 1})),
+    "wrong_schema_dtype": lambda p: edit_manifest(p, lambda m: m["schema"][1].update(dtype="<i4")),
+    "wrong_schema_shape": lambda p: edit_manifest(p, lambda m: m["schema"][0].update(shape=[8, 8, 1])),
+    "fewer_records": lambda p: edit_manifest(p, lambda m: m.update(records=m["records"] - 1)),
+    "fewer_slots": lambda p: edit_manifest(p, lambda m: m.update(slots=m["slots"] - 1, records=m["records"] - 1)),
+    "dotdot_file": lambda p: edit_manifest(p, lambda m: m["files"].update({"../x": 3})),
+    "dotdot_field": lambda p: edit_manifest(p, lambda m: m["schema"][0].update(name="..")),
+    "size_lie": lambda p: edit_manifest(p, lambda m: m["files"].update({"_keys.bin": m["files"]["_keys.bin"] + 1})),
 }
 
 
@@ -115,7 +105,7 @@ def test_damaged_manifest_refused_on_open(pristine, tmp_path, backend, case):
 def test_missing_and_wrong_version(pristine, tmp_path, backend):
     path = str(tmp_path / "s")
     shutil.copytree(pristine[backend], path)
-    _edit(path, lambda m: m.update(version=[9, 1]))
+    edit_manifest(path, lambda m: m.update(version=[9, 1]))
     with pytest.raises(VersionError, match="9.1"):
         mmstore.open(path)
     os.unlink(os.path.join(path, "manifest.json"))

@@ -14,7 +14,10 @@ import numpy as np
 import pytest
 
 import mmstore
-from faultlib import REPO, content_ok, ingest_argv, make_source, mount_tmpfs, run_forked, store_bytes
+from support.compare import store_bytes
+from support.faults import content_ok, ingest_argv, mount_tmpfs, run_forked, umount
+from support.images import make_source
+from support.proc import cli_env, run_sub
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +44,7 @@ def _run_limited(argv, limit):
         from mmstore.cli import main
         sys.exit(main({argv!r}))
     """)
-    env = dict(os.environ, PYTHONPATH=REPO)
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=cli_env())
 
 
 @pytest.mark.parametrize("limit", [2000, 30_000, 60_000])
@@ -57,19 +59,14 @@ def test_efbig_is_clean_and_resume_completes_identically(src, ref, tmp_path, lim
     assert store_bytes(dest) == store_bytes(ref)
 
 
-def _mount_tmpfs(path, size):
-    return mount_tmpfs(path, size)
-
-
 def test_enospc_on_a_small_tmpfs_then_space_freed(src, ref, tmp_path):
     mnt = str(tmp_path / "mnt")
     need = sum(os.path.getsize(os.path.join(ref, n)) for n in os.listdir(ref))
-    if os.geteuid() != 0 or not _mount_tmpfs(mnt, 16 * 1024):
+    if not mount_tmpfs(mnt, 16 * 1024):
         pytest.skip("mounting a tmpfs is not permitted here; RLIMIT_FSIZE covers EFBIG")
     try:
         dest = os.path.join(mnt, "s")
-        env = dict(os.environ, PYTHONPATH=REPO)
-        r = subprocess.run([sys.executable, "-m", "mmstore", *_argv(src, dest)], capture_output=True, text=True, env=env)
+        r = run_sub(_argv(src, dest), timeout=300)
         assert r.returncode not in (0, -7), r.stderr
         assert "No space left" in r.stderr or "Errno 28" in r.stderr, r.stderr
         assert "Traceback" not in r.stderr and not os.path.exists(dest)
@@ -77,7 +74,7 @@ def test_enospc_on_a_small_tmpfs_then_space_freed(src, ref, tmp_path):
         assert run_forked(_argv(src, dest, "--resume")) == 0
         assert store_bytes(dest) == store_bytes(ref)
     finally:
-        subprocess.run(["umount", mnt], capture_output=True)
+        umount(mnt)
 
 
 def test_lmdb_map_too_small_is_grown(src, tmp_path):
@@ -95,3 +92,24 @@ def test_lmdb_map_too_small_is_grown(src, tmp_path):
     for k in a.fields:
         np.testing.assert_array_equal(a.column(k), b.column(k))
     shutil.rmtree(dest)
+
+
+def test_lmdb_file_over_the_size_limit_names_the_cause(src, tmp_path):
+    """Building records.mdb past RLIMIT_FSIZE (review of issue 11): liblmdb says
+    only "Input/output error", and a failed put used to surface as an
+    "unexpected" BufferError. Now convert and ingest say the file size limit
+    was reached; ingest keeps its work and --resume completes it."""
+    plain = str(tmp_path / "plain")
+    assert run_forked(_argv(src, plain)) == 0
+    data = os.path.getsize(os.path.join(plain, "image.npy"))
+    limit = data + 2048  # the staging copy fits; records.mdb (a 6,912-byte record takes two 4 KiB pages) not
+    r = _run_limited(["convert", plain, str(tmp_path / "c"), "--backend", "lmdb", "--no-progress"], limit)
+    assert r.returncode == 1 and "Traceback" not in r.stderr and "unexpected" not in r.stderr, r.stderr
+    assert "records.mdb" in r.stderr and "file size limit" in r.stderr, r.stderr
+    assert not os.path.exists(str(tmp_path / "c"))
+    dest = str(tmp_path / "l")
+    r = _run_limited(_argv(src, dest, "--backend", "lmdb"), limit)
+    assert r.returncode == 1 and "unexpected" not in r.stderr and "File too large" in r.stderr, r.stderr
+    assert run_forked(_argv(src, dest, "--backend", "lmdb", "--resume")) == 0
+    a, b = mmstore.open(plain), mmstore.open(dest)
+    np.testing.assert_array_equal(a.read_batch(np.arange(len(a)))["image"], b.read_batch(np.arange(len(b)))["image"])

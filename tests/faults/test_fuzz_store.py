@@ -6,7 +6,7 @@ read_batch, column, key, skipped, checksums, iteration, Loader, and the CLI's
 inspect, verify, show, convert) runs on the result in a forked child. A case
 passes when nothing crashed or hung, every library call returned or raised an
 mmstore error, every command exited 0, 1 or 2, and a store that verify passes
-reads back exactly as the pristine one (see tests/storefuzz.py).
+reads back exactly as the pristine one (see tests/support/fuzz.py).
 """
 
 from __future__ import annotations
@@ -16,7 +16,8 @@ import os
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 
-import storefuzz
+from support import fuzz
+
 
 CASES = 60
 
@@ -24,8 +25,8 @@ CASES = 60
 @pytest.fixture(scope="module")
 def bases(tmp_path_factory):
     root = str(tmp_path_factory.mktemp("fuzz-bases"))
-    paths = storefuzz.make_bases(root)
-    return paths, {k: storefuzz.reference(p) for k, p in paths.items()}
+    paths = fuzz.make_bases(root)
+    return paths, {k: fuzz.reference(p) for k, p in paths.items()}
 
 
 def test_store_fuzzer_no_crash_no_hang_only_typed_errors(bases, tmp_path):
@@ -41,10 +42,10 @@ def test_store_fuzzer_no_crash_no_hang_only_typed_errors(bases, tmp_path):
 
     @settings(max_examples=CASES, deadline=None, database=None, derandomize=True,
               phases=[Phase.explicit, Phase.generate], suppress_health_check=list(HealthCheck))
-    @given(storefuzz.case_strategy(paths))
+    @given(fuzz.case_strategy(paths))
     def run(case):
         name, muts = case
-        o = storefuzz.run_case(paths[name], refs[name], muts, os.path.join(str(tmp_path), "case"), loader=loader)
+        o = fuzz.run_case(paths[name], refs[name], muts, os.path.join(str(tmp_path), "case"), loader=loader)
         o.case = f"{name}: {o.case}"
         outcomes.append(o)
 

@@ -9,7 +9,8 @@ import shutil
 
 import pytest
 
-from faultlib import content_ok, ingest_argv, run_forked, store_bytes
+from support.compare import store_bytes
+from support.faults import content_ok, ingest_argv, run_forked
 
 
 def _fail_call(name, k):

@@ -16,7 +16,8 @@ import time
 import numpy as np
 import pytest
 
-from faultlib import CRASHED, content_ok, ingest_argv, run_forked, store_bytes
+from support.compare import store_bytes
+from support.faults import CRASHED, content_ok, ingest_argv, run_forked
 
 
 def _power_cut_at(k: int, mode: str):

@@ -6,16 +6,15 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
-import sys
 
 import pytest
 
 import mmstore
-from faultlib import REPO, ingest_argv, mount_ext4, mount_tmpfs, umount
 from mmstore import _io
 from mmstore import writer as writer_mod
-from storetest import SMALL_SCHEMA
+from support.faults import ingest_argv, mount_ext4, mount_tmpfs, umount
+from support.proc import run_sub
+from support.stores import SMALL_SCHEMA, sample
 
 
 def _free(path: str) -> int:
@@ -39,9 +38,7 @@ def test_ingest_that_cannot_fit_is_refused_before_reserving(src, tmp_path):
     try:
         free = _free(mnt)
         dest = os.path.join(mnt, "s")
-        env = dict(os.environ, PYTHONPATH=REPO)
-        r = subprocess.run([sys.executable, "-m", "mmstore", *ingest_argv(src, dest, "--size", "64x64")],
-                           capture_output=True, text=True, env=env, timeout=300)
+        r = run_sub(ingest_argv(src, dest, "--size", "64x64"), timeout=300)
         assert r.returncode == 1, r.stderr
         assert "Traceback" not in r.stderr
         assert "needs" in r.stderr and "are free on the file system" in r.stderr and "Errno 28" in r.stderr
@@ -85,8 +82,6 @@ def test_writer_growth_is_checked_before_reserving(ext4):
     free = _free(ext4)
     dest = os.path.join(ext4, "s")
     w = mmstore.StoreWriter(dest, SMALL_SCHEMA)
-    from storetest import sample
-
     w.append(sample(0))
     with pytest.raises(mmstore.errors.ResourceLimitError, match="needs .* free"):
         w.write(10_000_000, sample(1))

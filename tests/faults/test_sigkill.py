@@ -10,7 +10,9 @@ import time
 import numpy as np
 import pytest
 
-from faultlib import cli_subprocess, kill_after, make_source, store_bytes
+from support.compare import store_bytes
+from support.images import make_source
+from support.proc import kill_after, killable_cli
 
 
 def _argv(src, dest, *extra):
@@ -27,7 +29,7 @@ def ref(src, tmp_path_factory):
     """The uninterrupted store, and how long an uninterrupted run takes."""
     dest = str(tmp_path_factory.mktemp("ref") / "s")
     t0 = time.monotonic()
-    p = cli_subprocess(_argv(src, dest))
+    p = killable_cli(_argv(src, dest))
     p.communicate()
     assert p.returncode == 0
     return store_bytes(dest), time.monotonic() - t0
@@ -37,7 +39,7 @@ def resume_until_done(src, dest, timeout=20.0):
     """Resume; a worker of the killed run may hold the lock for a moment."""
     t_end = time.monotonic() + timeout
     while True:
-        p = cli_subprocess(_argv(src, dest, "--resume"))
+        p = killable_cli(_argv(src, dest, "--resume"))
         _, err = p.communicate()
         if p.returncode == 0:
             return
@@ -51,7 +53,7 @@ def test_sigkill_at_a_random_moment_then_resume(src, ref, tmp_path, seed):
     want, duration = ref
     rng = np.random.default_rng(seed)
     dest = str(tmp_path / "s")
-    p = cli_subprocess(_argv(src, dest))
+    p = killable_cli(_argv(src, dest))
     # a random moment of the writing phase (start-up time varies with load)
     deadline = time.monotonic() + 60
     while not os.path.isdir(dest + ".partial") and p.poll() is None and time.monotonic() < deadline:

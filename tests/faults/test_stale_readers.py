@@ -1,7 +1,7 @@
 """Issue 11 item 3 (a Store reads the store it opened, or fails naming the
 change, in every process) and issue 17 item 5 (a file truncated under an open
 store is a typed error naming the file, never SIGBUS or zeros). Every read
-that could crash runs in a forked child (``childrun``)."""
+that could crash runs in a forked child (``support.proc.in_child``)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ import pytest
 import mmstore
 from mmstore.errors import StoreChangedError
 from mmstore.ingest.merge import merge
+from support.proc import in_child
+from support.stores import sample, write_parts, write_store
 
-import storetest
-from childrun import in_child
 
 N = 12
 HOLES = (3, 7)
@@ -25,7 +25,7 @@ HOLES = (3, 7)
 
 def _other(i):
     """Record i of the replacing store: same schema and size, other pixels (as --bgr would give)."""
-    rec = storetest.sample(i)
+    rec = sample(i)
     rec["image"] = rec["image"][..., ::-1].copy()
     return rec
 
@@ -36,23 +36,23 @@ def _replace(path, backend, via="rename"):
     place (inode numbers are then often reused)."""
     if via == "rename":
         new = path + ".new"
-        storetest.write_store(new, N, backend=backend, holes=HOLES, make=_other)
+        write_store(new, N, backend=backend, holes=HOLES, make=_other)
         os.rename(path, path + ".old")
         os.rename(new, path)
         shutil.rmtree(path + ".old")
     else:
         shutil.rmtree(path)
-        storetest.write_store(path, N, backend=backend, holes=HOLES, make=_other)
+        write_store(path, N, backend=backend, holes=HOLES, make=_other)
 
 
 def _old_images():
     keep = [s for s in range(N) if s not in HOLES]
-    return np.stack([storetest.sample(s)["image"] for s in keep])
+    return np.stack([sample(s)["image"] for s in keep])
 
 
 @pytest.mark.parametrize("via", ["rename", "recreate"])
 def test_item3_store_opened_not_read_then_replaced_raises_store_changed(tmp_path, backend, via):
-    path = storetest.write_store(str(tmp_path / "s"), N, backend=backend, holes=HOLES)
+    path = write_store(str(tmp_path / "s"), N, backend=backend, holes=HOLES)
     store = mmstore.open(path)
     _replace(path, backend, via)
 
@@ -71,7 +71,7 @@ def test_item3_store_opened_not_read_then_replaced_raises_store_changed(tmp_path
 
 
 def test_item3_fork_worker_after_replace_raises_parent_keeps_reading_what_it_opened(tmp_path, backend):
-    path = storetest.write_store(str(tmp_path / "s"), N, backend=backend, holes=HOLES)
+    path = write_store(str(tmp_path / "s"), N, backend=backend, holes=HOLES)
     store = mmstore.open(path)
     epoch1 = store.read_batch(np.arange(len(store)))["image"]  # "epoch 1": the parent maps the files
     np.testing.assert_array_equal(epoch1, _old_images())
@@ -90,9 +90,9 @@ def test_item3_fork_worker_after_replace_raises_parent_keeps_reading_what_it_ope
 
 
 def test_item3_pickled_store_reopened_after_replace_raises(tmp_path, backend):
-    path = storetest.write_store(str(tmp_path / "s"), N, backend=backend, holes=HOLES)
+    path = write_store(str(tmp_path / "s"), N, backend=backend, holes=HOLES)
     blob = pickle.dumps(mmstore.open(path))
-    np.testing.assert_array_equal(pickle.loads(blob)[0]["image"], storetest.sample(0)["image"])
+    np.testing.assert_array_equal(pickle.loads(blob)[0]["image"], sample(0)["image"])
     _replace(path, backend)
     with pytest.raises(StoreChangedError, match="replaced"):
         pickle.loads(blob)
@@ -100,9 +100,9 @@ def test_item3_pickled_store_reopened_after_replace_raises(tmp_path, backend):
 
 def test_item3_file_rewritten_in_place_is_a_change(tmp_path):
     """``cp -r new/. old/`` keeps the inodes and sizes; the modification time tells."""
-    path = storetest.write_store(str(tmp_path / "s"), N, holes=HOLES)
+    path = write_store(str(tmp_path / "s"), N, holes=HOLES)
     store = mmstore.open(path)
-    new = storetest.write_store(str(tmp_path / "n"), N, holes=HOLES, make=_other)
+    new = write_store(str(tmp_path / "n"), N, holes=HOLES, make=_other)
     os.utime(os.path.join(new, "image.npy"), ns=(1, 1))  # another mtime, whatever the clock's resolution
     with open(os.path.join(new, "image.npy"), "rb") as src, open(os.path.join(path, "image.npy"), "r+b") as dst:
         dst.write(src.read())
@@ -117,7 +117,7 @@ def test_item3_dataloader_fork_workers_see_the_change(tmp_path):
 
     from mmstore.torch import StoreDataset
 
-    path = storetest.write_store(str(tmp_path / "s"), N, holes=HOLES)
+    path = write_store(str(tmp_path / "s"), N, holes=HOLES)
     ds = StoreDataset(path)
     dl = DataLoader(ds, batch_size=4, num_workers=2, multiprocessing_context="fork")
 
@@ -148,7 +148,7 @@ def _read_all(store):
 ])
 @pytest.mark.parametrize("how", ["read_batch", "column", "[i]"])
 def test_issue17_item5_memmap_file_truncated_after_open_is_typed_not_sigbus(tmp_path, name, cut, how):
-    path = storetest.write_store(str(tmp_path / "s"), N, holes=HOLES)
+    path = write_store(str(tmp_path / "s"), N, holes=HOLES)
     size = os.path.getsize(os.path.join(path, name))
     entry = {"image.npy": 8 * 6 * 3, "score.npy": 8}.get(name, 8)
     if name == "label.npy":
@@ -163,7 +163,7 @@ def test_issue17_item5_memmap_file_truncated_after_open_is_typed_not_sigbus(tmp_
 
 
 def test_issue17_item5_merged_segment_truncated_after_open(tmp_path):
-    parts = storetest.write_parts(str(tmp_path / "p"), N, (5, 9), holes=HOLES)
+    parts = write_parts(str(tmp_path / "p"), N, (5, 9), holes=HOLES)
     path = merge(parts, str(tmp_path / "m"))
     seg = "image.00001.npy"
     res = in_child(_truncate_then_read, path, seg, 128, _read_all)
@@ -171,14 +171,14 @@ def test_issue17_item5_merged_segment_truncated_after_open(tmp_path):
 
 
 def test_issue17_item5_lmdb_file_truncated_after_open(tmp_path):
-    path = storetest.write_store(str(tmp_path / "s"), N, backend="lmdb", holes=HOLES)
+    path = write_store(str(tmp_path / "s"), N, backend="lmdb", holes=HOLES)
     size = os.path.getsize(os.path.join(path, "records.mdb"))
     res = in_child(_truncate_then_read, path, "records.mdb", size - 4096, _read_all)
     assert res.raised("StoreChangedError") and "records.mdb: truncated" in res.value[1], res
 
 
 def test_issue17_item5_keys_truncated_after_open(tmp_path):
-    path = storetest.write_store(str(tmp_path / "s"), N, holes=HOLES)
+    path = write_store(str(tmp_path / "s"), N, holes=HOLES)
     size = os.path.getsize(os.path.join(path, "_keys.bin"))
     res = in_child(_truncate_then_read, path, "_keys.bin", size - 3, lambda s: [s.key(i) for i in range(len(s))])
     assert res.raised("StoreChangedError") and "_keys.bin: truncated" in res.value[1], res

@@ -23,7 +23,7 @@ import numpy as np
 import mmstore
 from mmstore.backends.memmap import MemmapBackend
 from mmstore.errors import StoreChangedError
-from storetest import write_parts, write_store
+from support.stores import write_parts, write_store
 
 root, merged = sys.argv[1], sys.argv[2] == "merged"
 BIG = {"image": ("|u1", (32, 32, 3)), "label": ("<i8", ())}  # 3 KiB entries: the kernel-copy path

@@ -1,11 +1,10 @@
 """Issue 11, a store from someone else, reader side: items 6 (offsets proven
 in range), 7 (LMDB damage read without SIGBUS), 10 (crafted bookkeeping
 files) and the core of 11 (typed errors instead of OSErrors). Whatever could
-crash or hang runs in a forked child (``childrun``)."""
+crash or hang runs in a forked child (``support.proc.in_child``)."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -14,33 +13,22 @@ import numpy as np
 import pytest
 
 import mmstore
+from mmstore.backends.base import check_npy
 from mmstore.errors import FormatError, IncompleteStoreError, MmstoreError
+from mmstore.format import npy_header
 from mmstore.ingest.merge import merge
+from support.faults import drop_dac_override, edit_manifest, rewrite_file
+from support.proc import cli_env, in_child
+from support.stores import SMALL_SCHEMA, write_parts, write_store
 
-import storetest
-from childrun import in_child
 
 N = 12
 HOLES = (3, 7)
 
 
-def _manifest(path):
-    with open(os.path.join(path, "manifest.json")) as fh:
-        return json.load(fh)
-
-
-def _set_manifest(path, obj=None, raw=None):
+def _set_manifest(path, raw):
     with open(os.path.join(path, "manifest.json"), "wb") as fh:
-        fh.write(raw if raw is not None else json.dumps(obj).encode())
-
-
-def _rewrite(path, name, data):
-    """Replace bookkeeping file ``name`` and list its new size in the manifest."""
-    with open(os.path.join(path, name), "wb") as fh:
-        fh.write(data)
-    m = _manifest(path)
-    m["files"][name] = len(data)
-    _set_manifest(path, m)
+        fh.write(raw)
 
 
 def _set_u8(path, name, pos, value):
@@ -69,9 +57,9 @@ def _typed(res, fragment=""):
 @pytest.mark.parametrize("kind", ["memmap", "lmdb", "merged"])
 def test_item6_index_value_past_slots_is_a_format_error_not_a_segfault(tmp_path, value, kind):
     if kind == "merged":
-        path = merge(storetest.write_parts(str(tmp_path / "p"), N, (5, 9), holes=HOLES), str(tmp_path / "m"))
+        path = merge(write_parts(str(tmp_path / "p"), N, (5, 9), holes=HOLES), str(tmp_path / "m"))
     else:
-        path = storetest.write_store(str(tmp_path / "s"), N, backend=kind, holes=HOLES)
+        path = write_store(str(tmp_path / "s"), N, backend=kind, holes=HOLES)
     _set_u8(path, "_index.npy", N - len(HOLES) - 1, value)  # the last index entry
     mmstore.open(path).close()  # open stays O(1): it reads no index
     res = in_child(_read_everything, path)
@@ -79,14 +67,14 @@ def test_item6_index_value_past_slots_is_a_format_error_not_a_segfault(tmp_path,
 
 
 def test_item6_index_not_increasing_is_refused(tmp_path):
-    path = storetest.write_store(str(tmp_path / "s"), N, holes=HOLES)
+    path = write_store(str(tmp_path / "s"), N, holes=HOLES)
     _set_u8(path, "_index.npy", 4, 1)  # ... 2, 4, 1, 6 ...
     res = in_child(lambda: mmstore.open(path)[0])
     _typed(res, "not strictly increasing at index 4")
 
 
 def test_item6_key_offsets_decreasing_are_refused(tmp_path):
-    path = storetest.write_store(str(tmp_path / "s"), N, holes=HOLES)
+    path = write_store(str(tmp_path / "s"), N, holes=HOLES)
     _set_u8(path, "_keys_offsets.npy", 5, 2**64 - 2)
     res = in_child(lambda: mmstore.open(path).key(0))
     _typed(res, "_keys_offsets.npy")
@@ -99,7 +87,7 @@ META = {"last_pg": 136, "psize": 40, "magic": 16, "version": 20, "main_root": 12
 @pytest.mark.parametrize("field", sorted(META))
 @pytest.mark.parametrize("page", [0, 1])
 def test_item7_damaged_lmdb_meta_page_is_refused_at_open(tmp_path, field, page):
-    path = storetest.write_store(str(tmp_path / "s"), N, backend="lmdb", holes=HOLES)
+    path = write_store(str(tmp_path / "s"), N, backend="lmdb", holes=HOLES)
     mdb = os.path.join(path, "records.mdb")
     off = page * 4096 + META[field]
     with open(mdb, "r+b") as fh:
@@ -135,7 +123,7 @@ def _flip_all(path, offsets, masks):
 
 
 def test_item7_every_meta_byte_flipped_never_crashes_the_reader(tmp_path):
-    path = storetest.write_store(str(tmp_path / "s"), N, backend="lmdb", holes=HOLES)
+    path = write_store(str(tmp_path / "s"), N, backend="lmdb", holes=HOLES)
     offsets = [p * 4096 + b for p in (0, 1) for b in range(152)]
     res = in_child(_flip_all, path, offsets, [0xFF] * len(offsets))
     assert res.kind == "ok", res
@@ -146,13 +134,13 @@ def test_item7_every_meta_byte_flipped_never_crashes_the_reader(tmp_path):
 def test_item7_random_lmdb_byte_flips_never_crash_the_reader(tmp_path, big):
     """Was: 3 SIGBUS in 30 random flips. Node offsets and value sizes inside
     pages included (the overflow-page store had a flipped value size touch 2 GB)."""
-    schema = {"image": ("|u1", (40, 40, 3)), "label": ("<i8", ())} if big else storetest.SMALL_SCHEMA
+    schema = {"image": ("|u1", (40, 40, 3)), "label": ("<i8", ())} if big else SMALL_SCHEMA
 
     def make(i):
         r = np.random.default_rng(i)
         return {"image": r.integers(0, 256, (40, 40, 3), dtype=np.uint8), "label": np.int64(i)}
 
-    path = storetest.write_store(str(tmp_path / "s"), 60 if big else 200, backend="lmdb", holes=(3, 50),
+    path = write_store(str(tmp_path / "s"), 60 if big else 200, backend="lmdb", holes=(3, 50),
                                  schema=schema, **({"make": make} if big else {}))
     size = os.path.getsize(os.path.join(path, "records.mdb"))
     rng = np.random.default_rng(7)
@@ -169,7 +157,7 @@ def test_item7_random_lmdb_byte_flips_never_crash_the_reader(tmp_path, big):
 @pytest.mark.parametrize("name", ["errors.jsonl", "_keys.bin", "_index.npy", "image.npy", "manifest.json"])
 @pytest.mark.parametrize("to", ["/dev/zero", "fifo", "dangling", "directory"])
 def test_item10_special_files_in_a_store_are_refused_never_read(tmp_path, name, to):
-    path = storetest.write_store(str(tmp_path / "s"), N, holes=HOLES)
+    path = write_store(str(tmp_path / "s"), N, holes=HOLES)
     p = os.path.join(path, name)
     os.unlink(p)
     if to == "fifo":
@@ -185,7 +173,7 @@ def test_item10_special_files_in_a_store_are_refused_never_read(tmp_path, name, 
 
 
 def test_item10_a_symlinked_data_file_is_refused_even_when_it_points_to_a_good_copy(tmp_path):
-    path = storetest.write_store(str(tmp_path / "s"), N)
+    path = write_store(str(tmp_path / "s"), N)
     os.rename(os.path.join(path, "image.npy"), str(tmp_path / "image.npy"))
     os.symlink(str(tmp_path / "image.npy"), os.path.join(path, "image.npy"))
     with pytest.raises(FormatError, match="image.npy: is a symbolic link; a store's files must be regular"):
@@ -197,14 +185,16 @@ def test_item10_a_symlinked_data_file_is_refused_even_when_it_points_to_a_good_c
     {"schema.image": [2**32, 2**32, 1]}, {"schema.image": [2**61, 8]}, {"schema.label": [2**62]},
 ])
 def test_item10_sizes_that_overflow_are_refused(tmp_path, change):
-    path = storetest.write_store(str(tmp_path / "s"), N)
-    m = _manifest(path)
-    for k, v in change.items():
-        if k.startswith("schema."):
-            next(f for f in m["schema"] if f["name"] == k[7:])["shape"] = v
-        else:
-            m[k] = v
-    _set_manifest(path, m)
+    path = write_store(str(tmp_path / "s"), N)
+
+    def apply(m):
+        for k, v in change.items():
+            if k.startswith("schema."):
+                next(f for f in m["schema"] if f["name"] == k[7:])["shape"] = v
+            else:
+                m[k] = v
+
+    edit_manifest(path, apply)
     with pytest.raises(FormatError, match="manifest"):
         mmstore.open(path)
 
@@ -212,13 +202,8 @@ def test_item10_sizes_that_overflow_are_refused(tmp_path, change):
 def test_item10_a_128_byte_file_with_an_overflowing_shape_is_not_a_store(tmp_path):
     """Was: slots 2**61 and shape [2**32, 2**32, 1] wrapped to 0 bytes; a
     128-byte .npy (its header only) opened and verify --quick said OK."""
-    path = storetest.write_store(str(tmp_path / "s"), N)
-    m = _manifest(path)
-    m["schema"][0]["shape"] = [2**32, 2**32, 1]
-    _set_manifest(path, m)
-    from mmstore.backends.base import check_npy
-    from mmstore.format import npy_header
-
+    path = write_store(str(tmp_path / "s"), N)
+    edit_manifest(path, lambda m: m["schema"][0].update(shape=[2**32, 2**32, 1]))
     hdr = npy_header(np.dtype("|u1"), (N, 2**32, 2**32, 1))
     with open(tmp_path / "x.npy", "wb") as fh:
         fh.write(hdr)
@@ -229,15 +214,15 @@ def test_item10_a_128_byte_file_with_an_overflowing_shape_is_not_a_store(tmp_pat
 
 
 def test_item10_huge_json_integers_are_format_errors(tmp_path):
-    path = storetest.write_store(str(tmp_path / "s"), N, holes=HOLES)
+    path = write_store(str(tmp_path / "s"), N, holes=HOLES)
     with open(os.path.join(path, "manifest.json"), "rb") as fh:
         raw = good = fh.read()
     raw = raw.replace(b'"records": ', b'"records": ' + b"9" * 5000 + b', "x": ', 1)
-    _set_manifest(path, raw=raw)
+    _set_manifest(path, raw)
     with pytest.raises(FormatError, match="not valid UTF-8 JSON"):
         mmstore.open(path)
-    _set_manifest(path, raw=good)
-    _rewrite(path, "errors.jsonl", b'{"slot": ' + b"1" * 5000 + b', "key": "k", "reason": "r"}\n')
+    _set_manifest(path, good)
+    rewrite_file(path, "errors.jsonl", b'{"slot": ' + b"1" * 5000 + b', "key": "k", "reason": "r"}\n')
     with pytest.raises(FormatError, match="errors.jsonl: line 1 is not JSON"):
         mmstore.open(path).skipped()
 
@@ -245,14 +230,14 @@ def test_item10_huge_json_integers_are_format_errors(tmp_path):
 @pytest.mark.parametrize("line", [b"[1, 2]", b'{"slot": "3", "key": "k", "reason": "r"}', b'{"slot": 99, "key": "k", '
                                   b'"reason": "r"}', b'{"slot": 3}', b"null", b"[" * 5000])
 def test_item10_malformed_errors_jsonl_entries_are_format_errors(tmp_path, line):
-    path = storetest.write_store(str(tmp_path / "s"), N, holes=HOLES)
-    _rewrite(path, "errors.jsonl", line + b"\n")
+    path = write_store(str(tmp_path / "s"), N, holes=HOLES)
+    rewrite_file(path, "errors.jsonl", line + b"\n")
     with pytest.raises(FormatError, match="errors.jsonl: line 1"):
         mmstore.open(path).skipped()
 
 
 def test_item10_errors_jsonl_is_read_only_up_to_its_listed_size(tmp_path):
-    path = storetest.write_store(str(tmp_path / "s"), N, holes=HOLES)
+    path = write_store(str(tmp_path / "s"), N, holes=HOLES)
     store = mmstore.open(path)
     with open(os.path.join(path, "errors.jsonl"), "ab") as fh:  # grows after open
         fh.write(b"x" * 100000)
@@ -271,7 +256,7 @@ def test_item11_store_path_is_a_regular_file(tmp_path):
 
 
 def test_item11_dangling_symlinked_data_file(tmp_path, backend):
-    path = storetest.write_store(str(tmp_path / "s"), N, backend=backend)
+    path = write_store(str(tmp_path / "s"), N, backend=backend)
     name = "records.mdb" if backend == "lmdb" else "label.npy"
     os.unlink(os.path.join(path, name))
     os.symlink(os.path.join(path, "nowhere"), os.path.join(path, name))
@@ -281,7 +266,7 @@ def test_item11_dangling_symlinked_data_file(tmp_path, backend):
 
 @pytest.mark.parametrize("name", ["image.npy", "manifest.json", "_keys.bin"])
 def test_item11_permission_denied_on_a_store_file_is_typed(tmp_path, name):
-    path = storetest.write_store(str(tmp_path / "s"), N)
+    path = write_store(str(tmp_path / "s"), N)
     os.chmod(os.path.join(path, name), 0)
     code = (
         "import mmstore, sys\n"
@@ -290,9 +275,8 @@ def test_item11_permission_denied_on_a_store_file_is_typed(tmp_path, name):
         "except StoreAccessError as e:\n    print('TYPED', e); sys.exit(0)\n"
         "print('OPENED'); sys.exit(1)\n"
     )
-    env = dict(os.environ, PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(mmstore.__file__))))
-    pre = storetest.drop_dac_override if os.geteuid() == 0 else None
-    p = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, env=env,
+    pre = drop_dac_override if os.geteuid() == 0 else None
+    p = subprocess.run([sys.executable, "-c", code, path], capture_output=True, text=True, env=cli_env(),
                        preexec_fn=pre, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     assert f"{name}: permission denied" in p.stdout

@@ -128,6 +128,19 @@ def test_csv_integer_labels_are_not_renumbered(h, tmp_path, capsys):
     assert "kept as a class of their own" in capsys.readouterr().err
 
 
+def test_csv_missing_label_class_refuses_when_minus_one_is_a_real_label(h, tmp_path, capsys):
+    """Blank cells kept as a class get label -1: when the column already uses
+    -1, that would merge them into a real class (review of issue 11)."""
+    lst = _list(tmp_path, h, ["-1", "10", "", "2"])
+    dest = tmp_path / "s"
+    assert h.cli("ingest", lst, dest, "--size", "8x8", "--workers", "0", "-q", "--missing-label", "class") == 1
+    assert "already uses -1" in capsys.readouterr().err
+    assert not os.path.exists(dest) and not os.path.exists(str(dest) + ".partial")
+    assert h.cli("ingest", lst, dest, "--size", "8x8", "--workers", "0", "-q") == 0  # the blank row: a hole
+    s = mmstore.open(dest)
+    assert s.column("label").tolist() == [-1, 10, 2] and s.skipped()[0]["slot"] == 2
+
+
 def test_csv_mixed_label_column_is_refused_unless_told(h, tmp_path, capsys):
     lst = _list(tmp_path, h, ["5", "cat", "2"])
     assert h.cli("ingest", lst, tmp_path / "s", "--size", "8x8", "--workers", "0", "-q") == 1

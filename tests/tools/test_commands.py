@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 
 import numpy as np
 import pytest
-from helpers import run_cli, run_json, run_sub, small_image_store
-from storetest import write_store
 
 import mmstore
 from mmstore.cli import COMMANDS
+from mmstore._sys import disk_info
+from mmstore.tools.cache import evict_store, warm_store
+from support.compare import assert_reads_same
+from support.faults import flip_bit
+from support.proc import cli, run_cli, run_json, run_sub
+from support.stores import image_store, write_parts, write_store
 
 TOOLS = ("inspect", "verify", "show", "warm", "evict", "doctor", "bench", "convert")
 
@@ -19,17 +24,15 @@ TOOLS = ("inspect", "verify", "show", "warm", "evict", "doctor", "bench", "conve
 @pytest.fixture(scope="module")
 def img_store(tmp_path_factory):
     d = tmp_path_factory.mktemp("img")
-    path, imgs = small_image_store(d / "img.store", n=600, holes=(3, 50), label_names=list("abcde"),
-                                   provenance={"source": {"kind": "folder", "path": "/nowhere"}})
+    path, imgs = image_store(d / "img.store", n=600, holes=(3, 50), label_names=list("abcde"),
+                          provenance={"source": {"kind": "folder", "path": "/nowhere"}})
     return path
 
 
 @pytest.mark.parametrize("cmd", TOOLS)
 def test_help_has_an_example(cmd, capsys):
     with pytest.raises(SystemExit) as e:
-        from mmstore.cli import main
-
-        main([cmd, "--help"])
+        cli(cmd, "--help")
     assert e.value.code == 0
     assert "example" in capsys.readouterr().out
 
@@ -73,7 +76,7 @@ def _read_png(path):
 
 @pytest.mark.parametrize("channels,layout", [(3, "hwc"), (1, "hwc"), (3, "chw"), (1, "chw")])
 def test_show_tiles_equal_records(tmp_path, channels, layout, capsys):
-    p, imgs = small_image_store(tmp_path / "s", n=40, channels=channels, layout=layout, label_names=list("vwxyz"))
+    p, imgs = image_store(tmp_path / "s", n=40, channels=channels, layout=layout, label_names=list("vwxyz"))
     out = tmp_path / "grid.png"
     rc, rep = run_json(["show", p, "-o", out, "-n", "6", "--seed", "2", "--scale", "2"], capsys)
     assert rc == 0
@@ -102,26 +105,50 @@ def test_show_indices_and_errors(img_store, tmp_path, capsys):
     assert rc == 1 and "no image field" in out
 
 
-def test_warm_evict(img_store, capsys):
-    rc, rep = run_json(["evict", img_store], capsys)
-    assert rc in (0, 1) and rep["action"] == "evict"
-    rc, rep = run_json(["warm", img_store], capsys)
-    assert rc == 0 and rep["complete"] and rep["bytes_read"] == rep["bytes_total"]
-    assert rep["resident_after"] == rep["bytes_total"]
-    with mmstore.open(img_store) as s:
+def _evict_exit_code(store) -> int:
+    """What ``evict --sync`` of a store no process has mapped must return:
+    0 (every page dropped), or 1 where the file system keeps its pages (tmpfs)."""
+    return 1 if disk_info(store)["tmpfs"] else 0
+
+
+def test_warm_evict(img_store, tmp_path, capsys):
+    store = shutil.copytree(img_store, tmp_path / "copy")  # pages of a copy nothing has mapped
+    files = sum(os.path.getsize(p) for p in mmstore.open(store).data_paths())
+    rc, rep = run_json(["evict", store, "--sync"], capsys)
+    assert rep["action"] == "evict" and rep["bytes_total"] == files and rep["resident_before"] > 0
+    assert rc == _evict_exit_code(store), rep
+    if rc == 0:
+        assert rep["resident_after"] == 0 and rep["warnings"] == []
+    else:
+        assert rep["resident_after"] == files and "tmpfs" in rep["warnings"][0]
+    rc, rep = run_json(["warm", store], capsys)
+    assert rc == 0 and rep["complete"] and rep["bytes_read"] == rep["bytes_total"] == files
+    assert rep["resident_after"] == files and rep["warnings"] == []
+    with mmstore.open(store) as s:
+        s.evict(sync=True)
         w = s.warm()
-        assert w.complete
-        s.evict()
+        assert w.complete and w.bytes_read == files
+        assert w.resident_before == (0 if _evict_exit_code(store) == 0 else files)
 
 
-def test_warm_does_not_fit(img_store, capsys):
-    # a tiny fraction of memory cannot hold even this small store? force it with a fake budget
-    from mmstore.tools.cache import warm_store
-
-    rep = warm_store(img_store, max_fraction=1e-9)
-    assert rep.complete in (True, False)  # whole store may already be resident (counts as fitting)
-    if not rep.complete:
-        assert rep.warnings and "does not fit" in rep.warnings[0]
+def test_warm_does_not_fit(img_store, tmp_path):
+    """A budget (here ~24 bytes) below what is not yet cached stops the pass
+    and says so; a store that is all cached already fits any budget."""
+    store = str(shutil.copytree(img_store, tmp_path / "copy"))
+    ev = evict_store(store, sync=True)
+    files = ev.bytes_total
+    rep = warm_store(store, max_fraction=1e-9)
+    if _evict_exit_code(store) == 0:  # evicted (opening it reads a little back): it does not fit
+        assert ev.resident_after == 0 and rep.resident_before < files // 2
+        assert not rep.complete and rep.bytes_read < files
+        assert "not yet resident" in rep.reason
+        assert rep.warnings == [f"the store does not fit in memory; stopped: {rep.reason}"]
+    else:  # tmpfs: its pages stay, so the store is all cached
+        assert rep.complete and rep.resident_before == files
+    rep = warm_store(store, max_fraction=None)
+    assert rep.complete and rep.bytes_read == files and rep.resident_after == files and rep.warnings == []
+    rep = warm_store(store, max_fraction=1e-9)
+    assert rep.complete and rep.reason is None and rep.warnings == [] and rep.resident_before == files
 
 
 def test_doctor(img_store, capsys):
@@ -157,7 +184,7 @@ def test_bench_plot_and_source(tmp_path, capsys):
 
     src = tmp_path / "src"
     os.makedirs(src / "img")
-    p, imgs = small_image_store(tmp_path / "s", n=50)
+    p, imgs = image_store(tmp_path / "s", n=50)
     for s in range(50):
         cv2.imwrite(str(src / "img" / f"{s:05d}.png"), imgs[s][..., ::-1])
     rc, rep = run_json(["bench", p, "--samples", "20", "--paths", "read_batch", "--orders", "permutation",
@@ -196,8 +223,6 @@ def test_convert_roundtrip(tmp_path, capsys):
 
 
 def test_convert_refuses_damaged_source(tmp_path, capsys):
-    from helpers import flip_bit
-
     a = write_store(tmp_path / "a", 30)
     flip_bit(os.path.join(a, "label.npy"), os.path.getsize(os.path.join(a, "label.npy")) - 2)
     rc, _, err = run_cli(["convert", a, tmp_path / "b", "--backend", "lmdb"], capsys)
@@ -209,22 +234,26 @@ def test_convert_refuses_damaged_source(tmp_path, capsys):
     ["inspect", "{s}", "--json", "--sample", "10"],
     ["show", "{s}", "-o", "{t}/g.png", "--json", "-n", "4"],
     ["warm", "{s}", "--json"],
-    ["evict", "{s}", "--json"],
+    ["evict", "{s}", "--json", "--sync"],
     ["doctor", "{s}", "--json", "--budget", "1", "--samples", "16", "--seq-mb", "4"],
     ["bench", "{s}", "--json", "--samples", "32", "--paths", "read_batch", "--max-seconds", "1"],
     ["convert", "{s}", "{t}/conv", "--backend", "lmdb", "--json"],
 ])
 def test_subprocess(img_store, tmp_path, argv):
-    r = run_sub([a.format(s=img_store, t=tmp_path) for a in argv])
-    assert r.returncode in (0, 1) if argv[0] == "evict" else r.returncode == 0, r.stderr
-    json.loads(r.stdout)
+    store, want = img_store, 0
+    if argv[0] == "evict":  # a copy nothing has mapped: every page can be dropped (but on tmpfs)
+        store = str(shutil.copytree(img_store, tmp_path / "copy"))
+        want = _evict_exit_code(store)
+    r = run_sub([a.format(s=store, t=tmp_path) for a in argv])
+    assert r.returncode == want, (r.stdout, r.stderr)
+    rep = json.loads(r.stdout)  # a report about this store
+    assert rep.get("path", rep.get("source")) == str(store), rep
+    assert rep.get("records", 598) == 598 and rep.get("bytes_total", 1) > 0, rep
 
 
 def test_every_command_on_a_merged_store(tmp_path, capsys):
     """A segmented store (mmstore merge) works with every tool; convert turns
     it back into a plain store that reads the same."""
-    from storetest import assert_reads_same, write_parts
-
     parts = write_parts(tmp_path / "p", 60, [10, 20, 30, 45], holes={4, 30})
     ref = write_store(tmp_path / "ref", 60, holes={4, 30})
     m = str(tmp_path / "m")

@@ -8,6 +8,8 @@ child process.
 
 from __future__ import annotations
 
+import csv
+import errno
 import json
 import os
 import random
@@ -19,14 +21,22 @@ import textwrap
 
 import numpy as np
 import pytest
-from helpers import ROOT, flip_bit, run_cli, run_json, run_sub
 
 import mmstore
-from mmstore.errors import FormatError
+import mmstore.tools.repair as repair_mod
+import mmstore.tools.verify as verify_mod
 from mmstore._names import ascii_text
+from mmstore.decode import DecodeSpec
+from mmstore.errors import FormatError
+from mmstore.ingest import ingest
 from mmstore.tools._common import dumps
-from mmstore.writer import file_digest
-from storetest import drop_dac_override, write_store
+from mmstore.tools.repair import SourceGone, check_template, repair_store
+from mmstore.tools.verify import verify_store
+from mmstore.tools.verify_lmdb import _run_child
+from support.faults import drop_dac_override, flip_bit, flip_lmdb_bits, rewrite_file, sync_manifest
+from support.images import make_folder
+from support.proc import cli_env, run_cli, run_json, run_sub
+from support.stores import write_store
 
 cv2 = pytest.importorskip("cv2")
 
@@ -40,27 +50,6 @@ def _one_line_error(proc, codes=(1, 2)):
     assert len(lines) <= 1, proc.stderr
     assert lines or proc.stdout.strip(), "no message at all"
     return (lines[0] if lines else proc.stdout)
-
-
-def _read(path):
-    with open(path, "rb") as fh:
-        return fh.read()
-
-
-def _rewrite(store, name, data):
-    """Replace a store file and make the manifest agree with it (size and
-    digest), as a crafted store would."""
-    path = os.path.join(store, name)
-    with open(path, "wb") as fh:
-        fh.write(data)
-    mp = os.path.join(store, "manifest.json")
-    with open(mp) as fh:
-        m = json.load(fh)
-    m["files"][name] = len(data)
-    if name in m.get("digests", {}):
-        m["digests"][name] = file_digest(path, 0)
-    with open(mp, "w") as fh:
-        json.dump(m, fh)
 
 
 # --------------------------------------------------------------------------
@@ -82,8 +71,7 @@ _VERIFY_ALL = textwrap.dedent("""
 def _verify_in_child(paths):
     """verify_store of each path, in one child interpreter; the parsed
     reports (a signal death of the child fails the test, naming the store)."""
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    p = subprocess.run([sys.executable, "-c", _VERIFY_ALL, *paths], capture_output=True, text=True, env=env,
+    p = subprocess.run([sys.executable, "-c", _VERIFY_ALL, *paths], capture_output=True, text=True, env=cli_env(),
                        timeout=900)
     started = [ln.split(" ", 1)[1] for ln in p.stdout.splitlines() if ln.startswith("START ")]
     assert p.returncode == 0, f"verify died ({p.returncode}) on {started[-1:]}: {p.stderr[-2000:]}"
@@ -123,8 +111,6 @@ def _find_killing_flip(clean, tmp_path):
     """A single-byte change of records.mdb that kills a plain reader (found by
     trying node-pointer bytes of each page in a child; deterministic for a
     given file)."""
-    from mmstore.tools.verify_lmdb import _run_child
-
     with open(os.path.join(clean, "records.mdb"), "rb") as fh:
         orig = fh.read()
     probe = str(tmp_path / "probe.mdb")
@@ -172,7 +158,7 @@ def test_item7_verify_quick_on_a_killing_lmdb_is_exit_1(tmp_path):
     shutil.copytree(clean, bad)
     with open(os.path.join(bad, "records.mdb"), "r+b") as fh:
         fh.truncate(8192)  # both meta pages kept, every data page gone
-    _rewrite(bad, "records.mdb", _read(os.path.join(bad, "records.mdb")))
+    sync_manifest(bad, "records.mdb", digest=True)
     for argv in (["verify", bad, "--quick"], ["verify", bad]):
         p = run_sub(argv)
         assert p.returncode == 1 and "Traceback" not in p.stderr, (p.stdout, p.stderr)
@@ -252,18 +238,12 @@ def test_item8_verify_names_a_bad_record_with_a_non_utf8_key(tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
-    d = tmp_path_factory.mktemp("src")
-    rng = np.random.default_rng(0)
-    for c in ("cat", "dog"):
-        os.makedirs(d / c)
-        for i in range(12):
-            cv2.imwrite(str(d / c / f"{i:03d}.png"), rng.integers(0, 256, (20, 24, 3), dtype=np.uint8))
-    return str(d)
+    d = str(tmp_path_factory.mktemp("src"))
+    make_folder(d, ("cat", "dog"), per_class=12, exts=(".png",), name="{:03d}")
+    return d
 
 
 def _ingest(src, dest, backend="memmap", **kw):
-    from mmstore.ingest import ingest
-
     ingest(src, dest, size=(16, 16), backend=backend, workers=0, quiet=True, **kw)
     return dest
 
@@ -298,9 +278,6 @@ def test_item9_repair_refuses_to_write_through_a_symlinked_data_file(tmp_path, f
     rc, out, _ = run_cli(["verify", store, "--repair"], capsys)
     assert rc == 1 and "symlink" in out and "refused" in out
     # even when handed a report that does not mention the link, repair does not write through it
-    from mmstore.tools.repair import repair_store
-    from mmstore.tools.verify import verify_store
-
     os.unlink(os.path.join(store, "image.npy"))
     shutil.copyfile(outside, os.path.join(store, "image.npy"))
     report = verify_store(store)
@@ -319,16 +296,7 @@ def test_item9_repair_writes_nothing_next_to_the_store(tmp_path, folder, capsys)
     store = _ingest(folder, str(parent / "s"), backend="lmdb")
     fresh = str(tmp_path / "fresh")
     shutil.copytree(store, fresh)
-    import lmdb
-
-    env = lmdb.open(os.path.join(store, "records.mdb"), subdir=False, lock=False)
-    with env.begin(write=True) as txn:
-        k = (4).to_bytes(8, "big")
-        v = bytearray(txn.get(k))
-        v[9] ^= 1
-        txn.put(k, bytes(v))
-    env.close()
-    _rewrite(store, "records.mdb", _read(os.path.join(store, "records.mdb")))
+    flip_lmdb_bits(store, [4], 9, digest=True)
     seen = []
     real_mkdir = os.mkdir
 
@@ -349,8 +317,6 @@ def test_item9_repair_writes_nothing_next_to_the_store(tmp_path, folder, capsys)
 
 def _store_with_provenance(tmp_path, source, slots=4):
     """A memmap store claiming ``source`` as its provenance, record 1 damaged."""
-    from mmstore.decode import DecodeSpec
-
     prov = {"source": source, "ingest": {"params": {"decode": DecodeSpec(size=(8, 8)).to_dict()}}}
     store = str(tmp_path / "s")
     rng = np.random.default_rng(0)
@@ -366,13 +332,10 @@ def _store_with_provenance(tmp_path, source, slots=4):
 
 def _limited_sub(argv, limit_bytes=1 << 30):
     """The CLI in a child whose address space is capped (a 3 GB request fails)."""
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-
     def cap():
         resource.setrlimit(resource.RLIMIT_AS, (limit_bytes * 3, limit_bytes * 3))
 
-    return subprocess.run([sys.executable, "-m", "mmstore", *map(str, argv)], capture_output=True, text=True,
-                          timeout=300, env=env, preexec_fn=cap)
+    return run_sub(argv, timeout=300, preexec_fn=cap)
 
 
 def test_item9_repair_refuses_a_crafted_path_template(tmp_path):
@@ -387,8 +350,6 @@ def test_item9_repair_refuses_a_crafted_path_template(tmp_path):
 
 @pytest.mark.parametrize("tmpl", ["{id.__class__}", "{id!r}", "{id[0]:>99999}", "{0[1]:{id}}", "{", "{x}"])
 def test_item9_repair_allows_only_key_indexing_in_a_path_template(tmpl):
-    from mmstore.tools.repair import SourceGone, check_template
-
     with pytest.raises(SourceGone):
         check_template(tmpl)
     for ok in ("{id}", "{id[0]}/{id[1]}/{id}.jpg", "{}.png", "{0:0>8}.jpg", None):
@@ -396,8 +357,6 @@ def test_item9_repair_allows_only_key_indexing_in_a_path_template(tmpl):
 
 
 def test_item9_repair_refuses_a_decode_spec_that_does_not_fit_the_store(tmp_path):
-    from mmstore.decode import DecodeSpec
-
     store = _store_with_provenance(tmp_path, {"kind": "folder", "path": str(tmp_path)})
     with open(os.path.join(store, "manifest.json")) as fh:
         m = json.load(fh)
@@ -438,12 +397,10 @@ def test_item11_permission_denied_on_a_store_file(tmp_path):
     store = write_store(tmp_path / "s", 10)
     os.chmod(os.path.join(store, "_keys.bin"), 0)
     os.chmod(os.path.join(store, "image.npy"), 0)
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     as_user = drop_dac_override if os.geteuid() == 0 else None  # root ignores permissions otherwise
     try:
         for argv in (["verify", store], ["inspect", store], ["show", store, "-o", tmp_path / "g.png"]):
-            p = subprocess.run([sys.executable, "-m", "mmstore", *map(str, argv)], capture_output=True, text=True,
-                               env=env, timeout=120, preexec_fn=as_user)
+            p = run_sub(argv, preexec_fn=as_user)
             if argv[0] == "verify":
                 assert p.returncode == 1 and "permission denied" in p.stdout.lower() and "Traceback" not in p.stderr
             else:
@@ -490,25 +447,29 @@ def test_item11_manifest_integer_over_4300_digits(tmp_path):
     p = run_sub(["verify", store])
     assert p.returncode == 1 and "[manifest]" in p.stdout and "Traceback" not in p.stderr
     for cmd in ("inspect", "warm", "doctor"):
-        _one_line_error(run_sub([cmd, store]))
+        line = _one_line_error(run_sub([cmd, store]), codes=(1,))
+        assert f"mmstore {cmd}: {mp}: " in line and "manifest is damaged" in line, line
 
 
 @pytest.mark.parametrize("line", [b"[1, 2]", b"42", b'{"slot": "3"}', b"[" * 100_000, b"\xff\xfe",
                                   b'{"slot": ' + b"9" * 5000 + b', "key": "k", "reason": "r"}'])
 def test_item11_malformed_errors_jsonl_entries(tmp_path, line, capsys):
     store = write_store(tmp_path / "s", 10, holes=(3,))
-    _rewrite(store, "errors.jsonl", line + b"\n")
+    rewrite_file(store, "errors.jsonl", line + b"\n", digest=True)
     rc, rep = run_json(["verify", store], capsys)
     assert rc == 1 and [p["kind"] for p in rep["problems"]] == ["errors"], rep["problems"]
     assert len(rep["problems"][0]["message"]) < 400
-    _one_line_error(run_sub(["inspect", store]), codes=(0, 1))
+    line = _one_line_error(run_sub(["inspect", store]), codes=(1,))
+    assert "errors.jsonl: line 1" in line and line.endswith("the file is damaged"), line
 
 
 def test_item11_csv_field_over_128_kib(tmp_path):
     csv = tmp_path / "list.csv"
     csv.write_text("path,label\n" + "a" * (200 * 1024) + ",1\n")
     p = run_sub(["ingest", csv, tmp_path / "out", "--size", "8x8", "--workers", "0", "--quiet"])
-    _one_line_error(p)
+    line = _one_line_error(p, codes=(1,))
+    assert f"{csv}:2: not a CSV row" in line and "128 KiB" in line, line
+    assert sorted(os.listdir(tmp_path)) == ["list.csv"]  # no store, no partial, no lock
 
 
 def test_item11_repair_whose_lmdb_source_lacks_data_mdb(tmp_path):
@@ -530,11 +491,6 @@ def test_item11_repair_whose_lmdb_source_lacks_data_mdb(tmp_path):
 
 
 def test_item11_any_exception_is_one_line_and_debug_shows_the_traceback(tmp_path, monkeypatch, capsys):
-    import csv
-    import errno
-
-    import mmstore.tools.verify as verify_mod
-
     store = write_store(tmp_path / "s", 4)
     for exc, code in ((OSError(errno.EIO, "Input/output error", "x.npy"), 1), (csv.Error("field larger"), 1),
                       (MemoryError(), 1), (RuntimeError("boom\nsecond line"), 1),
@@ -580,8 +536,6 @@ def test_item8_kind_verify_text_escapes_names_found_in_the_store(tmp_path):
 def test_item9_kind_repair_label_search_is_bounded(tmp_path, folder, monkeypatch, capsys):
     """A record whose source decodes to other bytes makes repair try every
     label; the bytes it may hash for that are capped per repair."""
-    import mmstore.tools.repair as repair_mod
-
     src = str(tmp_path / "src")
     shutil.copytree(folder, src)
     store = _ingest(src, str(tmp_path / "s"))
@@ -595,3 +549,27 @@ def test_item9_kind_repair_label_search_is_bounded(tmp_path, folder, monkeypatch
     monkeypatch.setattr(repair_mod, "LABEL_SEARCH_BYTES", 2 << 30)
     rc, rep = run_json(["verify", store, "--repair"], capsys)
     assert rc == 1 and "other bytes" in rep["repair"]["failed"][0]["reason"]
+
+
+@pytest.mark.parametrize("link", ["symlink", "hardlink"])
+def test_output_file_that_links_into_the_store_is_replaced_not_written_through(tmp_path, link):
+    """`show -o` and `bench --plot` given a name that is a link to a store file
+    (review of issue 11): the link is replaced by the new file; the store's
+    files keep every byte."""
+    store = write_store(tmp_path / "s", 10)
+    def files():
+        return {n: (tmp_path / "s" / n).read_bytes() for n in os.listdir(store)}
+
+    before = files()
+    for k, (target, argv) in enumerate([
+        ("manifest.json", ["show", store, "-n", "2", "-o"]),
+        ("image.npy", ["bench", store, "--paths", "read_batch", "--samples", "10", "--max-seconds", "0.1",
+                       "--plot"]),
+    ]):
+        out = tmp_path / f"out{k}.png"
+        (os.symlink if link == "symlink" else os.link)(os.path.join(store, target), out)
+        p = run_sub([*argv, out])
+        assert p.returncode == 0, p.stderr
+        assert not out.is_symlink() and out.read_bytes()[:4] == b"\x89PNG"
+    assert files() == before
+    assert verify_store(store).ok

@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
-import filecmp
 import os
 import shutil
 
 import numpy as np
 import pytest
-from helpers import flip_bit, run_cli, run_json
 
 import mmstore
+from support.compare import assert_reads_same, assert_same_files
+from support.faults import flip_bit, flip_lmdb_bits
+from support.images import make_folder
+from support.proc import run_cli, run_json
 
 cv2 = pytest.importorskip("cv2")
 ingest_mod = pytest.importorskip("mmstore.ingest")
@@ -19,12 +21,7 @@ ingest_mod = pytest.importorskip("mmstore.ingest")
 @pytest.fixture(scope="module")
 def source(tmp_path_factory):
     d = tmp_path_factory.mktemp("src")
-    rng = np.random.default_rng(0)
-    for c in ("cat", "dog", "eel"):
-        os.makedirs(d / c)
-        for i in range(30):
-            img = rng.integers(0, 256, (20 + i % 5, 24, 3), dtype=np.uint8)
-            cv2.imwrite(str(d / c / f"{i:03d}.png"), img)
+    make_folder(str(d), ("cat", "dog", "eel"), per_class=30, exts=(".png",), name="{:03d}")
     (d / "cat" / "broken.jpg").write_bytes(b"not an image")
     return str(d)
 
@@ -32,12 +29,6 @@ def source(tmp_path_factory):
 def _ingest(source, dest, backend):
     ingest_mod.ingest(source, dest, size=(16, 16), backend=backend, workers=0, quiet=True)
     return dest
-
-
-def _same_files(a, b):
-    names = sorted(n for n in os.listdir(a) if n != "manifest.json")
-    assert names == sorted(n for n in os.listdir(b) if n != "manifest.json")
-    return all(filecmp.cmp(os.path.join(a, n), os.path.join(b, n), shallow=False) for n in names)
 
 
 def _damage(store_dir, index):
@@ -52,23 +43,7 @@ def _damage(store_dir, index):
         flip_bit(path, off + slot * nb + 7, bit=3)
         # also damage the label of another record: repair must find the label again
         return slot, key
-    import json
-
-    import lmdb
-
-    env = lmdb.open(os.path.join(store_dir, "records.mdb"), subdir=False, lock=False)
-    with env.begin(write=True) as txn:
-        k = slot.to_bytes(8, "big")
-        v = bytearray(txn.get(k))
-        v[7] ^= 8
-        txn.put(k, bytes(v))
-    env.close()
-    mp = os.path.join(store_dir, "manifest.json")
-    with open(mp) as fh:
-        m = json.load(fh)
-    m["files"]["records.mdb"] = os.path.getsize(os.path.join(store_dir, "records.mdb"))
-    with open(mp, "w") as fh:
-        json.dump(m, fh)
+    flip_lmdb_bits(store_dir, [slot], 7, mask=8)
     return slot, key
 
 
@@ -82,7 +57,7 @@ def test_repair_restores_bytes(tmp_path, source, backend, capsys):
     rc, rep = run_json(["verify", dest, "--repair"], capsys)
     assert rc == 0, rep
     assert rep["ok"] and rep["repair"]["repaired"] == [slot]
-    assert _same_files(dest, fresh)
+    assert_same_files(dest, fresh)
 
 
 def test_repair_finds_a_damaged_label(tmp_path, source, capsys):
@@ -94,7 +69,8 @@ def test_repair_finds_a_damaged_label(tmp_path, source, capsys):
         path, off, nb = s.backend.field_location("label")
     flip_bit(path, off + slot * nb, bit=1)
     rc, _ = run_json(["verify", dest, "--repair"], capsys)
-    assert rc == 0 and _same_files(dest, fresh)
+    assert rc == 0
+    assert_same_files(dest, fresh)
 
 
 def test_repair_refuses_when_source_is_gone(tmp_path, source, capsys):
@@ -121,8 +97,6 @@ def test_repair_reports_a_changed_source_file(tmp_path, source, capsys):
 def test_repair_merged_store(tmp_path, source, backend, capsys):
     """A store merged from --shard parts is repaired in its segment; it then
     reads exactly like a single ingest."""
-    from storetest import assert_reads_same
-
     ref = _ingest(source, str(tmp_path / "ref"), backend)
     parts = []
     for k in range(3):
@@ -140,22 +114,7 @@ def test_repair_merged_store(tmp_path, source, backend, capsys):
             seg = s.backend.field_segments("image")[k]
             flip_bit(seg.path, seg.offset + local * seg.entry_bytes + 7, bit=3)
         else:
-            import json
-
-            import lmdb
-
-            name = f"records.{k:05d}.mdb"
-            env = lmdb.open(os.path.join(merged, name), subdir=False, lock=False)
-            with env.begin(write=True) as txn:
-                v = bytearray(txn.get(int(local).to_bytes(8, "big")))
-                v[7] ^= 8
-                txn.put(int(local).to_bytes(8, "big"), bytes(v))
-            env.close()
-            with open(os.path.join(merged, "manifest.json")) as fh:
-                m = json.load(fh)
-            m["files"][name] = os.path.getsize(os.path.join(merged, name))
-            with open(os.path.join(merged, "manifest.json"), "w") as fh:
-                json.dump(m, fh)
+            flip_lmdb_bits(merged, [local], 7, mask=8, name=f"records.{k:05d}.mdb")
     rc, rep = run_json(["verify", merged], capsys)
     assert rc == 1 and [(r["slot"], r["key"]) for r in rep["bad_records"]] == [(slot, key)]
     rc, rep = run_json(["verify", merged, "--repair"], capsys)

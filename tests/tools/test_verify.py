@@ -8,18 +8,20 @@ import shutil
 
 import numpy as np
 import pytest
-from helpers import flip_bit, run_cli, run_json, run_sub, small_image_store
-from storetest import write_store
 
 import mmstore
 from mmstore.tools.verify import verify_store
+from mmstore.tools.repair import repair_store
+from support.faults import flip_bit, flip_lmdb_bits, sync_manifest
+from support.proc import run_cli, run_json, run_sub
+from support.stores import image_store, write_store
 
 
 @pytest.fixture(scope="module")
 def big(tmp_path_factory):
     """10,000 records of 16x16x3, three holes (built once)."""
     d = tmp_path_factory.mktemp("big")
-    path, imgs = small_image_store(d / "big.store", n=10_000, holes=(10, 500, 9000))
+    path, imgs = image_store(d / "big.store", n=10_000, holes=(10, 500, 9000))
     return path
 
 
@@ -57,27 +59,9 @@ def test_single_flipped_bit_in_10000_records_is_named(big, tmp_path, capsys):
 
 def test_flipped_bit_lmdb(tmp_path):
     p = write_store(tmp_path / "l", 200, backend="lmdb", holes=(3,))
-    import lmdb
-
-    env = lmdb.open(os.path.join(p, "records.mdb"), subdir=False, lock=False)
-    with env.begin(write=True) as txn:
-        k = (150).to_bytes(8, "big")
-        v = bytearray(txn.get(k))
-        v[10] ^= 1
-        txn.put(k, bytes(v))
-    env.close()
-    _fix_manifest_size(p, "records.mdb")
+    flip_lmdb_bits(p, [150], 10)
     rep = verify_store(p)
     assert [(b.slot, b.index, b.what) for b in rep.bad_records] == [(150, 149, "checksum")]
-
-
-def _fix_manifest_size(p, name):
-    mp = os.path.join(p, "manifest.json")
-    with open(mp) as fh:
-        m = json.load(fh)
-    m["files"][name] = os.path.getsize(os.path.join(p, name))
-    with open(mp, "w") as fh:
-        fh.write(json.dumps(m))
 
 
 def test_lmdb_extra_key_and_hole_with_record(tmp_path):
@@ -91,13 +75,11 @@ def test_lmdb_extra_key_and_hole_with_record(tmp_path):
         txn.put((7).to_bytes(8, "big"), bytes(rb))
         txn.put((999).to_bytes(8, "big"), bytes(rb))
     env.close()
-    _fix_manifest_size(p, "records.mdb")
+    sync_manifest(p, "records.mdb")
     rep = verify_store(p)
     whats = sorted(b.what for b in rep.bad_records)
     assert whats == ["extra-key", "hole-has-record"]
     assert [pr.kind for pr in rep.problems] == ["lmdb-keys"]  # key count differs from records
-    from mmstore.tools.repair import repair_store
-
     rr = repair_store(p, rep)  # dropping the two keys needs no source
     assert rr.attempted and rr.failed == []
     assert verify_store(p).ok
@@ -202,9 +184,8 @@ def test_subprocess_verify(tmp_path):
 
 def test_flipped_bit_in_keys_is_a_digest_problem(tmp_path, capsys):
     p = write_store(tmp_path / "s", 40)
-    with mmstore.open(p) as s:
-        if "_keys.bin" not in s.manifest.get("digests", {}):
-            pytest.skip("this writer records no file digests")
+    with mmstore.open(p) as s:  # the writer records a digest of each bookkeeping file
+        assert set(s.manifest["digests"]) == {"_keys.bin", "_keys_offsets.npy"}
     flip_bit(os.path.join(p, "_keys.bin"), 17, bit=2)
     rc, rep = run_json(["verify", p, "--quick"], capsys)
     assert rc == 1 and any(pr["kind"] == "digest" and pr["file"] == "_keys.bin" for pr in rep["problems"])
@@ -213,17 +194,7 @@ def test_flipped_bit_in_keys_is_a_digest_problem(tmp_path, capsys):
 def test_lmdb_many_records_across_transaction_chunks(tmp_path):
     p = write_store(tmp_path / "l", 5000, backend="lmdb", holes=(1024, 4999))
     assert verify_store(p, threads=2).ok and verify_store(p, threads=3).checked_slots == 5000
-    import lmdb
-
-    env = lmdb.open(os.path.join(p, "records.mdb"), subdir=False, lock=False)
-    with env.begin(write=True) as txn:
-        for s in (1023, 1025, 2500, 4998):
-            k = s.to_bytes(8, "big")
-            v = bytearray(txn.get(k))
-            v[-1] ^= 1
-            txn.put(k, bytes(v))
-    env.close()
-    _fix_manifest_size(p, "records.mdb")
+    flip_lmdb_bits(p, (1023, 1025, 2500, 4998), -1)
     for threads in (1, 2, 3):
         rep = verify_store(p, threads=threads)
         assert [b.slot for b in rep.bad_records] == [1023, 1025, 2500, 4998]

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import math
 import pickle
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -342,14 +344,17 @@ def test_module_does_not_import_torch():
     import inspect
 
     tree = ast.parse(inspect.getsource(mo))
-    names = set()
+    names, ours = set(), set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
             names |= {a.name.split(".")[0] for a in node.names}
         elif isinstance(node, ast.ImportFrom):
-            names.add((node.module or "").split(".")[0])
+            (ours if node.level else names).add((node.module or "").split(".")[0])
     assert names <= {"__future__", "math", "operator", "os", "abc", "dataclasses",
                      "typing", "numpy"}
+    assert ours <= {"_runs", "_sys"}  # torch-free core helpers
+    code = "import sys, mmstore.order; assert 'torch' not in sys.modules, 'torch loaded'"
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
 
 
 # --------------------------------------------------------------------------

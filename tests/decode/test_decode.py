@@ -786,6 +786,23 @@ def test_read_bytes_errors(tmp_path):
     assert r(tmp_path / "fifo.jpg") == "unreadable: not a regular file"  # and does not block
 
 
+def test_read_bytes_max_bytes_refuses_before_reading(tmp_path):
+    p = tmp_path / "big.png"
+    p.write_bytes(PNG)
+    assert read_bytes(p, max_bytes=len(PNG)).tobytes() == PNG  # at the limit: read
+    assert reason_of(read_bytes, p, max_bytes=len(PNG) - 1) == (
+        f"too-large: file of {len(PNG)} bytes (limit {len(PNG) - 1})")
+    # refused from its size before any buffer is made: a sparse 1 TiB file
+    # (reading it would need a 1 TiB array) gives the reason at once
+    huge = tmp_path / "huge.jpg"
+    with open(huge, "wb") as f:
+        f.truncate(1 << 40)
+    assert reason_of(read_bytes, huge, max_bytes=2 << 30) == f"too-large: file of {1 << 40} bytes (limit {2 << 30})"
+    # a directory or FIFO is refused as before, whatever the limit
+    (tmp_path / "adir.jpg").mkdir()
+    assert reason_of(read_bytes, tmp_path / "adir.jpg", max_bytes=0) == "unreadable: [Errno 21] Is a directory"
+
+
 def test_read_bytes_permission_denied(tmp_path):
     import subprocess
     import sys

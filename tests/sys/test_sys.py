@@ -8,7 +8,6 @@ the repo) by trying an evict, and skips those tests if none works.
 
 from __future__ import annotations
 
-import importlib.util
 import mmap
 import os
 import shutil
@@ -23,15 +22,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-try:
-    import mmstore._sys as msys
-except Exception:  # the package may be mid-edit; the module stands alone
-    _spec = importlib.util.spec_from_file_location(
-        "_mmstore_sys_under_test",
-        Path(__file__).resolve().parents[1] / "mmstore" / "_sys.py")
-    msys = importlib.util.module_from_spec(_spec)
-    sys.modules[_spec.name] = msys
-    _spec.loader.exec_module(msys)
+import mmstore._sys as msys
+from mmstore._sys import cache, files, memory, pread, proc
 
 LINUX = sys.platform.startswith("linux")
 linux_only = pytest.mark.skipif(not LINUX, reason="Linux page-cache behaviour")
@@ -80,7 +72,7 @@ def _evictable_root(tmp_path_factory):
         pytest.skip("page-cache eviction tests need Linux")
     made: list[str] = []
     found = None
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     candidates = [lambda: tmp_path_factory.mktemp("sys_evict")]
     for base in ("/var/tmp", str(repo / ".pytest_tmp")):
         def mk(base=base):
@@ -129,10 +121,7 @@ def test_import_does_not_load_thread_pool_machinery():
     import subprocess
 
     code = (
-        "import importlib.util, sys\n"
-        f"spec = importlib.util.spec_from_file_location('m', {msys.__file__!r})\n"
-        "m = importlib.util.module_from_spec(spec); sys.modules['m'] = m\n"
-        "spec.loader.exec_module(m)\n"
+        "import sys, mmstore._sys\n"
         "bad = [k for k in sys.modules if k.split('.')[0] in "
         "('torch', 'lmdb', 'cv2', 'PIL') or k == 'concurrent.futures']\n"
         "assert not bad, bad\n")
@@ -191,15 +180,52 @@ def test_resident_partial_and_windowed(disk_dir, monkeypatch):
     # large-folio kernels may pull in a little more around each page
     assert 3 * PS + 100 <= res <= size
     # the same figure when mincore sees the file 3 pages at a time
-    monkeypatch.setattr(msys, "_MINCORE_WINDOW", 3 * PS)
+    monkeypatch.setattr(cache, "_MINCORE_WINDOW", 3 * PS)
     assert msys.resident_bytes(p) == (res, size)
     # a sub-range count: bytes of page 3 and 4 that lie in the range
     fd = os.open(p, os.O_RDONLY)
     try:
-        got = msys._resident_fd(fd, size, 3 * PS + 10, 2 * PS - 20)
+        got = msys.resident_fd(fd, size, 3 * PS + 10, 2 * PS - 20)
     finally:
         os.close(fd)
     assert got == 2 * PS - 20
+
+
+def test_evict_range_drops_only_around_the_range(disk_dir):
+    size = 4 * MiB
+    p = write_file(disk_dir / "range.bin", os.urandom(size))
+    read_all(p)
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        assert msys.resident_fd(fd, size) == size
+        assert msys.evict_range(fd, 5000, 3000, size) is True
+        assert msys.resident_fd(fd, size, 5000, 3000) == 0
+        # widened at most to the 2 MiB folio bounds: the second half stays
+        assert msys.resident_fd(fd, size, 2 * MiB, 2 * MiB) == 2 * MiB
+        # without a size nothing is checked, and the call says True
+        assert msys.evict_range(fd, 3 * MiB, 100) is True
+    finally:
+        os.close(fd)
+
+
+@linux_only
+def test_evict_range_reports_pages_that_stay(tmp_path):
+    """tmpfs pages are the file's storage: they stay, and evict_range says so."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or msys.disk_info(shm)["fs_type"] != "tmpfs":
+        pytest.skip("no tmpfs at /dev/shm")
+    fd_, name = tempfile.mkstemp(dir=shm, prefix="mmstore_evict_")
+    os.close(fd_)
+    try:
+        p = write_file(Path(name), os.urandom(256 * KiB))
+        fd = os.open(p, os.O_RDONLY)
+        try:
+            assert msys.evict_range(fd, 0, 64 * KiB, 256 * KiB) is False
+            assert msys.resident_fd(fd, 256 * KiB, 0, 64 * KiB) == 64 * KiB
+        finally:
+            os.close(fd)
+    finally:
+        os.unlink(name)
 
 
 # --------------------------------------------------------------------------
@@ -247,8 +273,8 @@ def test_warm_stops_where_the_budget_runs_out(disk_dir, monkeypatch):
     b = write_file(disk_dir / "b.bin", os.urandom(2 * MiB))
     msys.evict(a)
     msys.evict(b)
-    monkeypatch.setattr(msys, "mem_available", lambda: 1 * MiB)
-    monkeypatch.setattr(msys, "_cgroup_levels", lambda *a, **k: [])
+    monkeypatch.setattr(memory, "mem_available", lambda: 1 * MiB)
+    monkeypatch.setattr(memory, "cgroup_levels", lambda *a, **k: [])
     rep = msys.warm([a, b], chunk_bytes=256 * KiB, max_fraction=0.5)
     assert not rep.complete
     assert rep.available == 1 * MiB
@@ -266,7 +292,7 @@ def test_warm_counts_resident_pages_against_the_budget(disk_dir, monkeypatch):
     read_all(a)
     msys.evict(b)
     # room for all of a (already cached) plus 256 KiB of new pages
-    monkeypatch.setattr(msys, "effective_available", lambda: 1 * MiB + 256 * KiB)
+    monkeypatch.setattr(memory, "effective_available", lambda: 1 * MiB + 256 * KiB)
     rep = msys.warm([a, b], max_fraction=1.0)
     assert rep.resident_before == 1 * MiB
     assert not rep.complete
@@ -279,8 +305,8 @@ def test_warm_without_residency_plans_linearly(tmp_path, monkeypatch):
     def no_mincore(*args, **kw):
         raise NotImplementedError("no mincore")
 
-    monkeypatch.setattr(msys, "_resident_fd", no_mincore)
-    monkeypatch.setattr(msys, "effective_available", lambda: 100 * KiB + 5)
+    monkeypatch.setattr(cache, "resident_fd", no_mincore)
+    monkeypatch.setattr(memory, "effective_available", lambda: 100 * KiB + 5)
     rep = msys.warm(a, max_fraction=1.0)
     assert rep.resident_before == 0 and not rep.complete
     assert rep.bytes_read == 100 * KiB - (100 * KiB) % PS
@@ -288,10 +314,10 @@ def test_warm_without_residency_plans_linearly(tmp_path, monkeypatch):
 
 def test_warm_fit_check_can_be_disabled_or_pass(tmp_path, monkeypatch):
     a = write_file(tmp_path / "a.bin", os.urandom(300 * KiB))
-    monkeypatch.setattr(msys, "effective_available", lambda: 1)
+    monkeypatch.setattr(memory, "effective_available", lambda: 1)
     rep = msys.warm(a, max_fraction=None)
     assert rep.complete and rep.bytes_read == 300 * KiB and rep.available is None
-    monkeypatch.setattr(msys, "effective_available", lambda: None)
+    monkeypatch.setattr(memory, "effective_available", lambda: None)
     rep = msys.warm(a)  # no memory figure: no check
     assert rep.complete and rep.bytes_read == 300 * KiB
     with pytest.raises(ValueError):
@@ -344,7 +370,11 @@ def test_warm_in_background(tmp_path):
 # --------------------------------------------------------------------------
 
 def test_memory_figures_do_not_raise():
-    avail, total = msys.mem_available(), msys.mem_total()
+    avail = msys.mem_available()
+    total = None
+    if LINUX:
+        with open("/proc/meminfo") as f:
+            total = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemTotal:"))
     lim, eff = msys.memory_limit(), msys.effective_available()
     assert lim is None or (isinstance(lim, int) and lim > 0)
     if LINUX:
@@ -354,17 +384,17 @@ def test_memory_figures_do_not_raise():
 
 
 def test_effective_available_takes_the_tightest(monkeypatch):
-    monkeypatch.setattr(msys, "mem_available", lambda: 10 * MiB)
-    monkeypatch.setattr(msys, "_cgroup_levels", lambda *a, **k: [
+    monkeypatch.setattr(memory, "mem_available", lambda: 10 * MiB)
+    monkeypatch.setattr(memory, "cgroup_levels", lambda *a, **k: [
         (8 * MiB, 5 * MiB, 1 * MiB),   # room 4 MiB
         (100 * MiB, 1 * MiB, 0)])
     assert msys.effective_available() == 4 * MiB
     assert msys.memory_limit() == 8 * MiB
-    monkeypatch.setattr(msys, "_cgroup_levels", lambda *a, **k: [
+    monkeypatch.setattr(memory, "cgroup_levels", lambda *a, **k: [
         (1 * MiB, 3 * MiB, 0)])      # over the limit: no room, not negative
     assert msys.effective_available() == 0
-    monkeypatch.setattr(msys, "mem_available", lambda: None)
-    monkeypatch.setattr(msys, "_cgroup_levels", lambda *a, **k: [])
+    monkeypatch.setattr(memory, "mem_available", lambda: None)
+    monkeypatch.setattr(memory, "cgroup_levels", lambda *a, **k: [])
     assert msys.effective_available() is None
     assert msys.memory_limit() is None
 
@@ -402,12 +432,12 @@ def _fake_cgroup(tmp_path, version):
 
 def test_cgroup_v2_limit_of_an_ancestor(tmp_path):
     cg, mi = _fake_cgroup(tmp_path, 2)
-    assert msys._cgroup_levels(cg, mi) == [(1 << 30, 104857600, 4857600)]
+    assert memory.cgroup_levels(cg, mi) == [(1 << 30, 104857600, 4857600)]
 
 
 def test_cgroup_v1_limit_and_hierarchical_limit(tmp_path):
     cg, mi = _fake_cgroup(tmp_path, 1)
-    levels = msys._cgroup_levels(cg, mi)
+    levels = memory.cgroup_levels(cg, mi)
     assert min(lim for lim, _, _ in levels) == 512 * MiB
     assert (2 << 30, 1000, 400) in levels
 
@@ -416,11 +446,11 @@ def test_cgroup_path_outside_namespace_uses_mount(tmp_path):
     cg, mi = _fake_cgroup(tmp_path, 2)
     Path(cg).write_text("0::/elsewhere/not/visible\n")
     (tmp_path / "cg2" / "memory.max").write_text("4096\n")
-    assert msys._cgroup_levels(cg, mi) == [(4096, None, 0)]
+    assert memory.cgroup_levels(cg, mi) == [(4096, None, 0)]
 
 
 def test_cgroup_missing_files(tmp_path):
-    assert msys._cgroup_levels(str(tmp_path / "no"), str(tmp_path / "no")) == []
+    assert memory.cgroup_levels(str(tmp_path / "no"), str(tmp_path / "no")) == []
 
 
 # --------------------------------------------------------------------------
@@ -430,10 +460,10 @@ def test_cgroup_missing_files(tmp_path):
 def test_fadvise_helpers(tmp_path):
     p = write_file(tmp_path / "h.bin", os.urandom(64 * KiB))
     with open(p, "rb") as f:
-        expect = msys._HAS_FADVISE
+        expect = files.HAS_FADVISE
         assert msys.fadvise_random(f) is expect
         assert msys.fadvise_sequential(f.fileno()) is expect
-        assert msys.fadvise_willneed(f, 0, 4096) is expect
+        assert msys.advise(f, 0, 4096, "willneed") is expect
         assert msys.advise(f, 0, None, "normal") is expect
         with pytest.raises(ValueError, match="unknown advice"):
             msys.advise(f, 0, 0, "sometimes")
@@ -441,20 +471,21 @@ def test_fadvise_helpers(tmp_path):
         msys.fadvise_random("not a file")
 
 
-def test_madvise_on_mmap_and_numpy_memmap(tmp_path):
+def test_advise_takes_open_files_only(tmp_path):
+    """Hints go to file descriptors (``posix_fadvise``): a mapping, a numpy
+    memmap or bytes is refused with a TypeError naming what it got, and
+    the file a mapping was made from can still be advised."""
     p = tmp_path / "arr.npy"
     np.save(p, np.arange(100_000, dtype=np.int64))
-    supported = hasattr(mmap.mmap, "madvise") and hasattr(mmap, "MADV_RANDOM")
     with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mm:
-        assert msys.madvise(mm, "random") is supported
-        assert msys.madvise(mm, "willneed", 5000, 10_000) is supported
-        assert msys.madvise(mm, "sequential", 10**9) is False  # past the end
-        assert msys.advise(mm, 0, 0, "random") is supported
+        with pytest.raises(TypeError, match="mmap"):
+            msys.advise(mm, 0, 0, "random")
+        assert msys.advise(f, 5000, 10_000, "willneed") is files.HAS_FADVISE
     arr = np.load(p, mmap_mode="r")
-    assert msys.madvise(arr, "random") is supported
-    assert msys.madvise(arr[10:20], "willneed") is supported  # a view
-    assert msys.madvise(np.zeros(3), "random") is False
-    assert msys.madvise(b"bytes", "random") is False
+    with pytest.raises(TypeError, match="memmap"):
+        msys.fadvise_random(arr)
+    with pytest.raises(TypeError, match="bytes"):
+        msys.fadvise_sequential(b"bytes")
     del arr
 
 
@@ -588,7 +619,7 @@ def test_pread_records_retries_short_reads(data_file, monkeypatch):
 
 def test_pread_records_without_preadv(data_file, monkeypatch):
     fd, data = data_file
-    monkeypatch.setattr(msys, "_HAS_PREADV", False)
+    monkeypatch.setattr(pread, "_HAS_PREADV", False)
     offs = np.array([0, 50, 50, 9000])
     out = np.empty((4, 50), np.uint8)
     msys.pread_records(fd, offs, 50, out)
@@ -640,7 +671,16 @@ def test_pread_records_validates_arguments(data_file):
     msys.pread_records(fd, [], 10, np.empty((0, 10), np.uint8))  # no-op
 
 
-def test_pread_records_threaded_equals_single(data_file):
+def _pread_in_pieces(fd, offs, nb, out, pool, pieces):
+    """pread_records from ``pool`` threads, each into its own rows of ``out``
+    (as the loader's reader threads do); waits for all, returns the errors."""
+    bounds = np.linspace(0, len(offs), pieces + 1).astype(int).tolist()
+    futs = [pool.submit(msys.pread_records, fd, offs[a:b], nb, out[a:b])
+            for a, b in zip(bounds[:-1], bounds[1:])]
+    return [f.exception() for f in futs]
+
+
+def test_pread_records_from_threads_equals_single(data_file):
     from concurrent.futures import ThreadPoolExecutor
 
     fd, data = data_file
@@ -653,28 +693,26 @@ def test_pread_records_threaded_equals_single(data_file):
     msys.pread_records(fd, offs, nb, single)
     np.testing.assert_array_equal(single, reference(data, offs, nb))
     with ThreadPoolExecutor(4) as pool:
-        for min_task in (1, 10 * KiB, 1 * MiB, 1 << 40):
+        for pieces in (1, 3, 8, 2000):
             out = np.zeros_like(single)
-            msys.pread_records_threaded(fd, offs, nb, out, pool,
-                                        min_task_bytes=min_task)
+            assert _pread_in_pieces(fd, offs, nb, out, pool, pieces) == [None] * pieces
             np.testing.assert_array_equal(out, single)
-        msys.pread_records_threaded(fd, offs[:0], nb, single[:0], pool)
-    for threads in (1, 3):
-        out = np.zeros_like(single)
-        msys.pread_records_threaded(fd, offs, nb, out, threads, min_task_bytes=1)
-        np.testing.assert_array_equal(out, single)
 
 
-def test_pread_records_threaded_raises_after_all_pieces(tmp_path):
+def test_pread_records_from_threads_past_eof(tmp_path):
+    """Threads reading past end of file each get a TruncatedReadError naming
+    their first short record; the others fill their rows exactly."""
     from concurrent.futures import ThreadPoolExecutor
 
-    p = write_file(tmp_path / "short.bin", bytes(10_000))
+    data = np.random.default_rng(3).integers(0, 256, 10_000, dtype=np.uint8)
+    p = write_file(tmp_path / "short.bin", data.tobytes())
     offs = np.arange(0, 12_000, 100)  # the last 20 records are past EOF
-    out = np.empty((len(offs), 100), np.uint8)
+    out = np.zeros((len(offs), 100), np.uint8)
     with open(p, "rb") as f, ThreadPoolExecutor(3) as pool:
-        with pytest.raises(msys.TruncatedReadError):
-            msys.pread_records_threaded(f, offs[::-1].copy(), 100, out, pool,
-                                        min_task_bytes=1)
+        errs = _pread_in_pieces(f.fileno(), offs, 100, out, pool, 6)  # 20 rows each
+    assert errs[:5] == [None] * 5
+    assert isinstance(errs[5], msys.TruncatedReadError) and errs[5].offset == 10_000
+    np.testing.assert_array_equal(out[:100], data.reshape(100, 100))
 
 
 # --------------------------------------------------------------------------
@@ -718,7 +756,7 @@ def test_disk_info_classifies_filesystems(tmp_path, monkeypatch, fs, network,
                "source": "/dev/nonexistent", "super_options": "rw"},
               {"majmin": "0:99", "root": "/", "mount_point": str(tmp_path),
                "fs_type": fs, "source": "srv:/x", "super_options": "rw"}]
-    monkeypatch.setattr(msys, "_parse_mountinfo", lambda *a: mounts)
+    monkeypatch.setattr(proc, "parse_mountinfo", lambda *a: mounts)
     info = msys.disk_info(tmp_path / "sub")
     assert info["mount_point"] == str(tmp_path)
     assert (info["fs_type"], info["network"], info["fuse"], info["tmpfs"]) == (
@@ -730,7 +768,7 @@ def test_parse_mountinfo_unescapes(tmp_path):
     mi = tmp_path / "mi"
     mi.write_text("36 35 98:0 /mnt1 /mnt/my\\040disk rw,noatime master:1 - "
                   "ext3 /dev/root rw,errors=continue\nbroken line\n")
-    (m,) = msys._parse_mountinfo(str(mi))
+    (m,) = proc.parse_mountinfo(str(mi))
     assert m["mount_point"] == "/mnt/my disk" and m["fs_type"] == "ext3"
     assert m["majmin"] == "98:0" and m["source"] == "/dev/root"
 

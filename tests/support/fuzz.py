@@ -1,5 +1,5 @@
 """The store fuzzer: valid small stores, structured mutations, every public
-entry point run on the result in a forked child (importable as ``storefuzz``).
+entry point run on the result in a forked child (``support.fuzz``).
 
 ``tests/faults/test_fuzz_store.py`` runs a seeded sample of cases drawn by
 hypothesis; ``tools/fuzz_store.py`` runs many more and prints the figures.
@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import select
 import shutil
 import signal
 import stat
@@ -36,11 +38,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from hypothesis import strategies as st
 
 import mmstore
+from mmstore.cli import main
 from mmstore.errors import MmstoreError
+from mmstore.ingest.merge import merge
+from mmstore.tools import verify_store
 
-import storetest
+from .stores import write_parts, write_store
 
 N = 12
 HOLES = (3, 7)
@@ -54,13 +60,11 @@ UNEXPECTED = "(unexpected: set MMSTORE_DEBUG=1"
 # -- base stores -------------------------------------------------------------------
 def make_bases(root: str) -> dict[str, str]:
     """The four pristine stores (12 slots, holes at 3 and 7) under ``root``."""
-    from mmstore.ingest.merge import merge
-
     out = {}
     os.makedirs(root, exist_ok=True)
     for backend in ("memmap", "lmdb"):
-        out[backend] = storetest.write_store(os.path.join(root, backend), N, backend=backend, holes=HOLES)
-        parts = storetest.write_parts(os.path.join(root, f"parts-{backend}"), N, (5, 9), backend=backend, holes=HOLES)
+        out[backend] = write_store(os.path.join(root, backend), N, backend=backend, holes=HOLES)
+        parts = write_parts(os.path.join(root, f"parts-{backend}"), N, (5, 9), backend=backend, holes=HOLES)
         out[f"{backend}-merged"] = merge(parts, os.path.join(root, f"{backend}-merged"))
     return out
 
@@ -234,8 +238,6 @@ def _mutate_npy_header(path: str, params: dict[str, Any]) -> None:
     head = raw[:off].decode("latin1")
     how = params["how"]
     if how == "rows":
-        import re
-
         head = re.sub(r"'shape': \((\d+)", lambda mm: f"'shape': ({[int(mm.group(1)) + 1, 0, 2**40, 2**63][params['choice'] % 4]}", head)
     elif how == "dtype":
         head = head.replace("'descr': '", "'descr': '>" if "<" not in head else "'descr': '|", 1)
@@ -308,8 +310,6 @@ def _progress(step: str) -> None:
 
 def _cli(rec: list, name: str, argv: list[str], log: str) -> None:
     _progress(name)
-    from mmstore.cli import main
-
     rc: Any
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     start = os.fstat(fd).st_size
@@ -400,8 +400,6 @@ def _loader_epoch(s: Any) -> int:
 
 def _oracle(path: str, rec: list, reads: dict[str, Any], ref: dict[str, Any]) -> None:
     """What verify proves: a store it passes reads back exactly as the pristine one."""
-    from mmstore.tools import verify_store
-
     try:
         rep = verify_store(path, threads=1)
     except MmstoreError:
@@ -512,8 +510,6 @@ def _cleanup(work: str) -> None:
 
 
 def _collect(r: int, pid: int, timeout: float) -> tuple[str, int, list[str]]:
-    import select
-
     buf = b""
     deadline = time.monotonic() + timeout
     eof = False
@@ -548,8 +544,6 @@ def _collect(r: int, pid: int, timeout: float) -> tuple[str, int, list[str]]:
 # -- drawing cases ------------------------------------------------------------------------------
 def mutation_strategy(files: list[str]) -> Any:
     """A hypothesis strategy of one mutation of a store holding ``files``."""
-    from hypothesis import strategies as st
-
     npys = [f for f in files if f.endswith(".npy")]
     mdbs = [f for f in files if f.endswith(".mdb")]
     u8s = [f for f in ("_index.npy", "_keys_offsets.npy", "_checksums.npy") if f in files]
@@ -584,8 +578,6 @@ def mutation_strategy(files: list[str]) -> Any:
 
 def case_strategy(bases: dict[str, str]) -> Any:
     """(base name, [1-2 mutations]) for the stores of ``make_bases``."""
-    from hypothesis import strategies as st
-
     per_base = [
         st.tuples(st.just(name), st.lists(mutation_strategy(store_files(path)), min_size=1, max_size=2))
         for name, path in sorted(bases.items())

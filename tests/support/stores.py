@@ -1,0 +1,107 @@
+"""Store builders: small synthetic stores whose records are a pure function
+of their slot, so any read can be checked byte for byte."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import numpy as np
+
+import mmstore
+from mmstore.ingest import merge
+
+SMALL_SCHEMA = {"image": ("|u1", (8, 6, 3)), "label": ("<i8", ()), "score": ("<f4", (2,))}
+# records that say who they are (the ``idx`` field), for the torch layer
+IDX_SCHEMA = {"image": ("|u1", (12, 10, 3)), "label": ("<i8", ()), "idx": ("<i8", ())}
+# a field of >= 2 KiB per record, so the Loader's preadv path is exercised
+IDX_BIG_SCHEMA = {"image": ("|u1", (24, 32, 3)), "label": ("<i8", ()), "idx": ("<i8", ())}
+
+KEYS = "in/{:05d}.jpg"
+REASON = "corrupt: test hole {}"
+
+
+def sample(i: int) -> dict[str, np.ndarray]:
+    """Deterministic record i of SMALL_SCHEMA."""
+    rng = np.random.default_rng(i)
+    return {
+        "image": rng.integers(0, 256, (8, 6, 3), dtype=np.uint8),
+        "label": np.int64(i % 7),
+        "score": rng.random(2, dtype=np.float32),
+    }
+
+
+def indexed(slot: int, shape=(12, 10, 3)) -> dict[str, np.ndarray]:
+    """Deterministic record of IDX_SCHEMA (or IDX_BIG_SCHEMA with its image ``shape``)."""
+    rng = np.random.default_rng(slot)
+    return {
+        "image": rng.integers(0, 256, shape, dtype=np.uint8),
+        "label": np.int64(slot % 10),
+        "idx": np.int64(slot),
+    }
+
+
+def _fill(w, slots, first: int, holes, make: Callable[[int], Any], keys: str, reason: str) -> None:
+    """Write global records ``slots`` into writer ``w`` at local slot ``s - first``."""
+    for s in slots:
+        if s in holes:
+            w.skip(s - first, keys.format(s), reason.format(s))
+        else:
+            w.write(s - first, make(s), key=keys.format(s))
+
+
+def write_store(path, n, backend="memmap", holes=(), order=None, schema=SMALL_SCHEMA, make=sample,
+                keys=KEYS, reason=REASON, **kw) -> str:
+    """Write n slots (holes skipped) in ``order`` (default ascending); return path.
+    ``keys`` and ``reason`` are format strings of the slot; ``kw`` goes to StoreWriter."""
+    slots = range(n) if order is None else list(order)
+    with mmstore.StoreWriter(path, schema, slots=n, backend=backend, **kw) as w:
+        _fill(w, slots, 0, holes, make, keys, reason)
+    return str(path)
+
+
+def write_parts(root, n, cuts, backend="memmap", holes=(), schema=SMALL_SCHEMA, make=sample,
+                keys=KEYS, reason=REASON) -> list[str]:
+    """Write slots [0, n) as consecutive part stores ``root/part<k>`` cut at
+    ``cuts`` (each part's local slot j holds global record ``lo + j``, with its
+    key and hole status), so merging the parts in order must read like
+    ``write_store(path, n, holes=holes)``. Returns the part paths."""
+    os.makedirs(str(root), exist_ok=True)
+    bounds = [0, *sorted(cuts), n]
+    paths = []
+    for k in range(len(bounds) - 1):
+        lo, hi = bounds[k], bounds[k + 1]
+        p = os.path.join(str(root), f"part{k}")
+        with mmstore.StoreWriter(p, schema, slots=hi - lo, backend=backend) as w:
+            _fill(w, range(lo, hi), lo, holes, make, keys, reason)
+        paths.append(p)
+    return paths
+
+
+def write_merged(path, n, cuts, **kw) -> str:
+    """The store ``write_store(path, n, **kw)`` would write, as a merged
+    (segmented) store of parts cut at ``cuts`` (parts kept in ``path.parts``)."""
+    return merge(write_parts(f"{path}.parts", n, cuts, **kw), str(path))
+
+
+def write_indexed(path, n, backend="memmap", holes=(), schema=IDX_SCHEMA, cuts=None) -> str:
+    """The torch layer's stores: ``indexed`` records keyed ``k<slot>``; merged
+    from parts cut at ``cuts`` when given."""
+    shape = schema["image"][1]
+    kw = dict(backend=backend, holes=holes, schema=schema, make=lambda s: indexed(s, shape),
+              keys="k{}", reason="test hole")
+    if cuts is None:
+        return write_store(path, n, **kw)
+    return write_merged(path, n, cuts, **kw)
+
+
+def image_store(path, n=10_000, backend="memmap", holes=(), side=16, channels=3, layout="hwc",
+                label_names=None, provenance=None) -> tuple[str, np.ndarray]:
+    """n slots of side x side x channels uint8 images (``layout`` "hwc" or
+    "chw") + an int64 label ``slot % 5``; returns (path, the images)."""
+    shape = (side, side, channels) if layout == "hwc" else (channels, side, side)
+    imgs = np.random.default_rng(1).integers(0, 256, (n, *shape), dtype=np.uint8)
+    path = write_store(path, n, backend=backend, holes=holes, schema={"image": ("|u1", shape), "label": ("<i8", ())},
+                       make=lambda s: {"image": imgs[s], "label": s % 5}, keys="img/{:05d}.png",
+                       reason="corrupt: test", label_names=label_names, provenance=provenance)
+    return path, imgs
