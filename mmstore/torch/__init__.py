@@ -6,18 +6,21 @@
   torch-free orders of :mod:`mmstore.order` (``set_epoch``, DDP split).
 - :class:`Loader`: batches read by threads into a ring of reusable (pinned)
   buffers, optional asynchronous copy to the GPU; no worker processes.
+  :class:`LoaderTuning`: its tuning knobs in one object.
 - :mod:`mmstore.torch.gpu`: ``normalize``, ``random_flip`` batch-wise on any device.
 """
 
 from __future__ import annotations
 
 from . import gpu
+from ._tuning import LoaderTuning
 from .dataset import StoreBatch, StoreDataset, collate
 from .loader import Loader
 from .sampler import OrderBatchSampler, OrderSampler, build_order
 
 __all__ = [
     "Loader",
+    "LoaderTuning",
     "OrderBatchSampler",
     "OrderSampler",
     "StoreBatch",

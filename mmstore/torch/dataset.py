@@ -58,7 +58,7 @@ def open_store_arg(store: Store | str | os.PathLike[str]) -> Store:
     raise TypeError(f"expected an mmstore.Store or a path, got {type(store).__name__}")
 
 
-def _image_fields(store: Store, fields: Sequence[str]) -> set[str]:
+def image_fields(store: Store, fields: Sequence[str]) -> set[str]:
     """Fields that look like HWC images (3-D, last dim 1, 3 or 4)."""
     return {f for f in fields if len(store.schema[f].shape) == 3 and store.schema[f].shape[-1] in (1, 3, 4)}
 
@@ -221,7 +221,7 @@ class StoreDataset(Dataset):
         self.batch_transform = batch_transform
         self.as_tuple = bool(as_tuple)
         self.chw = bool(chw)
-        self._images = _image_fields(self.store, self.fields) if self.chw else set()
+        self._images = image_fields(self.store, self.fields) if self.chw else set()
         self._pid = os.getpid()
         self._tdtypes = {
             f: torch.from_numpy(np.empty(0, self.store.schema[f].dtype)).dtype for f in self.fields

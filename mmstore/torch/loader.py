@@ -37,6 +37,13 @@ blocks (a few long ``WILLNEED`` ranges, or long ``preadv`` reads) one window
 ahead of the batches, which then read from memory or wait on pages already in
 flight: the block shuffle's locality becomes long disk reads.
 
+Where the code is: this module holds the :class:`Loader` (configuration,
+epoch counter, the per-process resources: thread pool, ``preadv``
+descriptors, ring); ``_tuning.py`` the tuning knobs (:class:`LoaderTuning`);
+``_ring.py`` the ring of buffers and one epoch's reads in flight;
+``_epoch.py`` the epoch's batches and its iterator; ``_reads.py`` the read
+strategies (preadv, memmove, window prefetch, kernel hints).
+
 Buffer lifetime (the contract)
 ------------------------------
 The loader owns a ring of ``prefetch + hold`` batch buffers and reuses them.
@@ -112,29 +119,24 @@ import threading
 import warnings
 import weakref
 from collections.abc import Iterator, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as _wait
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import torch
 
 from .. import _sys
-from .._runs import SMALL_RECORD_BYTES
 from ..errors import LoaderStateError
-from ..order import BlockShuffle, Order, Sequential, contiguous_ranges
+from ..order import BlockShuffle, Order, Sequential
 from ..reader import Store
-from .dataset import _image_fields, open_store_arg
+from ._epoch import EpochBatches, EpochIterator
+from ._reads import EpochReads, FieldFiles, WindowPrefetch, data_paths, open_field_files, prepare_store
+from ._ring import InFlight, Ring
+from ._tuning import TUNING_FIELDS, LoaderTuning, split_tuning
+from .dataset import image_fields, open_store_arg
 from .sampler import build_order
 
-__all__ = ["Loader"]
-
-_PREAD_MIN_BYTES = SMALL_RECORD_BYTES  # smaller fields are gathered by the backend, not pread
-_MiB = 1 << 20
-
-
-class _Cancelled(Exception):
-    pass
+__all__ = ["Loader", "LoaderTuning"]
 
 
 class Loader:
@@ -161,46 +163,22 @@ class Loader:
         is used. With CPU batches, a buffer is refilled only after the work
         queued on the current CUDA stream before the ``next()`` that released
         it (a ``batch.cuda(non_blocking=True)``) is done.
-    prefetch : int, default 4
-        Batches read ahead while the caller works on the current one.
-    hold : int, default 1
-        How many of the most recent batches stay valid (see the module
-        docstring's buffer contract).
     copy : bool, default False
         Yield a fresh copy of every batch (no lifetime limit; costs a copy).
-    threads : int, optional
-        Reader threads (default 16: queue depth for cold reads; the reads
-        release the GIL).
     as_tuple, chw : bool
         As for :class:`StoreDataset`.
-    seed, rank, world_size, rank_drop_last, **order_kw
+    seed, rank, world_size, rank_drop_last
         For building ``order`` from a kind (``rank_drop_last`` is
         ``DistributedSampler``'s ``drop_last``).
-    warm : bool or "background", default False
-        Before the first batch, read the fields' files once sequentially into
-        the page cache (``mmstore._sys.warm``; a warning when they do not fit
-        in the available memory). ``"background"``: start that pass in a
-        thread and read batches meanwhile. The report is ``loader.warm_report``.
-    hints : bool, default True
-        Give the kernel access hints (fadvise RANDOM/SEQUENTIAL/WILLNEED).
-    willneed : int, default 2
-        Batches beyond the ones in flight whose records get ``WILLNEED``.
-    method : {"auto", "pread", "mmap"}
-        How memmap fields are read. "pread": ``preadv`` for fields of at
-        least 2 KiB per record (a numpy gather for smaller ones); "mmap":
-        ``Store.read_batch`` (memmove out of the mapping); "auto" (default):
-        "mmap" for an epoch that starts with the fields' files in the page
-        cache, "pread" otherwise (see NOTE [warm vs cold reads]).
-    piece_bytes : int, default 2 MiB
-        Target size of one read task in preadv epochs (queue depth for cold
-        reads); epochs read by memmove use one piece per CPU core instead.
-    window_prefetch : {"willneed", "read", False}, default "willneed"
-        For block-shuffle orders whose files are not already cached: bring
-        each window's blocks into the page cache with long reads one window
-        ahead of the batches (see :meth:`_read_window`). True means
-        "willneed" (measured faster here: the kernel reads, no copy).
-    window_threads : int, default 8
-        Concurrent long reads of the window pass ("read").
+    tuning : LoaderTuning, optional
+        How to read: ``prefetch``, ``hold``, ``threads``, ``warm``, ``hints``,
+        ``willneed``, ``method``, ``piece_bytes``, ``window_prefetch``,
+        ``window_threads`` (see :class:`LoaderTuning`).
+    **kw
+        Any field of :class:`LoaderTuning` as a keyword (``prefetch=2``; it
+        wins over ``tuning``'s), and the keywords of the order kind
+        (``block=``, ``window=`` for ``"block"``). The tuning values are read
+        back as attributes too (``loader.prefetch``, ``loader.hold`` ...).
 
     Iterating yields one epoch; the epoch is the one set with
     :meth:`set_epoch`, else one more than the last one used (starting at 0).
@@ -208,6 +186,18 @@ class Loader:
     :class:`~mmstore.errors.LoaderStateError` (see the module docstring,
     "Lifetime", for peeks, threads, ``close``, ``fork`` and pickling).
     """
+
+    # the tuning values, read-only: ``loader.prefetch`` is ``loader.tuning.prefetch``
+    prefetch: int
+    hold: int
+    threads: int
+    warm: bool | str
+    hints: bool
+    willneed: int
+    method: str
+    piece_bytes: int
+    window_prefetch: bool | str
+    window_threads: int
 
     def __init__(
         self,
@@ -219,35 +209,21 @@ class Loader:
         drop_last: bool = False,
         device: str | torch.device | None = None,
         pin_memory: bool | None = None,
-        prefetch: int = 4,
-        hold: int = 1,
         copy: bool = False,
-        threads: int | None = None,
         as_tuple: bool = False,
         chw: bool = False,
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
         rank_drop_last: bool = False,
-        warm: bool | str = False,
-        hints: bool = True,
-        willneed: int = 2,
-        method: str = "auto",
-        piece_bytes: int = 2 * _MiB,
-        window_prefetch: bool | str = "willneed",
-        window_threads: int = 8,
-        **order_kw: Any,
+        tuning: LoaderTuning | None = None,
+        **kw: Any,
     ) -> None:
         self._own_store = not isinstance(store, Store)
         self.store = open_store_arg(store)
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if int(prefetch) < 1 or int(hold) < 1:
-            raise ValueError(f"prefetch and hold must be >= 1, got {prefetch} and {hold}")
-        if method not in ("auto", "pread", "mmap"):
-            raise ValueError(f"method must be 'auto', 'pread' or 'mmap', got {method!r}")
-        if warm not in (False, True, "background"):
-            raise ValueError(f"warm must be False, True or 'background', got {warm!r}")
+        self.tuning, order_kw = split_tuning(tuning, kw)
         self.batch_size = int(batch_size)
         self.fields = tuple(self.store._field_list(fields))
         self.order = build_order(
@@ -256,49 +232,18 @@ class Loader:
             record_bytes=max(1, sum(self.store.schema[f].nbytes for f in self.fields)), **order_kw,
         )
         self.drop_last = bool(drop_last)
-        self.device = torch.device(device) if device is not None else None
-        self._cuda = self.device is not None and self.device.type == "cuda"
-        if self._cuda and not torch.cuda.is_available():
-            raise RuntimeError(f"device={device!r} but torch.cuda.is_available() is False")
-        if self.device is not None and self.device.type not in ("cuda", "cpu"):
-            raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
-        if pin_memory is None:
-            pin_memory = self._cuda
-        if pin_memory and not torch.cuda.is_available():
-            warnings.warn(
-                "mmstore.torch.Loader: pin_memory=True needs CUDA, which is not available; "
-                "using ordinary memory", UserWarning, stacklevel=2,
-            )
-            pin_memory = False
-        self.pin_memory = bool(pin_memory)
-        self.prefetch = int(prefetch)
-        self.hold = int(hold)
+        self.device, self._cuda = _check_device(device)
+        self.pin_memory = _check_pin_memory(pin_memory, self._cuda)
         self.copy = bool(copy)
-        self.threads = int(threads) if threads is not None else 16
         self.as_tuple = bool(as_tuple)
         self.chw = bool(chw)
-        self.warm = warm
-        self.hints = bool(hints)
-        self.willneed = max(0, int(willneed))
-        self.method = method
-        self.piece_bytes = max(1, int(piece_bytes))
-        if window_prefetch is True:
-            window_prefetch = "willneed"
-        if window_prefetch not in (False, None, "read", "willneed"):
-            raise ValueError(f"window_prefetch must be 'read', 'willneed' or False, got {window_prefetch!r}")
-        self.window_prefetch = window_prefetch or False
-        self.window_threads = max(1, int(window_threads))
         self.warm_report: _sys.WarmReport | None = None
         self._warmed = False
-        self._images = _image_fields(self.store, self.fields) if self.chw else set()
-        self._tdtypes = {f: torch.from_numpy(np.empty(0, self.store.schema[f].dtype)).dtype for f in self.fields}
+        self._images = image_fields(self.store, self.fields) if self.chw else set()
         self._config = {
             "batch_size": self.batch_size, "fields": self.fields, "drop_last": self.drop_last,
             "device": None if self.device is None else str(self.device), "pin_memory": self.pin_memory,
-            "prefetch": self.prefetch, "hold": self.hold, "copy": self.copy, "threads": self.threads,
-            "as_tuple": self.as_tuple, "chw": self.chw, "warm": self.warm, "hints": self.hints,
-            "willneed": self.willneed, "method": self.method, "piece_bytes": self.piece_bytes,
-            "window_prefetch": self.window_prefetch, "window_threads": self.window_threads,
+            "copy": self.copy, "as_tuple": self.as_tuple, "chw": self.chw, "tuning": self.tuning,
         }
         self._epoch: int | None = None
         self._next_epoch = 0
@@ -306,23 +251,10 @@ class Loader:
         # garbage (see "Lifetime" in the module docstring)
         self._res = _Resources()
         self._finalizer = weakref.finalize(self, self._res.release, False)
-        self._active: weakref.ref[_EpochRun] | None = None  # the iterator of the epoch in progress
-        self._tasks: _Tasks | None = None  # the last epoch's reads: waited for before the ring is reused
+        self._active: weakref.ref[EpochIterator] | None = None  # the iterator of the epoch in progress
+        self._tasks: InFlight | None = None  # the last epoch's reads: waited for before the ring is reused
         self._lock = threading.Lock()
         self._lock_pid = os.getpid()
-
-    # the per-process resources, by their historical names
-    @property
-    def _pool(self) -> ThreadPoolExecutor | None:
-        return self._res.pool
-
-    @property
-    def _fds(self) -> dict[str, _FieldFiles]:
-        return self._res.fds
-
-    @property
-    def _ring(self) -> list[dict[str, torch.Tensor]] | None:
-        return self._res.ring
 
     # -- public ----------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
@@ -340,7 +272,7 @@ class Loader:
             self._setup()
             if self.warm and not self._warmed:
                 self._do_warm()
-            run = _EpochRun(self, epoch)
+            run = self._start_epoch(epoch)
             self._active = weakref.ref(run)
         return run
 
@@ -353,11 +285,8 @@ class Loader:
         everything again.
         """
         with self._guard():
-            run = self._active() if self._active is not None else None
             self._active = None
-            if run is not None:
-                run._ep.tasks.cancel("closed")
-            if self._tasks is not None:
+            if self._tasks is not None:  # the epoch in progress, or the last one
                 self._tasks.cancel("closed")
                 self._tasks.wait()
                 self._tasks = None
@@ -370,6 +299,19 @@ class Loader:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+    @property
+    def ring_size(self) -> int:
+        """Number of batch buffers the loader cycles through."""
+        return self.tuning.prefetch + self.tuning.hold
+
+    def __repr__(self) -> str:
+        t = self.tuning
+        return (
+            f"<mmstore.torch.Loader {self.store.path!r} batch_size={self.batch_size} "
+            f"order={type(self.order).__name__} prefetch={t.prefetch} hold={t.hold} "
+            f"threads={t.threads} device={self.device}>"
+        )
 
     # -- pickling: the configuration; the copy opens its own threads and files --
     def __getstate__(self) -> dict[str, Any]:
@@ -400,7 +342,7 @@ class Loader:
         """Refuse to start an epoch while one is being iterated; wait until
         the reads of an ended or abandoned one no longer write into the ring."""
         run = self._active() if self._active is not None else None
-        if run is not None and run._live():
+        if run is not None and run.live():
             raise LoaderStateError(
                 f"mmstore.torch.Loader: epoch {run.epoch} is still being iterated ({run.k} of "
                 f"{run.nbatches} batches yielded); one Loader runs one epoch at a time. Finish that loop, "
@@ -413,23 +355,36 @@ class Loader:
             self._tasks.wait()  # no-op in a forked child: the parent's threads do not run here
             self._tasks = None  # (only once waited for: an interrupted wait is redone next time)
 
+    def _start_epoch(self, epoch: int) -> EpochIterator:
+        """Queue the first batches of ``epoch``; its iterator."""
+        t, res = self.tuning, self._res
+        idx = self.order.epoch(epoch)
+        block = bool(t.window_prefetch) and isinstance(self.order, BlockShuffle) and len(idx) > 0
+        reads = EpochReads(
+            self.store, self.fields, res.files, t, batch_size=self.batch_size,
+            shuffled=not isinstance(self.order, Sequential), block=block,
+        )
+        inflight = InFlight(self.ring_size)
+        self._tasks = inflight  # from now on the next iter()/close() waits for these reads
+        window = None
+        if block and not reads.cached:
+            bounds = self.order.window_bounds(epoch)  # type: ignore[attr-defined]
+            window = WindowPrefetch(reads, idx, bounds, str(t.window_prefetch), t.window_threads, inflight)
+        batches = EpochBatches(
+            idx, batch_size=self.batch_size, drop_last=self.drop_last, prefetch=t.prefetch,
+            ring=res.ring, pool=res.pool, reads=reads, inflight=inflight, window=window,  # type: ignore[arg-type]
+            device=self.device if self._cuda else None, guard_pinned=self.pin_memory and not self._cuda,
+            owner=self,
+        )
+        return EpochIterator(
+            batches, epoch, prefetch=t.prefetch, copy=self.copy, on_used=self._commit, wrap=self._wrap,
+        )
+
     def _commit(self, epoch: int) -> None:
         """Epoch ``epoch`` counts as used: the next iteration takes the next one."""
         if self._epoch == epoch:
             self._epoch = None
         self._next_epoch = epoch + 1
-
-    def __repr__(self) -> str:
-        return (
-            f"<mmstore.torch.Loader {self.store.path!r} batch_size={self.batch_size} "
-            f"order={type(self.order).__name__} prefetch={self.prefetch} hold={self.hold} "
-            f"threads={self.threads} device={self.device}>"
-        )
-
-    @property
-    def ring_size(self) -> int:
-        """Number of batch buffers the loader cycles through."""
-        return self.prefetch + self.hold
 
     # -- setup -------------------------------------------------------------------
     def _setup(self) -> None:
@@ -437,46 +392,18 @@ class Loader:
         if res.pid != os.getpid():  # first use, or used after fork: nothing inherited is ours
             res.adopt()
         if res.pool is None:
-            res.pool = ThreadPoolExecutor(self.threads, thread_name_prefix="mmstore-loader")
-        backend = self.store.backend  # open the backend in this thread, before the readers
-        try:
-            backend.prepare(self.fields)  # map the fields / open the environment once, outside the threads
-        except OSError as exc:
-            raise _fd_limit(self.store, exc) from None
-        self.store.index  # noqa: B018 - map the index once, outside the threads
-        if backend.positional and self.method != "mmap" and not res.fds:
-            for f in self.fields:
-                if self.store.schema[f].nbytes >= _PREAD_MIN_BYTES or self.method == "pread":
-                    if self.store.schema[f].nbytes == 0:
-                        continue
-                    try:
-                        res.fds[f] = _FieldFiles(backend.field_segments(f))
-                    except OSError as exc:
-                        raise _fd_limit(self.store, exc) from None
+            res.pool = ThreadPoolExecutor(self.tuning.threads, thread_name_prefix="mmstore-loader")
+        prepare_store(self.store, self.fields)  # in this thread, before the readers
+        if not res.files:
+            res.files = open_field_files(self.store, self.fields, self.tuning.method)
         if res.ring is None:
-            res.ring = [self._alloc_slot() for _ in range(self.ring_size)]
-
-    def _alloc_slot(self) -> dict[str, torch.Tensor]:
-        slot = {}
-        for f in self.fields:
-            shape = (self.batch_size, *self.store.schema[f].shape)
-            slot[f] = torch.empty(shape, dtype=self._tdtypes[f], pin_memory=self.pin_memory)
-        return slot
-
-    def _data_paths(self) -> list[str]:
-        backend = self.store.backend
-        if backend.positional:  # only the fields this loader reads
-            paths = [seg.path for f in self.fields for seg in backend.field_segments(f)]
-        else:
-            paths = backend.data_paths()
-        if self.store.records < self.store.slots:
-            paths.append(os.path.join(self.store.path, "_index.npy"))
-        return paths
+            shapes = {f: (self.store.schema[f].shape, _torch_dtype(self.store.schema[f].dtype)) for f in self.fields}
+            res.ring = Ring(self.ring_size, self.batch_size, shapes, self.pin_memory)
 
     def _do_warm(self) -> None:
         self._warmed = True
-        paths = self._data_paths()
-        if self.warm == "background":
+        paths = data_paths(self.store, self.fields)
+        if self.tuning.warm == "background":
             self._res.warm_handle = _sys.warm_in_background(paths)
             return
         self.warm_report = rep = _sys.warm(paths)
@@ -485,109 +412,6 @@ class Loader:
                 f"mmstore.torch.Loader(warm=True): warmed {rep.bytes_read:,} of {rep.bytes_total:,} bytes "
                 f"({rep.reason}); the rest is read from disk", UserWarning, stacklevel=3,
             )
-
-    def _resident_fraction(self) -> float:
-        tot = res = 0
-        for p in self._data_paths():
-            try:
-                r, s = _sys.resident_bytes(p)
-            except (OSError, NotImplementedError):
-                return 0.0
-            res += r
-            tot += s
-        return res / tot if tot else 1.0
-
-    # -- reading (pool threads) --------------------------------------------------------
-    def _read_piece(
-        self, idx: np.ndarray, slot: dict[str, np.ndarray], lo: int, hi: int,
-        fds: dict[str, _FieldFiles],
-    ) -> None:
-        store = self.store
-        part = idx[lo:hi]
-        rest = [f for f in self.fields if f not in fds]
-        if fds:
-            slots = store.slots_of(part)
-            for f, ff in fds.items():
-                ff.read(slots, slot[f][lo:hi])
-        if rest:
-            store.read_batch(part, fields=rest, out={f: slot[f][lo:hi] for f in rest})
-
-    def _hint(self, idx: np.ndarray) -> None:
-        if not self._fds or len(idx) == 0:  # only called when the epoch reads with preadv
-            return
-        slots = self.store.slots_of(idx)
-        starts, stops = contiguous_ranges(slots)
-        for ff in self._fds.values():
-            for a, b in zip(starts.tolist(), stops.tolist()):
-                for fd, pos, length in ff.ranges(a, b):
-                    os.posix_fadvise(fd, pos, length, os.POSIX_FADV_WILLNEED)
-
-    def _read_window(self, idx: np.ndarray, run: _Epoch) -> None:
-        """Bring a window's records into the page cache with long reads.
-
-        ``window_prefetch="read"``: the window's contiguous runs of slots are
-        read with ``preadv`` in chunks of up to 8 MiB by ``window_threads``
-        threads (so several long requests are in flight), and the batches of
-        the window wait until it is done. ``"willneed"``: one
-        ``POSIX_FADV_WILLNEED`` per run; the kernel reads them with large
-        requests in the background and the batches' reads wait on the pages
-        in flight instead of issuing small random reads of their own.
-        """
-        if len(idx) == 0:
-            return
-        slots = self.store.slots_of(idx)
-        starts, stops = contiguous_ranges(slots)
-        targets = list(self._fds.values())
-        if not targets:  # lmdb / mmap: touch the records through read_batch in order
-            srt = np.sort(slots)
-            for a in range(0, len(srt), 256):
-                if run.cancelled:
-                    return
-                self.store.read_batch(np.asarray(self._slot_to_index(srt[a : a + 256])), fields=self.fields)
-            return
-        chunks = []
-        for ff in targets:
-            for a, b in zip(starts.tolist(), stops.tolist()):
-                for fd, pos, length in ff.ranges(a, b):
-                    if self.window_prefetch == "willneed":
-                        chunks.append((fd, pos, length))
-                        continue
-                    end = pos + length
-                    while pos < end:
-                        step = min(8 * _MiB, end - pos)
-                        chunks.append((fd, pos, step))
-                        pos += step
-        if self.window_prefetch == "willneed":
-            for fd, pos, length in chunks:
-                if run.cancelled:
-                    return
-                os.posix_fadvise(fd, pos, length, os.POSIX_FADV_WILLNEED)
-            return
-        futs = [run.win_pool.submit(  # type: ignore[union-attr]
-            self._read_chunk, fd, pos, length, run) for fd, pos, length in chunks]
-        _wait(futs)
-        for f in futs:
-            if f.exception() is not None and not run.cancelled:
-                raise f.exception()  # type: ignore[misc]
-
-    _tls = threading.local()
-
-    def _read_chunk(self, fd: int, pos: int, length: int, run: _Epoch) -> None:
-        buf = getattr(self._tls, "buf", None)
-        if buf is None:
-            buf = self._tls.buf = memoryview(bytearray(2 * _MiB))
-        end = pos + length
-        while pos < end and not run.cancelled:
-            got = os.preadv(fd, [buf[: min(len(buf), end - pos)]], pos)
-            if got <= 0:
-                break
-            pos += got
-
-    def _slot_to_index(self, slots: np.ndarray) -> np.ndarray:
-        ix = self.store.index
-        if ix is None:
-            return slots
-        return np.searchsorted(ix, slots.astype(ix.dtype)).astype(np.int64)
 
     # -- output ----------------------------------------------------------------------
     def _wrap(self, tensors: dict[str, torch.Tensor]) -> Any:
@@ -602,80 +426,52 @@ class Loader:
         return out
 
 
-def _fd_limit(store: Store, exc: OSError) -> OSError:
-    """Out of descriptors on a merged store: say why and what to do."""
-    import errno
-
-    from ..errors import ResourceLimitError
-
-    if exc.errno not in (errno.EMFILE, errno.ENFILE) or isinstance(exc, ResourceLimitError) or not store.segments:
-        return exc
-    from ..backends.segmented import limit_error
-
-    per = len(store.fields) + 1  # mapped + opened for preadv
-    return limit_error(store.path, len(store.segments), per, exc)
+def _tuning_property(name: str) -> property:
+    return property(lambda self: getattr(self.tuning, name), doc=f"``tuning.{name}`` (read-only).")
 
 
-class _FieldFiles:
-    """A memmap field's open files for ``preadv`` epochs: one per segment of
-    the store (a merged store has several; see format.py, "Segments")."""
+for _name in sorted(TUNING_FIELDS):
+    setattr(Loader, _name, _tuning_property(_name))
 
-    def __init__(self, segments: list[Any]) -> None:
-        self.fds: list[int] = []
-        try:
-            for seg in segments:
-                self.fds.append(os.open(seg.path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0)))
-        except BaseException:
-            self.close()
-            raise
-        self.offs = [seg.offset for seg in segments]
-        self.firsts = np.array([seg.first for seg in segments] + [segments[-1].first + segments[-1].count], np.int64)
-        self.nb = segments[0].entry_bytes
 
-    def close(self) -> None:
-        for fd in self.fds:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
-        self.fds = []
+def _check_device(device: str | torch.device | None) -> tuple[torch.device | None, bool]:
+    """``(the device, whether it is CUDA)``; CUDA must be available."""
+    dev = torch.device(device) if device is not None else None
+    cuda = dev is not None and dev.type == "cuda"
+    if cuda and not torch.cuda.is_available():
+        raise RuntimeError(f"device={device!r} but torch.cuda.is_available() is False")
+    if dev is not None and dev.type not in ("cuda", "cpu"):
+        raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
+    return dev, cuda
 
-    def read(self, slots: np.ndarray, out: np.ndarray) -> None:
-        """Record ``slots[j]`` into ``out[j]``."""
-        nb = self.nb
-        if len(self.fds) == 1:
-            _sys.pread_records(self.fds[0], self.offs[0] + slots * nb, nb, out)
-            return
-        seg = np.searchsorted(self.firsts, slots, side="right") - 1
-        offs = np.asarray(self.offs, np.int64)[seg] + (slots - self.firsts[seg]) * nb
-        _sys.pread_records_multi(np.asarray(self.fds, np.int64)[seg], offs, nb, out)
 
-    def ranges(self, a: int, b: int) -> list[tuple[int, int, int]]:
-        """``(fd, offset, length)`` of the global slot range ``[a, b)``, cut at
-        segment boundaries."""
-        out = []
-        k = int(np.searchsorted(self.firsts, a, side="right")) - 1
-        while a < b and k < len(self.fds):
-            hi = min(b, int(self.firsts[k + 1]))
-            if hi > a:
-                lo = a - int(self.firsts[k])
-                out.append((self.fds[k], self.offs[k] + lo * self.nb, (hi - a) * self.nb))
-            a = hi
-            k += 1
-        return out
+def _check_pin_memory(pin_memory: bool | None, cuda: bool) -> bool:
+    """Pinned memory by default with a CUDA device; a warning without CUDA."""
+    if pin_memory is None:
+        pin_memory = cuda
+    if pin_memory and not torch.cuda.is_available():
+        warnings.warn(
+            "mmstore.torch.Loader: pin_memory=True needs CUDA, which is not available; "
+            "using ordinary memory", UserWarning, stacklevel=3,
+        )
+        return False
+    return bool(pin_memory)
+
+
+def _torch_dtype(dtype: np.dtype) -> torch.dtype:
+    return torch.from_numpy(np.empty(0, dtype)).dtype
 
 
 class _Resources:
     """A Loader's resources in one process: the reader pool, the ``preadv``
-    descriptors, the ring, a background warm pass. Referenced by the loader
-    and by its ``weakref.finalize``; references neither the loader nor an
-    epoch."""
+    files, the ring, a background warm pass. Referenced by the loader and by
+    its ``weakref.finalize``; references neither the loader nor an epoch."""
 
     def __init__(self) -> None:
         self.pid = -1
         self.pool: ThreadPoolExecutor | None = None
-        self.fds: dict[str, _FieldFiles] = {}
-        self.ring: list[dict[str, torch.Tensor]] | None = None
+        self.files: dict[str, FieldFiles] = {}
+        self.ring: Ring | None = None
         self.warm_handle: _sys.WarmHandle | None = None
 
     def adopt(self) -> None:
@@ -685,7 +481,7 @@ class _Resources:
         process's own copies and are closed."""
         self.pool = None
         self.warm_handle = None
-        self._close_fds()
+        self._close_files()
         self.ring = None
         self.pid = os.getpid()
 
@@ -710,402 +506,10 @@ class _Resources:
                     warm.join()
                 except Exception:  # noqa: BLE001 - a failed warm pass is not fatal at close
                     pass
-        self._close_fds()
+        self._close_files()
         self.ring = None
 
-    def _close_fds(self) -> None:
-        fds, self.fds = self.fds, {}
-        for ff in fds.values():
+    def _close_files(self) -> None:
+        files, self.files = self.files, {}
+        for ff in files.values():
             ff.close()
-
-
-class _Tasks:
-    """The reads of one epoch in flight, and whether the epoch was cancelled.
-
-    Shared by the epoch's state, its iterator's finalizer and the loader (which
-    waits for them before reusing the ring); references none of them, so
-    holding it keeps no epoch or loader alive."""
-
-    def __init__(self, nslots: int) -> None:
-        self.pid = os.getpid()
-        self.futs: list[list[Future[Any]] | None] = [None] * nslots
-        self.cancelled = False
-        # "ended" (finished, closed by its owner, abandoned, failed) or "closed" (Loader.close)
-        self.reason = ""
-        self.cv = threading.Condition()  # window progress (an RLock: notify is safe from a finalizer)
-        self.win_thread: threading.Thread | None = None
-        self.stream: Any = None
-
-    def cancel(self, reason: str) -> None:
-        """Stop the epoch: queued reads are cancelled, waiting threads woken.
-        Never blocks (called from finalizers, in any thread)."""
-        if not self.cancelled:
-            self.reason = reason
-            self.cancelled = True
-        if self.pid != os.getpid():
-            return  # a forked child: the parent's futures and locks are not ours
-        for futs in self.futs:
-            for f in futs or ():
-                f.cancel()
-        with self.cv:
-            self.cv.notify_all()
-
-    def wait(self) -> None:
-        """Wait until nothing of this epoch writes into the ring any more.
-        Called by the consumer's thread (``iter``, ``close``), never from a
-        finalizer."""
-        if self.pid != os.getpid():
-            return
-        for i, futs in enumerate(self.futs):
-            if futs:
-                _wait(futs)
-                self.futs[i] = None
-        t = self.win_thread
-        if t is not None and t is not threading.current_thread():
-            t.join()
-        self.win_thread = None
-        if self.stream is not None:
-            self.stream.synchronize()
-
-
-class _Epoch:
-    """The state of one epoch that the reader threads use: the order, the
-    ring's numpy views, the reads in flight. Referenced by the epoch's
-    iterator and by the tasks in the pool; the loader does not reference it."""
-
-    def __init__(self, loader: Loader, epoch: int) -> None:
-        self.loader = L = loader
-        self.epoch = epoch
-        self.idx = L.order.epoch(epoch)
-        n = len(self.idx)
-        bs = L.batch_size
-        self.nbatches = n // bs if L.drop_last else -(-n // bs)
-        self.R = L.ring_size
-        self.tasks = _Tasks(self.R)
-        L._tasks = self.tasks  # from now on the next iter()/close() waits for these reads
-        self.events: list[Any] = [None] * self.R
-        # pinned CPU batches: a user's `batch.cuda(non_blocking=True)` may still
-        # read a buffer when next() is called; its refill waits for an event
-        # recorded on the current stream at that call
-        self.guard_pinned = L.pin_memory and not L._cuda
-        # this epoch's buffers (Loader.close() from another thread may drop the loader's)
-        self.ring: list[dict[str, torch.Tensor]] = L._ring or []
-        self.np_ring = [{f: t.numpy() for f, t in slot.items()} for slot in self.ring]
-        rb = sum(L.store.schema[f].nbytes for f in L.fields) or 1
-        self.piece_rows = max(1, L.piece_bytes // rb)
-        shuffled = not isinstance(L.order, Sequential)
-        block = bool(L.window_prefetch) and isinstance(L.order, BlockShuffle) and n > 0
-        # NOTE [warm vs cold reads]: measured here (2 cores, 150 KB records),
-        # memmove out of the mapping (GIL released) served ~2x more samples/s
-        # than preadv when the store is in the page cache (no page-table
-        # faults once mapped; a user-space copy), while preadv did ~1.5x better
-        # cold (one read per record at queue depth ``threads``, where a fault
-        # reads around the faulting page). So "auto" picks per epoch.
-        self.resident = L._resident_fraction() if (L._fds or block) else 1.0
-        cached = self.resident >= 0.99
-        self.fds = {} if (L.method == "auto" and cached) else L._fds
-        if not self.fds:
-            # memmove epochs are CPU-bound: one piece per core (measured ~2x
-            # faster than 2 MiB pieces here: fewer Python calls per batch)
-            self.piece_rows = max(self.piece_rows, -(-L.batch_size // max(2, os.cpu_count() or 2)))
-        self.do_hints = L.hints and bool(self.fds)
-        self.willneed = 0
-        if self.do_hints:
-            for ff in self.fds.values():
-                for fd in ff.fds:
-                    (_sys.fadvise_random if shuffled else _sys.fadvise_sequential)(fd)
-            if L.willneed and shuffled and not cached:
-                self.willneed = L.willneed
-        # block shuffle: windows read sequentially ahead of the batches
-        self.win_bounds: np.ndarray | None = None
-        self.win_pool: ThreadPoolExecutor | None = None
-        self.win_done = -1
-        self.win_need = 0
-        # CUDA
-        self.stream = None
-        if L._cuda:
-            self.stream = self.tasks.stream = torch.cuda.Stream(device=L.device)
-        try:
-            if block and not cached:
-                self.win_bounds = L.order.window_bounds(epoch)
-                self.win_pool = ThreadPoolExecutor(L.window_threads, thread_name_prefix="mmstore-window")
-                t = threading.Thread(target=self._window_loop, name="mmstore-window", daemon=True)
-                self.tasks.win_thread = t
-                t.start()
-            for k in range(min(L.prefetch, self.nbatches)):
-                self.submit(k)
-        except BaseException:
-            self.tasks.cancel("ended")
-            self.tasks.wait()
-            raise
-
-    @property
-    def cancelled(self) -> bool:
-        return self.tasks.cancelled
-
-    # -- windows -------------------------------------------------------------------
-    def _window_of(self, pos: int) -> int:
-        return int(np.searchsorted(self.win_bounds, pos, side="right")) - 1  # type: ignore[arg-type]
-
-    def _window_loop(self) -> None:
-        b = self.win_bounds
-        cv = self.tasks.cv
-        if b is None:
-            return
-        try:
-            for w in range(len(b) - 1):
-                with cv:
-                    while w > self.win_need and not self.cancelled:
-                        cv.wait()
-                if self.cancelled:
-                    return
-                self.loader._read_window(self.idx[b[w] : b[w + 1]], self)
-                with cv:
-                    self.win_done = w
-                    cv.notify_all()
-        except Exception:  # noqa: BLE001 - a prefetch pass only: a failing read is
-            pass  # reported by the batch that reads the record; this thread prints nothing
-        finally:
-            with cv:
-                self.win_done = len(b)  # never leave a batch waiting
-                cv.notify_all()
-            if self.win_pool is not None:
-                self.win_pool.shutdown(wait=False, cancel_futures=True)
-
-    def _wait_window(self, w: int) -> None:
-        cv = self.tasks.cv
-        with cv:
-            while self.win_done < w and not self.cancelled:
-                cv.wait()
-
-    # -- submitting ----------------------------------------------------------------
-    def bounds(self, k: int) -> tuple[int, int]:
-        bs = self.loader.batch_size
-        return k * bs, min((k + 1) * bs, len(self.idx))
-
-    def submit(self, k: int) -> None:
-        """Queue the reads of batch ``k`` into its ring slot."""
-        L = self.loader
-        s = k % self.R
-        a, b = self.bounds(k)
-        idx = self.idx[a:b]
-        slot = self.np_ring[s]
-        pool = L._pool
-        if pool is None or self.cancelled:
-            raise _Cancelled()
-        if self.guard_pinned:
-            ev = torch.cuda.Event()
-            ev.record(torch.cuda.current_stream())
-            self.events[s] = ev
-        ev = self.events[s]
-        wait_win = -1
-        if self.win_bounds is not None:
-            wait_win = self._window_of(b - 1)
-            with self.tasks.cv:
-                if wait_win + 1 > self.win_need:
-                    self.win_need = wait_win + 1
-                    self.tasks.cv.notify_all()
-        futs = []
-        try:
-            for lo in range(0, len(idx), self.piece_rows):
-                hi = min(lo + self.piece_rows, len(idx))
-                futs.append(pool.submit(self._task, idx, slot, lo, hi, ev, wait_win))
-            self.tasks.futs[s] = futs
-            if self.willneed:
-                ka = k + self.willneed
-                if ka < self.nbatches:
-                    a2, b2 = self.bounds(ka)
-                    pool.submit(self._hint_task, self.idx[a2:b2])
-        except RuntimeError:  # the pool was shut down: Loader.close() from another thread
-            self.tasks.futs[s] = futs
-            if self.cancelled:
-                raise _Cancelled() from None
-            raise
-
-    def _task(self, idx: np.ndarray, slot: dict[str, np.ndarray], lo: int, hi: int, ev: Any, wait_win: int) -> None:
-        if self.cancelled:
-            raise _Cancelled()
-        if ev is not None:
-            ev.synchronize()  # the copy out of this pinned buffer has finished
-        if wait_win >= 0:
-            self._wait_window(wait_win)
-        self.loader._read_piece(idx, slot, lo, hi, self.fds)
-
-    def _hint_task(self, idx: np.ndarray) -> None:
-        if not self.cancelled:
-            try:
-                self.loader._hint(idx)
-            except OSError:
-                pass
-
-    def wait_batch(self, k: int) -> None:
-        """Wait for batch ``k``'s reads; raise the first error among them."""
-        s = k % self.R
-        futs = self.tasks.futs[s] or []
-        _wait(futs)
-        if self.cancelled:
-            raise _Cancelled()
-        self.tasks.futs[s] = None
-        for f in futs:
-            exc = f.exception()
-            if exc is not None:
-                raise exc
-
-    def host_batch(self, k: int) -> dict[str, torch.Tensor]:
-        a, b = self.bounds(k)
-        slot = self.ring[k % self.R]
-        m = b - a
-        return {f: (t if m == t.shape[0] else t[:m]) for f, t in slot.items()}
-
-    def to_gpu(self, k: int) -> tuple[int, Any, Any]:
-        """Issue the copy of host batch ``k`` on the side stream."""
-        L = self.loader
-        self.wait_batch(k)
-        host = self.host_batch(k)
-        s = k % self.R
-        with torch.cuda.stream(self.stream):
-            gpu = {f: t.to(L.device, non_blocking=True) for f, t in host.items()}
-            ev = torch.cuda.Event()
-            ev.record(self.stream)
-        self.events[s] = ev  # the reader of this slot's next batch waits for it
-        return k, gpu, ev
-
-
-class _EpochRun:
-    """The iterator ``iter(loader)`` returns: one pass over one epoch.
-
-    It keeps its loader alive (as a list iterator keeps its list); the loader
-    keeps only a weak reference to it, so dropping the iterator (``break``,
-    ``del``, an exception) ends the epoch at once, by reference counting,
-    without blocking: queued reads are cancelled and the next ``iter(loader)``
-    waits for the ones still running before it reuses the ring.
-    """
-
-    def __init__(self, loader: Loader, epoch: int) -> None:
-        self._ep = _Epoch(loader, epoch)
-        self.epoch = epoch
-        self.nbatches = self._ep.nbatches
-        self.k = 0  # next batch to yield
-        self._busy = threading.Lock()
-        self._pending_gpu: tuple[int, Any, Any] | None = None
-        self._pending_exc: BaseException | None = None
-
-    @property
-    def futs(self) -> list[list[Future[Any]] | None]:
-        """The reads in flight, per ring slot."""
-        return self._ep.tasks.futs
-
-    def _live(self) -> bool:
-        t = self._ep.tasks
-        return not t.cancelled and t.pid == os.getpid()
-
-    def __iter__(self) -> _EpochRun:
-        return self
-
-    def __len__(self) -> int:
-        return self.nbatches
-
-    def __next__(self) -> Any:
-        tasks = self._ep.tasks
-        if tasks.pid != os.getpid():
-            raise LoaderStateError(
-                f"mmstore.torch.Loader: this iterator of epoch {self.epoch} was started in process "
-                f"{tasks.pid} and cannot be continued in forked process {os.getpid()} (its reader "
-                "threads exist only in the parent); start a new epoch here with iter(loader), "
-                "which starts clean"
-            )
-        if not self._busy.acquire(blocking=False):
-            raise LoaderStateError(
-                "mmstore.torch.Loader: two threads called next() on the same epoch iterator at once; "
-                "an epoch is consumed by one thread at a time (use one Loader per thread)"
-            )
-        try:
-            return self._next()
-        finally:
-            self._busy.release()
-
-    def _next(self) -> Any:
-        ep = self._ep
-        L = ep.loader
-        k = self.k
-        if ep.cancelled:
-            self._raise_cancelled()
-        if self._pending_exc is not None:  # batch k's read failed while batch k - 1 was prepared
-            exc, self._pending_exc = self._pending_exc, None
-            self._end()
-            raise exc
-        if k >= self.nbatches:
-            L._commit(self.epoch)
-            self._end()
-            raise StopIteration
-        try:
-            # batch k - hold is released: its slot takes batch k + prefetch
-            if k + L.prefetch < self.nbatches:
-                ep.submit(k + L.prefetch)
-            if L._cuda:
-                out = self._next_gpu(k)
-            else:
-                ep.wait_batch(k)
-                out = ep.host_batch(k)
-                if L.copy:  # a numpy copy: no torch intra-op (OpenMP) threads, which hang
-                    # in a forked child once the parent used them
-                    out = {f: torch.from_numpy(t.numpy().copy()) for f, t in out.items()}
-        except _Cancelled:
-            self._raise_cancelled()
-        except BaseException:
-            self._end()
-            raise
-        self.k = k + 1
-        if k == 1:  # a second batch: not a peek; the epoch number is used
-            L._commit(self.epoch)
-        return L._wrap(out)
-
-    def _next_gpu(self, k: int) -> dict[str, torch.Tensor]:
-        ep = self._ep
-        cur = self._pending_gpu if self._pending_gpu is not None else ep.to_gpu(k)
-        self._pending_gpu = None
-        if k + 1 < self.nbatches:
-            try:
-                self._pending_gpu = ep.to_gpu(k + 1)
-            except _Cancelled:
-                raise
-            except Exception as exc:  # noqa: BLE001 - batch k + 1's error, raised when it is asked for
-                self._pending_exc = exc
-        _, gpu, ev = cur
-        stream = torch.cuda.current_stream(ep.loader.device)
-        stream.wait_event(ev)
-        for t in gpu.values():
-            t.record_stream(stream)
-        return gpu
-
-    def _raise_cancelled(self) -> None:
-        t = self._ep.tasks
-        if t.reason == "closed":
-            raise LoaderStateError(
-                f"mmstore.torch.Loader: the loader was closed (Loader.close()) while epoch {self.epoch} "
-                f"was being iterated, after {self.k} of {self.nbatches} batches; the epoch did not "
-                "complete. Start a new epoch with iter(loader) if that was not intended"
-            ) from None
-        raise StopIteration
-
-    def _end(self) -> None:
-        """End this epoch: cancel what is queued, wait for what runs."""
-        t = self._ep.tasks
-        t.cancel("ended")
-        t.wait()
-
-    def close(self) -> None:
-        """End this epoch early: cancel what is queued, wait for what runs
-        (nothing writes into the ring after this returns). Later ``next()``
-        calls raise ``StopIteration``; ``iter(loader)`` starts the next epoch."""
-        if self._ep.tasks.pid != os.getpid():
-            return
-        self._end()
-
-    def __del__(self) -> None:
-        # dropped (break, del, an exception, garbage collection in any thread):
-        # cancel without waiting; the next iter(loader) waits for what still runs
-        try:
-            self._ep.tasks.cancel("ended")
-        except Exception:  # noqa: BLE001
-            pass

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import pickle
 import threading
 import time
 
@@ -12,7 +14,7 @@ from torch.utils.data import DataLoader
 
 import mmstore
 from mmstore.order import BlockShuffle, Permutation, Sequential
-from mmstore.torch import Loader, OrderSampler, StoreDataset
+from mmstore.torch import Loader, LoaderTuning, OrderSampler, StoreDataset, _reads
 
 
 def _dl_batches(path, order, batch_size, drop_last, epoch):
@@ -173,7 +175,7 @@ def test_read_errors_propagate(stores, monkeypatch):
     def boom(*a, **k):
         raise OSError(5, "simulated I/O error")
 
-    monkeypatch.setattr(L, "_read_piece", boom)
+    monkeypatch.setattr(_reads.EpochReads, "read", boom)
     with pytest.raises(OSError, match="simulated"):
         list(L)
     monkeypatch.undo()
@@ -205,7 +207,7 @@ def test_threads_really_overlap(stores):
     next(it)
     deadline = time.monotonic() + 10
     while True:  # the 4 batches after the first are read without the consumer asking
-        done = [f is not None and all(x.done() for x in f) for f in it.futs]
+        done = [f is not None and all(x.done() for x in f) for f in it.inflight.futs]
         if sum(done) >= 4 or time.monotonic() > deadline:
             break
         time.sleep(0.01)
@@ -256,13 +258,13 @@ def test_cold_paths_window_prefetch_and_willneed(stores, name, mode, monkeypatch
     n = len(mmstore.open(path))
     order = BlockShuffle(n, 4, 3, seed=7)
     L = Loader(path, 10, order, prefetch=2, threads=3, piece_bytes=4096, window_prefetch=mode)
-    monkeypatch.setattr(L, "_resident_fraction", lambda: 0.0)
+    monkeypatch.setattr(_reads, "resident_fraction", lambda paths: 0.0)
     windows = []
-    orig = L._read_window
-    monkeypatch.setattr(L, "_read_window", lambda idx, run: (windows.append(len(idx)), orig(idx, run)))
+    orig = _reads.WindowPrefetch.read_window
+    monkeypatch.setattr(_reads.WindowPrefetch, "read_window", lambda w, idx: (windows.append(len(idx)), orig(w, idx)))
     hinted = []
-    orig_hint = L._hint
-    monkeypatch.setattr(L, "_hint", lambda idx: (hinted.append(len(idx)), orig_hint(idx)))
+    orig_hint = _reads.EpochReads.hint
+    monkeypatch.setattr(_reads.EpochReads, "hint", lambda r, idx: (hinted.append(len(idx)), orig_hint(r, idx)))
     for epoch in (0, 1):
         L.set_epoch(epoch)
         ours = [b["idx"].clone() for b in L]
@@ -272,3 +274,38 @@ def test_cold_paths_window_prefetch_and_willneed(stores, name, mode, monkeypatch
     if name != "lmdb":
         assert hinted  # WILLNEED issued ahead of the reads
     L.close()
+
+
+def test_tuning_object_and_tuning_keywords_make_the_same_loader(stores):
+    """``tuning=LoaderTuning(...)`` and the same knobs as keywords: one
+    configuration, the same batches (pixel exact); a keyword wins over the
+    object's field; order keywords still reach the order; pickling keeps it."""
+    path, ref = stores["big"], mmstore.open(stores["big"])
+    t = LoaderTuning(prefetch=2, hold=2, threads=3, method="pread", piece_bytes=4096, window_prefetch=True)
+    a = Loader(path, 16, Permutation(301, seed=4), tuning=t)
+    b = Loader(path, 16, Permutation(301, seed=4), prefetch=2, hold=2, threads=3, method="pread", piece_bytes=4096)
+    assert a.tuning == b.tuning == t and t.window_prefetch == "willneed"
+    assert (a.prefetch, a.hold, a.threads, a.method, a.ring_size) == (2, 2, 3, "pread", 4)
+    got_a = [{k: v.clone() for k, v in x.items()} for x in a]
+    got_b = [{k: v.clone() for k, v in x.items()} for x in b]
+    assert np.array_equal(np.concatenate([x["idx"].numpy() for x in got_a]), Permutation(301, seed=4).epoch(0))
+    assert len(got_a) == len(got_b) == 19
+    for x, y in zip(got_a, got_b):
+        want = ref.read_batch(x["idx"].numpy())
+        for f in ref.fields:
+            assert torch.equal(x[f], y[f]) and np.array_equal(x[f].numpy(), want[f])
+    c = Loader(path, 16, "block", tuning=t, prefetch=5, block=5, window=3)
+    assert c.tuning == dataclasses.replace(t, prefetch=5) and c.ring_size == 7
+    assert isinstance(c.order, BlockShuffle) and (c.order.block, c.order.window) == (5, 3)
+    d = pickle.loads(pickle.dumps(c))
+    assert d.tuning == c.tuning and d.order == c.order
+    for L in (a, b, c, d):
+        L.close()
+    with pytest.raises(ValueError, match="prefetch and hold"):
+        LoaderTuning(hold=0)
+    with pytest.raises(ValueError, match="window_prefetch"):
+        Loader(path, 8, tuning=t, window_prefetch="sometimes")
+    with pytest.raises(TypeError, match="LoaderTuning"):
+        Loader(path, 8, tuning={"prefetch": 2})  # type: ignore[arg-type]
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        t.prefetch = 3  # type: ignore[misc]

@@ -22,9 +22,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mmstore
+import mmstore.backends.memmap as memmap_backend
 from mmstore.errors import LoaderStateError
 from mmstore.order import Sequential, make_order
-from mmstore.torch import Loader
+from mmstore.torch import Loader, _reads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(mmstore.__file__)))
 HANG_S = 120  # a child that has not finished by then is hung (the work takes a few seconds)
@@ -257,25 +258,25 @@ def test_pickle_reopens_with_config_and_epoch(stores):
 
 # -- item 3: two threads --------------------------------------------------------------
 
-def _gated(L: Loader, batch_rows: set[int]):
+def _gated(monkeypatch, batch_rows: set[int]):
     """Make the reads of the batch holding ``batch_rows`` wait on a gate."""
     gate, entered = threading.Event(), threading.Event()
-    orig = L._read_piece
+    orig = _reads.EpochReads.read
 
-    def read_piece(idx, slot, lo, hi, fds):
+    def read_piece(reads, idx, slot, lo, hi):
         if set(idx[lo:hi].tolist()) & batch_rows:
             entered.set()
             gate.wait(HANG_S)
-        return orig(idx, slot, lo, hi, fds)
+        return orig(reads, idx, slot, lo, hi)
 
-    L._read_piece = read_piece  # type: ignore[method-assign]
+    monkeypatch.setattr(_reads.EpochReads, "read", read_piece)
     return gate, entered
 
 
-def test_two_threads_on_one_loader_raise_instead_of_corrupting(stores):
+def test_two_threads_on_one_loader_raise_instead_of_corrupting(stores, monkeypatch):
     ref = mmstore.open(stores["big"])
     L = Loader(stores["big"], 16, Sequential(301), threads=3, prefetch=2)
-    gate, entered = _gated(L, set(range(32, 48)))  # batch 2
+    gate, entered = _gated(monkeypatch, set(range(32, 48)))  # batch 2
     it = iter(L)
     got = [{k: v.clone() for k, v in next(it).items()} for _ in range(2)]
     # thread A waits inside next() for batch 2; thread B calls next() meanwhile
@@ -333,7 +334,7 @@ def test_peek_uses_no_epoch_and_loses_no_batch(stores):
     L.close()
 
 
-def test_close_from_another_thread_makes_the_loop_raise(stores):
+def test_close_from_another_thread_makes_the_loop_raise(stores, monkeypatch):
     L = Loader(stores["big"], 16, Sequential(301), threads=3, prefetch=2)
     # close between two next() calls
     it = iter(L)
@@ -344,7 +345,7 @@ def test_close_from_another_thread_makes_the_loop_raise(stores):
     with pytest.raises(LoaderStateError, match="closed"):
         next(it)
     # close while the consumer waits inside next() for a read
-    gate, entered = _gated(L, set(range(48, 64)))  # batch 3
+    gate, entered = _gated(monkeypatch, set(range(48, 64)))  # batch 3
     seen = []
     it = iter(L)
 
@@ -352,7 +353,7 @@ def test_close_from_another_thread_makes_the_loop_raise(stores):
         until(lambda: len(seen) == 3 and it._busy.locked(), "the consumer waiting for batch 3")
         c = threading.Thread(target=L.close)
         c.start()
-        while not (L._tasks is None or L._tasks.cancelled):
+        while not it.inflight.cancelled:
             threading.Event().wait(0.001)
         gate.set()
         c.join(HANG_S)
@@ -395,8 +396,6 @@ def test_read_error_is_raised_at_its_batch_after_the_earlier_ones(truncated_copy
     identity check (``StoreChangedError``, tests/faults/test_stale_readers.py);
     one that lands after that check, before the read, is what this test is
     about, so the check is switched off here to put the cut in that window."""
-    import mmstore.backends.memmap as memmap_backend
-
     monkeypatch.setattr(memmap_backend, "note_identity", lambda *a, **k: None)
     dst, ref, cut = truncated_copy
     L = Loader(dst, 16, Sequential(301), method="pread", threads=3, prefetch=prefetch)
@@ -439,12 +438,12 @@ WINDOW = """
 import glob, sys
 from mmstore import _sys
 from mmstore.order import BlockShuffle
-from mmstore.torch import Loader
+from mmstore.torch import Loader, _reads
 path = sys.argv[1]
 for f in glob.glob(path + "/*.npy"):
     _sys.evict(f)  # a cold store: the window thread reads ahead while the loop raises
 L = Loader(path, 32, BlockShuffle(301, 4, 3, seed=1), threads=2, prefetch=2, window_prefetch="read")
-L._resident_fraction = lambda: 0.0  # also where eviction is not possible (tmpfs)
+_reads.resident_fraction = lambda paths: 0.0  # also where eviction is not possible (tmpfs)
 for k, b in enumerate(L):
     if k == int(sys.argv[2]):
         raise ValueError("user error in the loop")

@@ -1,0 +1,313 @@
+"""One epoch of a :class:`~mmstore.torch.Loader`: its batches in flight and
+its iterator.
+
+* :class:`EpochBatches`: what the reader threads use (the epoch's order, the
+  ring, the reads in flight, the window pass, the CUDA side stream). Its
+  tasks sit in the loader's thread pool; it uses nothing of the loader (it
+  only keeps it alive while its reads run) and does not reference the
+  iterator.
+* :class:`EpochIterator`: what ``iter(loader)`` returns; consumes the batches
+  in order, one thread at a time. It keeps its loader alive through the
+  loader's callbacks (as a list iterator keeps its list); the loader keeps
+  only a weak reference to it, so dropping it ends the epoch at once.
+
+The rules they implement are "Lifetime" in ``loader.py``'s docstring.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+import torch
+
+from ..errors import LoaderStateError
+from ._reads import EpochReads, WindowPrefetch
+from ._ring import InFlight, Ring
+
+__all__ = ["EpochBatches", "EpochIterator"]
+
+
+class Cancelled(Exception):
+    """The epoch was cancelled (ended, closed, dropped) while a step waited."""
+
+
+class EpochBatches:
+    """Batch ``k`` of an epoch is rows ``[k * batch_size, (k + 1) * batch_size)``
+    of ``idx``, read into ring buffer ``k % len(ring)`` in pieces of
+    ``reads.piece_rows`` rows, one pool task each (so ``threads`` reads are in
+    flight even for one batch). The first ``prefetch`` batches are queued at
+    once; :meth:`submit` queues the others as buffers come free.
+
+    ``device``: a CUDA device to copy batches to on a side stream, or None.
+    ``guard_pinned``: CPU batches in pinned memory; the refill of a buffer
+    waits for a CUDA event recorded on the current stream at the ``next()``
+    that released it (a user's ``batch.cuda(non_blocking=True)``).
+
+    ``owner`` (the loader) is only kept alive, never used: while a read of
+    this epoch is queued or running, its loader is not garbage, so the
+    loader's finalizer cannot close the files under a running read."""
+
+    def __init__(
+        self, idx: np.ndarray, *, batch_size: int, drop_last: bool, prefetch: int, ring: Ring,
+        pool: ThreadPoolExecutor, reads: EpochReads, inflight: InFlight, window: WindowPrefetch | None,
+        device: torch.device | None, guard_pinned: bool, owner: object,
+    ) -> None:
+        self._owner = owner
+        self.idx = idx
+        self.batch_size = batch_size
+        n = len(idx)
+        self.nbatches = n // batch_size if drop_last else -(-n // batch_size)
+        self.ring, self.pool, self.reads, self.inflight, self.window = ring, pool, reads, inflight, window
+        self.R = len(ring)
+        self.device = device
+        self.guard_pinned = guard_pinned
+        self.events: list[Any] = [None] * self.R
+        self.stream = None
+        if device is not None:
+            self.stream = inflight.stream = torch.cuda.Stream(device=device)
+        try:
+            if window is not None:
+                window.start()
+            for k in range(min(prefetch, self.nbatches)):
+                self.submit(k)
+        except BaseException:
+            inflight.cancel("ended")
+            inflight.wait()
+            raise
+
+    @property
+    def cancelled(self) -> bool:
+        return self.inflight.cancelled
+
+    def bounds(self, k: int) -> tuple[int, int]:
+        bs = self.batch_size
+        return k * bs, min((k + 1) * bs, len(self.idx))
+
+    def submit(self, k: int) -> None:
+        """Queue the reads of batch ``k`` into its ring buffer."""
+        s = k % self.R
+        a, b = self.bounds(k)
+        idx = self.idx[a:b]
+        if self.cancelled:
+            raise Cancelled()
+        if self.guard_pinned:
+            ev = torch.cuda.Event()
+            ev.record(torch.cuda.current_stream())
+            self.events[s] = ev
+        ev = self.events[s]
+        wait_win = -1
+        if self.window is not None:
+            wait_win = self.window.window_of(b - 1)
+            self.window.ask(wait_win)
+        futs: list[Any] = []
+        try:
+            for lo in range(0, len(idx), self.reads.piece_rows):
+                hi = min(lo + self.reads.piece_rows, len(idx))
+                futs.append(self.pool.submit(self._task, idx, self.ring.views[s], lo, hi, ev, wait_win))
+            self.inflight.futs[s] = futs
+            self._submit_hint(k + self.reads.willneed)
+        except RuntimeError:  # the pool was shut down: Loader.close() from another thread
+            self.inflight.futs[s] = futs
+            if self.cancelled:
+                raise Cancelled() from None
+            raise
+
+    def _submit_hint(self, ka: int) -> None:
+        if self.reads.willneed and ka < self.nbatches:
+            a, b = self.bounds(ka)
+            self.pool.submit(self._hint_task, self.idx[a:b])
+
+    def _task(self, idx: np.ndarray, slot: dict[str, np.ndarray], lo: int, hi: int, ev: Any, wait_win: int) -> None:
+        if self.cancelled:
+            raise Cancelled()
+        if ev is not None:
+            ev.synchronize()  # the copy out of this pinned buffer has finished
+        if wait_win >= 0:
+            self.window.wait_for(wait_win)  # type: ignore[union-attr]
+        self.reads.read(idx, slot, lo, hi)
+
+    def _hint_task(self, idx: np.ndarray) -> None:
+        if not self.cancelled:
+            try:
+                self.reads.hint(idx)
+            except OSError:
+                pass
+
+    def wait_batch(self, k: int) -> None:
+        """Wait for batch ``k``'s reads; raise the first error among them."""
+        futs = self.inflight.wait_slot(k % self.R)
+        if self.cancelled:
+            raise Cancelled()
+        for f in futs:
+            exc = f.exception()
+            if exc is not None:
+                raise exc
+
+    def host_batch(self, k: int) -> dict[str, torch.Tensor]:
+        a, b = self.bounds(k)
+        return self.ring.batch(k, b - a)
+
+    def to_gpu(self, k: int) -> tuple[dict[str, torch.Tensor], Any]:
+        """Issue the copy of host batch ``k`` on the side stream; return the
+        GPU tensors and the copy's event."""
+        self.wait_batch(k)
+        host = self.host_batch(k)
+        with torch.cuda.stream(self.stream):
+            gpu = {f: t.to(self.device, non_blocking=True) for f, t in host.items()}
+            ev = torch.cuda.Event()
+            ev.record(self.stream)
+        self.events[k % self.R] = ev  # the reader of this buffer's next batch waits for it
+        return gpu, ev
+
+
+class EpochIterator:
+    """The iterator ``iter(loader)`` returns: one pass over one epoch.
+
+    ``on_used(epoch)`` is called once the epoch counts as used (its second
+    batch, or its end); ``wrap`` turns a batch of tensors into what is
+    yielded. Both are the loader's, so the iterator keeps its loader alive;
+    the loader keeps only a weak reference to the iterator, so dropping the
+    iterator (``break``, ``del``, an exception) ends the epoch at once, by
+    reference counting, without blocking: queued reads are cancelled and the
+    next ``iter(loader)`` waits for the ones still running before it reuses
+    the ring.
+    """
+
+    def __init__(
+        self, batches: EpochBatches, epoch: int, *, prefetch: int, copy: bool,
+        on_used: Callable[[int], None], wrap: Callable[[dict[str, torch.Tensor]], Any],
+    ) -> None:
+        self._ep = batches
+        self.inflight = batches.inflight
+        self.epoch = epoch
+        self.nbatches = batches.nbatches
+        self.k = 0  # next batch to yield
+        self._prefetch = prefetch
+        self._copy = copy
+        self._on_used = on_used
+        self._wrap = wrap
+        self._busy = threading.Lock()
+        self._pending_gpu: tuple[dict[str, torch.Tensor], Any] | None = None
+        self._pending_exc: BaseException | None = None
+
+    def live(self) -> bool:
+        """Still being iterated in this process (not ended, closed, forked)."""
+        t = self.inflight
+        return not t.cancelled and t.pid == os.getpid()
+
+    def __iter__(self) -> EpochIterator:
+        return self
+
+    def __len__(self) -> int:
+        return self.nbatches
+
+    def __next__(self) -> Any:
+        pid = self.inflight.pid
+        if pid != os.getpid():
+            raise LoaderStateError(
+                f"mmstore.torch.Loader: this iterator of epoch {self.epoch} was started in process "
+                f"{pid} and cannot be continued in forked process {os.getpid()} (its reader "
+                "threads exist only in the parent); start a new epoch here with iter(loader), "
+                "which starts clean"
+            )
+        if not self._busy.acquire(blocking=False):
+            raise LoaderStateError(
+                "mmstore.torch.Loader: two threads called next() on the same epoch iterator at once; "
+                "an epoch is consumed by one thread at a time (use one Loader per thread)"
+            )
+        try:
+            return self._next()
+        finally:
+            self._busy.release()
+
+    def _next(self) -> Any:
+        ep = self._ep
+        k = self.k
+        if ep.cancelled:
+            self._raise_cancelled()
+        if self._pending_exc is not None:  # batch k's read failed while batch k - 1 was prepared
+            exc, self._pending_exc = self._pending_exc, None
+            self._end()
+            raise exc
+        if k >= self.nbatches:
+            self._on_used(self.epoch)
+            self._end()
+            raise StopIteration
+        try:
+            out = self._batch(k)
+        except Cancelled:
+            self._raise_cancelled()
+        except BaseException:
+            self._end()
+            raise
+        self.k = k + 1
+        if k == 1:  # a second batch: not a peek; the epoch number is used
+            self._on_used(self.epoch)
+        return self._wrap(out)
+
+    def _batch(self, k: int) -> dict[str, torch.Tensor]:
+        ep = self._ep
+        # batch k - hold is released: its buffer takes batch k + prefetch
+        if k + self._prefetch < self.nbatches:
+            ep.submit(k + self._prefetch)
+        if ep.device is not None:
+            return self._next_gpu(k)
+        ep.wait_batch(k)
+        out = ep.host_batch(k)
+        if self._copy:  # a numpy copy: no torch intra-op (OpenMP) threads, which hang
+            # in a forked child once the parent used them
+            out = {f: torch.from_numpy(t.numpy().copy()) for f, t in out.items()}
+        return out
+
+    def _next_gpu(self, k: int) -> dict[str, torch.Tensor]:
+        ep = self._ep
+        cur = self._pending_gpu if self._pending_gpu is not None else ep.to_gpu(k)
+        self._pending_gpu = None
+        if k + 1 < self.nbatches:
+            try:
+                self._pending_gpu = ep.to_gpu(k + 1)
+            except Cancelled:
+                raise
+            except Exception as exc:  # noqa: BLE001 - batch k + 1's error, raised when it is asked for
+                self._pending_exc = exc
+        gpu, ev = cur
+        stream = torch.cuda.current_stream(ep.device)
+        stream.wait_event(ev)
+        for t in gpu.values():
+            t.record_stream(stream)
+        return gpu
+
+    def _raise_cancelled(self) -> None:
+        if self.inflight.reason == "closed":
+            raise LoaderStateError(
+                f"mmstore.torch.Loader: the loader was closed (Loader.close()) while epoch {self.epoch} "
+                f"was being iterated, after {self.k} of {self.nbatches} batches; the epoch did not "
+                "complete. Start a new epoch with iter(loader) if that was not intended"
+            ) from None
+        raise StopIteration
+
+    def _end(self) -> None:
+        """End this epoch: cancel what is queued, wait for what runs."""
+        self.inflight.cancel("ended")
+        self.inflight.wait()
+
+    def close(self) -> None:
+        """End this epoch early: cancel what is queued, wait for what runs
+        (nothing writes into the ring after this returns). Later ``next()``
+        calls raise ``StopIteration``; ``iter(loader)`` starts the next epoch."""
+        if self.inflight.pid != os.getpid():
+            return
+        self._end()
+
+    def __del__(self) -> None:
+        # dropped (break, del, an exception, garbage collection in any thread):
+        # cancel without waiting; the next iter(loader) waits for what still runs
+        try:
+            self.inflight.cancel("ended")
+        except Exception:  # noqa: BLE001
+            pass

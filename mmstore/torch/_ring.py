@@ -1,0 +1,107 @@
+"""The Loader's ring of batch buffers, and the reads in flight into it.
+
+``Ring`` is ``prefetch + hold`` reusable batch buffers (torch tensors,
+optionally pinned, with numpy views of the same memory for the reader
+threads); batch ``k`` of an epoch goes into buffer ``k % len(ring)``.
+``InFlight`` is one epoch's reads into a ring (futures per buffer), and
+whether that epoch was cancelled; the loader waits for it before the ring is
+reused. See "Buffer lifetime" and "Lifetime" in ``loader.py``'s docstring.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Mapping
+from concurrent.futures import Future
+from concurrent.futures import wait as _wait
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["InFlight", "Ring"]
+
+
+class Ring:
+    """``size`` batch buffers of ``batch_size`` rows per field.
+
+    ``shapes`` maps a field to ``(record shape, torch dtype)``. ``slots[s]``
+    are the tensors the loader yields, ``views[s]`` numpy views of the same
+    memory, which the reader threads write into."""
+
+    def __init__(
+        self, size: int, batch_size: int, shapes: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
+        pin_memory: bool,
+    ) -> None:
+        self.slots: list[dict[str, torch.Tensor]] = [
+            {f: torch.empty((batch_size, *shape), dtype=dt, pin_memory=pin_memory) for f, (shape, dt) in shapes.items()}
+            for _ in range(size)
+        ]
+        self.views: list[dict[str, np.ndarray]] = [{f: t.numpy() for f, t in slot.items()} for slot in self.slots]
+
+    def __len__(self) -> int:
+        return len(self.slots)
+
+    def batch(self, k: int, rows: int) -> dict[str, torch.Tensor]:
+        """The first ``rows`` rows of batch ``k``'s buffer (no copy)."""
+        slot = self.slots[k % len(self.slots)]
+        return {f: (t if rows == t.shape[0] else t[:rows]) for f, t in slot.items()}
+
+
+class InFlight:
+    """The reads of one epoch in flight, and whether the epoch was cancelled.
+
+    Shared by the epoch's state, its iterator's finalizer and the loader (which
+    waits for them before reusing the ring); references none of them, so
+    holding it keeps no epoch or loader alive."""
+
+    def __init__(self, nslots: int) -> None:
+        self.pid = os.getpid()
+        self.futs: list[list[Future[Any]] | None] = [None] * nslots
+        self.cancelled = False
+        # "ended" (finished, closed by its owner, abandoned, failed) or "closed" (Loader.close)
+        self.reason = ""
+        self.cv = threading.Condition()  # window progress (an RLock: notify is safe from a finalizer)
+        self.win_thread: threading.Thread | None = None
+        self.stream: Any = None  # the CUDA side stream of the epoch's copies
+
+    def cancel(self, reason: str) -> None:
+        """Stop the epoch: queued reads are cancelled, waiting threads woken.
+        Never blocks (called from finalizers, in any thread)."""
+        if not self.cancelled:
+            self.reason = reason
+            self.cancelled = True
+        if self.pid != os.getpid():
+            return  # a forked child: the parent's futures and locks are not ours
+        for futs in self.futs:
+            for f in futs or ():
+                f.cancel()
+        with self.cv:
+            self.cv.notify_all()
+
+    def wait(self) -> None:
+        """Wait until nothing of this epoch writes into the ring any more.
+        Called by the consumer's thread (``iter``, ``close``), never from a
+        finalizer."""
+        if self.pid != os.getpid():
+            return
+        for i, futs in enumerate(self.futs):
+            if futs:
+                _wait(futs)
+                self.futs[i] = None
+        t = self.win_thread
+        if t is not None and t is not threading.current_thread():
+            t.join()
+        self.win_thread = None
+        if self.stream is not None:
+            self.stream.synchronize()
+
+    def wait_slot(self, s: int) -> list[Future[Any]]:
+        """Wait for the reads into buffer ``s``; return their futures (and
+        forget them, unless the epoch was cancelled meanwhile)."""
+        futs = self.futs[s] or []
+        _wait(futs)
+        if not self.cancelled:
+            self.futs[s] = None
+        return futs

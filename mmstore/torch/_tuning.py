@@ -1,0 +1,110 @@
+"""``LoaderTuning``: the :class:`~mmstore.torch.Loader`'s tuning knobs in one
+frozen object (how much to read ahead, with how many threads, which read
+strategy, which kernel hints). None of them changes which samples a batch
+holds; the defaults are measured ones (see ``loader.py``'s docstring).
+
+``Loader(path, 256, prefetch=2)`` and
+``Loader(path, 256, tuning=LoaderTuning(prefetch=2))`` are the same loader:
+every field below is also a keyword argument of ``Loader``, which fills this
+object (a keyword wins over the same field of ``tuning=``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["TUNING_FIELDS", "LoaderTuning", "split_tuning"]
+
+_MiB = 1 << 20
+
+
+@dataclass(frozen=True)
+class LoaderTuning:
+    """How a :class:`~mmstore.torch.Loader` reads; what it reads is set by its
+    other arguments.
+
+    Parameters
+    ----------
+    prefetch : int, default 4
+        Batches read ahead while the caller works on the current one.
+    hold : int, default 1
+        How many of the most recent batches stay valid (the buffer contract
+        in ``mmstore.torch.loader``'s docstring).
+    threads : int, optional
+        Reader threads (default 16: queue depth for cold reads; the reads
+        release the GIL).
+    warm : bool or "background", default False
+        Before the first batch, read the fields' files once sequentially into
+        the page cache (``mmstore._sys.warm``; a warning when they do not fit
+        in the available memory). ``"background"``: start that pass in a
+        thread and read batches meanwhile. The report is ``loader.warm_report``.
+    hints : bool, default True
+        Give the kernel access hints (fadvise RANDOM/SEQUENTIAL/WILLNEED).
+    willneed : int, default 2
+        Batches beyond the ones in flight whose records get ``WILLNEED``.
+    method : {"auto", "pread", "mmap"}
+        How memmap fields are read. "pread": ``preadv`` for fields of at
+        least 2 KiB per record (a numpy gather for smaller ones); "mmap":
+        ``Store.read_batch`` (memmove out of the mapping); "auto" (default):
+        "mmap" for an epoch that starts with the fields' files in the page
+        cache, "pread" otherwise (NOTE [warm vs cold reads] in ``_reads.py``).
+    piece_bytes : int, default 2 MiB
+        Target size of one read task in preadv epochs (queue depth for cold
+        reads); epochs read by memmove use one piece per CPU core instead.
+    window_prefetch : {"willneed", "read", False}, default "willneed"
+        For block-shuffle orders whose files are not already cached: bring
+        each window's blocks into the page cache with long reads one window
+        ahead of the batches (``_reads.WindowPrefetch``). True means
+        "willneed" (measured faster here: the kernel reads, no copy).
+    window_threads : int, default 8
+        Concurrent long reads of the window pass ("read").
+    """
+
+    prefetch: int = 4
+    hold: int = 1
+    threads: int | None = 16
+    warm: bool | str = False
+    hints: bool = True
+    willneed: int = 2
+    method: str = "auto"
+    piece_bytes: int = 2 * _MiB
+    window_prefetch: bool | str | None = "willneed"
+    window_threads: int = 8
+
+    def __post_init__(self) -> None:
+        if int(self.prefetch) < 1 or int(self.hold) < 1:
+            raise ValueError(f"prefetch and hold must be >= 1, got {self.prefetch} and {self.hold}")
+        if self.method not in ("auto", "pread", "mmap"):
+            raise ValueError(f"method must be 'auto', 'pread' or 'mmap', got {self.method!r}")
+        if self.warm not in (False, True, "background"):
+            raise ValueError(f"warm must be False, True or 'background', got {self.warm!r}")
+        window = "willneed" if self.window_prefetch is True else self.window_prefetch
+        if window not in (False, None, "read", "willneed"):
+            raise ValueError(f"window_prefetch must be 'read', 'willneed' or False, got {window!r}")
+        self._set(
+            prefetch=int(self.prefetch), hold=int(self.hold),
+            threads=16 if self.threads is None else int(self.threads),
+            hints=bool(self.hints), willneed=max(0, int(self.willneed)), piece_bytes=max(1, int(self.piece_bytes)),
+            window_prefetch=window or False, window_threads=max(1, int(self.window_threads)),
+        )
+
+    def _set(self, **values: Any) -> None:
+        """Store normalised values (the instance is frozen to its users)."""
+        for name, value in values.items():
+            object.__setattr__(self, name, value)
+
+
+TUNING_FIELDS = frozenset(f.name for f in dataclasses.fields(LoaderTuning))
+
+
+def split_tuning(tuning: LoaderTuning | None, kw: dict[str, Any]) -> tuple[LoaderTuning, dict[str, Any]]:
+    """``(tuning with the tuning keywords of kw applied, the other keywords)``."""
+    knobs = {k: v for k, v in kw.items() if k in TUNING_FIELDS}
+    rest = {k: v for k, v in kw.items() if k not in TUNING_FIELDS}
+    if tuning is None:
+        return LoaderTuning(**knobs), rest
+    if not isinstance(tuning, LoaderTuning):
+        raise TypeError(f"tuning must be a mmstore.torch.LoaderTuning, got {type(tuning).__name__}")
+    return dataclasses.replace(tuning, **knobs), rest
