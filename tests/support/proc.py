@@ -123,21 +123,32 @@ def _child_main(r: int, w: int, fn: Any, args: tuple) -> None:
         os._exit(code)
 
 
-def _read_until_eof(r: int, pid: int, timeout: float) -> bytes | None:
-    """All the child writes to ``r`` until it exits; None (child killed) after ``timeout``."""
+def _read_until_exit(r: int, pid: int, timeout: float) -> tuple[bytes, int] | None:
+    """All the child writes to ``r``, and its wait status, once it has exited;
+    None (child killed) after ``timeout``. The child's exit, not EOF, ends the
+    read: a process the child forked (a DataLoader worker) inherits the pipe
+    and may hold it open for seconds after the child is gone."""
     buf = b""
     deadline = time.monotonic() + timeout
+    status = None  # the child's wait status once it has exited
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
             os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
             return None
-        ready, _, _ = select.select([r], [], [], min(left, 0.5))
+        ready, _, _ = select.select([r], [], [], 0 if status is not None else min(left, 0.2))
         if ready:
             chunk = os.read(r, 1 << 16)
-            if not chunk:
-                return buf  # EOF: the child closed its end (exited)
-            buf += chunk
+            if chunk:
+                buf += chunk
+                continue
+            return buf, status if status is not None else os.waitpid(pid, 0)[1]  # EOF: all writers gone
+        if status is not None:
+            return buf, status  # exited, and the pipe is drained
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = st
 
 
 def in_child(fn: Any, *args: Any, timeout: float = 120.0) -> Result:
@@ -149,12 +160,12 @@ def in_child(fn: Any, *args: Any, timeout: float = 120.0) -> Result:
         _child_main(r, w, fn, args)
     os.close(w)
     try:
-        buf = _read_until_eof(r, pid, timeout)
-        _, status = os.waitpid(pid, 0)
+        got = _read_until_exit(r, pid, timeout)
     finally:
         os.close(r)
-    if buf is None:
+    if got is None:
         return Result("timeout")
+    buf, status = got
     if os.WIFSIGNALED(status):
         return Result("signal", signal.Signals(os.WTERMSIG(status)).name)
     if not buf:
