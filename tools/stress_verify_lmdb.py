@@ -31,7 +31,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
 sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 
-from storetest import write_store  # noqa: E402
+from support.stores import write_store  # noqa: E402
 
 CHILD = """
 import json, sys

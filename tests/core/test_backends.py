@@ -9,7 +9,8 @@ import pickle
 
 import numpy as np
 import pytest
-from storetest import SMALL_SCHEMA, assert_same_files, sample, write_store
+from support.compare import assert_reads_same, assert_same_files
+from support.stores import SMALL_SCHEMA, sample, write_store
 
 import mmstore
 from mmstore.ingest import merge
@@ -410,7 +411,6 @@ def test_memmap_equals_lmdb(tmp_path):
 
 @pytest.mark.parametrize("kind", KINDS[1:])
 def test_every_kind_reads_like_plain_memmap(tmp_path, kind):
-    from storetest import assert_reads_same
 
     ref = build(os.path.join(tmp_path, "ref"), "memmap", 25, holes=(3, 24))
     assert_reads_same(ref, build(os.path.join(tmp_path, "other"), kind, 25, holes=(3, 24)))
@@ -477,7 +477,6 @@ def test_a_backend_without_capabilities_is_served_by_the_interface_alone(tmp_pat
     assert verify_store(path).ok
     assert calls == ["_check_with_backend", "_content_packed"] * 2 + ["_rebuild_segments"] + \
         ["_check_with_backend", "_content_packed"]
-    from storetest import assert_reads_same
 
     assert_reads_same(ref, path)
     assert not any(n.startswith(".repair-") for n in os.listdir(path))

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from storetest import BOOKKEEPING, assert_reads_same, write_parts, write_store
+from support.compare import BOOKKEEPING, assert_reads_same
+from support.stores import write_parts, write_store
 
 import mmstore
 from mmstore.errors import DestinationError, FormatError, IngestError, LockedError, StoreExistsError

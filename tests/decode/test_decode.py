@@ -26,8 +26,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mmstore.decode import (
-    DecodeError,
     Decoded,
+    DecodeError,
     DecodeSpec,
     decode_image,
     fit_array,
@@ -816,7 +816,7 @@ def test_read_bytes_permission_denied(tmp_path):
     )
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     env = dict(os.environ, PYTHONPATH=repo)
-    from storetest import drop_dac_override as _drop_dac
+    from support.faults import drop_dac_override as _drop_dac
 
     try:
         r = subprocess.run([sys.executable, "-c", code, str(p)], capture_output=True, text=True, env=env,

@@ -11,9 +11,9 @@ import zlib
 
 import numpy as np
 import pytest
+from support.faults import drop_dac_override
 
 import mmstore
-from storetest import drop_dac_override
 from mmstore.errors import IngestError
 
 cv2 = pytest.importorskip("cv2")

@@ -10,12 +10,12 @@ import subprocess
 import time
 
 import pytest
+from support.compare import assert_reads_same
 
 import mmstore
 from mmstore.errors import IngestError, LockedError, ResumeMismatchError
 from mmstore.ingest import ingest, merge
 from mmstore.writer import acquire_lock
-from storetest import assert_reads_same
 
 cv2 = pytest.importorskip("cv2")
 
