@@ -323,9 +323,21 @@ def test_describe_is_json_and_round_trips():
         assert make_order(**d) == o
 
 
-def test_make_order_block_auto():
-    o = make_order("block", 200_000, record_bytes=RECORD, mem_bytes=4 << 30, seed=2)
-    assert (o.block, o.window, o.seed) == (32, 178, 2)
+@pytest.mark.parametrize("n,record,mem,lws,disk", [
+    (200_000, RECORD, 4 << 30, "1", {}),  # HDD defaults: a 4.8 MB block is 32 records of 150 KB
+    (200_000, RECORD, 4 << 30, "4", {"seek_s": 1e-4, "bandwidth": 2e9}),  # SSD, 4 ranks on the node
+    (50, 48, 1 << 20, "1", {}),  # the whole store is one block, one window
+])
+def test_make_order_block_auto_follows_the_documented_rule(monkeypatch, n, record, mem, lws, disk):
+    """block = clamp(ceil(seek_s * bandwidth * (1 - f) / f / record), 1, n);
+    window = clamp(floor(0.2 * mem / lws / (block * record)), 1, ceil(n / block))
+    (BlockShuffle.auto_sizes' docstring)."""
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", lws)
+    seek_s, bandwidth = disk.get("seek_s", 0.008), disk.get("bandwidth", 150e6)
+    block = min(max(1, math.ceil(seek_s * bandwidth * 0.8 / 0.2 / record)), n)
+    window = min(max(1, math.floor(0.2 * mem / int(lws) / (block * record))), -(-n // block))
+    o = make_order("block", n, record_bytes=record, mem_bytes=mem, seed=2, **disk)
+    assert (o.block, o.window, o.seed) == (block, window, 2)
 
 
 def test_numpy_integer_arguments():

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import multiprocessing as mp
 import pickle
 import sys
 
@@ -141,6 +140,3 @@ def test_worker_batches_are_in_shared_memory(stores):
     b = next(iter(dl))
     assert b["image"].is_shared()
 
-
-def test_mp_contexts_available():
-    assert "forkserver" in mp.get_all_start_methods()
