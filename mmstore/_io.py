@@ -106,6 +106,17 @@ def free_bytes(path: str) -> int:
     return int((st.f_bfree if os.geteuid() == 0 else st.f_bavail) * st.f_frsize)
 
 
+def fmt_bytes(n: float | int | None) -> str:
+    """``n`` bytes for people: ``1.50 GB``, ``812 B``; None is ``unknown``."""
+    if n is None:
+        return "unknown"
+    n = float(n)
+    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if abs(n) >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{int(n)} B"
+
+
 def _mb(n: int) -> str:
     return f"{n:,} bytes" if n < 10**6 else f"{n / 1e6:,.1f} MB ({n:,} bytes)"
 

@@ -313,7 +313,9 @@ class Store:
             for j in range(len(next(iter(batch.values())))):
                 yield {k: v[j] for k, v in batch.items()}
 
-    def _field_list(self, fields: Sequence[str] | str | None) -> list[str]:
+    def field_list(self, fields: Sequence[str] | str | None) -> list[str]:
+        """The field names ``fields`` selects (None: all, in schema order; a
+        name; or a sequence of names), each checked to be in the schema."""
         if fields is None:
             return list(self.schema.names)
         if isinstance(fields, str):
@@ -322,6 +324,16 @@ class Store:
             if f not in self.schema:
                 raise KeyError(f"no field {f!r}; fields are {list(self.schema.names)}")
         return list(fields)
+
+    def data_offset(self, name: str) -> int:
+        """Where the array of bookkeeping file ``name`` starts in it (the size
+        of its ``.npy`` header): ``_checksums.npy``, ``_keys_offsets.npy``, and
+        ``_index.npy`` when the store has holes. Checked at open."""
+        offsets = {CHECKSUMS_FILE: self._ck_offset, KEYS_OFFSETS_FILE: self._ko_offset,
+                   INDEX_FILE: getattr(self, "_ix_offset", None)}
+        if offsets.get(name) is None:
+            raise KeyError(f"{name}: not a bookkeeping array of this store")
+        return offsets[name]
 
     def read_batch(
         self,
@@ -350,7 +362,7 @@ class Store:
         dict
             ``{field: array of shape (len(indices), *shape)}``.
         """
-        names = self._field_list(fields)
+        names = self.field_list(fields)
         slots = self.slots_of(indices)
         n = len(slots)
         result: dict[str, np.ndarray] = {}

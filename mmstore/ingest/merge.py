@@ -52,7 +52,7 @@ import numpy as np
 
 from .._crash import crash_point
 from .._dest import check_dest, is_own_partial
-from .._io import check_space, describe_write_error, fsync_dir, fsync_file, pwrite_all
+from .._io import check_space, describe_write_error, fmt_bytes, fsync_dir, fsync_file, pwrite_all
 from ..backends import backend_class, data_file_names
 from ..errors import DestinationError, IngestError, StoreExistsError
 from ..format import (
@@ -69,7 +69,6 @@ from ..format import (
     read_manifest,
 )
 from ..reader import Store, open_store
-from ..tools._common import fmt_bytes
 from ..writer import acquire_lock, errors_jsonl, publish, release_lock, write_durable, write_manifest
 from .plan import fingerprint
 
@@ -424,11 +423,11 @@ def _write_bookkeeping(stores: list[Store], partial: str, names: list[str], tota
 def _append_part(out: _Appender, s: Store, base: int, blob_len: int, holes: bool) -> int:
     """Append part ``s`` (its slots start at ``base``); return its key blob's length."""
     n = s.slots
-    out.copy(CHECKSUMS_FILE, os.path.join(s.path, CHECKSUMS_FILE), s._ck_offset, 8 * n)
+    out.copy(CHECKSUMS_FILE, os.path.join(s.path, CHECKSUMS_FILE), s.data_offset(CHECKSUMS_FILE), 8 * n)
     ko = os.path.join(s.path, KEYS_OFFSETS_FILE)
     for a in range(0, n, _CHUNK):
         b = min(n, a + _CHUNK)
-        out.put(KEYS_OFFSETS_FILE, (_read_u8(ko, s._ko_offset + 8 * (a + 1), b - a) + np.uint64(blob_len)).tobytes())
+        out.put(KEYS_OFFSETS_FILE, (_read_u8(ko, s.data_offset(KEYS_OFFSETS_FILE) + 8 * (a + 1), b - a) + np.uint64(blob_len)).tobytes())
     part_blob = int(s.manifest["files"][KEYS_BLOB_FILE])
     out.copy(KEYS_BLOB_FILE, os.path.join(s.path, KEYS_BLOB_FILE), 0, part_blob)
     if holes:
@@ -437,7 +436,7 @@ def _append_part(out: _Appender, s: Store, base: int, blob_len: int, holes: bool
             if s.records == n:
                 local = np.arange(a, b, dtype=KEY_DTYPE)
             else:
-                local = _read_u8(os.path.join(s.path, INDEX_FILE), s._ix_offset + 8 * a, b - a)
+                local = _read_u8(os.path.join(s.path, INDEX_FILE), s.data_offset(INDEX_FILE) + 8 * a, b - a)
             out.put(INDEX_FILE, (local + np.uint64(base)).tobytes())
         skipped = s.skipped()
         if skipped:

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .._io import fmt_bytes  # noqa: F401 - re-exported: the tools format sizes with it
 from ..errors import MmstoreError, SchemaError
 from ..schema import Field, Schema
 
@@ -72,16 +73,6 @@ class UsageError(MmstoreError, ValueError):
 class FieldArgumentError(UsageError, SchemaError):
     """A field named on the command line is not in the store or does not fit
     its role."""
-
-
-def fmt_bytes(n: float | int | None) -> str:
-    if n is None:
-        return "unknown"
-    n = float(n)
-    for unit, scale in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if abs(n) >= scale:
-            return f"{n / scale:.2f} {unit}"
-    return f"{int(n)} B"
 
 
 def fmt_rate(bytes_per_s: float | None) -> str:

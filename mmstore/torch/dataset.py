@@ -216,7 +216,7 @@ class StoreDataset(Dataset):
         chw: bool = False,
     ) -> None:
         self.store = open_store_arg(store)
-        self.fields = tuple(self.store._field_list(fields))
+        self.fields = tuple(self.store.field_list(fields))
         self.transform = transform
         self.batch_transform = batch_transform
         self.as_tuple = bool(as_tuple)

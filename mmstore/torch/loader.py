@@ -225,7 +225,7 @@ class Loader:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.tuning, order_kw = split_tuning(tuning, kw)
         self.batch_size = int(batch_size)
-        self.fields = tuple(self.store._field_list(fields))
+        self.fields = tuple(self.store.field_list(fields))
         self.order = build_order(
             order, len(self.store), seed=seed, rank=rank, world_size=world_size,
             drop_last=rank_drop_last,
