@@ -230,7 +230,7 @@ def write_output(path: str | os.PathLike[str], data: bytes) -> str:
     try:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
-        os.chmod(tmp, 0o644 & ~_umask())
+        os.chmod(tmp, 0o644)  # mkstemp makes it 0600; an image for people to open
         os.replace(tmp, out)
     except BaseException:
         try:
@@ -240,8 +240,3 @@ def write_output(path: str | os.PathLike[str], data: bytes) -> str:
         raise
     return out
 
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
