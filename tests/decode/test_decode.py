@@ -34,25 +34,14 @@ from mmstore.decode import (
     read_bytes,
     sniff_image,
 )
+from support.images import encode
+from support.images import marked_photo as photo
 
 PIL = pytest.importorskip("PIL")
 from PIL import Image, ImageOps  # noqa: E402
 
 # --------------------------------------------------------------------------
 # helpers
-
-
-def photo(h: int, w: int, seed: int = 0) -> np.ndarray:
-    """Photo-like, non-symmetric RGB image (smooth gradients + texture + a marker)."""
-    rng = np.random.default_rng(seed)
-    y, x = np.mgrid[0:h, 0:w].astype(np.float32)
-    r = 128 + 100 * np.sin(x / (w / 3 + 1) + seed)
-    g = 255 * y / max(h - 1, 1)
-    b = 128 + 90 * np.cos((x + 2 * y) / (min(h, w) / 4 + 1))
-    img = np.stack([r, g, b], -1) + rng.normal(0, 6, (h, w, 3))
-    img = np.clip(img, 0, 255).astype(np.uint8)
-    img[: max(1, h // 4), : max(1, w // 5)] = (250, 20, 20)  # top-left marker
-    return img
 
 
 def pil_bytes(img, fmt: str, **kw) -> bytes:
@@ -64,10 +53,7 @@ def pil_bytes(img, fmt: str, **kw) -> bytes:
 
 
 def cv_bytes(img_rgb: np.ndarray, ext: str, params=()) -> bytes:
-    bgr = img_rgb[..., ::-1] if img_rgb.ndim == 3 else img_rgb
-    ok, buf = cv2.imencode(ext, np.ascontiguousarray(bgr), list(params))
-    assert ok
-    return buf.tobytes()
+    return encode(img_rgb, ext, params, rgb=True)
 
 
 def npb(data: bytes) -> np.ndarray:
