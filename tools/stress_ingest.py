@@ -34,7 +34,9 @@ import time
 import numpy as np
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
+sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
+
+from support.compare import store_bytes as files  # noqa: E402 - every file but the manifest
 
 
 def make_inputs(root: str, n: int, seed: int) -> None:
@@ -63,15 +65,6 @@ def run(argv: list[str], env: dict | None = None) -> subprocess.Popen:
     e.update(env or {})
     return subprocess.Popen([sys.executable, "-m", "mmstore", *argv], env=e, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE)
-
-
-def files(path: str) -> dict[str, bytes]:
-    out = {}
-    for name in sorted(os.listdir(path)):
-        if name != "manifest.json":
-            with open(os.path.join(path, name), "rb") as fh:
-                out[name] = fh.read()
-    return out
 
 
 def survivors(dest: str) -> list[int]:
