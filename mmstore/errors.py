@@ -15,6 +15,7 @@ __all__ = [
     "ChecksumError",
     "DecodeError",
     "DestinationError",
+    "EntryDecodeError",
     "FormatError",
     "IncompleteStoreError",
     "IngestError",
@@ -46,6 +47,14 @@ class VersionError(FormatError):
 
 class ChecksumError(FormatError):
     """A record's bytes do not match its stored checksum."""
+
+
+class EntryDecodeError(FormatError):
+    """A stored entry of an encoded field does not decode to its field's dtype and shape.
+
+    The message names the field, index, slot and key where the reader knows
+    them; ``mmstore verify --decode`` lists every such entry.
+    """
 
 
 class StoreChangedError(FormatError):

@@ -1,4 +1,4 @@
-"""The mmstore on-disk format, version 1.1: the one place it is specified.
+"""The mmstore on-disk format, version 2.0: the one place it is specified.
 
 This docstring is the contract. Code elsewhere imports the constants and the
 ``parse_*`` / ``npy_*`` helpers below and never repeats a literal. "MUST" and
@@ -59,12 +59,13 @@ the size before parsing). Keys (readers MUST ignore unknown keys of the same
 major version):
 
 ``format``       the string ``"mmstore"`` (``FORMAT_NAME``).
-``version``      ``[major, minor]``. This document is ``[1, 1]``. Writers
-                 write ``[1, 0]`` for a store without ``segments`` (every
-                 1.x reader reads it) and ``[1, 1]`` for one with them.
-                 Readers MUST refuse another major version
-                 (``VersionError``); a new minor version only adds optional
-                 keys.
+``version``      ``[major, minor]``. This document is ``[2, 0]``. Writers
+                 write ``[2, 0]`` for a store with a variable-size field
+                 (see "Encoded fields"), else ``[1, 0]`` for a store
+                 without ``segments`` (every 1.x reader reads it) and
+                 ``[1, 1]`` for one with them. Readers MUST refuse a major
+                 version they do not know (``VersionError``); a new minor
+                 version only adds optional keys.
 ``store_id``     32 lowercase hex digits, random per store (identifies a store
                  in reports; never written inside data files).
 ``backend``      ``"memmap"`` or ``"lmdb"``.
@@ -150,13 +151,65 @@ inputs, and its bookkeeping files are byte-identical to that store's.
 A 1.0 reader refuses a segmented store (its ``files`` lack ``<field>.npy``)
 rather than misreading it.
 
+Encoded fields (version 2.0)
+----------------------------
+
+A schema entry may carry ``"codec"``: an object ``{"name": NAME, PARAM: int}``
+(``mmstore/codecs.py``): ``{"name": "jpeg", "quality": 1-100}``,
+``{"name": "png", "level": 0-9}``, ``{"name": "zstd", "level": 1-19}``.
+Absent (or ``{"name": "raw"}``) means *raw*: the fixed-size layout above.
+A field with any other codec is *variable-size*: each slot holds one
+*entry*, a byte string of any length that decodes to exactly one array of the
+field's ``dtype`` and ``shape``:
+
+- ``jpeg``: a baseline JFIF JPEG (as libjpeg-turbo writes it: YCbCr 4:2:0 for
+  shape ``(H, W, 3)``, one grey component for ``(H, W)`` / ``(H, W, 1)``) of
+  exactly ``H x W`` pixels, decoding to RGB channel order; ``|u1`` only.
+- ``png``: a PNG image of exactly ``H x W`` pixels, 8 or 16 bits per sample
+  (``|u1`` / ``<u2``), grey, RGB or RGBA in the standard PNG channel order
+  (channel 0 is red); lossless.
+- ``zstd``: one Zstandard frame whose header carries its content size, which
+  decompresses to the entry's C-ordered little-endian bytes (exactly
+  ``prod(shape) * itemsize`` of them); lossless.
+
+The offsets index, one layout for every variable-size field (the same layout
+serves ragged fields, whose entries are their own length):
+
+memmap backend: two files per variable-size field instead of ``<field>.npy``:
+``<field>.bin`` holds the entries back to back in slot order, with no header
+and no padding; ``<field>.offsets.npy`` (standard .npy, ``<u8``, shape
+``(slots + 1,)``) says where each starts: the entry of slot ``s`` is
+``<field>.bin[offsets[s]:offsets[s + 1]]``. ``offsets[0] == 0``, offsets are
+non-decreasing, and ``offsets[slots]`` MUST equal the size of ``<field>.bin``.
+A hole's entry is empty. In a segmented store each segment has its own pair,
+``<field>.<k>.bin`` and ``<field>.<k>.offsets.npy`` (``c_k + 1`` offsets local
+to the segment's ``.bin``). Readers MUST check at open, in O(1), the offsets
+file's header and size, ``offsets[0] == 0`` and ``offsets[-1] ==`` the data
+size, and before each use that ``offsets[s] <= offsets[s + 1] <=`` the data
+size; ``verify`` checks the whole array.
+
+lmdb backend: a value is the raw fields packed as in 1.x (schema order,
+variable-size fields left out), then one ``<u8`` length per variable-size
+field in schema order, then those fields' entries back to back in schema
+order. Its size MUST equal the raw bytes plus ``8 x`` the number of
+variable-size fields plus the sum of the lengths.
+
+Version: a writer writes ``[2, 0]`` for a store with at least one
+variable-size field (segmented or not) and 1.x otherwise, so a 1.x reader,
+which refuses major version 2, never misreads an encoded store and every
+reader still reads the raw stores it could read before. A 2.0 reader reads
+1.0, 1.1 and 2.0, and refuses (``FormatError``) a codec name it does not know.
+
 Checksums
 ---------
 
 ``_checksums.npy`` (standard .npy, ``<u8``, shape ``(slots,)``): for each
 slot, xxh3_64 (seed 0) of the record's packed bytes, i.e. the concatenation of
 its fields' bytes in schema order (the same bytes as an lmdb value), so a
-store converted between backends keeps its checksums. Holes hold 0.
+store converted between backends keeps its checksums. A variable-size field
+contributes, at its place in schema order, its entry's length as ``<u8``
+followed by the entry's stored (encoded) bytes, so without variable-size
+fields the rule is the 1.x one. Holes hold 0.
 
 Source keys
 -----------
