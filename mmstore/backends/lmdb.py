@@ -210,7 +210,8 @@ class LmdbBackend(Backend):
         from .._spill import collect
 
         lmdb = _lmdb()
-        ents = [collect(os.path.dirname(path), schema, slots, holes)[f.name] for f in schema.variable_fields]
+        found = collect(os.path.dirname(path), schema, slots, holes)
+        ents = [found[f.name] for f in schema.variable_fields]
         rb = schema.record_bytes
         sizes = rb + 8 * len(ents) + sum(e.length for e in ents)
         map_size = lmdb_map_size_of(sizes[present])
