@@ -147,6 +147,8 @@ class EpochBatches:
             exc = f.exception()
             if exc is not None:
                 raise exc
+        if self.window is not None:  # batches 0..k are read: windows before their end can go
+            self.window.consumed(self.bounds(k)[1])
 
     def host_batch(self, k: int) -> dict[str, torch.Tensor]:
         a, b = self.bounds(k)
