@@ -36,11 +36,38 @@ The sizing rule (NOTE [memory plan]; every figure is in ``describe()``)
     size per window thread, taken out of ``cache``.
 ``readahead``
     ``"windows"`` for block-shuffle and sequential orders (long reads of the
-    next window in offset order, ahead of the batches; when the store does
-    not fit, each window is dropped from the page cache once its batches are
-    read: ``drop_behind``); ``"per batch"`` for a permutation (every record
-    is a random read at queue depth ``threads``; ``WILLNEED`` on the
-    records of later batches).
+    next window in offset order, ahead of the batches); ``"per batch"`` for
+    a permutation (every record is a random read at queue depth
+    ``threads``; ``WILLNEED`` on the records of later batches).
+``window_direct``
+    The store does not fit, ``window_prefetch="read"`` and ``cache`` is at
+    least 64 MiB: the windows are read with ``O_DIRECT`` into private
+    buffers (at most ``2 * window_bytes`` of them, more only for the windows
+    the next batch reads) and the batches copy their records out of them
+    (``_direct.py``): no page cache, one copy per record. Otherwise, when
+    the store does not fit, the pass reads through the page cache and drops
+    each window from it once its batches are read (``drop_behind``).
+
+NOTE [memory plan]: what was measured (2 vCPU VM shared with other jobs, a
+v1 memory cgroup of 1/4 of a 2.4 GB store of 150 KB records; and
+``../shared/sim/hdd_sim.py``'s throttled loop device):
+
+* the block shuffle's window came from the host's ``MemAvailable`` (23 GB):
+  one window held the whole store, so its ``WILLNEED`` pass asked for 2.4 GB
+  inside a 600 MB limit and the block order read like a permutation (HDD:
+  98-107 records/s, as the permutation's 99-115);
+* ``WILLNEED`` under the limit left out 64 % (block) and 78 % (sequential)
+  of the pages (``missing_ranges`` right after it; 97 % on the simulated
+  HDD), which the batches then read record by record;
+* a ring of 4 + 1 batches of 256 x 150 KB is 193 MB of the 600 MB limit;
+* per-record ``WILLNEED`` hints for later batches raced the window pass
+  with small requests; 2 MiB pieces made ~1,200 Python tasks an epoch
+  (user CPU 0.75 s -> 0.3 s with one piece per core);
+* a ``RANDOM``-advised descriptor turns a long read into requests of the
+  pages asked for; the pass's own ``SEQUENTIAL`` descriptors read long runs
+  in requests of the device's size;
+* reading the windows through the page cache cost ~3.5 s of system CPU for
+  2.4 GB against 0.9 s for one ``dd``-like read (two copies, reclaim).
 """
 
 from __future__ import annotations
@@ -70,6 +97,7 @@ class LoaderPlan(dict):  # type: ignore[type-arg]
             lines.append(
                 f"read-ahead: windows of {d['window_records']:,} records ({mb(d['window_bytes'])}) read with "
                 f"long requests in offset order by {d['window_threads']} threads one window ahead"
+                + ("; into private O_DIRECT buffers (no page cache)" if d.get("window_direct") else "")
                 + ("; each window is dropped from the page cache once read" if d["drop_behind"] else "")
             )
         else:

@@ -244,10 +244,11 @@ class EpochReads:
         fields without one are brought in by ``WindowPrefetch._touch``."""
         return list(self.files.values())
 
-    def read(self, idx: np.ndarray, slot: dict[str, np.ndarray], lo: int, hi: int) -> None:
-        """Rows ``lo:hi`` of a batch: records ``idx[lo:hi]`` into ``slot[f][lo:hi]``."""
+    def read(self, idx: np.ndarray, slot: dict[str, np.ndarray], lo: int, hi: int, files: bool = True) -> None:
+        """Rows ``lo:hi`` of a batch: records ``idx[lo:hi]`` into ``slot[f][lo:hi]``
+        (``files=False``: only the fields not read with ``preadv``)."""
         part = idx[lo:hi]
-        if self.files:
+        if self.files and files:
             slots = self.store.slots_of(part)
             for f, ff in self.files.items():
                 ff.read(slots, slot[f][lo:hi])

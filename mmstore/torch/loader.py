@@ -130,6 +130,7 @@ from ..errors import LoaderStateError
 from ..order import BlockShuffle, Order, Sequential
 from ..reader import Store
 from ._epoch import EpochBatches, EpochIterator
+from ._direct import DirectWindows
 from ._reads import EpochReads, FieldFiles, WindowPrefetch, data_paths, open_field_files, prepare_store
 from ._ring import InFlight, Ring
 from ._plan import LoaderPlan, plan_memory
@@ -330,7 +331,9 @@ class Loader:
         ``window`` (block shuffles), ``readahead`` (``"windows"`` or ``"per
         batch"``), ``window_records``, ``window_threads``, ``window_mode``,
         ``window_chunk`` (the longest read of the window pass, one buffer
-        per window thread, taken from ``cache_bytes``), ``drop_behind``,
+        per window thread, taken from ``cache_bytes``), ``window_direct``
+        (the windows are read with ``O_DIRECT`` into private buffers:
+        ``_direct.py``), ``drop_behind``,
         ``threads``, ``willneed``.
         """
         return LoaderPlan(self._plan)
@@ -352,9 +355,14 @@ class Loader:
             chunk = int(min(8 << 20, max(1 << 20, p["cache_bytes"] // 16 // t.window_threads)))
             out["window_chunk"] = chunk
             out["cache_bytes"] = max(0, p["cache_bytes"] - t.window_threads * chunk)
+        # private O_DIRECT window buffers are memory that cannot be reclaimed:
+        # only with room for them (else the page cache pass, which degrades
+        # gracefully under a tight limit)
+        direct = windows and not p["fits"] and t.window_prefetch == "read" and p["cache_bytes"] >= DIRECT_MIN_CACHE
         out.update(
             readahead="windows" if windows else "per batch", window_records=records if windows else 0,
-            drop_behind=windows and not p["fits"], willneed=0 if windows else t.willneed,
+            window_direct=direct, drop_behind=windows and not p["fits"] and not direct,
+            willneed=0 if windows else t.willneed,
         )
         return out
 
@@ -429,7 +437,10 @@ class Loader:
         inflight = InFlight(self.ring_size)
         self._tasks = inflight  # from now on the next iter()/close() waits for these reads
         window = None
-        if bounds is not None and not reads.cached:
+        if bounds is not None and not reads.cached and self._plan["window_direct"] and reads.files:
+            window = DirectWindows(reads, idx, bounds, t.window_threads, inflight,
+                                   cap=2 * self._plan["window_bytes"], batch_size=self.batch_size)
+        elif bounds is not None and not reads.cached:
             window = WindowPrefetch(reads, idx, bounds, str(t.window_prefetch), t.window_threads, inflight,
                                     drop_behind=bool(self._plan["drop_behind"]), chunk=self._plan["window_chunk"])
         batches = EpochBatches(
@@ -494,6 +505,9 @@ def _tuning_property(name: str) -> property:
 
 for _name in sorted(TUNING_FIELDS - {"prefetch"}):
     setattr(Loader, _name, _tuning_property(_name))
+
+
+DIRECT_MIN_CACHE = 64 << 20  # the smallest page-cache share for O_DIRECT window buffers
 
 
 def _block_sizes(kw: dict[str, Any], n: int, record_bytes: int, window_bytes: int) -> dict[str, Any]:

@@ -20,6 +20,7 @@ import mmstore
 from mmstore import order as order_mod
 from mmstore.order import BlockShuffle, plan_memory
 from mmstore.torch import Loader, _reads
+from mmstore.torch import loader as loader_mod
 from support.stores import IDX_BIG_SCHEMA, write_indexed
 
 REC = sum(int(np.dtype(d).itemsize * np.prod(s, dtype=np.int64)) for d, s in IDX_BIG_SCHEMA.values())
@@ -79,7 +80,7 @@ def test_describe_follows_the_cgroup_budget(stores, monkeypatch):
     with Loader(path, 16, "sequential") as L:
         d = L.describe()
         assert d["budget_source"] == "MemAvailable" and d["prefetch"] == 1 and not d["fits"]
-        assert d["readahead"] == "windows" and d["drop_behind"]
+        assert d["readahead"] == "windows" and not d["window_direct"] and d["drop_behind"]  # too small for buffers
         assert d["window_records"] == max(16, (6 * 16 * REC - 2 * 16 * REC) // 4 // REC)
     with Loader(path, 16, "permutation") as L:
         assert L.describe()["readahead"] == "per batch" and L.describe()["willneed"] == 2
@@ -164,6 +165,39 @@ def test_sequential_order_is_read_ahead_in_offset_order(stores, monkeypatch):
         offs = [p for _, p, _ in reqs]
         assert offs == sorted(offs) and sum(ln for _, _, ln in reqs) == n * seg.entry_bytes
         assert len(reqs) < n // 4
+
+
+@pytest.mark.parametrize("name", ["big", "holes", "merged"])
+@pytest.mark.parametrize("kind", ["block", "sequential"])
+def test_direct_window_buffers_give_exact_records(stores, monkeypatch, name, kind):
+    """A store larger than the budget is read ahead into O_DIRECT window
+    buffers: every batch is byte-exact (holes, merged segments included),
+    each record once per epoch, the buffers recycled."""
+    path = stores[name]
+    ref = mmstore.open(path)
+    monkeypatch.setattr(_reads, "resident_fraction", lambda paths: 0.0)
+    order = BlockShuffle(len(ref), 5, 4, seed=2) if kind == "block" else "sequential"
+    monkeypatch.setattr(loader_mod, "DIRECT_MIN_CACHE", 0)  # a small store: no room needed
+    L = Loader(path, 7, order, mem_bytes=64 * REC, threads=3)
+    assert L.describe()["window_direct"] and L.describe()["readahead"] == "windows"
+    from mmstore.torch import _direct
+    made = []
+    orig = _direct.DirectWindows._read
+    monkeypatch.setattr(_direct.DirectWindows, "_read",
+                        lambda self, idx, *a: (made.append(len(idx)), orig(self, idx, *a))[1])
+    for epoch in (0, 1):
+        L.set_epoch(epoch)
+        got = [{k: v.numpy().copy() for k, v in b.items()} for b in L]
+        idx = np.concatenate([g["idx"] for g in got])  # the slot each record says it is
+        assert np.array_equal(idx, ref.slots_of(L.order.epoch(epoch)))
+        pos = 0
+        for g in got:
+            want = ref.read_batch(L.order.epoch(epoch)[pos : pos + len(g["idx"])])
+            pos += len(g["idx"])
+            for f in ref.fields:
+                assert np.array_equal(g[f], want[f]), f
+    assert sum(made) == 2 * len(L.order)  # the windows were read by the pass, every record once an epoch
+    L.close()
 
 
 # -- every order inside a memory cgroup smaller than the store --------------------
