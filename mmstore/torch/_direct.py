@@ -51,6 +51,7 @@ def _close(buf: Any) -> None:
         pass
 
 _ALIGN = 4096  # O_DIRECT offset, length and address alignment (safe for 512 and 4K devices)
+_PIECE = 8 << 20  # the longest single read (a multiple of _ALIGN)
 _memmove = ctypes.memmove
 
 
@@ -236,8 +237,12 @@ class DirectWindows:
         buf = self._buffer(max(at, 1), start)
         addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
         mv = memoryview(buf)
-        futs = [self.pool.submit(self._read_span, fd, off, need, mv[at0 : at0 + length])
-                for fd, off, length, need, at0 in spans]
+        futs = []
+        for fd, off, length, need, at0 in spans:  # pieces of at most _PIECE: every thread busy
+            for p in range(0, length, _PIECE):
+                n = min(_PIECE, length - p)
+                futs.append(self.pool.submit(self._read_span, fd, off + p, min(n, max(0, need - p)),
+                                             mv[at0 + p : at0 + p + n]))
         _wait(futs)
         for fu in futs:
             exc = fu.exception()

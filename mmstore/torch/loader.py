@@ -358,7 +358,10 @@ class Loader:
         # private O_DIRECT window buffers are memory that cannot be reclaimed:
         # only with room for them (else the page cache pass, which degrades
         # gracefully under a tight limit)
-        direct = windows and not p["fits"] and t.window_prefetch == "read" and p["cache_bytes"] >= DIRECT_MIN_CACHE
+        # (block shuffles only: measured 2.1x the page-cache pass for them, and
+        # 0.75x for a sequential order, whose own readahead serves it well)
+        direct = (windows and not p["fits"] and t.window_prefetch == "read" and isinstance(o, BlockShuffle)
+                  and p["cache_bytes"] >= DIRECT_MIN_CACHE)
         out.update(
             readahead="windows" if windows else "per batch", window_records=records if windows else 0,
             window_direct=direct, drop_behind=windows and not p["fits"] and not direct,
