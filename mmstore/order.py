@@ -80,7 +80,7 @@ import numpy.random  # noqa: F401 - loaded now, not lazily inside a training loo
 # import that a Ctrl-C interrupts swallows the KeyboardInterrupt (issue 17 review)
 
 from ._runs import find_runs
-from ._sys import mem_available
+from ._sys import effective_available, mem_available, memory_limit
 
 __all__ = [
     "BlockShuffle",
@@ -90,7 +90,9 @@ __all__ = [
     "contiguous_ranges",
     "count_seeks",
     "make_order",
+    "memory_budget",
     "modelled_hdd_seconds",
+    "plan_memory",
     "shuffle_quality",
     "split_for_worker",
 ]
@@ -437,8 +439,10 @@ class BlockShuffle(Order):
             ``bandwidth=2e9``) the same rule gives 0.8 MB.
         ``block = clamp(ceil(block_bytes / record_bytes), 1, n)``
         ``window_bytes = mem_fraction * mem_bytes / local_world_size``
-            ``mem_bytes`` defaults to ``MemAvailable`` of ``/proc/meminfo``
-            (the page cache the kernel can give us without swapping).  A loader
+            ``mem_bytes`` defaults to the page cache this process can fill:
+            ``MemAvailable`` of ``/proc/meminfo``, capped by the room left
+            under its memory cgroup's limit (``_sys.effective_available``; a
+            container's limit, not the host's free memory).  A loader
             holds the window it serves and prefetches the next one, so two
             windows (40 % with the default 20 %) must fit, leaving the rest to
             the training process, its workers and pinned buffers.  Ranks on one
@@ -605,7 +609,12 @@ class BlockShuffle(Order):
 
 
 def _mem_available() -> int:
-    """``MemAvailable`` in bytes (Linux), else free physical memory, else 1 GiB."""
+    """The memory this process can fill with page cache, in bytes: within its
+    memory cgroup's limit (``effective_available``, cgroup v1 and v2) and
+    ``MemAvailable`` (Linux), else free physical memory, else 1 GiB."""
+    avail = effective_available()
+    if avail is not None:
+        return max(1, avail)
     avail = mem_available()
     if avail is not None:
         return avail
@@ -613,6 +622,60 @@ def _mem_available() -> int:
         return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
     except (AttributeError, OSError, ValueError):
         return 1 << 30
+
+
+# --------------------------------------------------------------------------
+# a loader's memory plan (torch-free: ``doctor`` uses it too)
+
+_GiB = 1 << 30
+RING_SHARE = 4  # the ring takes at most 1 / RING_SHARE of the budget
+WINDOW_SHARE = 4  # a read-ahead window is 1 / WINDOW_SHARE of the cache
+FIT_SHARE = 0.9  # the store fits when it takes at most this share of the cache
+MAX_PREFETCH = 4
+
+
+def local_world_size() -> int:
+    """``$LOCAL_WORLD_SIZE`` (set by torchrun), else 1."""
+    env = os.environ.get("LOCAL_WORLD_SIZE", "1")
+    return int(env) if env.isdigit() and int(env) > 0 else 1
+
+
+def memory_budget(mem_bytes: int | None = None) -> tuple[int, str, int | None]:
+    """``(budget, where it came from, the cgroup limit or None)``."""
+    limit = memory_limit()
+    if mem_bytes is not None:
+        return int(mem_bytes), "given (mem_bytes=)", limit
+    ranks = local_world_size()
+    avail = effective_available()
+    if avail is None:
+        return _GiB // ranks, "unknown: 1 GiB assumed", limit
+    src = "cgroup limit - working set" if limit is not None else "MemAvailable"
+    if ranks > 1:
+        src += f", / {ranks} local ranks"
+    return max(1, int(avail) // ranks), src, limit
+
+
+def plan_memory(
+    *, batch_bytes: int, record_bytes: int, records: int, hold: int, prefetch: int | None,
+    mem_bytes: int | None,
+) -> dict[str, Any]:
+    """A loader's ring and read-ahead window sized from its memory budget
+    (``mem_bytes``, else :func:`memory_budget`): the rule is written out in
+    ``mmstore/torch/_plan.py`` and reported by ``Loader.describe()``."""
+    budget, source, limit = memory_budget(mem_bytes)
+    batch_bytes = max(1, int(batch_bytes))
+    if prefetch is None:
+        fit = budget // RING_SHARE // batch_bytes - hold
+        prefetch = int(min(MAX_PREFETCH, max(1, fit)))
+    ring = (prefetch + hold) * batch_bytes
+    cache = max(0, budget - ring)
+    store = int(records) * int(record_bytes)
+    return {
+        "budget": budget, "budget_source": source, "cgroup_limit": limit,
+        "batch_bytes": batch_bytes, "prefetch": prefetch, "hold": hold, "ring_bytes": ring,
+        "cache_bytes": cache, "store_bytes": store, "fits": store <= FIT_SHARE * cache,
+        "window_bytes": max(int(record_bytes), cache // WINDOW_SHARE),
+    }
 
 
 _KINDS: dict[str, type[Order]] = {

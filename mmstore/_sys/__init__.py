@@ -56,7 +56,7 @@ Thread safety: every function is safe to call from several threads; the reads
 from __future__ import annotations
 
 from .cache import (
-    advise, evict, evict_range, fadvise_random, fadvise_sequential, resident_bytes, resident_fd,
+    advise, evict, evict_range, fadvise_random, fadvise_sequential, missing_ranges, resident_bytes, resident_fd,
 )
 from .disk import disk_info
 from .files import GiB, MiB, PAGE_SIZE, PathLike
@@ -79,6 +79,7 @@ __all__ = [
     "fadvise_sequential",
     "mem_available",
     "memory_limit",
+    "missing_ranges",
     "pread_records",
     "pread_records_multi",
     "raise_open_files_limit",

@@ -14,7 +14,7 @@ import numpy as np
 from .files import HAS_FADVISE, MiB, PAGE_SIZE, GiB, PathLike, fileno, open_ro
 
 __all__ = [
-    "advise", "evict", "evict_range", "fadvise_random", "fadvise_sequential", "iter_residency",
+    "advise", "evict", "evict_range", "fadvise_random", "fadvise_sequential", "iter_residency", "missing_ranges",
     "resident_bytes", "resident_fd",
 ]
 
@@ -128,6 +128,31 @@ def resident_fd(fd: int, size: int, offset: int = 0, length: int | None = None) 
         total += count
         pos += n
     return total
+
+
+def missing_ranges(fd: int, offset: int, length: int) -> list[tuple[int, int]]:
+    """``(offset, length)`` of the runs of ``[offset, offset+length)`` of an
+    open file whose pages are not in the page cache (pages being read count
+    as present), clipped to the range; ``[]`` when all are present or
+    residency cannot be checked (no ``mincore``, a failed mapping)."""
+    if length <= 0:
+        return []
+    try:
+        res = _mincore_pages(fd, offset, length)
+    except (OSError, NotImplementedError, ValueError):
+        return []
+    if res.all():
+        return []
+    base = offset - offset % PAGE_SIZE
+    miss = np.flatnonzero(~res)
+    cut = np.flatnonzero(np.diff(miss) > 1) + 1
+    out = []
+    for run in np.split(miss, cut):
+        a = max(offset, base + int(run[0]) * PAGE_SIZE)
+        b = min(offset + length, base + (int(run[-1]) + 1) * PAGE_SIZE)
+        if b > a:
+            out.append((a, b - a))
+    return out
 
 
 def resident_bytes(path: PathLike) -> tuple[int, int]:

@@ -51,6 +51,8 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render(rep) -> str:  # noqa: ANN001
+    from ..tools._order_advice import order_lines
+
     def num(x, unit=""):  # noqa: ANN001, ANN202
         return "not measured" if x is None else f"{x:,.0f}{unit}"
 
@@ -73,5 +75,6 @@ def render(rep) -> str:  # noqa: ANN001
     for n in rep.notes:
         out.append(f"note           {n}")
     out.append(f"advice         {rep.recommendation}")
+    out += order_lines(rep.order)
     out.append(f"(measured in {rep.seconds:.1f} s)")
     return "\n".join(out)

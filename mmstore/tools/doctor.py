@@ -40,6 +40,7 @@ import numpy as np
 from .. import _sys
 from ..reader import Store, open_store
 from ._common import fmt_bytes, fmt_seconds, sample_indices
+from ._order_advice import order_advice
 
 __all__ = ["DoctorReport", "Prediction", "doctor_store"]
 
@@ -77,6 +78,7 @@ class DoctorReport:
     predictions: list[Prediction] = field(default_factory=list)
     fits: bool | None = None
     recommendation: str = ""
+    order: dict[str, Any] | None = None  # fits / which order / rate to expect (``_order_advice``)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -187,6 +189,8 @@ def doctor_store(
         dt = time.perf_counter() - t0
         rep.warm_reads_per_s = reads / dt if dt > 0 else None
         _predict(rep)
+        rep.order = order_advice(rep, probe=big if cold and store.backend.positional else None,
+                                 probe_s=0.1 * budget_s)
         return rep
     finally:
         store.close()

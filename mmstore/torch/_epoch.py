@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from ..errors import LoaderStateError
+from ._direct import DirectWindows
 from ._reads import EpochReads, WindowPrefetch
 from ._ring import InFlight, Ring
 
@@ -54,7 +55,8 @@ class EpochBatches:
 
     def __init__(
         self, idx: np.ndarray, *, batch_size: int, drop_last: bool, prefetch: int, ring: Ring,
-        pool: ThreadPoolExecutor, reads: EpochReads, inflight: InFlight, window: WindowPrefetch | None,
+        pool: ThreadPoolExecutor, reads: EpochReads, inflight: InFlight,
+        window: WindowPrefetch | DirectWindows | None,
         device: torch.device | None, guard_pinned: bool, owner: object,
     ) -> None:
         self._owner = owner
@@ -108,7 +110,7 @@ class EpochBatches:
         try:
             for lo in range(0, len(idx), self.reads.piece_rows):
                 hi = min(lo + self.reads.piece_rows, len(idx))
-                futs.append(self.pool.submit(self._task, idx, self.ring.views[s], lo, hi, ev, wait_win))
+                futs.append(self.pool.submit(self._task, idx, self.ring.views[s], lo, hi, ev, wait_win, a))
             self.inflight.futs[s] = futs
             self._submit_hint(k + self.reads.willneed)
         except RuntimeError:  # the pool was shut down: Loader.close() from another thread
@@ -122,14 +124,21 @@ class EpochBatches:
             a, b = self.bounds(ka)
             self.pool.submit(self._hint_task, self.idx[a:b])
 
-    def _task(self, idx: np.ndarray, slot: dict[str, np.ndarray], lo: int, hi: int, ev: Any, wait_win: int) -> None:
+    def _task(self, idx: np.ndarray, slot: dict[str, np.ndarray], lo: int, hi: int, ev: Any, wait_win: int,
+              a: int) -> None:
         if self.cancelled:
             raise Cancelled()
         if ev is not None:
             ev.synchronize()  # the copy out of this pinned buffer has finished
         if wait_win >= 0:
             self.window.wait_for(wait_win)  # type: ignore[union-attr]
-        self.reads.read(idx, slot, lo, hi)
+        copy_rows = getattr(self.window, "copy_rows", None)
+        if copy_rows is None:
+            self.reads.read(idx, slot, lo, hi)
+            return
+        # window buffers (_direct.py): the positional fields come out of them
+        copy_rows(a + lo, self.reads.store.slots_of(idx[lo:hi]), {f: slot[f][lo:hi] for f in self.reads.files})
+        self.reads.read(idx, slot, lo, hi, files=False)
 
     def _hint_task(self, idx: np.ndarray) -> None:
         if not self.cancelled:
@@ -147,6 +156,8 @@ class EpochBatches:
             exc = f.exception()
             if exc is not None:
                 raise exc
+        if self.window is not None:  # batches 0..k are read: windows before their end can go
+            self.window.consumed(self.bounds(k)[1])
 
     def host_batch(self, k: int) -> dict[str, torch.Tensor]:
         a, b = self.bounds(k)

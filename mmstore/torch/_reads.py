@@ -116,6 +116,7 @@ class FieldFiles:
             self.close()
             raise
         self.offs = [seg.offset for seg in segments]
+        self.paths = [seg.path for seg in segments]
         self.firsts = np.array([seg.first for seg in segments] + [segments[-1].first + segments[-1].count], np.int64)
         self.nb = segments[0].entry_bytes
 
@@ -240,21 +241,35 @@ class EpochReads:
         self.rest = [f for f in self.fields if f not in self.files]
         rb = sum(store.schema[f].nbytes for f in fields) or 1
         self.piece_rows = max(1, tuning.piece_bytes // rb)
-        if not self.files:
-            # memmove epochs are CPU-bound: one piece per core (measured ~2x
-            # faster than 2 MiB pieces here: fewer Python calls per batch)
+        if not self.files or block:
+            # memmove epochs, and epochs whose window pass brings the records
+            # into the page cache ahead of the batches, are CPU-bound: one
+            # piece per core (measured ~2x faster than 2 MiB pieces here:
+            # fewer Python calls per batch)
             self.piece_rows = max(self.piece_rows, -(-batch_size // max(2, os.cpu_count() or 2)))
         self.willneed = 0  # hint the records of the batch this many batches ahead
         if tuning.hints and self.files:
             for ff in self.files.values():
                 ff.advise(os.POSIX_FADV_RANDOM if shuffled else os.POSIX_FADV_SEQUENTIAL)
-            if tuning.willneed and shuffled and not self.cached:
+            # a window pass reads the records of later batches with long
+            # requests; per-record WILLNEED would race it with small ones
+            if tuning.willneed and shuffled and not self.cached and not block:
                 self.willneed = tuning.willneed
 
-    def read(self, idx: np.ndarray, slot: dict[str, np.ndarray], lo: int, hi: int) -> None:
-        """Rows ``lo:hi`` of a batch: records ``idx[lo:hi]`` into ``slot[f][lo:hi]``."""
+    def range_sources(self) -> list[FieldFiles]:
+        """Where the window pass finds the byte ranges of a run of slots:
+        one object per field read positionally, each with ``ranges(a, b)`` ->
+        ``[(fd, offset, length), ...]`` per data file (``FieldFiles``). A
+        field read through ``Store.read_batch`` (variable-size entries) plugs
+        in here with an object giving its entries' byte ranges the same way;
+        fields without one are brought in by ``WindowPrefetch._touch``."""
+        return list(self.files.values())
+
+    def read(self, idx: np.ndarray, slot: dict[str, np.ndarray], lo: int, hi: int, files: bool = True) -> None:
+        """Rows ``lo:hi`` of a batch: records ``idx[lo:hi]`` into ``slot[f][lo:hi]``
+        (``files=False``: only the fields not read with ``preadv``)."""
         part = idx[lo:hi]
-        if self.files:
+        if self.files and files:
             slots = self.store.slots_of(part)
             for f, ff in self.files.items():
                 ff.read(slots, slot[f][lo:hi])
@@ -289,10 +304,19 @@ class WindowPrefetch:
     with large requests in the background and the batches' reads wait on the
     pages in flight instead of issuing small random reads of their own.
     Without ``preadv`` files (LMDB, memmove epochs) the records are touched
-    through ``Store.read_batch`` in slot order."""
+    through ``Store.read_batch`` in slot order.
+
+    The windows are any cut of the epoch (``bounds``): a block shuffle's
+    windows, or consecutive runs of a sequential order. ``drop_behind``
+    (the store is larger than the memory budget): once every batch that
+    reads window ``w`` is read (:meth:`consumed`), its byte ranges are
+    dropped from the page cache (``POSIX_FADV_DONTNEED``), so the next
+    windows do not have to push out pages still needed by reclaim under a
+    memory limit."""
 
     def __init__(
         self, reads: EpochReads, idx: np.ndarray, bounds: np.ndarray, mode: str, threads: int, inflight: InFlight,
+        drop_behind: bool = False, chunk: int = _CHUNK,
     ) -> None:
         self.reads = reads
         self.idx = idx
@@ -301,7 +325,36 @@ class WindowPrefetch:
         self.inflight = inflight
         self.done = -1  # the last window in the page cache
         self.need = 0  # the last window a submitted batch reads
-        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="mmstore-window") if mode == "read" else None
+        self.pool = ThreadPoolExecutor(threads, thread_name_prefix="mmstore-window")
+        self.own: dict[int, int] = {}  # the loader's descriptor -> the pass's own (its readahead state)
+        self.filled = 0  # bytes that WILLNEED left out and the pass read itself
+        self.drop_behind = drop_behind
+        self.chunk = max(1, int(chunk))  # the longest read of mode "read" (each thread's buffer)
+        self.held: list[int] = []  # windows read and not yet dropped (drop_behind)
+
+    def _open_own(self) -> None:
+        """The pass reads through descriptors of its own, advised
+        ``POSIX_FADV_SEQUENTIAL``: the batches' descriptors are advised
+        RANDOM for shuffled orders, which makes the kernel issue exactly the
+        requested pages in small requests; with a sequential readahead state
+        a long read goes to the disk as requests of the device's maximum size
+        (measured on the simulated HDD: NOTE in ``_plan.py``)."""
+        for src in self.reads.range_sources():
+            for fd, path in zip(src.fds, getattr(src, "paths", ())):
+                try:
+                    own = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                except OSError:
+                    continue
+                self.own[fd] = own
+                _sys.fadvise_sequential(own)
+
+    def _close_own(self) -> None:
+        own, self.own = self.own, {}
+        for fd in own.values():
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
     def start(self) -> None:
         t = threading.Thread(target=self._loop, name="mmstore-window", daemon=True)
@@ -331,6 +384,7 @@ class WindowPrefetch:
         b = self.bounds
         cv = self.inflight.cv
         try:
+            self._open_own()
             for w in range(len(b) - 1):
                 with cv:
                     while w > self.need and not self.inflight.cancelled:
@@ -340,6 +394,8 @@ class WindowPrefetch:
                 self.read_window(self.idx[b[w] : b[w + 1]])
                 with cv:
                     self.done = w
+                    if self.drop_behind:
+                        self.held.append(w)
                     cv.notify_all()
         except Exception:  # noqa: BLE001 - a prefetch pass only: a failing read is
             pass  # reported by the batch that reads the record; this thread prints nothing
@@ -347,8 +403,26 @@ class WindowPrefetch:
             with cv:
                 self.done = len(b)  # never leave a batch waiting
                 cv.notify_all()
-            if self.pool is not None:
-                self.pool.shutdown(wait=False, cancel_futures=True)
+            self.pool.shutdown(wait=True, cancel_futures=True)  # reads of at most self.chunk
+            self._close_own()
+
+    def consumed(self, pos: int) -> None:
+        """Positions ``[0, pos)`` of the epoch are read into the ring: drop
+        the windows that lie wholly before ``pos`` (``drop_behind``)."""
+        if not self.drop_behind:
+            return
+        with self.inflight.cv:
+            done = [w for w in self.held if self.bounds[w + 1] <= pos]
+            self.held = [w for w in self.held if self.bounds[w + 1] > pos]
+        for w in done:
+            if self.inflight.cancelled:
+                return
+            slots = self.reads.store.slots_of(self.idx[self.bounds[w] : self.bounds[w + 1]])
+            for fd, off, length in self._runs(slots):
+                try:
+                    os.posix_fadvise(fd, off, length, os.POSIX_FADV_DONTNEED)
+                except OSError:  # a hint only
+                    pass
 
     def read_window(self, idx: np.ndarray) -> None:
         """Bring the records ``idx`` (one window) into the page cache."""
@@ -364,8 +438,14 @@ class WindowPrefetch:
                 if self.inflight.cancelled:
                     return
                 os.posix_fadvise(fd, pos, length, os.POSIX_FADV_WILLNEED)
-            return
-        futs = [self.pool.submit(self._read_chunk, fd, pos, length) for fd, pos, length in chunks]  # type: ignore[union-attr]
+            # WILLNEED is best effort: under a memory limit its readahead
+            # gives up on pages it cannot allocate at once. What it left out
+            # is read here, in long requests, not by the batches record by record.
+            chunks = [(fd, a, n) for fd, pos, length in chunks for a, n in _sys.missing_ranges(fd, pos, length)]
+            self.filled += sum(c[2] for c in chunks)
+            if not chunks:
+                return
+        futs = [self.pool.submit(self._read_chunk, fd, pos, length) for fd, pos, length in chunks]
         _wait(futs)
         for f in futs:
             if f.exception() is not None and not self.inflight.cancelled:
@@ -384,22 +464,30 @@ class WindowPrefetch:
                 return
             store.read_batch(np.asarray(_slot_to_index(store, srt[a : a + 256])), fields=fixed)
 
-    def _chunks(self, slots: np.ndarray) -> list[tuple[int, int, int]]:
-        """``(fd, offset, length)`` of the window's runs of slots; cut into
-        reads of at most 8 MiB for mode "read"."""
+    def _runs(self, slots: np.ndarray) -> list[tuple[int, int, int]]:
+        """``(fd, offset, length)`` of the runs of consecutive ``slots``, per
+        field and data file, in offset order within each file."""
         starts, stops = contiguous_ranges(slots)
-        chunks = []
-        for ff in self.reads.files.values():
+        out = []
+        for src in self.reads.range_sources():
             for a, b in zip(starts.tolist(), stops.tolist()):
-                for fd, pos, length in ff.ranges(a, b):
-                    step = length if self.mode == "willneed" else _CHUNK
-                    chunks += [(fd, p, min(step, pos + length - p)) for p in range(pos, pos + length, step)]
+                out += src.ranges(a, b)
+        return out
+
+    def _chunks(self, slots: np.ndarray) -> list[tuple[int, int, int]]:
+        """The window's runs (:meth:`_runs`), cut into reads of at most
+        ``_CHUNK`` for mode "read"."""
+        chunks = []
+        for fd, pos, length in self._runs(slots):
+            step = length if self.mode == "willneed" else self.chunk
+            chunks += [(fd, p, min(step, pos + length - p)) for p in range(pos, pos + length, step)]
         return chunks
 
     def _read_chunk(self, fd: int, pos: int, length: int) -> None:
+        fd = self.own.get(fd, fd)
         buf = getattr(_tls, "buf", None)
-        if buf is None:
-            buf = _tls.buf = memoryview(bytearray(2 * _MiB))
+        if buf is None or len(buf) != self.chunk:
+            buf = _tls.buf = memoryview(bytearray(self.chunk))
         end = pos + length
         while pos < end and not self.inflight.cancelled:
             got = os.preadv(fd, [buf[: min(len(buf), end - pos)]], pos)

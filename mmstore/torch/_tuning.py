@@ -27,8 +27,11 @@ class LoaderTuning:
 
     Parameters
     ----------
-    prefetch : int, default 4
+    prefetch : int, optional
         Batches read ahead while the caller works on the current one.
+        Default: sized from the memory budget (``mem_bytes``): the largest of
+        1..4 whose ring of ``prefetch + hold`` batches takes at most a quarter
+        of it (``_plan.py``; ``Loader.describe()`` says what was chosen).
     hold : int, default 1
         How many of the most recent batches stay valid (the buffer contract
         in ``mmstore.torch.loader``'s docstring).
@@ -53,16 +56,27 @@ class LoaderTuning:
     piece_bytes : int, default 2 MiB
         Target size of one read task in preadv epochs (queue depth for cold
         reads); epochs read by memmove use one piece per CPU core instead.
-    window_prefetch : {"willneed", "read", False}, default "willneed"
-        For block-shuffle orders whose files are not already cached: bring
-        each window's blocks into the page cache with long reads one window
-        ahead of the batches (``_reads.WindowPrefetch``). True means
-        "willneed" (measured faster here: the kernel reads, no copy).
-    window_threads : int, default 8
-        Concurrent long reads of the window pass ("read").
+    window_prefetch : {"read", "willneed", False}, default "read"
+        For block-shuffle and sequential orders whose files are not already
+        cached: bring each window's records into the page cache with long
+        reads in offset order, one window ahead of the batches
+        (``_reads.WindowPrefetch``). "read": ``preadv`` of each run (up to
+        8 MiB a request) through the pass's own descriptors. "willneed":
+        ``POSIX_FADV_WILLNEED`` per run, then the pass reads what the kernel
+        left out (True means "willneed"). "read" is the default: under a
+        memory limit WILLNEED's readahead left out 64-97 % of the pages
+        (measured; NOTE [memory plan] in ``_plan.py``).
+    window_threads : int, default 2
+        Concurrent long reads of the window pass (each with an 8 MiB buffer).
+    mem_bytes : int, optional
+        The memory the loader may fill (ring + page cache of its reads).
+        Default: measured at construction, within the process's memory cgroup
+        (``_sys.effective_available``), divided by ``$LOCAL_WORLD_SIZE``. It
+        sizes ``prefetch``, the read-ahead windows and a block shuffle's
+        ``window`` built from ``order="block"`` (``_plan.py``).
     """
 
-    prefetch: int = 4
+    prefetch: int | None = None
     hold: int = 1
     threads: int | None = 16
     warm: bool | str = False
@@ -70,11 +84,12 @@ class LoaderTuning:
     willneed: int = 2
     method: str = "auto"
     piece_bytes: int = 2 * _MiB
-    window_prefetch: bool | str | None = "willneed"
-    window_threads: int = 8
+    window_prefetch: bool | str | None = "read"
+    window_threads: int = 2
+    mem_bytes: int | None = None
 
     def __post_init__(self) -> None:
-        if int(self.prefetch) < 1 or int(self.hold) < 1:
+        if (self.prefetch is not None and int(self.prefetch) < 1) or int(self.hold) < 1:
             raise ValueError(f"prefetch and hold must be >= 1, got {self.prefetch} and {self.hold}")
         if self.method not in ("auto", "pread", "mmap"):
             raise ValueError(f"method must be 'auto', 'pread' or 'mmap', got {self.method!r}")
@@ -84,7 +99,8 @@ class LoaderTuning:
         if window not in (False, None, "read", "willneed"):
             raise ValueError(f"window_prefetch must be 'read', 'willneed' or False, got {window!r}")
         self._set(
-            prefetch=int(self.prefetch), hold=int(self.hold),
+            prefetch=None if self.prefetch is None else int(self.prefetch), hold=int(self.hold),
+            mem_bytes=None if self.mem_bytes is None else max(1, int(self.mem_bytes)),
             threads=16 if self.threads is None else int(self.threads),
             hints=bool(self.hints), willneed=max(0, int(self.willneed)), piece_bytes=max(1, int(self.piece_bytes)),
             window_prefetch=window or False, window_threads=max(1, int(self.window_threads)),

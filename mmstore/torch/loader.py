@@ -130,8 +130,10 @@ from ..errors import LoaderStateError
 from ..order import BlockShuffle, Order, Sequential
 from ..reader import Store
 from ._epoch import EpochBatches, EpochIterator
+from ._direct import DirectWindows
 from ._reads import EpochReads, FieldFiles, WindowPrefetch, data_paths, open_field_files, prepare_store
 from ._ring import InFlight, Ring
+from ._plan import LoaderPlan, plan_memory
 from ._tuning import TUNING_FIELDS, LoaderTuning, split_tuning
 from .dataset import image_fields, open_store_arg
 from .sampler import build_order
@@ -198,6 +200,7 @@ class Loader:
     piece_bytes: int
     window_prefetch: bool | str
     window_threads: int
+    mem_bytes: int | None
 
     def __init__(
         self,
@@ -226,11 +229,18 @@ class Loader:
         self.tuning, order_kw = split_tuning(tuning, kw)
         self.batch_size = int(batch_size)
         self.fields = tuple(self.store.field_list(fields))
+        rb = max(1, sum(self.store.schema[f].nbytes for f in self.fields))
+        self._plan = plan_memory(
+            batch_bytes=self.batch_size * rb, record_bytes=rb, records=len(self.store), hold=self.tuning.hold,
+            prefetch=self.tuning.prefetch, mem_bytes=self.tuning.mem_bytes,
+        )
+        if order == "block":
+            order_kw = _block_sizes(order_kw, len(self.store), rb, self._plan["window_bytes"])
         self.order = build_order(
             order, len(self.store), seed=seed, rank=rank, world_size=world_size,
-            drop_last=rank_drop_last,
-            record_bytes=max(1, sum(self.store.schema[f].nbytes for f in self.fields)), **order_kw,
+            drop_last=rank_drop_last, record_bytes=rb, **order_kw,
         )
+        self._plan.update(self._readahead_plan(rb))
         self.drop_last = bool(drop_last)
         self.device, self._cuda = _check_device(device)
         self.pin_memory = _check_pin_memory(pin_memory, self._cuda)
@@ -301,15 +311,78 @@ class Loader:
         self.close()
 
     @property
+    def prefetch(self) -> int:  # type: ignore[override]
+        """Batches read ahead: ``tuning.prefetch``, else sized from the memory budget."""
+        return int(self._plan["prefetch"])
+
+    @property
     def ring_size(self) -> int:
         """Number of batch buffers the loader cycles through."""
-        return self.tuning.prefetch + self.tuning.hold
+        return self.prefetch + self.tuning.hold
+
+    def describe(self) -> LoaderPlan:
+        """What this loader chose and why: a dict (the sizing rule of
+        ``mmstore/torch/_plan.py``) whose ``str()`` reads as sentences.
+
+        Keys: ``budget`` (bytes it may fill), ``budget_source``,
+        ``cgroup_limit``, ``batch_bytes``, ``prefetch``, ``hold``,
+        ``ring_bytes``, ``cache_bytes`` (budget - ring), ``store_bytes`` (the
+        fields read), ``fits``, ``window_bytes``, ``order``, ``block`` and
+        ``window`` (block shuffles), ``readahead`` (``"windows"`` or ``"per
+        batch"``), ``window_records``, ``window_threads``, ``window_mode``,
+        ``window_chunk`` (the longest read of the window pass, one buffer
+        per window thread, taken from ``cache_bytes``), ``window_direct``
+        (the windows are read with ``O_DIRECT`` into private buffers:
+        ``_direct.py``), ``drop_behind``,
+        ``threads``, ``willneed``.
+        """
+        return LoaderPlan(self._plan)
+
+    def _readahead_plan(self, record_bytes: int) -> dict[str, Any]:
+        """The read-ahead part of the plan, for this loader's order."""
+        t, o, p = self.tuning, self.order, self._plan
+        out: dict[str, Any] = {"order": type(o).__name__, "threads": t.threads, "window_mode": t.window_prefetch,
+                               "window_threads": t.window_threads, "block": None, "window": None}
+        records = 0
+        if isinstance(o, BlockShuffle):
+            out.update(block=o.block, window=o.window, window_bytes=o.block * o.window * record_bytes)
+            records = o.block * o.window
+        elif isinstance(o, Sequential) and (o.world_size == 1 or o.split == "contiguous"):
+            records = max(self.batch_size, p["window_bytes"] // record_bytes)
+            out["window_bytes"] = records * record_bytes
+        windows = bool(t.window_prefetch) and records > 0
+        if windows:  # the pass's read buffers come out of the page cache's share
+            chunk = int(min(8 << 20, max(1 << 20, p["cache_bytes"] // 16 // t.window_threads)))
+            out["window_chunk"] = chunk
+            out["cache_bytes"] = max(0, p["cache_bytes"] - t.window_threads * chunk)
+        # private O_DIRECT window buffers are memory that cannot be reclaimed:
+        # only with room for them (else the page cache pass, which degrades
+        # gracefully under a tight limit)
+        # (block shuffles only: measured 2.1x the page-cache pass for them, and
+        # 0.75x for a sequential order, whose own readahead serves it well)
+        direct = (windows and not p["fits"] and t.window_prefetch == "read" and isinstance(o, BlockShuffle)
+                  and p["cache_bytes"] >= DIRECT_MIN_CACHE)
+        out.update(
+            readahead="windows" if windows else "per batch", window_records=records if windows else 0,
+            window_direct=direct, drop_behind=windows and not p["fits"] and not direct,
+            willneed=0 if windows else t.willneed,
+        )
+        return out
+
+    def _window_bounds(self, epoch: int, length: int) -> np.ndarray | None:
+        """Where the read-ahead windows of ``epoch`` start and end (None: no window pass)."""
+        if self._plan["readahead"] != "windows" or length == 0:
+            return None
+        if isinstance(self.order, BlockShuffle):
+            return self.order.window_bounds(epoch)
+        step = int(self._plan["window_records"])
+        return np.append(np.arange(0, length, step, dtype=np.int64), length)
 
     def __repr__(self) -> str:
         t = self.tuning
         return (
             f"<mmstore.torch.Loader {self.store.path!r} batch_size={self.batch_size} "
-            f"order={type(self.order).__name__} prefetch={t.prefetch} hold={t.hold} "
+            f"order={type(self.order).__name__} prefetch={self.prefetch} hold={t.hold} "
             f"threads={t.threads} device={self.device}>"
         )
 
@@ -359,25 +432,28 @@ class Loader:
         """Queue the first batches of ``epoch``; its iterator."""
         t, res = self.tuning, self._res
         idx = self.order.epoch(epoch)
-        block = bool(t.window_prefetch) and isinstance(self.order, BlockShuffle) and len(idx) > 0
+        bounds = self._window_bounds(epoch, len(idx))
         reads = EpochReads(
             self.store, self.fields, res.files, t, batch_size=self.batch_size,
-            shuffled=not isinstance(self.order, Sequential), block=block,
+            shuffled=not isinstance(self.order, Sequential), block=bounds is not None,
         )
         inflight = InFlight(self.ring_size)
         self._tasks = inflight  # from now on the next iter()/close() waits for these reads
         window = None
-        if block and not reads.cached:
-            bounds = self.order.window_bounds(epoch)  # type: ignore[attr-defined]
-            window = WindowPrefetch(reads, idx, bounds, str(t.window_prefetch), t.window_threads, inflight)
+        if bounds is not None and not reads.cached and self._plan["window_direct"] and reads.files:
+            window = DirectWindows(reads, idx, bounds, t.window_threads, inflight,
+                                   cap=2 * self._plan["window_bytes"], batch_size=self.batch_size)
+        elif bounds is not None and not reads.cached:
+            window = WindowPrefetch(reads, idx, bounds, str(t.window_prefetch), t.window_threads, inflight,
+                                    drop_behind=bool(self._plan["drop_behind"]), chunk=self._plan["window_chunk"])
         batches = EpochBatches(
-            idx, batch_size=self.batch_size, drop_last=self.drop_last, prefetch=t.prefetch,
+            idx, batch_size=self.batch_size, drop_last=self.drop_last, prefetch=self.prefetch,
             ring=res.ring, pool=res.pool, reads=reads, inflight=inflight, window=window,  # type: ignore[arg-type]
             device=self.device if self._cuda else None, guard_pinned=self.pin_memory and not self._cuda,
             owner=self,
         )
         return EpochIterator(
-            batches, epoch, prefetch=t.prefetch, copy=self.copy, on_used=self._commit, wrap=self._wrap,
+            batches, epoch, prefetch=self.prefetch, copy=self.copy, on_used=self._commit, wrap=self._wrap,
         )
 
     def _commit(self, epoch: int) -> None:
@@ -430,8 +506,23 @@ def _tuning_property(name: str) -> property:
     return property(lambda self: getattr(self.tuning, name), doc=f"``tuning.{name}`` (read-only).")
 
 
-for _name in sorted(TUNING_FIELDS):
+for _name in sorted(TUNING_FIELDS - {"prefetch"}):
     setattr(Loader, _name, _tuning_property(_name))
+
+
+DIRECT_MIN_CACHE = 64 << 20  # the smallest page-cache share for O_DIRECT window buffers
+
+
+def _block_sizes(kw: dict[str, Any], n: int, record_bytes: int, window_bytes: int) -> dict[str, Any]:
+    """``order="block"``'s sizes: ``block`` as ``BlockShuffle.auto`` picks it
+    (or the one given), ``window`` from the loader's window budget (unless
+    given)."""
+    if "window" in kw or "mem_bytes" in kw:
+        return kw
+    block = kw["block"] if "block" in kw else BlockShuffle.auto_sizes(n, record_bytes, 1)["block"]
+    blocks = max(1, -(-n // int(block)))
+    window = min(blocks, max(1, window_bytes // (int(block) * record_bytes)))
+    return {**kw, "block": block, "window": window}
 
 
 def _check_device(device: str | torch.device | None) -> tuple[torch.device | None, bool]:

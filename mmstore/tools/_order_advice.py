@@ -1,0 +1,130 @@
+"""``doctor``'s order section: does the data fit, which order to use, and the
+rate to expect, from what ``doctor`` measured on this store and machine.
+
+Inputs (a :class:`~mmstore.tools.doctor.DoctorReport`): the sequential read
+speed ``seq`` (bytes/s), cold random record reads per second with one reader
+(``c1``) and with ``threads`` readers (``cq``), warm (cached) record reads per
+second ``w``, the record size ``R`` and the store size ``S``; the memory
+budget and the ring/window sizes are those a ``Loader(store, 256, order)``
+would choose here (:func:`mmstore.order.plan_memory`, the rule of
+``Loader.describe()``).
+
+Model (bytes/s; every rate is capped by the warm copy rate ``w * R``):
+
+* ``fits`` when ``S`` fits in 90 % of the page cache the budget leaves after
+  the ring: after one sequential pass (``warm``) every order reads from
+  memory; the permutation mixes best: use it.
+* sequential: ``seq`` (the Loader reads it ahead in long requests).
+* permutation: ``cq * R``: random record reads at the Loader's queue depth
+  (16 ``preadv`` in flight), measured by a short probe of the largest data
+  file when ``doctor`` runs cold, else ``doctor``'s cold record reads.
+* block shuffle: a block of ``B`` bytes costs one access latency plus its
+  transfer: ``B / (seek + B / seq)``, ``seek = max(0, 1 / c1 - R / seq)``.
+
+Advice when it does not fit: the block shuffle when it is at least 1.2x the
+permutation (a disk with slow random reads), else the permutation (random
+reads are nearly as fast here, and it mixes best).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._sys import random_read_speed
+from ..order import BlockShuffle, plan_memory
+from ._common import fmt_bytes, fmt_seconds
+
+__all__ = ["BATCH", "order_advice", "order_lines"]
+
+BATCH = 256  # the batch size the figures assume
+QUEUE_DEPTH = 16  # the Loader's reader threads (LoaderTuning.threads)
+GAIN = 1.2  # how much faster the block shuffle must be to be advised over the permutation
+
+
+def _rate(x: float | None) -> float | None:
+    return x if x and x > 0 else None
+
+
+def probe_random(path: str | None, record_bytes: int, threads: int, seconds: float) -> float | None:
+    """Cold random record-sized ``preadv`` reads of ``path`` at queue depth
+    ``threads`` (what the Loader does for a permutation), records/s; None
+    when not measured."""
+    if path is None or seconds <= 0:
+        return None
+    try:
+        sp = random_read_speed(path, record_bytes, n=64 * threads, cold=True, threads=threads, seed=7,
+                               max_seconds=seconds)
+    except (OSError, ValueError):
+        return None
+    return sp.ops_per_s or None
+
+
+def order_advice(rep: Any, probe: str | None = None, probe_s: float = 1.0) -> dict[str, Any]:
+    """The order section of a doctor report (a dict; see the module docstring).
+
+    ``probe``: a data file to measure the permutation's random reads on with
+    the Loader's queue depth (``LoaderTuning.threads``) for at most
+    ``probe_s`` seconds; without it ``rep.cold_reads_per_s`` stands in."""
+    n, R, S = rep.records, max(1, rep.record_bytes), rep.store_bytes
+    plan = plan_memory(batch_bytes=BATCH * R, record_bytes=R, records=n, hold=1, prefetch=None, mem_bytes=None)
+    seq = _rate((rep.seq_mb_per_s or 0) * 1e6)
+    c1, warm = _rate(rep.cold_reads_per_s_1), _rate(rep.warm_reads_per_s)
+    cq = _rate(probe_random(probe, R, QUEUE_DEPTH, probe_s)) or _rate(rep.cold_reads_per_s)
+    cap = warm * R if warm else float("inf")
+    block = BlockShuffle.auto_sizes(n, R, 1)["block"]
+    blocks = max(1, -(-n // block))
+    window = min(blocks, max(1, plan["window_bytes"] // (block * R)))
+    rates: dict[str, float | None] = {"sequential": None, "permutation": None, "block": None}
+    if seq:
+        rates["sequential"] = min(seq, cap)
+    if cq:
+        rates["permutation"] = min(cq * R, cap)
+    if seq and c1:
+        seek = max(0.0, 1 / c1 - R / seq)
+        rates["block"] = min(block * R / (seek + block * R / seq), cap)
+    out: dict[str, Any] = {
+        "fits": bool(plan["fits"]), "budget": plan["budget"], "budget_source": plan["budget_source"],
+        "cgroup_limit": plan["cgroup_limit"], "store_bytes": S, "cache_bytes": plan["cache_bytes"],
+        "block": block, "window": window, "window_bytes": window * block * R,
+        "rates_MBps": {k: (None if v is None else v / 1e6) for k, v in rates.items()},
+    }
+    if plan["fits"]:
+        order, rate = "permutation", (warm * R if warm else None)
+        why = (f"the store ({fmt_bytes(S)}) fits in the page cache this process may use "
+               f"({fmt_bytes(plan['cache_bytes'])}): warm it once (`mmstore warm`, or Loader(..., warm=True)), "
+               "then every order reads from memory and the full shuffle mixes best")
+    else:
+        rp, rb = rates["permutation"], rates["block"]
+        if rb and (not rp or rb >= GAIN * rp):
+            order, rate = "block", rb
+            why = (f"the store is {S / max(1, plan['cache_bytes']):.1f}x the page cache this process may use, and "
+                   f"long reads are faster than random ones here: blocks of {fmt_bytes(block * R)} read at "
+                   f"~{rb / 1e6:,.0f} MB/s, random records at ~{(rp or 0) / 1e6:,.0f} MB/s")
+        else:
+            order, rate = "permutation", rp
+            why = (f"the store is {S / max(1, plan['cache_bytes']):.1f}x the page cache this process may use, "
+                   f"but random reads are fast here (~{(rp or 0) / 1e6:,.0f} MB/s vs ~{(rb or 0) / 1e6:,.0f} MB/s "
+                   "for blocks): the full shuffle costs about the same and mixes best")
+    out.update(order=order, expected_MBps=None if rate is None else rate / 1e6,
+               expected_records_per_s=None if rate is None else rate / R,
+               epoch_s=None if not rate else S / rate, why=why)
+    return out
+
+
+def order_lines(adv: dict[str, Any] | None) -> list[str]:
+    """The order section as ``doctor``'s text lines."""
+    if not adv:
+        return []
+    lim = f", cgroup limit {fmt_bytes(adv['cgroup_limit'])}" if adv.get("cgroup_limit") else ""
+    r = adv["rates_MBps"]
+    f = lambda x: "n/a" if x is None else f"{x:,.0f} MB/s"  # noqa: E731
+    rate = adv["expected_MBps"]
+    return [
+        f"fits           {'yes' if adv['fits'] else 'no'}: {fmt_bytes(adv['store_bytes'])} of data, "
+        f"{fmt_bytes(adv['cache_bytes'])} of page cache for a Loader (budget {fmt_bytes(adv['budget'])} from "
+        f"{adv['budget_source']}{lim})",
+        f"order rates    sequential {f(r['sequential'])}, block shuffle {f(r['block'])} (block {adv['block']}, "
+        f"window {adv['window']}), permutation {f(r['permutation'])}",
+        f"order          Loader(store, {BATCH}, order={adv['order']!r}): expect ~{f(rate)}"
+        + (f", {fmt_seconds(adv['epoch_s'])} an epoch" if adv.get("epoch_s") else "") + f"; {adv['why']}",
+    ]

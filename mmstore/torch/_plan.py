@@ -1,0 +1,110 @@
+"""How a :class:`~mmstore.torch.Loader` sizes its ring and its read-ahead
+window from the memory it may use, and how it says what it chose
+(``Loader.describe()``). The rule itself is torch-free
+(:func:`mmstore.order.plan_memory`, which ``doctor`` uses too).
+
+The sizing rule (NOTE [memory plan]; every figure is in ``describe()``)
+------------------------------------------------------------------------
+``budget``
+    The memory the loader may fill: ``LoaderTuning.mem_bytes`` when given,
+    else :func:`mmstore._sys.effective_available` (``min(MemAvailable,
+    limit - working set)`` over the process's memory cgroups, v1 and v2: a
+    container's limit, not the host's free memory), divided by the ranks
+    that share it (``$LOCAL_WORLD_SIZE``, as set by torchrun); 1 GiB when
+    no figure is available.
+``ring``
+    ``prefetch + hold`` batch buffers of ``batch_bytes``. ``prefetch``
+    (default) is the largest of 1..4 whose ring takes at most a quarter of
+    the budget: the ring is private memory inside the same limit as the page
+    cache the reads need.
+``cache``
+    ``budget - ring``: what the page cache may hold for this loader.
+``fits``
+    The fields read (``records * record_bytes``) fit in 90 % of ``cache``:
+    the store can stay cached; reads are left to the page cache.
+``window_bytes``
+    ``cache / 4``: the read-ahead pass keeps the window being served and the
+    next one in the page cache (half of ``cache``), the rest is headroom for
+    the training process. A block shuffle built from the kind name gets
+    ``window = clamp(window_bytes // block_bytes, 1, blocks)`` (so a store
+    that fits is one window: a uniform permutation); a sequential order is
+    read ahead in windows of ``max(batch_size, window_bytes // record_bytes)``
+    records.
+``window_chunk``
+    The window pass reads runs in requests of at most
+    ``clamp(cache / 16 / window_threads, 1 MiB, 8 MiB)``, one buffer of that
+    size per window thread, taken out of ``cache``.
+``readahead``
+    ``"windows"`` for block-shuffle and sequential orders (long reads of the
+    next window in offset order, ahead of the batches); ``"per batch"`` for
+    a permutation (every record is a random read at queue depth
+    ``threads``; ``WILLNEED`` on the records of later batches).
+``window_direct``
+    A block shuffle, the store does not fit, ``window_prefetch="read"`` and
+    ``cache`` is at least 64 MiB: the windows are read with ``O_DIRECT`` into private
+    buffers (at most ``2 * window_bytes`` of them, more only for the windows
+    the next batch reads) and the batches copy their records out of them
+    (``_direct.py``): no page cache, one copy per record. Otherwise, when
+    the store does not fit, the pass reads through the page cache and drops
+    each window from it once its batches are read (``drop_behind``).
+
+NOTE [memory plan]: what was measured (2 vCPU VM shared with other jobs, a
+v1 memory cgroup of 1/4 of a 2.4 GB store of 150 KB records; and
+``../shared/sim/hdd_sim.py``'s throttled loop device):
+
+* the block shuffle's window came from the host's ``MemAvailable`` (23 GB):
+  one window held the whole store, so its ``WILLNEED`` pass asked for 2.4 GB
+  inside a 600 MB limit and the block order read like a permutation (HDD:
+  98-107 records/s, as the permutation's 99-115);
+* ``WILLNEED`` under the limit left out 64 % (block) and 78 % (sequential)
+  of the pages (``missing_ranges`` right after it; 97 % on the simulated
+  HDD), which the batches then read record by record;
+* a ring of 4 + 1 batches of 256 x 150 KB is 193 MB of the 600 MB limit;
+* per-record ``WILLNEED`` hints for later batches raced the window pass
+  with small requests; 2 MiB pieces made ~1,200 Python tasks an epoch
+  (user CPU 0.75 s -> 0.3 s with one piece per core);
+* a ``RANDOM``-advised descriptor turns a long read into requests of the
+  pages asked for; the pass's own ``SEQUENTIAL`` descriptors read long runs
+  in requests of the device's size;
+* reading the windows through the page cache cost ~3.5 s of system CPU for
+  2.4 GB against 0.9 s for one ``dd``-like read (two copies, reclaim); with
+  O_DIRECT window buffers the block shuffle took 1.8 s of CPU (0.6 s
+  system) instead of 3.3-3.6 s and read at 2.1x the page-cache pass in the
+  same run (351 vs 166 MB/s, load 7-11); a sequential order read slower that
+  way (282 vs 374 MB/s), so it keeps the page-cache pass.
+"""
+
+from __future__ import annotations
+
+from ..order import memory_budget, plan_memory
+
+__all__ = ["LoaderPlan", "memory_budget", "plan_memory"]
+
+class LoaderPlan(dict):  # type: ignore[type-arg]
+    """What a Loader chose (a dict); ``str()`` of it reads as sentences."""
+
+    def __str__(self) -> str:
+        d = self
+        mb = lambda x: f"{x / 1e6:,.0f} MB"  # noqa: E731
+        lim = f" (cgroup limit {mb(d['cgroup_limit'])})" if d.get("cgroup_limit") else ""
+        lines = [
+            f"memory budget {mb(d['budget'])} from {d['budget_source']}{lim}",
+            f"ring: {d['prefetch']} prefetch + {d['hold']} hold buffers of {mb(d['batch_bytes'])} "
+            f"= {mb(d['ring_bytes'])}",
+            f"the fields read take {mb(d['store_bytes'])}: "
+            + ("they fit in the page cache left" if d["fits"] else
+               f"larger than the {mb(d['cache_bytes'])} left for the page cache"),
+            f"order {d['order']}" + (f", block {d['block']} records, window {d['window']} blocks "
+                                     f"({mb(d['window_bytes'])})" if d.get("block") else ""),
+        ]
+        if d["readahead"] == "windows":
+            lines.append(
+                f"read-ahead: windows of {d['window_records']:,} records ({mb(d['window_bytes'])}) read with "
+                f"long requests in offset order by {d['window_threads']} threads one window ahead"
+                + ("; into private O_DIRECT buffers (no page cache)" if d.get("window_direct") else "")
+                + ("; each window is dropped from the page cache once read" if d["drop_behind"] else "")
+            )
+        else:
+            lines.append(f"read-ahead: per batch ({d['threads']} reader threads, WILLNEED "
+                         f"{d['willneed']} batches ahead)")
+        return "\n".join(lines)
