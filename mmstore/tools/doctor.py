@@ -79,6 +79,7 @@ class DoctorReport:
     recommendation: str = ""
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    codecs: Any = None  # _codec_advice.CodecAdvice: each codec's size, decode rate and predicted samples/s
 
 
 def _evict_records(store: Store, slots: np.ndarray) -> bool:
@@ -132,11 +133,13 @@ def doctor_store(
     seq_bytes: int = 256 << 20,
     cold: bool = True,
     seed: int = 0,
+    codecs: bool = True,
 ) -> DoctorReport:
     """Measure and advise (see the module docstring). ``cold=False`` skips
     every eviction (the cold figures are then not measured); ``budget_s``
     bounds the time of the measurements (about 40% sequential, 40% cold
-    random, 20% warm)."""
+    random, 20% warm); ``codecs`` adds the codec section (``_codec_advice``:
+    each codec measured on a sample, up to a quarter of ``budget_s`` more)."""
     t_start = time.perf_counter()
     store = open_store(path)
     try:
@@ -187,6 +190,12 @@ def doctor_store(
         dt = time.perf_counter() - t0
         rep.warm_reads_per_s = reads / dt if dt > 0 else None
         _predict(rep)
+        if codecs:
+            from ._codec_advice import codec_advice
+
+            rep.codecs = codec_advice(store, available=rep.effective_available or rep.mem_available,
+                                      seq_bytes_per_s=(rep.seq_mb_per_s or 0) * 1e6 or None, seed=seed,
+                                      max_seconds=min(10.0, 0.25 * budget_s))
         return rep
     finally:
         store.close()

@@ -23,7 +23,7 @@ from hypothesis.extra import numpy as hnp
 
 from mmstore.codecs import CODEC_NAMES, RAW, Codec, codec_from_json, library_versions, parse_codec, parse_codec_specs
 from mmstore.errors import EntryDecodeError, FormatError, SchemaError
-from tests.support.images import photo
+from support.images import photo
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
