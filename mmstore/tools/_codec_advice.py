@@ -43,8 +43,8 @@ from ..codecs import Codec, parse_codec
 from ..errors import SchemaError
 from ._common import find_image_field, fmt_bytes, sample_indices, table
 
-__all__ = ["CANDIDATES", "CodecAdvice", "CodecFigure", "CodecPrediction", "Machine", "advise", "measure_codecs",
-           "codec_advice", "render_lines"]
+__all__ = ["CANDIDATES", "CodecAdvice", "CodecFigure", "CodecPrediction", "Machine", "advise", "codec_advice",
+           "decode_rate", "measure_codecs", "predict", "render_lines"]
 
 CANDIDATES = ("raw", "jpeg:90", "jpeg:95", "png", "zstd")
 FIT_SHARE = 0.9  # the share of available memory a store may take and still "fit" (as doctor's _predict)
@@ -62,7 +62,8 @@ class CodecFigure:
     decode_ms: float | None = None  # per record, one core (raw: the copy)
     lossless: bool = True
     sample: int = 0
-    note: str = ""
+    threads_per_s: float | None = None  # measured: records/s decoded by ``threads`` threads at once
+    threads: int = 0
 
 
 @dataclass
@@ -213,13 +214,37 @@ def _time_per_entry(fn: Any, items: list[Any], min_seconds: float) -> float:
             return dt / done
 
 
+def decode_rate(codec: Codec, encoded: list[Any], out: np.ndarray, threads: int, min_seconds: float) -> float:
+    """Entries/s of ``threads`` threads decoding ``encoded`` (bytes in RAM, no
+    store) into their own ``out``-like buffers at once: the decode limit."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(_: int) -> int:
+        dst = np.empty_like(out)
+        fn = (lambda d: np.copyto(dst, d)) if codec.raw else (lambda d: codec.decode_into(d, dst))
+        done, end = 0, time.perf_counter() + min_seconds
+        while time.perf_counter() < end:
+            for d in encoded:
+                fn(d)
+            done += len(encoded)
+        return done
+
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(threads) as ex:
+        n = sum(ex.map(one, range(threads)))
+    return n / (time.perf_counter() - t0)
+
+
 def _figure(codec: Codec, entries: np.ndarray, rest_bytes: int, raw_bytes: int, deadline: float,
-            min_seconds: float) -> CodecFigure:
+            min_seconds: float, threads: int) -> CodecFigure:
     out = np.empty_like(entries[0])
     if codec.raw:
         rb = float(raw_bytes)
         ms = 1e3 * _time_per_entry(lambda e: np.copyto(out, e), list(entries), min_seconds)
-        return CodecFigure("raw", rb, 1.0, None, ms, True, len(entries))
+        fig = CodecFigure("raw", rb, 1.0, None, ms, True, len(entries))
+        if threads:
+            fig.threads, fig.threads_per_s = threads, decode_rate(codec, list(entries), out, threads, min_seconds)
+        return fig
     encoded, t0 = [], time.perf_counter()
     for e in entries:  # at least one entry, then as many as the time allows
         encoded.append(codec.encode(e))
@@ -228,13 +253,17 @@ def _figure(codec: Codec, entries: np.ndarray, rest_bytes: int, raw_bytes: int, 
     enc_ms = 1e3 * (time.perf_counter() - t0) / len(encoded)
     dec_ms = 1e3 * _time_per_entry(lambda d: codec.decode_into(d, out), encoded, min_seconds)
     rb = rest_bytes + 8 + float(np.mean([len(d) for d in encoded]))  # 8: the entry's offset
-    return CodecFigure(codec.spec, rb, raw_bytes / rb, enc_ms, dec_ms, codec.lossless, len(encoded))
+    fig = CodecFigure(codec.spec, rb, raw_bytes / rb, enc_ms, dec_ms, codec.lossless, len(encoded))
+    if threads:
+        fig.threads, fig.threads_per_s = threads, decode_rate(codec, encoded, out, threads, min_seconds)
+    return fig
 
 
 def measure_codecs(store: Any, codecs: Any = CANDIDATES, *, sample: int = 32, seed: int = 0,
-                   max_seconds: float = 6.0) -> tuple[str | None, list[CodecFigure], list[str]]:
+                   max_seconds: float = 6.0, threads: int = 0) -> tuple[str | None, list[CodecFigure], list[str]]:
     """Encode a sample of the store's records with each codec and time one
-    core decoding them; returns (field encoded, figures, notes)."""
+    core decoding them (and ``threads`` threads at once, if > 0); returns
+    (field encoded, figures, notes)."""
     notes: list[str] = []
     if store.records == 0:
         return None, [], ["the store is empty: no codec measured"]
@@ -252,17 +281,18 @@ def measure_codecs(store: Any, codecs: Any = CANDIDATES, *, sample: int = 32, se
             notes.append(f"{c.spec} not measured: {exc}")
             continue
         figs.append(_figure(c, entries, raw_bytes - f.nbytes, raw_bytes, time.perf_counter() + per / 2,
-                            min(0.2, per / 4)))
+                            min(0.2, per / 4), threads))
     return f.name, figs, notes
 
 
 def codec_advice(store: Any, *, records: int | None = None, available: int | None = None,
                  seq_bytes_per_s: float | None = None, codecs: Any = CANDIDATES, sample: int = 32,
-                 seed: int = 0, max_seconds: float = 6.0) -> CodecAdvice:
+                 seed: int = 0, max_seconds: float = 6.0, threads: int = 0) -> CodecAdvice:
     """Measure the codecs on ``store`` and advise from the given machine figures
     (``doctor`` passes its own measurements)."""
     t0 = time.perf_counter()
-    name, figs, notes = measure_codecs(store, codecs, sample=sample, seed=seed, max_seconds=max_seconds)
+    name, figs, notes = measure_codecs(store, codecs, sample=sample, seed=seed, max_seconds=max_seconds,
+                                       threads=threads)
     cur = "raw"
     if name is not None:
         cur = str(getattr(store.schema[name], "codec", None) or "raw")
@@ -281,17 +311,20 @@ def render_lines(adv: CodecAdvice | None) -> list[str]:
     if adv is None:
         return []
     figs = {f.codec: f for f in adv.figures}
+    threaded = any(f.threads for f in adv.figures)
     rows = []
     for p in adv.predictions:
         f = figs[p.codec]
         rows.append([p.codec, fmt_bytes(int(f.record_bytes)), f"{f.ratio:.1f}x",
                      "-" if f.encode_ms is None else f"{f.encode_ms:.2f}", f"{f.decode_ms:.3f}",
                      fmt_bytes(p.store_bytes), {True: "yes", False: "no", None: "?"}[p.fits],
-                     _num(p.disk_per_s), _num(p.decode_per_s), _num(p.epoch1_per_s), _num(p.predicted_per_s)])
+                     _num(p.disk_per_s), _num(p.decode_per_s), _num(p.epoch1_per_s), _num(p.predicted_per_s)]
+                    + ([_num(f.threads_per_s)] if threaded else []))
     out = [f"codecs         field {adv.field!r} (now {adv.current}), {adv.sample} records sampled, "
            f"{adv.cores} cores; samples/s:"]
     out.append(table(rows, header=["codec", "bytes/record", "vs raw", "encode ms", "decode ms/core", "store",
-                                   "fits", "disk-bound", "decode-bound", "epoch 1", "every epoch"]))
+                                   "fits", "disk-bound", "decode-bound", "epoch 1", "every epoch"]
+                     + ([f"measured, {adv.figures[0].threads} threads"] if threaded else [])))
     for n in adv.notes:
         out.append(f"note           {n}")
     out.append(f"codec advice   {adv.choice}: {adv.why}")

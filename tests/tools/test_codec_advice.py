@@ -193,3 +193,16 @@ def test_doctor_prints_the_codec_section(photo_store, capsys):
     assert rc == 0 and rep["codecs"]["choice"] == "raw" and len(rep["codecs"]["predictions"]) == 5
     rc, out, _ = run_cli(["doctor", photo_store, "--budget", "1", "--no-cold", "--no-codecs"], capsys)
     assert rc == 0 and "codec advice" not in out
+
+
+def test_bench_measures_the_codecs_side_by_side(photo_store, capsys):
+    rc, rep = run_json(["bench", photo_store, "--codecs", "raw,jpeg:80,zstd", "--max-seconds", "1"], capsys)
+    assert rc == 0 and rep["cases"] == []  # --codecs alone runs no read case
+    figs = rep["codecs"]["figures"]
+    assert [f["codec"] for f in figs] == ["raw", "jpeg:80", "zstd:3"]
+    assert all(f["threads"] >= 1 and f["threads_per_s"] > 0 for f in figs)
+    assert figs[1]["record_bytes"] < figs[2]["record_bytes"] <= figs[0]["record_bytes"] + 64
+    rc, out, _ = run_cli(["bench", photo_store, "--codecs", "--max-seconds", "1"], capsys)
+    assert rc == 0 and "codec advice   raw" in out and "  png:1 " in out and "samples/s  MB/s" not in out
+    rc, _, err = run_cli(["bench", photo_store, "--codecs", "webp"], capsys)
+    assert rc == 2 and "unknown codec 'webp'" in err
