@@ -11,7 +11,9 @@ A store is a directory
 
     STORE/
       manifest.json        the manifest; written last; its presence means "complete"
-      <field>.npy          memmap backend: one standard .npy file per field
+      <field>.npy          memmap backend: one standard .npy file per raw field
+      <field>.bin          memmap backend, a variable-size field: its entries back to back
+      <field>.offsets.npy  ... and where each starts (see "Encoded fields")
       records.mdb          lmdb backend: one LMDB environment in one file
       _checksums.npy       <u8, shape (slots,): one checksum per slot
       _keys_offsets.npy    <u8, shape (slots + 1,): offsets into _keys.bin
@@ -76,7 +78,8 @@ major version):
                  ``dtype`` is numpy's explicit little-endian (or ``|`` for
                  one-byte types) type string of a bool, int, uint, float or
                  complex type, e.g. ``"|u1"``, ``"<i8"``, ``"<f2"``, ``"|b1"``;
-                 ``shape`` a list of ints >= 0 (``[]`` for a scalar).
+                 ``shape`` a list of ints >= 0 (``[]`` for a scalar); and
+                 ``"codec"`` for an encoded field (2.0, see "Encoded fields").
 ``checksum``     ``{"algorithm": "xxh3_64", "digest": HEX16}``: the algorithm of
                  the per-slot checksums and the xxh3_64 (hex, 16 digits) of the
                  data bytes of ``_checksums.npy`` (after its header), so a
@@ -277,7 +280,8 @@ from typing import Any
 
 import numpy as np
 
-from .errors import FormatError, StoreAccessError, StoreChangedError, VersionError
+from .codecs import RAW, codec_from_json
+from .errors import FormatError, SchemaError, StoreAccessError, StoreChangedError, VersionError
 
 __all__ = [
     "CHECKSUMS_FILE",
@@ -297,6 +301,9 @@ __all__ = [
     "MANIFEST_MAX_BYTES",
     "PARTIAL_SUFFIX",
     "PLAIN_VERSION",
+    "READ_MAJORS",
+    "SEGMENTED_VERSION",
+    "VARIABLE_VERSION",
     "SUPPORTED_BACKENDS",
     "decode_key",
     "encode_key",
@@ -305,6 +312,7 @@ __all__ = [
     "note_identity",
     "open_store_file",
     "lmdb_file",
+    "manifest_version",
     "lmdb_key",
     "normalize_dtype",
     "npy_header",
@@ -312,11 +320,15 @@ __all__ = [
     "read_manifest",
     "read_npy_header",
     "segment_tag",
+    "variable_files",
 ]
 
 FORMAT_NAME = "mmstore"
-FORMAT_VERSION = (1, 1)
-PLAIN_VERSION = (1, 0)  # what a store without segments is written as
+FORMAT_VERSION = (2, 0)  # this document
+PLAIN_VERSION = (1, 0)  # what a store without segments or variable-size fields is written as
+SEGMENTED_VERSION = (1, 1)  # ... with segments, without variable-size fields
+VARIABLE_VERSION = (2, 0)  # ... with a variable-size field (segmented or not)
+READ_MAJORS = (1, 2)  # the major versions this reader reads
 MANIFEST_FILE = "manifest.json"
 MANIFEST_MAX_BYTES = 64 * 1024 * 1024
 MAX_STORE_BYTES = 2**62  # no file of a store, and no field's data, is larger (so sizes fit int64)
@@ -358,6 +370,21 @@ def segment_tag(segment: int | None) -> str:
 def field_file(name: str, segment: int | None = None) -> str:
     """File name of field ``name`` in a memmap store (of one segment)."""
     return f"{name}{segment_tag(segment)}.npy"
+
+
+def variable_files(name: str, segment: int | None = None) -> tuple[str, str]:
+    """``(data, offsets)`` file names of variable-size field ``name`` in a
+    memmap store (of one segment): ``<field>.bin``, ``<field>.offsets.npy``."""
+    tag = segment_tag(segment)
+    return f"{name}{tag}.bin", f"{name}{tag}.offsets.npy"
+
+
+def manifest_version(variable: bool, segmented: bool) -> tuple[int, int]:
+    """The version a writer writes (see ``version``): 2.0 with a variable-size
+    field, else 1.1 with segments, else 1.0."""
+    if variable:
+        return VARIABLE_VERSION
+    return SEGMENTED_VERSION if segmented else PLAIN_VERSION
 
 
 def lmdb_file(segment: int | None = None) -> str:
@@ -480,10 +507,10 @@ def _parse_int(path: str, obj: dict[str, Any], key: str, minimum: int = 0) -> in
     return val
 
 
-def _parse_schema(path: str, raw: object) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+def _parse_schema(path: str, raw: object) -> list[tuple[str, np.dtype, tuple[int, ...], Any]]:
     if not isinstance(raw, list) or not raw:
         raise _fail(path, f"'schema' must be a non-empty list of fields, found {type(raw).__name__}")
-    out: list[tuple[str, np.dtype, tuple[int, ...]]] = []
+    out: list[tuple[str, np.dtype, tuple[int, ...], Any]] = []
     seen: set[str] = set()
     for i, ent in enumerate(raw):
         if not isinstance(ent, dict):
@@ -508,7 +535,12 @@ def _parse_schema(path: str, raw: object) -> list[tuple[str, np.dtype, tuple[int
             or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape)
         ):
             raise _fail(path, f"field {name!r} shape must be a list of ints >= 0, found {shape!r}")
-        out.append((name, dt, tuple(shape)))
+        codec = codec_from_json(path, ent["codec"], name) if "codec" in ent else RAW
+        try:
+            codec.check(dt, tuple(shape), where=f"{path}: field {name!r}")
+        except SchemaError as exc:
+            raise _fail(path, str(exc)) from None
+        out.append((name, dt, tuple(shape), codec))
     return out
 
 
@@ -543,10 +575,10 @@ def parse_manifest(raw: bytes, path: str = MANIFEST_FILE) -> dict[str, Any]:
         or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in ver)
     ):
         raise _fail(path, f"'version' must be [major, minor], found {ver!r}")
-    if ver[0] != FORMAT_VERSION[0]:
+    if ver[0] not in READ_MAJORS:
         raise VersionError(
             f"{path}: store format version {ver[0]}.{ver[1]}, but this mmstore reads "
-            f"{FORMAT_VERSION[0]}.x; upgrade mmstore (pip install -U mmstore) or "
+            f"{' and '.join(f'{m}.x' for m in READ_MAJORS)}; upgrade mmstore (pip install -U mmstore) or "
             "re-create the store with this version"
         )
     store_id = obj.get("store_id")
@@ -560,8 +592,18 @@ def parse_manifest(raw: bytes, path: str = MANIFEST_FILE) -> dict[str, Any]:
     if records > slots:
         raise _fail(path, f"'records' ({records}) exceeds 'slots' ({slots})")
     schema = _parse_schema(path, obj.get("schema"))
-    for name, dt, shape in schema:
+    for name, dt, shape, codec in schema:
         entry = dt.itemsize * math.prod(shape)
+        if not codec.raw:
+            if ver[0] < VARIABLE_VERSION[0]:
+                raise _fail(path, f"field {name!r} has codec {codec}, which needs format version "
+                            f"{VARIABLE_VERSION[0]}.{VARIABLE_VERSION[1]}; the manifest says {ver[0]}.{ver[1]}")
+            # entries have any size (bounded by the data file's listed size);
+            # the decoded entry and the offsets file must still be representable
+            if max(entry, 8 * (slots + 1)) > MAX_STORE_BYTES:
+                raise _fail(path, f"field {name!r} of shape {list(shape)} over {slots} slots is larger than any "
+                            f"store can hold ({MAX_STORE_BYTES})")
+            continue
         if max(entry, slots * entry) > MAX_STORE_BYTES:
             raise _fail(path, f"field {name!r} of shape {list(shape)} needs {slots * entry} bytes over {slots} "
                         f"slots, more than any store can hold ({MAX_STORE_BYTES})")

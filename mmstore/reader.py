@@ -21,7 +21,7 @@ import numpy as np
 
 from .backends import BackendReader, data_file_names, open_backend
 from .backends.base import check_npy
-from .errors import FormatError, StoreChangedError
+from .errors import EntryDecodeError, FormatError, StoreChangedError
 from .format import (
     CHECKSUMS_FILE,
     ERRORS_FILE,
@@ -298,7 +298,7 @@ class Store:
                 self._check_mapped(INDEX_FILE)
             slot = i if ix is None else int(ix[i])
             out = {f.name: np.empty((1, *f.shape), f.dtype) for f in self.schema}
-            self._b().read_into(np.array([slot], np.int64), _ROW0, self.schema.names, out)
+            self._read_into(np.array([slot], np.int64), _ROW0, self.schema.names, out)
             return {k: v[0] for k, v in out.items()}
         if isinstance(item, slice):
             return self.read_batch(np.arange(*item.indices(self.records)))
@@ -389,8 +389,60 @@ class Store:
             else:
                 rows = np.arange(n)
                 sorted_slots = slots
-            self._b().read_into(sorted_slots, rows, names, result)
+            self._read_into(sorted_slots, rows, names, result)
         return result
+
+    def _read_into(self, slots: np.ndarray, rows: np.ndarray, names: Sequence[str],
+                   out: dict[str, np.ndarray]) -> None:
+        """The backend's ``read_into``; a bad encoded entry's error gets the
+        record's dataset index and source key."""
+        try:
+            self._b().read_into(slots, rows, names, out)
+        except EntryDecodeError as exc:
+            slot = getattr(exc, "slot", None)
+            if slot is None:
+                raise
+            raise self._entry_error(exc, int(slot)) from None
+
+    def _entry_error(self, exc: EntryDecodeError, slot: int) -> EntryDecodeError:
+        ix = self.index
+        if ix is None:
+            index: int | None = slot
+        else:
+            at = int(np.searchsorted(ix, slot))
+            index = at if at < len(ix) and int(ix[at]) == slot else None
+        try:
+            key = decode_key(self.slot_key_bytes(slot))
+        except (FormatError, IndexError):
+            key = "?"
+        field, reason = getattr(exc, "field", "?"), getattr(exc, "reason", str(exc))
+        err = EntryDecodeError(
+            f"{self.path}: record {index} (slot {slot}, key {key!r}): field {field!r} cannot be decoded: {reason}. "
+            f"Run `mmstore verify --decode {self.path}` to list every bad entry, then repair (`mmstore verify "
+            "--repair`) or re-create the store"
+        )
+        err.field, err.slot, err.index, err.key, err.reason = field, slot, index, key, reason  # type: ignore[attr-defined]
+        return err
+
+    def entry_sizes(self, name: str, indices: Any = None) -> np.ndarray:
+        """Stored (encoded) bytes of variable-size field ``name`` for dataset
+        ``indices`` (default: every record), int64, from the offsets index
+        (no entry is read). For a raw field every size is its entry's bytes."""
+        f = self.schema[name]
+        idx = np.arange(self.records) if indices is None else indices
+        slots = self.slots_of(idx)
+        if not f.variable:
+            return np.full(len(slots), f.nbytes, np.int64)
+        b = self._b()
+        if not b.segmented:
+            return b.entry_sizes(name, slots)
+        out = np.zeros(len(slots), np.int64)
+        first = b.first  # type: ignore[attr-defined]
+        seg = np.searchsorted(first, slots, side="right") - 1
+        for k in np.unique(seg).tolist():
+            sel = seg == k
+            out[sel] = b.segment_backends()[k].entry_sizes(name, slots[sel] - first[k])
+        return out
 
     def column(self, name: str) -> np.ndarray:
         """A whole field in dataset order (a copy; cheap for small fields)."""

@@ -1,4 +1,12 @@
-"""Schemas: named fixed-shape fields, sample validation, record packing."""
+"""Schemas: named fixed-shape fields, their codecs, sample validation, record packing.
+
+A field is *fixed* (codec ``raw``: fixed-size entries at fixed offsets, format
+1.x) or *variable-size* (any other codec: each entry is its encoded bytes,
+found through an offsets index; format.py, "Encoded fields"). Every field
+decodes to exactly its dtype and shape. ``record_bytes`` and ``offsets`` are
+about the fixed fields only (:attr:`Schema.fixed_fields`): the packed part of
+a record that sits at fixed positions.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +16,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
+from .codecs import RAW, Codec, codec_from_json, parse_codec
 from .errors import FormatError, SchemaError
 from .format import FIELD_NAME_RE, normalize_dtype
 
@@ -15,16 +24,23 @@ __all__ = ["Field", "Schema"]
 
 
 class Field(NamedTuple):
-    """One fixed-shape field of a record."""
+    """One field of a record: its name, the dtype and shape every entry
+    decodes to, and how an entry is stored (``codec``, default raw)."""
 
     name: str
     dtype: np.dtype
     shape: tuple[int, ...]
+    codec: Codec = RAW
 
     @property
     def nbytes(self) -> int:
-        """Bytes of one entry of this field."""
+        """Bytes of one decoded entry of this field (``dtype x shape``)."""
         return int(self.dtype.itemsize * math.prod(self.shape))
+
+    @property
+    def variable(self) -> bool:
+        """True when entries are stored encoded, each of its own size (not raw)."""
+        return not self.codec.raw
 
 
 class Schema:
@@ -33,44 +49,54 @@ class Schema:
     Parameters
     ----------
     fields
-        ``{name: (dtype, shape)}``, or an iterable of :class:`Field` or of
-        ``(name, dtype, shape)`` triples. Dtypes are normalised to explicit
-        little-endian; shapes to tuples of ints (``()`` for a scalar).
+        ``{name: (dtype, shape)}`` or ``{name: (dtype, shape, codec)}``, or an
+        iterable of :class:`Field` or of ``(name, dtype, shape[, codec])``.
+        Dtypes are normalised to explicit little-endian; shapes to tuples of
+        ints (``()`` for a scalar). A codec is a :class:`~mmstore.codecs.Codec`
+        or a spec such as ``"jpeg:90"`` (None: raw).
+    codecs
+        ``{field: codec spec}`` (or ``["image=jpeg:90", ...]``): sets the
+        codecs of the named fields, overriding the ones in ``fields``.
 
     Raises
     ------
     SchemaError
-        Bad names, duplicate names, unsupported dtypes, negative dims.
+        Bad names, duplicate names, unsupported dtypes, negative dims, a codec
+        that does not fit its field (e.g. jpeg on a float field).
     """
 
-    def __init__(self, fields: Mapping[str, Any] | Iterable[Any]) -> None:
-        items: list[tuple[Any, Any, Any]] = []
+    def __init__(self, fields: Mapping[str, Any] | Iterable[Any], *, codecs: Mapping[str, Any] | None = None) -> None:
+        items: list[tuple[Any, Any, Any, Any]] = []
         if isinstance(fields, Schema):
             items = [tuple(f) for f in fields.fields]
         elif isinstance(fields, Mapping):
             for name, spec in fields.items():
                 if isinstance(spec, Field):
-                    items.append((name, spec.dtype, spec.shape))
+                    items.append((name, spec.dtype, spec.shape, spec.codec))
                     continue
-                try:
-                    dtype, shape = spec
-                except (TypeError, ValueError):
+                if not isinstance(spec, (tuple, list)) or len(spec) not in (2, 3):
                     raise SchemaError(
-                        f"field {name!r}: expected (dtype, shape), found {spec!r}"
-                    ) from None
-                items.append((name, dtype, shape))
+                        f"field {name!r}: expected (dtype, shape) or (dtype, shape, codec), found {spec!r}"
+                    )
+                items.append((name, spec[0], spec[1], spec[2] if len(spec) == 3 else None))
         else:
             for ent in fields:
-                try:
-                    name, dtype, shape = ent
-                except (TypeError, ValueError):
-                    raise SchemaError(f"expected (name, dtype, shape), found {ent!r}") from None
-                items.append((name, dtype, shape))
+                if not isinstance(ent, (tuple, list)) or len(ent) not in (3, 4):
+                    raise SchemaError(f"expected (name, dtype, shape) or (name, dtype, shape, codec), found {ent!r}")
+                items.append((ent[0], ent[1], ent[2], ent[3] if len(ent) == 4 else None))
         if not items:
             raise SchemaError("a schema needs at least one field")
+        extra = {}
+        if codecs:
+            from .codecs import parse_codec_specs
+
+            extra = parse_codec_specs(codecs)
+            unknown = [k for k in extra if k not in {it[0] for it in items}]
+            if unknown:
+                raise SchemaError(f"codecs name unknown field(s) {unknown}; the schema has {[it[0] for it in items]}")
         out: list[Field] = []
         seen: set[str] = set()
-        for name, dtype, shape in items:
+        for name, dtype, shape, codec in items:
             if not isinstance(name, str) or not FIELD_NAME_RE.match(name):
                 raise SchemaError(
                     f"field name {name!r} is not allowed: use 1-63 letters, digits and _, "
@@ -91,14 +117,33 @@ class Schema:
                 raise SchemaError(f"field {name!r}: shape must be a tuple of ints, found {shape!r}") from None
             if any(d < 0 for d in shp):
                 raise SchemaError(f"field {name!r}: negative dimension in shape {shp}")
-            out.append(Field(name, dt, shp))
+            cod = extra.get(name, None) or parse_codec(codec, where=f"field {name!r}")
+            cod.check(dt, shp, where=f"field {name!r}")
+            out.append(Field(name, dt, shp, cod))
         self.fields: tuple[Field, ...] = tuple(out)
         self._by_name = {f.name: f for f in out}
+        self.fixed_fields: tuple[Field, ...] = tuple(f for f in out if not f.variable)
+        """The raw fields, in schema order: stored at fixed offsets (``offsets``)."""
+        self.variable_fields: tuple[Field, ...] = tuple(f for f in out if f.variable)
+        """The encoded fields, in schema order: entries of any size, behind an offsets index."""
         offs = [0]
-        for f in out:
+        for f in self.fixed_fields:
             offs.append(offs[-1] + f.nbytes)
         self.offsets: tuple[int, ...] = tuple(offs[:-1])
+        """Byte offset of each of ``fixed_fields`` inside the packed fixed part."""
         self.record_bytes: int = offs[-1]
+        """Bytes of the fixed fields of one record (all fields when none is variable)."""
+
+    @classmethod
+    def from_json(cls, raw: list[dict[str, Any]], path: str = "schema") -> Schema:
+        """The schema of a manifest's (or a writer state's) ``schema`` list."""
+        return cls([(f["name"], f["dtype"], tuple(f["shape"]),
+                     codec_from_json(path, f["codec"], f["name"]) if "codec" in f else RAW) for f in raw])
+
+    @property
+    def has_variable(self) -> bool:
+        """True when some field is variable-size (the store is format 2.0)."""
+        return bool(self.variable_fields)
 
     # -- container protocol -------------------------------------------------
     @property
@@ -127,17 +172,27 @@ class Schema:
         return hash(self.fields)
 
     def __repr__(self) -> str:
-        inner = ", ".join(f"{f.name}: {f.dtype.str}{list(f.shape)}" for f in self.fields)
+        inner = ", ".join(f"{f.name}: {f.dtype.str}{list(f.shape)}" + ("" if f.codec.raw else f" {f.codec}")
+                          for f in self.fields)
         return f"Schema({inner})"
 
     # -- serialisation --------------------------------------------------------
     def to_json(self) -> list[dict[str, Any]]:
         """The manifest's ``schema`` list."""
-        return [{"name": f.name, "dtype": f.dtype.str, "shape": list(f.shape)} for f in self.fields]
+        out: list[dict[str, Any]] = []
+        for f in self.fields:
+            ent: dict[str, Any] = {"name": f.name, "dtype": f.dtype.str, "shape": list(f.shape)}
+            if f.variable:
+                ent["codec"] = f.codec.to_json()
+            out.append(ent)
+        return out
 
     def offset(self, name: str) -> int:
-        """Byte offset of ``name`` inside a packed record."""
-        return self.offsets[self.names.index(name)]
+        """Byte offset of fixed field ``name`` inside the packed fixed part."""
+        f = self[name]
+        if f.variable:
+            raise KeyError(f"field {name!r} is variable-size ({f.codec}): it has no fixed offset")
+        return self.offsets[self.fixed_fields.index(f)]
 
     # -- samples --------------------------------------------------------------
     def validate(self, sample: Mapping[str, Any]) -> dict[str, np.ndarray]:

@@ -26,6 +26,7 @@ from ._crash import crash_point
 from ._dest import check_dest, is_own_partial, is_store, make_partial
 from ._io import atomic_write, check_space, fallocate, fsync_dir, fsync_file, hasher, pwrite_all, record_checksum
 from ._names import json_bytes, json_text
+from ._spill import Spill, sync_spills
 from ._version import __version__
 from .backends import SlotFile, backend_class
 from .backends.base import check_npy
@@ -35,17 +36,16 @@ from .format import (
     CHECKSUMS_FILE,
     ERRORS_FILE,
     FORMAT_NAME,
-    FORMAT_VERSION,
     INDEX_FILE,
     KEY_DTYPE,
     KEYS_BLOB_FILE,
     KEYS_OFFSETS_FILE,
     MANIFEST_FILE,
     PARTIAL_SUFFIX,
-    PLAIN_VERSION,
     SUPPORTED_BACKENDS,
     decode_key,
     encode_key,
+    manifest_version,
     npy_header,
     read_manifest,
 )
@@ -158,7 +158,7 @@ class SlotWriter:
         if _state is None:
             with open(os.path.join(partial_dir, WRITER_STATE_FILE), "rb") as fh:
                 _state = json.loads(fh.read())
-        self.schema = Schema([(f["name"], f["dtype"], tuple(f["shape"])) for f in _state["schema"]])
+        self.schema = Schema.from_json(_state["schema"], os.path.join(partial_dir, WRITER_STATE_FILE))
         self.backend = _state["backend"]
         self.capacity = int(_state["capacity"])
         self.layout: list[SlotFile] = backend_class(self.backend).write_layout(self.schema)
@@ -173,6 +173,7 @@ class SlotWriter:
             for name, inner in sf.fields.items():
                 self._where[name] = (i, inner, self.schema[name].nbytes)
         self._zeros = b""
+        self._spill = Spill(partial_dir)  # encoded entries (see mmstore/_spill.py)
 
     def write(self, slot: int, sample: Mapping[str, Any]) -> int:
         """Validate ``sample`` and write it at ``slot``; return its checksum."""
@@ -180,13 +181,24 @@ class SlotWriter:
         return self.write_arrays(slot, arrays)
 
     def write_arrays(self, slot: int, arrays: Mapping[str, np.ndarray]) -> int:
-        """Write already validated C-contiguous arrays (see ``Schema.validate``)."""
+        """Write already validated C-contiguous arrays (see ``Schema.validate``);
+        variable-size fields are encoded here, with their field's codec."""
+        entries = {f.name: f.codec.encode(arrays[f.name]) for f in self.schema.variable_fields}
+        return self.write_encoded(slot, arrays, entries)
+
+    def write_encoded(self, slot: int, arrays: Mapping[str, Any], entries: Mapping[str, Any]) -> int:
+        """Write ``slot`` from validated arrays of its fixed fields and the
+        stored (encoded) bytes of its variable-size fields, as they are (a
+        convert or a repair that keeps the encoded bytes); return its checksum
+        (format.py, "Checksums")."""
         self._check_slot(slot)
-        for f in self.schema:
+        for f in self.schema.fixed_fields:
             i, inner, nb = self._where[f.name]
             if nb:
                 pwrite_all(self._fds[i], arrays[f.name], self._offsets[i] + slot * self.layout[i].stride + inner)
-        ck = record_checksum(arrays[f.name] for f in self.schema)
+        for v, f in enumerate(self.schema.variable_fields):
+            self._spill.add(slot, v, entries[f.name])
+        ck = record_checksum(checksum_parts(self.schema, arrays, entries))
         pwrite_all(self._fds[-1], int(ck).to_bytes(8, "little"), self._offsets[-1] + 8 * slot)
         return ck
 
@@ -214,6 +226,8 @@ class SlotWriter:
             return np.zeros(0, np.uint64)
         self._check_slot(start)
         self._check_slot(start + n - 1)
+        if self.schema.has_variable:
+            return self._write_rows(start, n, cols)
         rb = self.schema.record_bytes
         step = max(1, (64 << 20) // max(rb, 1))
         sums = np.zeros(n, np.uint64)
@@ -235,6 +249,18 @@ class SlotWriter:
             for j in range(b - a):
                 sums[a + j] = h(packed[j].data)
             pwrite_all(self._fds[-1], sums[a:b].astype("<u8"), self._offsets[-1] + 8 * (start + a))
+        return sums
+
+    def _write_rows(self, start: int, n: int, cols: Mapping[str, Any]) -> np.ndarray:
+        """``write_batch`` of a schema with variable-size fields: validated a
+        block of rows at a time, encoded and written row by row."""
+        sums = np.zeros(n, np.uint64)
+        step = max(1, (64 << 20) // max(1, sum(f.nbytes for f in self.schema)))
+        for a in range(0, n, step):
+            b = min(n, a + step)
+            block = {f.name: coerce_rows(f, cols[f.name][a:b]) for f in self.schema}
+            for j in range(b - a):
+                sums[a + j] = self.write_arrays(start + a + j, {k: v[j] for k, v in block.items()})
         return sums
 
     def zero(self, slot: int) -> None:
@@ -265,15 +291,20 @@ class SlotWriter:
         self.capacity = max(self.capacity, capacity)
 
     def sync(self) -> None:
-        """fsync every slot file (a chunk's data is durable after this)."""
+        """fsync every slot file, and every writer's spill of encoded entries
+        (a chunk's data is durable after this, whichever process wrote it)."""
         for fd in self._fds:
             fsync_file(fd)
+        if self.schema.has_variable:
+            self._spill.sync()
+            sync_spills(self.partial_dir)
 
     def close(self) -> None:
         """Close the files (does not sync)."""
         for fd in self._fds:
             os.close(fd)
         self._fds = []
+        self._spill.close()
 
     def __enter__(self) -> SlotWriter:
         return self
@@ -651,6 +682,21 @@ def _reserve_bytes(layout: list[SlotFile], capacity: int) -> int:
     return sum(len(npy_header(sf.dtype, (capacity, *sf.entry_shape))) + capacity * sf.stride for sf in layout)
 
 
+def checksum_parts(schema: Schema, arrays: Mapping[str, Any], entries: Mapping[str, Any]) -> list[Any]:
+    """The buffers whose concatenation a slot's checksum covers (format.py,
+    "Checksums"): in schema order, a fixed field's bytes, or a variable-size
+    field's entry length as ``<u8`` followed by the entry."""
+    parts: list[Any] = []
+    for f in schema:
+        if f.variable:
+            e = entries[f.name]
+            parts.append(np.array([memoryview(e).nbytes], "<u8"))
+            parts.append(np.frombuffer(e, np.uint8))
+        else:
+            parts.append(arrays[f.name])
+    return parts
+
+
 def write_durable(path: str, head: Any, body: Any = None) -> None:
     """Create ``path`` holding ``head`` then ``body``, fsynced."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
@@ -697,7 +743,7 @@ def write_manifest(
     }
     manifest: dict[str, Any] = {
         "format": FORMAT_NAME,
-        "version": list(PLAIN_VERSION if segments is None else FORMAT_VERSION),
+        "version": list(manifest_version(schema.has_variable, segments is not None)),
         "store_id": uuid.uuid4().hex,
         "backend": backend,
         "records": records,

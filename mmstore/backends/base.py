@@ -17,11 +17,11 @@ from typing import ClassVar, NamedTuple
 
 import numpy as np
 
-from ..errors import FormatError
+from ..errors import EntryDecodeError, FormatError
 from ..format import note_identity, open_store_file, read_npy_header
 from ..schema import Schema
 
-__all__ = ["Backend", "BackendReader", "FieldSegment", "SlotFile", "check_npy"]
+__all__ = ["Backend", "BackendReader", "FieldSegment", "SlotFile", "check_npy", "entry_error", "packed_record"]
 
 
 class SlotFile(NamedTuple):
@@ -59,8 +59,14 @@ class BackendReader(ABC):
     Capabilities (what callers outside ``backends/`` may ask instead of the
     backend's name):
 
+    Variable-size (encoded) fields (format.py, "Encoded fields") are read
+    through :meth:`read_into`, which decodes each entry into the caller's
+    array; :meth:`entry_sizes` gives their stored sizes and :meth:`entry_spans`
+    the bytes a run of slots occupies (readahead). The capabilities below are
+    about the fixed (raw) fields only.
+
     ``positional``
-        Every field's entries sit at fixed positions of its own ``.npy`` file
+        Every fixed field's entries sit at fixed positions of its own ``.npy`` file
         per segment (``Backend.field_file``; entry ``j`` at ``offset + j *
         entry_bytes``): :meth:`field_segments` says where, so readers may ``pread`` them, ``evict`` may drop exactly
         their pages, ``verify`` may hash them with large sequential reads and
@@ -121,7 +127,12 @@ class BackendReader(ABC):
     @abstractmethod
     def iter_packed(self, start: int, stop: int) -> Iterator[tuple[int, memoryview | None]]:
         """Yield ``(slot, packed record bytes or None for an absent record)`` for
-        slots in ``[start, stop)``; the view is valid until the next item."""
+        slots in ``[start, stop)``; the view is valid until the next item.
+
+        The packed bytes are the ones a slot's checksum covers (format.py,
+        "Checksums"; :func:`packed_record`): the fields in schema order, a
+        variable-size field as its ``<u8`` length and stored entry. Without
+        variable-size fields that is the 1.x packed record (an lmdb value)."""
 
     @abstractmethod
     def data_paths(self) -> list[str]:
@@ -137,6 +148,33 @@ class BackendReader(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release handles (mappings, environments)."""
+
+    # -- variable-size fields ----------------------------------------------
+    def entry_sizes(self, name: str, slots: np.ndarray) -> np.ndarray:
+        """Stored (encoded) sizes in bytes of variable-size field ``name`` at
+        ``slots`` (int64; holes 0). Default: from :meth:`entry_offsets`."""
+        offs = self.entry_offsets(name)
+        s = np.asarray(slots, np.int64)
+        size = self.entry_data_size(name)
+        a = np.minimum(offs[s], size).astype(np.int64)
+        b = np.minimum(offs[s + 1], size).astype(np.int64)
+        return np.maximum(b - a, 0)
+
+    def entry_offsets(self, name: str) -> np.ndarray:
+        """A single-segment backend's offsets index of variable-size field
+        ``name`` (``slots + 1`` ``<u8``; only the first and last are checked)."""
+        raise NotImplementedError(f"entry_offsets: the {self.name} backend keeps no offsets index per field")
+
+    def entry_data_size(self, name: str) -> int:
+        """Size of the data the offsets of :meth:`entry_offsets` point into."""
+        raise NotImplementedError(f"entry_data_size: the {self.name} backend keeps no offsets index per field")
+
+    def entry_spans(self, name: str, start: int, stop: int) -> list[tuple[str, int, int]]:
+        """Variable-size field ``name``: the bytes slots ``[start, stop)``
+        occupy, ``(path, offset, length)`` per data file, for readahead
+        (``posix_fadvise(WILLNEED)``/``readahead``) of a run of slots.
+        Default: none known (nothing to read ahead)."""
+        return []
 
     # -- positional backends only (see ``positional``) ---------------------
     def field_segments(self, name: str) -> list[FieldSegment]:
@@ -266,3 +304,30 @@ def check_npy(
     if size is not None and size != actual:
         raise FormatError(f"{path}: the manifest lists {size} bytes, found {actual}")
     return offset
+
+
+def entry_error(backend: BackendReader, name: str, slot: int, reason: str) -> EntryDecodeError:
+    """The error for a bad entry of variable-size field ``name`` at local
+    ``slot`` of ``backend``; ``Store`` adds the dataset index and the key."""
+    glob = slot if backend.first is None else backend.first + slot
+    err = EntryDecodeError(
+        f"{backend.root}: field {name!r}, slot {glob}: the stored entry cannot be read: {reason}. Run "
+        "`mmstore verify --decode STORE` to list every bad entry, then repair or re-create the store"
+    )
+    err.field, err.slot, err.reason = name, glob, reason  # type: ignore[attr-defined]
+    return err
+
+
+def packed_record(schema: Schema, fixed: dict[str, np.ndarray], entries: dict[str, object]) -> memoryview:
+    """A record's checksummed bytes (format.py, "Checksums"): in schema order
+    the fixed fields' bytes, and each variable-size field's entry length as
+    ``<u8`` followed by the entry."""
+    parts = []
+    for f in schema:
+        if f.variable:
+            e = memoryview(entries[f.name]).cast("B")  # type: ignore[arg-type]
+            parts.append(e.nbytes.to_bytes(8, "little"))
+            parts.append(e)
+        else:
+            parts.append(np.ascontiguousarray(fixed[f.name]).tobytes())
+    return memoryview(b"".join(parts))

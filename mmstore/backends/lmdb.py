@@ -26,10 +26,10 @@ import numpy as np
 
 from .._crash import crash_point
 from .._io import fsync_dir, fsync_file
-from ..errors import FormatError, StoreChangedError
+from ..errors import EntryDecodeError, FormatError, StoreChangedError
 from ..format import LMDB_FILE, LMDB_TXN_RECORDS, lmdb_file, lmdb_key, note_identity, open_store_file
 from ..schema import Schema
-from .base import Backend, SlotFile, check_npy
+from .base import Backend, SlotFile, check_npy, entry_error, packed_record
 
 __all__ = ["LmdbBackend", "STAGING_FILE", "lmdb_map_size"]
 
@@ -92,6 +92,36 @@ def lmdb_map_size(record_bytes: int, records: int) -> int:
     return -(-size // page) * page
 
 
+def lmdb_map_size_of(value_bytes: np.ndarray) -> int:
+    """:func:`lmdb_map_size` for values of the sizes ``value_bytes`` (one per
+    record: a store with variable-size fields)."""
+    page = mmap.PAGESIZE
+    v = np.asarray(value_bytes, np.int64)
+    big = v + 16 > (page - 16) // 2
+    per = np.where(big, -(-(v + 16) // page) * page + 32, 2 * (v + 8 + 8 + 2))
+    size = int(int(per.sum()) * 1.25) + (8 << 20)
+    return -(-size // page) * page
+
+
+def value_layout(schema: Schema, buf: Any) -> list[tuple[int, int]] | None:
+    """``(start, length)`` in an lmdb value of each variable-size field's entry
+    (format.py, "lmdb backend": raw fields, one ``<u8`` length per variable
+    field, the entries), or None when the value's size does not match that
+    layout (checked before any slicing)."""
+    rb, nvar = schema.record_bytes, len(schema.variable_fields)
+    head = rb + 8 * nvar
+    if len(buf) < head:
+        return None
+    lens = np.frombuffer(buf, "<u8", count=nvar, offset=rb).tolist()
+    if head + sum(lens) != len(buf):  # Python ints: no overflow
+        return None
+    out, pos = [], head
+    for n in lens:
+        out.append((pos, n))
+        pos += n
+    return out
+
+
 class LmdbBackend(Backend):
     """Records are read with one read-only transaction per batch."""
 
@@ -111,7 +141,7 @@ class LmdbBackend(Backend):
 
     @classmethod
     def write_layout(cls, schema: Schema) -> list[SlotFile]:
-        fields = dict(zip(schema.names, schema.offsets))
+        fields = {f.name: off for f, off in zip(schema.fixed_fields, schema.offsets)}
         return [SlotFile(STAGING_FILE, np.dtype("|u1"), (schema.record_bytes,), schema.record_bytes, fields)]
 
     @classmethod
@@ -138,6 +168,9 @@ class LmdbBackend(Backend):
         rb = schema.record_bytes
         offset = check_npy(staging, np.dtype("|u1"), (slots, rb))
         present = np.flatnonzero(~holes)
+        if schema.has_variable:
+            cls._finalize_variable(path, staging, offset, schema, slots, holes, present)
+            return
         map_size = lmdb_map_size(rb, len(present))
         env = lmdb.open(
             path, subdir=False, lock=False, map_size=map_size, readahead=False,
@@ -168,6 +201,61 @@ class LmdbBackend(Backend):
         fsync_dir(partial_dir)
         # the staging file stays until publish() removes what the manifest does
         # not list: a crash before the manifest is durable must find it on resume
+
+    @classmethod
+    def _finalize_variable(cls, path: str, staging: str, offset: int, schema: Schema, slots: int,
+                           holes: np.ndarray, present: np.ndarray) -> None:
+        """``finalize`` with variable-size fields: each value is the staged
+        fixed part, the entries' lengths and the entries (from the spills)."""
+        from .._spill import collect
+
+        lmdb = _lmdb()
+        ents = [collect(os.path.dirname(path), schema, slots, holes)[f.name] for f in schema.variable_fields]
+        rb = schema.record_bytes
+        sizes = rb + 8 * len(ents) + sum(e.length for e in ents)
+        map_size = lmdb_map_size_of(sizes[present])
+        paths = ents[0].paths if ents else []
+        maps = []
+        env = lmdb.open(path, subdir=False, lock=False, map_size=map_size, readahead=False,
+                        meminit=True, max_dbs=0, sync=True, metasync=True)
+        try:
+            for p in paths:
+                with open(p, "rb") as fh:
+                    maps.append(mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if os.fstat(fh.fileno()).st_size
+                                else None)
+            with open(staging, "rb") as fh:
+                fixed = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ) if slots * rb else None
+
+                def value(s: int) -> bytes:
+                    parts = [fixed[offset + s * rb : offset + (s + 1) * rb] if fixed is not None else b""]
+                    parts += [int(e.length[s]).to_bytes(8, "little") for e in ents]
+                    for e in ents:
+                        if e.length[s]:
+                            a = int(e.start[s])
+                            parts.append(maps[int(e.src[s])][a : a + int(e.length[s])])  # type: ignore[index]
+                    return b"".join(parts)
+
+                try:
+                    for start in range(0, len(present), LMDB_TXN_RECORDS):
+                        chunk = present[start : start + LMDB_TXN_RECORDS].tolist()
+                        map_size = _put_values(env, [(lmdb_key(s), value(s)) for s in chunk], map_size)
+                finally:
+                    if fixed is not None:
+                        fixed.close()
+            env.sync(True)
+        except lmdb.Error as exc:
+            raise _write_failure(path, exc) from None
+        finally:
+            env.close()
+            for m in maps:
+                if m is not None:
+                    m.close()
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            fsync_file(fd)
+        finally:
+            os.close(fd)
+        fsync_dir(os.path.dirname(path))
 
     # -- read side -----------------------------------------------------------
     def _open_file(self) -> tuple[int, os.stat_result]:
@@ -203,11 +291,17 @@ class LmdbBackend(Backend):
                 cur = txn.cursor()
                 if cur.first():
                     k, v = cur.item()
-                    if len(k) != 8 or len(v) != self.schema.record_bytes:
+                    if self.schema.has_variable:
+                        fits = value_layout(self.schema, v) is not None
+                        need = f"values of {self.schema.record_bytes} bytes + 8 per variable-size field + entries"
+                    else:
+                        fits = len(v) == self.schema.record_bytes
+                        need = f"{self.schema.record_bytes}-byte values"
+                    if len(k) != 8 or not fits:
                         raise FormatError(
                             f"{path}: first record has a {len(k)}-byte key and {len(v)}-byte value; "
-                            f"the manifest's schema needs 8-byte keys and {self.schema.record_bytes}-byte "
-                            "values: the manifest and the data belong to different stores"
+                            f"the manifest's schema needs 8-byte keys and {need}: "
+                            "the manifest and the data belong to different stores"
                         )
         except _lmdb().Error as exc:
             raise FormatError(f"{path}: the LMDB file is damaged ({exc}); run `mmstore verify`") from None
@@ -288,6 +382,9 @@ class LmdbBackend(Backend):
         if n == 0:
             return
         rb = self.schema.record_bytes
+        if self.schema.has_variable:
+            self._read_variable(slots, rows, fields, out)
+            return
         parts = [
             (out[name].ctypes.data, self.schema.offset(name), self.schema[name].nbytes)
             for name in fields
@@ -314,6 +411,43 @@ class LmdbBackend(Backend):
                 for dbase, off, nb in parts:
                     _memmove(dbase + r * nb, addr + off, nb)
 
+    def _read_variable(
+        self, slots: np.ndarray, rows: np.ndarray, fields: Sequence[str], out: dict[str, np.ndarray]
+    ) -> None:
+        """``read_into`` of a schema with variable-size fields: each value's
+        size is checked against its layout before any slice of it is used."""
+        fixed = [(out[n].ctypes.data, self.schema.offset(n), self.schema[n].nbytes)
+                 for n in fields if not self.schema[n].variable and self.schema[n].nbytes]
+        var_ix = {f.name: k for k, f in enumerate(self.schema.variable_fields)}
+        var = [(n, var_ix[n], self.schema[n].codec.decode_into, out[n]) for n in fields if n in var_ix]
+        keys = slots.astype(">u8").tobytes()
+        r_list = rows.tolist()
+        env = self.env()
+        self._check_size()
+        span = self._span
+        with env.begin(buffers=True) as txn:
+            get = txn.get
+            for j in range(len(slots)):
+                try:
+                    buf = get(keys[8 * j : 8 * j + 8])
+                except _lmdb().Error as exc:
+                    self._damaged(int(slots[j]), exc)
+                lay = value_layout(self.schema, buf) if buf is not None else None
+                if lay is None:
+                    self._bad(int(slots[j]), buf)
+                addr = np.frombuffer(buf, np.uint8).ctypes.data
+                if span is not None and not span[0] <= addr <= span[1] - len(buf):
+                    self._outside(int(slots[j]))
+                r = r_list[j]
+                for dbase, off, nb in fixed:
+                    _memmove(dbase + r * nb, addr + off, nb)
+                for name, k, decode, dst in var:
+                    a, n = lay[k]  # type: ignore[index]
+                    try:
+                        decode(buf[a : a + n], dst[r])
+                    except EntryDecodeError as exc:
+                        raise entry_error(self, name, int(slots[j]), str(exc)) from None
+
     def prepare(self, fields: Sequence[str] | None = None) -> None:
         self.env()
 
@@ -334,6 +468,12 @@ class LmdbBackend(Backend):
         where = f"slot {slot}" if self.first is None else f"slot {self.first + slot} (key {slot} of this segment)"
         if buf is None:
             raise FormatError(f"{path}: no record for {where}; the store is damaged (run `mmstore verify`)")
+        if self.schema.has_variable:
+            raise FormatError(
+                f"{path}: record for {where} has {len(buf)} bytes, which does not match its layout ("
+                f"{self.schema.record_bytes} bytes of raw fields, {len(self.schema.variable_fields)} entry lengths "
+                "and the entries they add up to); the store is damaged: run `mmstore verify`"
+            )
         raise FormatError(
             f"{path}: record for {where} has {len(buf)} bytes, expected {self.schema.record_bytes}"
         )
@@ -357,11 +497,32 @@ class LmdbBackend(Backend):
                         addr = np.frombuffer(v, np.uint8).ctypes.data
                         if not span[0] <= addr <= span[1] - len(v):
                             self._outside(s)
-                    yield s, v
+                    yield s, (self._canonical(s, v) if self.schema.has_variable else v)
                     nxt = s + 1
             while nxt < stop:
                 yield nxt, None
                 nxt += 1
+
+    def entry_sizes(self, name: str, slots: np.ndarray) -> np.ndarray:
+        """Stored sizes of variable-size field ``name`` at ``slots`` (one
+        lookup each; an absent record or a value off its layout counts 0)."""
+        k = [f.name for f in self.schema.variable_fields].index(name)
+        out = np.zeros(len(slots), np.int64)
+        with self.env().begin(buffers=True) as txn:
+            for j, s in enumerate(np.asarray(slots, np.int64).tolist()):
+                v = txn.get(lmdb_key(s))
+                lay = value_layout(self.schema, v) if v is not None else None
+                out[j] = lay[k][1] if lay is not None else 0
+        return out
+
+    def _canonical(self, slot: int, v: Any) -> memoryview:
+        """A 2.0 value as the bytes its checksum covers (``iter_packed``)."""
+        lay = value_layout(self.schema, v)
+        if lay is None:
+            self._bad(slot, v)
+        fixed = {f.name: v[o : o + f.nbytes] for f, o in zip(self.schema.fixed_fields, self.schema.offsets)}
+        entries = {f.name: v[a : a + n] for f, (a, n) in zip(self.schema.variable_fields, lay)}  # type: ignore[arg-type]
+        return packed_record(self.schema, fixed, entries)
 
     def has_stray_entries(self, holes: np.ndarray) -> bool:
         """A key that is not one of this segment's records (malformed, past
@@ -432,6 +593,21 @@ def _zero_tail(span: tuple[int, int], file_size: int) -> None:
     got = libc.mmap(start, span[1] - start, mmap.PROT_READ, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | map_fixed, -1, 0)
     if got != start:
         raise OSError(ctypes.get_errno(), "mapping zero pages after an LMDB file failed")
+
+
+def _put_values(env: Any, items: list[tuple[bytes, Any]], map_size: int) -> int:
+    """One write transaction of ``(key, value)`` items in key order; returns
+    the map size (grown if the estimate was too small)."""
+    while True:
+        try:
+            with env.begin(write=True) as txn:
+                for k, v in items:
+                    txn.put(k, v, append=True)
+                crash_point("commit")
+            return map_size
+        except _lmdb().MapFullError:
+            map_size *= 2
+            env.set_mapsize(map_size)
 
 
 def _put_chunk(env: Any, view: memoryview, chunk: list[int], offset: int, rb: int, map_size: int) -> int:

@@ -1,4 +1,5 @@
-"""memmap backend: one standard ``.npy`` file per field (see format.py)."""
+"""memmap backend: one standard ``.npy`` file per raw field, and a ``.bin`` with
+an offsets ``.npy`` per variable-size field (see format.py)."""
 
 from __future__ import annotations
 
@@ -10,10 +11,10 @@ import numpy as np
 
 from .._runs import SMALL_RECORD_BYTES
 from .._safecopy import MappingFault, copy_entries
-from ..errors import StoreChangedError
-from ..format import field_file, note_identity, open_store_file
+from ..errors import EntryDecodeError, FormatError, StoreChangedError
+from ..format import KEY_DTYPE, field_file, note_identity, open_store_file, variable_files
 from ..schema import Schema
-from .base import Backend, FieldSegment, SlotFile, check_npy
+from .base import Backend, FieldSegment, SlotFile, check_npy, entry_error, packed_record
 
 __all__ = ["MemmapBackend"]
 
@@ -38,26 +39,76 @@ class MemmapBackend(Backend):
         self._sizes: dict[str, int] = {}  # field -> the exact size of its file
         self._arrays: dict[str, np.ndarray] = {}
         self._maps: dict[str, mmap.mmap] = {}
+        # variable-size fields: field -> data offset of its offsets file, size of its .bin
+        self._entry_offsets: dict[str, np.ndarray] = {}
 
     @classmethod
     def write_layout(cls, schema: Schema) -> list[SlotFile]:
-        return [SlotFile(field_file(f.name), f.dtype, f.shape, f.nbytes, {f.name: 0}) for f in schema]
+        # variable-size fields are spilled while writing (mmstore/_spill.py)
+        return [SlotFile(field_file(f.name), f.dtype, f.shape, f.nbytes, {f.name: 0}) for f in schema.fixed_fields]
 
     @classmethod
     def data_file_names(cls, schema: Schema, segment: int | None = None) -> list[str]:
-        return [field_file(f.name, segment) for f in schema]
+        out: list[str] = []
+        for f in schema:
+            out += variable_files(f.name, segment) if f.variable else [field_file(f.name, segment)]
+        return out
 
     @classmethod
     def field_file(cls, field: str, segment: int | None = None) -> str:
         return field_file(field, segment)
 
+    @classmethod
+    def finalize(cls, partial_dir: str, schema: Schema, slots: int, holes: np.ndarray) -> None:
+        if schema.has_variable:
+            from .._spill import collect, write_field_files
+
+            write_field_files(partial_dir, collect(partial_dir, schema, slots, holes),
+                              {f.name: variable_files(f.name) for f in schema.variable_fields})
+
     def check(self) -> None:
         for f in self.schema:
+            if f.variable:
+                self._check_variable(f.name)
+                continue
             name = field_file(f.name, self.segment)
             self._offsets[f.name] = off = check_npy(
                 os.path.join(self.root, name), f.dtype, (self.slots, *f.shape), self.files.get(name), self.ident
             )
             self._sizes[f.name] = off + self.slots * f.nbytes
+
+    def _check_variable(self, name: str) -> None:
+        """O(1): the offsets file's header and size, the ``.bin``'s size, the
+        first offset 0 and the last one the ``.bin``'s size (format.py)."""
+        bin_name, off_name = variable_files(name, self.segment)
+        opath, bpath = os.path.join(self.root, off_name), os.path.join(self.root, bin_name)
+        off = check_npy(opath, KEY_DTYPE, (self.slots + 1,), self.files.get(off_name), self.ident)
+        fd = open_store_file(bpath, missing=f"{bpath}: missing, but the manifest lists it; the store is damaged: "
+                             "restore the file from a copy or re-create the store")
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        note_identity(self.ident, bpath, st)
+        want = self.files.get(bin_name)
+        if want is not None and st.st_size != want:
+            what = "truncated (a copy or write did not finish?)" if st.st_size < want else "has extra bytes appended"
+            raise FormatError(f"{bpath}: expected {want} bytes, found {st.st_size}: the file {what}; run "
+                              "`mmstore verify` and re-create or repair the store")
+        fd = open_store_file(opath)
+        try:
+            first = int.from_bytes(os.pread(fd, 8, off), "little")
+            last = int.from_bytes(os.pread(fd, 8, off + 8 * self.slots), "little")
+        finally:
+            os.close(fd)
+        if first != 0 or last != st.st_size:
+            raise FormatError(
+                f"{opath}: offsets run from {first} to {last}, expected 0 to {st.st_size} (the size of "
+                f"{bin_name}); the two files are damaged or from different stores: run `mmstore verify`"
+            )
+        self._offsets[name] = off
+        self._sizes[name] = st.st_size
+        self._sizes[off_name] = off + 8 * (self.slots + 1)
 
     def array(self, name: str) -> np.ndarray:
         """The whole field as a read-only array over the mapping, shape (slots, *shape)."""
@@ -66,6 +117,9 @@ class MemmapBackend(Backend):
             if not self._offsets:
                 self.check()
             f = self.schema[name]
+            if f.variable:
+                raise TypeError(f"field {name!r} is variable-size ({f.codec}): its entries are not an array; "
+                                "use entry_offsets(name) and read_into()")
             path = os.path.join(self.root, field_file(name, self.segment))
             off = self._offsets[name]
             size = self.slots * f.nbytes
@@ -78,6 +132,39 @@ class MemmapBackend(Backend):
                 arr = arr.reshape((self.slots, *f.shape))
             self._arrays[name] = arr
         return arr
+
+    def entry_offsets(self, name: str) -> np.ndarray:
+        """Variable-size field ``name``: its offsets index over the mapping
+        (``slots + 1`` ``<u8``; the entry of slot ``s`` is bytes ``[o[s],
+        o[s + 1])`` of its ``.bin``). Only the first and last were checked
+        (at open): a caller proves each pair it uses (``0 <= o[s] <= o[s+1]
+        <= entry_data_size(name)``)."""
+        arr = self._entry_offsets.get(name)
+        if arr is None:
+            if not self._offsets:
+                self.check()
+            _, off_name = variable_files(name, self.segment)
+            mm = self._map(os.path.join(self.root, off_name), off_name)
+            self._maps[off_name] = mm
+            arr = np.frombuffer(mm, dtype=KEY_DTYPE, count=self.slots + 1, offset=self._offsets[name])
+            self._entry_offsets[name] = arr
+        return arr
+
+    def entry_data_size(self, name: str) -> int:
+        """Size in bytes of variable-size field ``name``'s ``.bin`` (checked at open)."""
+        if not self._offsets:
+            self.check()
+        return self._sizes[name]
+
+    def _entry_data(self, name: str) -> memoryview:
+        """The ``.bin`` of variable-size field ``name``, mapped (empty: an empty view)."""
+        mm = self._maps.get(name)
+        if mm is None:
+            if self.entry_data_size(name) == 0:
+                return memoryview(b"")
+            bin_name, _ = variable_files(name, self.segment)
+            mm = self._maps[name] = self._map(os.path.join(self.root, bin_name), name)
+        return memoryview(mm)
 
     def _map(self, path: str, name: str) -> mmap.mmap:
         """Map field ``name``'s file: the very file the store was opened with
@@ -106,9 +193,17 @@ class MemmapBackend(Backend):
         that follows cannot fault the copies of big entries (``_gather``:
         mmstore/_safecopy.py); small entries (numpy ``take``, microseconds
         a batch) remain exposed to that race."""
-        mm = self._maps.get(name)
-        if mm is not None and mm.size() < self._sizes[name]:
-            path = os.path.join(self.root, field_file(name, self.segment))
+        if self.schema[name].variable:
+            bin_name, off_name = variable_files(name, self.segment)
+            self._check_map(off_name, off_name)
+            self._check_map(name, bin_name)
+            return
+        self._check_map(name, field_file(name, self.segment))
+
+    def _check_map(self, key: str, file: str) -> None:
+        mm = self._maps.get(key)
+        if mm is not None and mm.size() < self._sizes[key]:
+            path = os.path.join(self.root, file)
             raise StoreChangedError(
                 f"{path}: truncated to {mm.size()} bytes while the store was open (expected "
                 f"{self._sizes[name]}); the store was modified in use: reopen it, or run `mmstore verify`"
@@ -120,6 +215,9 @@ class MemmapBackend(Backend):
         The file at ``path`` is checked to be the one the store was opened with."""
         if not self._offsets:
             self.check()
+        if self.schema[name].variable:
+            raise TypeError(f"field {name!r} is variable-size: its entries have no fixed positions "
+                            "(see entry_spans)")
         path = os.path.join(self.root, field_file(name, self.segment))
         try:
             st = os.stat(path, follow_symlinks=False)
@@ -135,7 +233,44 @@ class MemmapBackend(Backend):
 
     def prepare(self, fields: Sequence[str] | None = None) -> None:
         for name in self.schema.names if fields is None else fields:
-            self.array(name)
+            if self.schema[name].variable:
+                self.entry_offsets(name)
+                self._entry_data(name)
+            else:
+                self.array(name)
+
+    def entry_spans(self, name: str, start: int, stop: int) -> list[tuple[str, int, int]]:
+        """Variable-size field ``name``: the bytes that slots ``[start, stop)``
+        occupy, as ``(path, offset, length)`` per data file (here one: the
+        ``.bin``), for readahead of a run of slots. Offsets are clamped to the
+        file, so a damaged index gives a short span, never one past the end."""
+        offs = self.entry_offsets(name)
+        size = self.entry_data_size(name)
+        self.check_mapped(name)
+        a = min(int(offs[max(0, start)]), size)
+        b = min(max(int(offs[min(stop, self.slots)]), a), size)
+        return [(os.path.join(self.root, variable_files(name, self.segment)[0]), a, b - a)]
+
+    def _read_entries(self, name: str, slots: np.ndarray, rows: np.ndarray, dst: np.ndarray) -> None:
+        """Decode the entries of ``slots`` of variable-size field ``name``
+        straight into ``dst[rows]``; each offset pair is proven in range first."""
+        f = self.schema[name]
+        offs = self.entry_offsets(name)
+        data = self._entry_data(name)
+        self.check_mapped(name)  # see NOTE [truncated under a mapping]
+        a = offs[slots].tolist()
+        b = offs[slots + 1].tolist()
+        size = self.entry_data_size(name)
+        decode = f.codec.decode_into
+        for j, r in enumerate(rows.tolist()):
+            lo, hi = a[j], b[j]
+            if not lo <= hi <= size:
+                raise entry_error(self, name, int(slots[j]), f"its offsets {lo}..{hi} are not an increasing pair "
+                                  f"within the {size}-byte data file (the offsets index is damaged)")
+            try:
+                decode(data[lo:hi], dst[r])
+            except EntryDecodeError as exc:
+                raise entry_error(self, name, int(slots[j]), str(exc)) from None
 
     def read_into(
         self, slots: np.ndarray, rows: np.ndarray, fields: Sequence[str], out: dict[str, np.ndarray]
@@ -145,6 +280,9 @@ class MemmapBackend(Backend):
             return
         identity_rows = bool(n == 1 or np.all(rows[1:] > rows[:-1]))
         for name in fields:
+            if self.schema[name].variable:
+                self._read_entries(name, slots, rows, out[name])
+                continue
             src = self.array(name)
             dst = out[name]
             nbytes = self.schema[name].nbytes
@@ -173,6 +311,9 @@ class MemmapBackend(Backend):
                                     "it was modified in use: reopen the store, or run `mmstore verify`") from None
 
     def iter_packed(self, start: int, stop: int) -> Iterator[tuple[int, memoryview | None]]:
+        if self.schema.has_variable:
+            yield from self._iter_packed_variable(start, stop)
+            return
         arrays = [self.array(f.name) for f in self.schema]
         buf = bytearray(self.schema.record_bytes)
         mv = memoryview(buf)
@@ -187,7 +328,28 @@ class MemmapBackend(Backend):
                 pos += f.nbytes
             yield s, mv
 
+    def _iter_packed_variable(self, start: int, stop: int) -> Iterator[tuple[int, memoryview | None]]:
+        """``iter_packed`` with variable-size fields: each record's checksummed
+        bytes (``packed_record``); an entry whose offsets are out of range
+        raises ``EntryDecodeError``."""
+        fixed = {f.name: self.array(f.name) for f in self.schema.fixed_fields}
+        var = {f.name: (self.entry_offsets(f.name), self.entry_data_size(f.name)) for f in self.schema.variable_fields}
+        datas = {name: self._entry_data(name) for name in var}
+        for s in range(start, stop):
+            if (s - start) % 1024 == 0:  # see NOTE [truncated under a mapping]
+                for f in self.schema:
+                    self.check_mapped(f.name)
+            entries = {}
+            for name, (offs, size) in var.items():
+                lo, hi = int(offs[s]), int(offs[s + 1])
+                if not lo <= hi <= size:
+                    raise entry_error(self, name, s, f"its offsets {lo}..{hi} are not an increasing pair within "
+                                      f"the {size}-byte data file (the offsets index is damaged)")
+                entries[name] = datas[name][lo:hi]
+            yield s, packed_record(self.schema, {k: a[s] for k, a in fixed.items()}, entries)
+
     def close(self) -> None:
+        self._entry_offsets.clear()
         self._arrays.clear()
         for mm in self._maps.values():
             try:

@@ -88,6 +88,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "or a DEST that is, contains or lies inside SOURCE, is refused")
     r.add_argument("--shard", metavar="K/N", help="ingest only part K (from 0) of N; join parts with mmstore merge")
     r.add_argument("--backend", choices=SUPPORTED_BACKENDS, default="memmap", help="store backend (default memmap)")
+    g.add_argument("--codec", action="append", default=None, metavar="FIELD=CODEC[:PARAM]",
+                   help="store FIELD encoded (repeatable): image=jpeg:90 (lossy, ~7-10x smaller), image=png:1 "
+                   "(lossless), FIELD=zstd:3 (lossless, any array), FIELD=raw (default)")
     r.add_argument("--chunk", type=int, default=None, help=argparse.SUPPRESS)
     r.add_argument("--log-interval", type=float, default=10.0, help=argparse.SUPPRESS)
     r.add_argument("--quiet", "-q", action="store_true", help="no progress and no summary")
@@ -103,12 +106,16 @@ def resume_command(args: argparse.Namespace) -> str:
 
     # the options that must be repeated for a resume (they enter the fingerprint)
     repeat = ("size", *("no_strict_jpeg" if k == "strict_jpeg" else k for k in SPEC_OPTIONS), *SOURCE_OPTIONS,
-              "shard", "backend", "workers", "on_error", "max_errors", "quiet")
+              "shard", "backend", "codec", "workers", "on_error", "max_errors", "quiet")
     argv = ["mmstore", "ingest", args.source, args.dest]
     for k in repeat:
         v = getattr(args, k, None)
         if k == "header":
             argv += ["--no-header"] if v is False else []
+            continue
+        if k == "codec":
+            for c in v or []:
+                argv += ["--codec", str(c)]
             continue
         if v is None or v is False or _DEFAULTS.get(k) == v:
             continue
@@ -163,6 +170,7 @@ def run(args: argparse.Namespace) -> int:
             shard=args.shard,
             quiet=args.quiet,
             backend=args.backend,
+            codecs=args.codec,
             chunk=args.chunk,
             progress_interval=args.log_interval,
             resume_hint=hint,

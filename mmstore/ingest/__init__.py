@@ -77,6 +77,7 @@ def ingest(
     shard: Any = None,
     quiet: bool = False,
     backend: str = "memmap",
+    codecs: Any = None,
     chunk: int | None = None,
     progress_interval: float = 10.0,
     resume_hint: str | None = None,
@@ -104,6 +105,12 @@ def ingest(
     shard
         ``(K, N)`` or ``"K/N"``: ingest only the K-th (from 0) of N contiguous
         parts of the sorted inputs; join the parts with :func:`merge`.
+    codecs
+        How fields are stored: ``{"image": "jpeg:90"}`` or ``["image=jpeg:90"]``
+        (CLI: ``--codec image=jpeg:90``, repeatable); see :mod:`mmstore.codecs`.
+        Default: every field raw. Entries are encoded in the workers from the
+        decoded, resized pixels (the geometry ``raw`` would store); a codec
+        that does not fit its field is refused before any work.
     **options
         Decode options (``resize``, ``channels``, ``layout``, ``bgr``,
         ``interp_up``, ``pad_value``, ``fast_decode``, ``max_pixels``,
@@ -124,6 +131,9 @@ def ingest(
         src = source
     else:
         src = detect_source(os.fspath(source), **src_kw)
+    from ..codecs import parse_codec_specs
+
+    codec_map = parse_codec_specs(codecs)  # a typo fails here, before the scan
     spec = make_spec(size, **spec_kw)
     if spec is None and not src.decoded:
         raise IngestError(f"{src.path}: encoded images need a target size: pass size=(H, W) (CLI: --size HxW)")
@@ -140,6 +150,7 @@ def ingest(
         shard=parse_shard(shard),
         quiet=quiet,
         backend=backend,
+        codecs=codec_map,
         progress_interval=progress_interval,
         resume_hint=resume_hint,
     )

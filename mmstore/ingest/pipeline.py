@@ -105,6 +105,7 @@ class RunOptions:
     shard: tuple[int, int] | None = None
     quiet: bool = False
     backend: str = "memmap"
+    codecs: dict[str, Any] | None = None
     progress_interval: float = 10.0
     resume_hint: str | None = None
     log: Callable[[str], None] | None = None
@@ -142,7 +143,7 @@ def _run(source: Source, dest: str, spec: Any, o: RunOptions) -> IngestResult:
         _probe_lock(dest)  # fail fast when another ingest is running (before a long scan)
     if _publish_pending(dest, o):
         return IngestResult.complete(dest)
-    plan = make_plan(source, spec, o.backend, o.shard)
+    plan = make_plan(source, spec, o.backend, o.shard, o.codecs)
     os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
     _probe_lock(dest)
     if _already_complete(dest, plan, o):
@@ -250,7 +251,8 @@ class _Run:
         if resuming:
             self.o.say(f"{self.dest}: resuming: {self.already} of {plan.slots} inputs already committed")
         self.writer.set_keys(*plan.listing.sub(plan.lo, plan.hi))
-        chunk_n = chunk_size(self.o.chunk, plan.schema.record_bytes, plan.slots, max(1, nworkers))
+        decoded = sum(f.nbytes for f in plan.schema)  # the work per record, encoded fields included
+        chunk_n = chunk_size(self.o.chunk, decoded, plan.slots, max(1, nworkers))
         sched = Scheduler(pending_ranges(tally.done, chunk_n), tally, limit)
         if sched.stopped is None and nworkers > 0:
             todo = plan.slots - self.already

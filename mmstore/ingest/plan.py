@@ -8,6 +8,7 @@ from typing import Any
 
 import xxhash
 
+from ..codecs import library_versions
 from ..errors import IngestError
 from ..schema import Schema
 from .options import shard_range
@@ -55,14 +56,20 @@ def _first_item(source: Source, spec: Any, index: int) -> Any:
     return to_array(img) if spec is None else None
 
 
-def make_plan(source: Source, spec: Any, backend: str, shard: tuple[int, int] | None) -> Plan:
-    """Scan ``source`` and plan the run (``IngestError`` when it has no inputs)."""
+def make_plan(source: Source, spec: Any, backend: str, shard: tuple[int, int] | None,
+              codecs: dict[str, Any] | None = None) -> Plan:
+    """Scan ``source`` and plan the run (``IngestError`` when it has no inputs;
+    ``SchemaError`` when ``codecs`` names a field the store will not have or a
+    codec that does not fit its field)."""
     listing = source.scan()
     n_total = len(listing)
     if n_total == 0:
         raise IngestError(f"{source.path or 'the dataset'}: no inputs found (empty source); nothing was created")
     lo, hi = shard_range(n_total, shard)
     schema = schema_for(source, spec, _first_item(source, spec, lo if hi > lo else 0))
+    if codecs:
+        schema = Schema(schema, codecs=codecs)
+    libraries = library_versions(f.codec for f in schema.variable_fields)
     desc = source.describe()
     params = {
         "source": {k: v for k, v in desc.items() if k not in ("path", "root")},
@@ -72,6 +79,8 @@ def make_plan(source: Source, spec: Any, backend: str, shard: tuple[int, int] | 
         "inputs": n_total,
         "label_names": listing.label_names,
     }
+    if libraries:  # the encoders make the bytes: another version is another store
+        params["codec_libraries"] = libraries
     inputs_fp = fingerprint(listing.fingerprint, params)
     shard_l = list(shard) if shard else None
     run_fp = fingerprint(inputs_fp, {"shard": shard_l, "range": [lo, hi]})
@@ -91,6 +100,9 @@ def make_plan(source: Source, spec: Any, backend: str, shard: tuple[int, int] | 
         "ingest": {"fingerprint": run_fp, "inputs_fingerprint": inputs_fp, "inputs": n_total, "shard": shard_l,
                    "range": [lo, hi], "params": params},
     }
+    if libraries:
+        provenance["codecs"] = {f.name: f.codec.spec for f in schema.variable_fields}
+        provenance["codec_libraries"] = libraries
     return Plan(listing, lo, hi, schema, state, provenance)
 
 
