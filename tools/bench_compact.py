@@ -62,8 +62,8 @@ SIDE = 224
 BATCH = 256
 CODECS = ("raw", "jpeg:90", "jpeg:95", "png", "zstd")
 FFCV_JPG_Q90_WARM = 8390.0  # /work/shared/peers/ffcv/results.md: epoch 2, median of 3
-PHOTOS_SKIMAGE = ("astronaut", "chelsea", "coffee", "motorcycle_left", "motorcycle_right", "rocket",
-                  "hubble_deep_field", "retina", "immunohistochemistry", "cat")
+PHOTOS_SKIMAGE = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "retina", "immunohistochemistry",
+                  "stereo_motorcycle")
 CG_ROOT = "/sys/fs/cgroup/memory"
 
 
@@ -91,11 +91,13 @@ def real_photos() -> list[tuple[str, np.ndarray]]:
         if fn is None:
             continue
         try:
-            img = np.asarray(fn())
+            got = fn()
         except Exception:  # noqa: BLE001 - a photo that needs a download is left out
             continue
-        if img.ndim == 3 and img.shape[2] == 3 and img.dtype == np.uint8 and min(img.shape[:2]) >= SIDE:
-            out.append((name, img))
+        for k, img in enumerate(got[:2] if isinstance(got, tuple) else [got]):  # stereo: left and right
+            out.append((f"{name}{k or ''}", np.asarray(img)))
+    out = [(n, im) for n, im in out if im.ndim == 3 and im.shape[2] == 3 and im.dtype == np.uint8
+           and min(im.shape[:2]) >= SIDE]
     sk = load_sample_images()
     for fname, img in zip(sk.filenames, sk.images):
         out.append((os.path.basename(fname).split(".")[0], np.asarray(img, np.uint8)))

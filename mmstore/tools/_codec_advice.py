@@ -270,7 +270,7 @@ def measure_codecs(store: Any, codecs: Any = CANDIDATES, *, sample: int = 32, se
     f = _pick_field(store)
     idx = sample_indices(store.records, sample, seed)
     entries = store.read_batch(idx, fields=[f.name])[f.name]
-    raw_bytes = store.schema.record_bytes
+    raw_bytes = sum(x.nbytes for x in store.schema)  # every field decoded (record_bytes: the fixed ones)
     specs = [parse_codec(c) for c in codecs]
     per = max_seconds / max(1, len(specs))
     figs = []
