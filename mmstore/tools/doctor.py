@@ -87,6 +87,11 @@ def _evict_records(store: Store, slots: np.ndarray) -> bool:
     True if mincore then shows none of them resident."""
     ok = True
     for f in store.schema:
+        if f.variable:  # an encoded field: each sampled entry's own bytes
+            for s in slots.tolist():
+                for path, off, nb in store.backend.entry_spans(f.name, s, s + 1):
+                    ok = _evict_span(path, off, nb) and ok
+            continue
         if not f.nbytes:
             continue
         for seg in store.backend.field_segments(f.name):
@@ -102,6 +107,16 @@ def _evict_records(store: Store, slots: np.ndarray) -> bool:
             finally:
                 os.close(fd)
     return ok
+
+
+def _evict_span(path: str, off: int, nb: int) -> bool:
+    if nb <= 0:
+        return True
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return _sys.evict_range(fd, off, nb, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
 
 
 def _time_reads(store: Store, idx: np.ndarray, threads: int, deadline: float) -> tuple[int, float]:

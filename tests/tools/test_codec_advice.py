@@ -206,3 +206,20 @@ def test_bench_measures_the_codecs_side_by_side(photo_store, capsys):
     assert rc == 0 and "codec advice   raw" in out and "  png:1 " in out and "samples/s  MB/s" not in out
     rc, _, err = run_cli(["bench", photo_store, "--codecs", "webp"], capsys)
     assert rc == 2 and "unknown codec 'webp'" in err
+
+
+def test_doctor_on_a_compact_store(tmp_path, capsys):
+    """An encoded store: doctor evicts and reads its entries, and the codec
+    section re-encodes the decoded pixels (the field is jpeg:90 now)."""
+    path = str(tmp_path / "j.store")
+    rng = np.random.default_rng(1)
+    with mmstore.StoreWriter(path, {"image": ("|u1", (48, 40, 3), "jpeg:90"), "label": ("<i8", ())}) as w:
+        for i in range(10):
+            w.append({"image": photo(rng, 48, 40), "label": np.int64(i)})
+    rc, rep = run_json(["doctor", path, "--budget", "2", "--samples", "8"], capsys)
+    assert rc == 0 and rep["cold_reads_per_s"] > 0
+    adv = rep["codecs"]
+    assert adv["field"] == "image" and adv["current"] == "jpeg:90" and adv["choice"] == "raw"
+    by = {f["codec"]: f for f in adv["figures"]}
+    assert by["raw"]["record_bytes"] == 48 * 40 * 3 + 8  # every field decoded, not the fixed part only
+    assert by["jpeg:90"]["record_bytes"] < by["raw"]["record_bytes"] / 2
