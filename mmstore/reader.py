@@ -433,16 +433,7 @@ class Store:
         slots = self.slots_of(idx)
         if not f.variable:
             return np.full(len(slots), f.nbytes, np.int64)
-        b = self._b()
-        if not b.segmented:
-            return b.entry_sizes(name, slots)
-        out = np.zeros(len(slots), np.int64)
-        first = b.first  # type: ignore[attr-defined]
-        seg = np.searchsorted(first, slots, side="right") - 1
-        for k in np.unique(seg).tolist():
-            sel = seg == k
-            out[sel] = b.segment_backends()[k].entry_sizes(name, slots[sel] - first[k])
-        return out
+        return self._b().entry_sizes(name, slots)
 
     def column(self, name: str) -> np.ndarray:
         """A whole field in dataset order (a copy; cheap for small fields)."""

@@ -206,7 +206,7 @@ class MemmapBackend(Backend):
             path = os.path.join(self.root, file)
             raise StoreChangedError(
                 f"{path}: truncated to {mm.size()} bytes while the store was open (expected "
-                f"{self._sizes[name]}); the store was modified in use: reopen it, or run `mmstore verify`"
+                f"{self._sizes[key]}); the store was modified in use: reopen it, or run `mmstore verify`"
             )
 
     def field_location(self, name: str) -> tuple[str, int, int]:

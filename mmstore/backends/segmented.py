@@ -121,9 +121,14 @@ class SegmentedBackend(BackendReader):
         touched = np.flatnonzero(np.diff(cuts))
         if self.positional:
             # a batch spread over many segments: one address-based copy loop
-            # instead of a few numpy calls per segment (see NOTE [gather])
-            self._gather_mapped(slots, rows, fields, out, cuts, touched)
-            return
+            # instead of a few numpy calls per segment (see NOTE [gather]);
+            # variable-size fields are decoded per segment, below
+            fixed = [f for f in fields if not self.schema[f].variable]
+            if fixed:
+                self._gather_mapped(slots, rows, fixed, out, cuts, touched)
+            fields = [f for f in fields if self.schema[f].variable]
+            if not fields:
+                return
         for k in touched.tolist():  # the segments this batch touches
             part = self.parts[k]
             a, b = int(cuts[k]), int(cuts[k + 1])
@@ -198,6 +203,26 @@ class SegmentedBackend(BackendReader):
                     raise
                 finally:
                     it.close()  # type: ignore[attr-defined]
+
+    def entry_spans(self, name: str, start: int, stop: int) -> list[tuple[str, int, int]]:
+        """Variable-size field ``name``: the bytes slots ``[start, stop)``
+        occupy in each segment's ``.bin`` they touch (see ``BackendReader``)."""
+        out = []
+        for k, part in enumerate(self.parts):
+            lo, hi = int(self.first[k]), int(self.first[k + 1])
+            a, b = max(start, lo), min(stop, hi)
+            if a < b:
+                out += part.entry_spans(name, a - lo, b - lo)
+        return out
+
+    def entry_sizes(self, name: str, slots: np.ndarray) -> np.ndarray:
+        s = np.asarray(slots, np.int64)
+        out = np.zeros(len(s), np.int64)
+        seg = np.searchsorted(self.first, s, side="right") - 1
+        for k in np.unique(seg).tolist():
+            sel = seg == k
+            out[sel] = self.parts[k].entry_sizes(name, s[sel] - self.first[k])
+        return out
 
     def field_segments(self, name: str) -> list[FieldSegment]:
         """Where field ``name`` lives, one entry per segment (positional backends)."""

@@ -20,9 +20,9 @@ from mmstore.codecs import parse_codec
 from mmstore.errors import EntryDecodeError, FormatError, SchemaError, VersionError
 from mmstore.schema import Schema
 from mmstore.writer import SlotWriter
-from tests.support.compare import store_bytes
-from tests.support.faults import edit_manifest, sync_manifest
-from tests.support.images import photo
+from support.compare import store_bytes
+from support.faults import edit_manifest, sync_manifest
+from support.images import photo
 
 N = 23
 HOLES = (4, 17)
@@ -246,9 +246,9 @@ def test_sigkill_then_resume_gives_the_same_bytes(tmp_path, store):
     backend = _backend(store)
     code = textwrap.dedent(f"""
         import os, signal, sys
-        sys.path.insert(0, {os.getcwd()!r})
+        sys.path[:0] = [{os.path.dirname(os.path.dirname(__file__))!r}, {os.path.dirname(__file__)!r}]
         import mmstore
-        from tests.core.test_compact_store import SCHEMA, N, HOLES, make
+        from test_compact_store import SCHEMA, N, HOLES, make
         w = mmstore.StoreWriter({str(dest)!r}, SCHEMA, slots=N, backend={backend!r})
         for s in range(10):
             w.write(s, make(s)) if s not in HOLES else w.skip(s, "x", "r")
@@ -451,3 +451,95 @@ def test_import_mmstore_loads_no_codec_library():
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=os.getcwd())
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "[]"
+
+
+# -- segments (format.py, "Segments") -----------------------------------------------
+
+
+def split_into_segments(path, counts) -> None:
+    """Turn a memmap compact store into a segmented one by hand: each
+    segment's ``<field>.<k>.bin``/``.offsets.npy`` (local offsets) and
+    ``<field>.<k>.npy``; the bookkeeping files stay as they are."""
+    m = _manifest(path)
+    bounds = np.concatenate([[0], np.cumsum(counts)]).tolist()
+    files = {n: v for n, v in m["files"].items() if n.startswith("_") or n == "errors.jsonl"}
+    for f in m["schema"]:
+        name = f["name"]
+        if "codec" in f:
+            offs = np.load(os.path.join(path, f"{name}.offsets.npy"))
+            with open(os.path.join(path, f"{name}.bin"), "rb") as fh:
+                blob = fh.read()
+            for k in range(len(counts)):
+                a, b = bounds[k], bounds[k + 1]
+                local = (offs[a : b + 1] - offs[a]).astype("<u8")
+                with open(os.path.join(path, f"{name}.{k:05d}.bin"), "wb") as fh:
+                    fh.write(blob[int(offs[a]) : int(offs[b])])
+                np.save(os.path.join(path, f"{name}.{k:05d}.offsets.npy"), local)
+            os.unlink(os.path.join(path, f"{name}.bin"))
+            os.unlink(os.path.join(path, f"{name}.offsets.npy"))
+        else:
+            arr = np.load(os.path.join(path, f"{name}.npy"))
+            for k in range(len(counts)):
+                np.save(os.path.join(path, f"{name}.{k:05d}.npy"), arr[bounds[k] : bounds[k + 1]])
+            os.unlink(os.path.join(path, f"{name}.npy"))
+    for n in os.listdir(path):
+        if n not in files and n != "manifest.json":
+            files[n] = os.path.getsize(os.path.join(path, n))
+
+    def edit(m):
+        m.update(files=files, segments=list(counts))
+
+    edit_manifest(path, edit)
+
+
+def test_a_segmented_compact_store_reads_like_the_single_one(tmp_path):
+    one = mmstore.open(write(tmp_path / "one", order=np.random.default_rng(5).permutation(N).tolist()))
+    seg_path = write(tmp_path / "seg", order=range(N))
+    split_into_segments(seg_path, [7, 0, 9, 7])
+    seg = mmstore.open(seg_path)
+    assert seg.backend.segmented and seg.manifest["version"] == (2, 0) and len(seg) == len(one)
+    idx = np.random.default_rng(3).permutation(len(one))
+    a, b = one.read_batch(idx), seg.read_batch(idx)
+    assert all(np.array_equal(a[f], b[f]) for f in SCHEMA)
+    assert all(np.array_equal(one[i]["image"], seg[i]["image"]) for i in range(len(one)))
+    assert seg.entry_sizes("image").tolist() == one.entry_sizes("image").tolist()
+    assert dict((s, bytes(v)) for s, v in seg.backend.iter_packed(0, N) if v is not None) == \
+        dict((s, bytes(v)) for s, v in one.backend.iter_packed(0, N) if v is not None)
+    spans = seg.backend.entry_spans("image", 5, 18)  # segments 0, 2 and 3 (1 is empty)
+    assert [os.path.basename(p) for p, _, _ in spans] == ["image.00000.bin", "image.00002.bin", "image.00003.bin"]
+    assert sum(n for _, _, n in spans) == int(one.entry_sizes("image", [i for i in range(len(one))
+                                                                       if 5 <= one.slot(i) < 18]).sum())
+    # a damaged pair in segment 2 names the global slot
+    o = np.load(os.path.join(seg_path, "emb.00002.offsets.npy"), mmap_mode="r+")
+    o[3] = o[4] + 1
+    o.flush()
+    del o
+    slot = 7 + 3
+    i = int(np.searchsorted(seg.index, slot))
+    with pytest.raises(EntryDecodeError, match=f"record {i} \\(slot {slot}, key 'in/{slot}'\\): field 'emb'"):
+        mmstore.open(seg_path).read_batch([0, i, len(one) - 1])
+
+
+def test_a_segmented_store_refuses_a_truncated_segment_bin_at_open(tmp_path):
+    p = write(tmp_path / "seg", order=range(N))
+    split_into_segments(p, [10, 13])
+    path = os.path.join(p, "depth.00001.bin")
+    os.truncate(path, os.path.getsize(path) - 3)
+    sync_manifest(p, "depth.00001.bin")
+    with pytest.raises(FormatError, match="depth.00001.offsets.npy: offsets run from 0 to"):
+        mmstore.open(p)
+
+
+def _truncate_then_read(path, name, new_size):
+    s = mmstore.open(path)
+    s.read_batch(np.arange(len(s)))  # maps the files
+    os.truncate(os.path.join(path, name), new_size)
+    return s.read_batch(np.arange(len(s)))["image"].sum()
+
+
+@pytest.mark.parametrize("name", ["image.bin", "image.offsets.npy"])
+def test_a_file_truncated_under_the_mapping_is_typed_not_sigbus(copy, name):
+    from support.proc import in_child
+
+    res = in_child(_truncate_then_read, copy, name, 64)
+    assert res.raised("StoreChangedError") and f"{name}: truncated to 64 bytes" in res.value[1], res
