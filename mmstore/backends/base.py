@@ -325,9 +325,9 @@ def packed_record(schema: Schema, fixed: dict[str, np.ndarray], entries: dict[st
     parts = []
     for f in schema:
         if f.variable:
-            e = memoryview(entries[f.name]).cast("B")  # type: ignore[arg-type]
+            e = memoryview(entries[f.name])  # type: ignore[arg-type]
             parts.append(e.nbytes.to_bytes(8, "little"))
-            parts.append(e)
+            parts.append(e.tobytes() if e.ndim != 1 or e.itemsize != 1 else e)
         else:
             parts.append(np.ascontiguousarray(fixed[f.name]).tobytes())
     return memoryview(b"".join(parts))

@@ -444,7 +444,7 @@ class LmdbBackend(Backend):
                 for name, k, decode, dst in var:
                     a, n = lay[k]  # type: ignore[index]
                     try:
-                        decode(buf[a : a + n], dst[r])
+                        decode(buf[a : a + n], dst[r : r + 1].reshape(dst.shape[1:]))  # a view, also of a scalar
                     except EntryDecodeError as exc:
                         raise entry_error(self, name, int(slots[j]), str(exc)) from None
 
