@@ -55,11 +55,11 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import mmstore  # noqa: E402
-from mmstore import _sys  # noqa: E402
-from mmstore.codecs import parse_codec  # noqa: E402
-from mmstore.tools._codec_advice import decode_rate  # noqa: E402
-from mmstore.tools._common import table  # noqa: E402
+import mmstore
+from mmstore import _sys
+from mmstore.codecs import parse_codec
+from mmstore.tools._codec_advice import decode_rate
+from mmstore.tools._common import table
 
 SIDE = 224
 BATCH = 256
@@ -95,7 +95,8 @@ def real_photos() -> list[tuple[str, np.ndarray]]:
             continue
         try:
             got = fn()
-        except Exception:  # noqa: BLE001 - a photo that needs a download is left out
+        except Exception as exc:  # noqa: BLE001 - a photo that needs a download is left out
+            say(f"  {name}: left out ({type(exc).__name__})")
             continue
         for k, img in enumerate(got[:2] if isinstance(got, tuple) else [got]):  # stereo: left and right
             out.append((f"{name}{k or ''}", np.asarray(img)))
@@ -156,7 +157,7 @@ def write_store(path: str, images: Any, codec: str, n: int | None = None) -> str
 
 def field_bytes(path: str, name: str = "image") -> int:
     return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
-               if f.split(".")[0] == name and (f.endswith(".npy") or f.endswith(".bin")))
+               if f.split(".")[0] == name and f.endswith((".npy", ".bin")))
 
 
 def data_bytes(path: str) -> int:
@@ -250,7 +251,7 @@ def _in_cgroup(cg: str, path: str) -> dict[str, Any]:
             fh.write(str(os.getpid()))
 
     p = subprocess.run([sys.executable, __file__, "--child-ltr", path], capture_output=True, text=True,
-                       preexec_fn=join, timeout=900)
+                       preexec_fn=join, timeout=900, check=False)
     if p.returncode != 0:
         raise RuntimeError(f"child failed ({p.returncode}): {p.stderr[-2000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -396,8 +397,7 @@ def _tiny_store(path: str, slots: int) -> str:
 
     with open(os.path.join(path, "x.bin"), "wb") as fh:
         chunk = entry * 100_000
-        for a in range(0, slots, 100_000):
-            fh.write(chunk[: size * min(100_000, slots - a)])
+        fh.writelines(chunk[: size * min(100_000, slots - a)] for a in range(0, slots, 100_000))
     npy("x.offsets.npy", np.arange(slots + 1, dtype="<u8") * np.uint64(size))
     with open(os.path.join(path, fmt.CHECKSUMS_FILE), "rb") as fh:
         hdr = len(fmt.npy_header(fmt.KEY_DTYPE, (seedn,)))

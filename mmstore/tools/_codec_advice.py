@@ -320,8 +320,8 @@ def render_lines(adv: CodecAdvice | None) -> list[str]:
                      fmt_bytes(p.store_bytes), {True: "yes", False: "no", None: "?"}[p.fits],
                      _num(p.disk_per_s), _num(p.decode_per_s), _num(p.epoch1_per_s), _num(p.predicted_per_s)]
                     + ([_num(f.threads_per_s)] if threaded else []))
-    out = [f"codecs         field {adv.field!r} (now {adv.current}), {adv.sample} records sampled, "
-           f"{adv.cores} cores; samples/s:"]
+    out = [(f"codecs         field {adv.field!r} (now {adv.current}), {adv.sample} records sampled, "
+            f"{adv.cores} cores; samples/s:")]
     out.append(table(rows, header=["codec", "bytes/record", "vs raw", "encode ms", "decode ms/core", "store",
                                    "fits", "disk-bound", "decode-bound", "epoch 1", "every epoch"]
                      + ([f"measured, {adv.figures[0].threads} threads"] if threaded else [])))

@@ -20,10 +20,18 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from hypothesis.extra import numpy as hnp
-
-from mmstore.codecs import CODEC_NAMES, RAW, Codec, codec_from_json, library_versions, parse_codec, parse_codec_specs
-from mmstore.errors import EntryDecodeError, FormatError, SchemaError
 from support.images import photo
+
+from mmstore.codecs import (
+    CODEC_NAMES,
+    RAW,
+    Codec,
+    codec_from_json,
+    library_versions,
+    parse_codec,
+    parse_codec_specs,
+)
+from mmstore.errors import EntryDecodeError, FormatError, SchemaError
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -324,7 +332,7 @@ def test_flipped_bits_raise_or_decode_to_the_field(k, data):
 @settings(max_examples=80, deadline=None)
 @given(garbage=st.binary(min_size=1, max_size=600))
 def test_garbage_raises_entry_decode_error(k, garbage):
-    codec, dtype, shape, arr = ENTRIES[k]
+    codec, dtype, shape, _ = ENTRIES[k]
     nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
     if codec.raw and len(garbage) == nbytes:
         return  # any bytes of the right size are a valid raw entry

@@ -7,14 +7,21 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-import mmstore
-from mmstore.tools._common import sample_indices
-from mmstore.tools._codec_advice import (
-    FIT_SHARE, QUALITY_SLACK, CodecFigure, Machine, advise, codec_advice, measure_codecs, predict,
-)
 from support.images import photo
 from support.proc import run_cli, run_json
+
+import mmstore
+from mmstore.tools._codec_advice import (
+    FIT_SHARE,
+    QUALITY_SLACK,
+    CodecFigure,
+    Machine,
+    advise,
+    codec_advice,
+    measure_codecs,
+    predict,
+)
+from mmstore.tools._common import sample_indices
 
 RAW_BYTES = 150_536  # a 224x224x3 image + an int64 label
 
