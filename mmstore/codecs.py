@@ -14,7 +14,7 @@ zstd      any                                         level 1-19 (default 3); lo
 ========  ==========================================  ===================================
 
 Why these (measured on this project's machine, 224x224 real photographs, see
-the README's "Compact records"): JPEG q90 averaged 7.2x smaller than raw and
+the README's "Compact records"): JPEG q90 averaged 9.8x smaller than raw (q95 6.8x) and
 decoded in 0.86 ms per image with simplejpeg (libjpeg-turbo, GIL released,
 decodes into the caller's buffer). Of the lossless image codecs PNG was 1.7x
 smaller at 4.0 ms per decode and 11 ms per encode; WebP lossless was 2.4x at
@@ -137,7 +137,7 @@ class Codec:
             src = np.frombuffer(data, np.uint8)
             if src.nbytes != out.nbytes:
                 raise EntryDecodeError(f"raw entry of {src.nbytes} bytes, expected {out.nbytes}")
-            out.reshape(-1).view(np.uint8)[:] = src
+            _fill(out, src)
             return
         if len(data) == 0:
             raise EntryDecodeError(f"empty {self.name} entry")
@@ -156,6 +156,15 @@ class Codec:
 
 
 RAW = Codec("raw")
+
+
+def _fill(out: np.ndarray, src: np.ndarray) -> None:
+    """Copy the entry bytes ``src`` (uint8, exactly ``out.nbytes``) into ``out``,
+    also a strided view (whose ``reshape`` would be a copy, not ``out``)."""
+    if out.flags.c_contiguous:
+        out.reshape(-1).view(np.uint8)[:] = src
+    else:
+        out[...] = src.view(out.dtype).reshape(out.shape)
 
 
 def parse_codec(spec: Any, where: str = "codec") -> Codec:
@@ -361,4 +370,4 @@ def _zstd_decode(data: Any, out: np.ndarray) -> None:
         raise EntryDecodeError(f"corrupt zstd frame ({exc})") from None
     if len(raw) != out.nbytes:
         raise EntryDecodeError(f"zstd frame decoded to {len(raw)} bytes, expected {out.nbytes}")
-    out.reshape(-1).view(np.uint8)[:] = np.frombuffer(raw, np.uint8)
+    _fill(out, np.frombuffer(raw, np.uint8))

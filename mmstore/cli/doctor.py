@@ -33,6 +33,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--seq-mb", type=int, default=256, help="MB read for the sequential figure (default 256)")
     p.add_argument("--no-cold", action="store_true", help="evict nothing; skip the cold measurements")
     p.add_argument("--seed", type=int, default=0, help="seed of the record sample")
+    p.add_argument("--no-codecs", action="store_true", help="skip the codec section (raw, jpeg, png, zstd compared)")
     p.set_defaults(func=run)
 
 
@@ -42,7 +43,8 @@ def run(args: argparse.Namespace) -> int:
     if args.samples < 1 or args.threads < 1 or args.budget <= 0 or args.seq_mb < 1:
         return usage_error("doctor", "--samples, --threads, --budget and --seq-mb must be positive")
     rep = doctor_store(args.store, samples=args.samples, threads=args.threads, budget_s=args.budget,
-                       seq_bytes=args.seq_mb << 20, cold=not args.no_cold, seed=args.seed)
+                       seq_bytes=args.seq_mb << 20, cold=not args.no_cold, seed=args.seed,
+                       codecs=not args.no_codecs)
     if args.json:
         emit_json(rep)
     else:
@@ -76,5 +78,8 @@ def render(rep) -> str:  # noqa: ANN001
         out.append(f"note           {n}")
     out.append(f"advice         {rep.recommendation}")
     out += order_lines(rep.order)
+    from ..tools._codec_advice import render_lines
+
+    out.extend(render_lines(rep.codecs))
     out.append(f"(measured in {rep.seconds:.1f} s)")
     return "\n".join(out)

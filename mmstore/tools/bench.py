@@ -8,6 +8,11 @@ machine) the first ``samples`` indices of epoch 0 are read in batches through
 - ``mmstore.torch.Loader`` (reader threads, ring buffers);
 
 once after ``Store.evict()`` (cold) and once after ``Store.warm()`` (warm).
+With ``codecs`` the codec choices are also measured side by side on a sample
+of the store's records (``_codec_advice``, the measurement ``doctor`` uses):
+size, one-core encode and decode time, the decode rate of all cores at once,
+and the predicted samples/s from this disk's sequential speed and the memory
+available.
 The torch paths run only when torch and ``mmstore.torch`` import. With a
 source directory the same samples are also decoded from the source files
 (``mmstore.decode``, the store's decode spec when the provenance has one),
@@ -65,6 +70,7 @@ class BenchReport:
     plot: str | None = None
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    codecs: Any = None  # _codec_advice.CodecAdvice when asked for
 
 
 def _batches(idx: np.ndarray, bs: int) -> Iterator[np.ndarray]:
@@ -189,6 +195,19 @@ def _case_source(store: Store, idx: np.ndarray, source: str, workers: int, cold:
     return fn
 
 
+def _bench_codecs(store: Store, codecs: tuple[str, ...], seed: int, max_seconds: float) -> Any:
+    """The codec choices side by side (the doctor's measurement, plus all cores at once)."""
+    from .. import _sys
+    from ..ingest.workers import default_workers
+    from ._codec_advice import codec_advice
+
+    big = max(store.backend.data_paths(), key=os.path.getsize)
+    sp = _sys.seq_read_speed(big, max_bytes=256 << 20, cold=True, max_seconds=min(5.0, max_seconds))
+    return codec_advice(store, available=_sys.effective_available() or _sys.mem_available(),
+                        seq_bytes_per_s=sp.mb_per_s * 1e6 or None, codecs=codecs, seed=seed,
+                        max_seconds=max_seconds, threads=default_workers())
+
+
 def bench_store(
     path: str | os.PathLike[str],
     *,
@@ -201,6 +220,7 @@ def bench_store(
     max_seconds: float = 10.0,
     source: str | None = None,
     seed: int = 0,
+    codecs: tuple[str, ...] | None = None,
 ) -> BenchReport:
     """Run the benchmark (see the module docstring); every case stops after
     ``max_seconds``. Cold cases evict the whole store first (everyone's
@@ -217,6 +237,8 @@ def bench_store(
         if n == 0:
             rep.notes.append("the store is empty")
             return rep
+        if codecs:
+            rep.codecs = _bench_codecs(store, codecs, seed, max_seconds)
         want_torch = [p for p in paths if p in ("DataLoader", "Loader")]
         if want_torch:
             try:

@@ -81,6 +81,7 @@ class DoctorReport:
     order: dict[str, Any] | None = None  # fits / which order / rate to expect (``_order_advice``)
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    codecs: Any = None  # _codec_advice.CodecAdvice: each codec's size, decode rate and predicted samples/s
 
 
 def _evict_records(store: Store, slots: np.ndarray) -> bool:
@@ -88,6 +89,11 @@ def _evict_records(store: Store, slots: np.ndarray) -> bool:
     True if mincore then shows none of them resident."""
     ok = True
     for f in store.schema:
+        if f.variable:  # an encoded field: each sampled entry's own bytes
+            for s in slots.tolist():
+                for path, off, nb in store.backend.entry_spans(f.name, s, s + 1):
+                    ok = _evict_span(path, off, nb) and ok
+            continue
         if not f.nbytes:
             continue
         for seg in store.backend.field_segments(f.name):
@@ -103,6 +109,16 @@ def _evict_records(store: Store, slots: np.ndarray) -> bool:
             finally:
                 os.close(fd)
     return ok
+
+
+def _evict_span(path: str, off: int, nb: int) -> bool:
+    if nb <= 0:
+        return True
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return _sys.evict_range(fd, off, nb, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
 
 
 def _time_reads(store: Store, idx: np.ndarray, threads: int, deadline: float) -> tuple[int, float]:
@@ -134,11 +150,13 @@ def doctor_store(
     seq_bytes: int = 256 << 20,
     cold: bool = True,
     seed: int = 0,
+    codecs: bool = True,
 ) -> DoctorReport:
     """Measure and advise (see the module docstring). ``cold=False`` skips
     every eviction (the cold figures are then not measured); ``budget_s``
     bounds the time of the measurements (about 40% sequential, 40% cold
-    random, 20% warm)."""
+    random, 20% warm); ``codecs`` adds the codec section (``_codec_advice``:
+    each codec measured on a sample, up to a quarter of ``budget_s`` more)."""
     t_start = time.perf_counter()
     store = open_store(path)
     try:
@@ -191,6 +209,12 @@ def doctor_store(
         _predict(rep)
         rep.order = order_advice(rep, probe=big if cold and store.backend.positional else None,
                                  probe_s=0.1 * budget_s)
+        if codecs:
+            from ._codec_advice import codec_advice
+
+            rep.codecs = codec_advice(store, available=rep.effective_available or rep.mem_available,
+                                      seq_bytes_per_s=(rep.seq_mb_per_s or 0) * 1e6 or None, seed=seed,
+                                      max_seconds=min(10.0, 0.25 * budget_s))
         return rep
     finally:
         store.close()
