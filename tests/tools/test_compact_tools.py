@@ -1,0 +1,144 @@
+"""Every tool on compact stores (issue 13): convert between codecs and
+backends, merge of encoded parts, verify (--decode, --repair), inspect, show,
+warm/evict."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import mmstore
+from mmstore.codecs import library_versions, parse_codec
+from mmstore.errors import ChecksumError, SchemaError
+from mmstore.tools.convert import convert_store
+from support.compare import assert_reads_same, store_bytes
+from support.faults import flip_bit
+from support.proc import cli, run_cli, run_json
+from support.stores import COMPACT_SCHEMA, compact_sample, compact_store, write_store
+
+pytest.importorskip("cv2")
+pytest.importorskip("simplejpeg")
+pytest.importorskip("zstandard")
+
+N = 40
+HOLES = (3, 17)
+
+
+@pytest.fixture(scope="module")
+def jpeg_store(tmp_path_factory):
+    return compact_store(tmp_path_factory.mktemp("c") / "jpeg.store", N, holes=HOLES)
+
+
+@pytest.fixture(scope="module")
+def raw_store(tmp_path_factory):
+    return compact_store(tmp_path_factory.mktemp("r") / "raw.store", N, codecs=(), holes=HOLES)
+
+
+def _entries(path, field):
+    offs = np.load(os.path.join(path, f"{field}.offsets.npy"))
+    with open(os.path.join(path, f"{field}.bin"), "rb") as fh:
+        blob = fh.read()
+    return [blob[int(offs[s]) : int(offs[s + 1])] for s in range(len(offs) - 1)]
+
+
+def _assert_decodes_like(a, b):
+    """Stores a and b hold the same records (decoded), keys and holes."""
+    sa, sb = mmstore.open(a), mmstore.open(b)
+    assert len(sa) == len(sb) and sa.slots == sb.slots and sa.skipped() == sb.skipped()
+    ra, rb = sa.read_batch(np.arange(len(sa))), sb.read_batch(np.arange(len(sb)))
+    for f in sa.fields:
+        assert np.array_equal(ra[f], rb[f]), f
+    assert [sa.key(i) for i in range(len(sa))] == [sb.key(i) for i in range(len(sb))]
+
+
+# -- convert ---------------------------------------------------------------------------
+
+
+def test_convert_raw_to_jpeg_encodes_the_raw_pixels(tmp_path, raw_store, capsys):
+    dest = str(tmp_path / "q90")
+    rc, rep = run_json(["convert", raw_store, dest, "--codec", "image=jpeg:90", "--no-progress"], capsys)
+    assert rc == 0 and rep["codecs"] == {"image": "jpeg:90", "label": "raw", "box": "raw"}
+    r, c = mmstore.open(raw_store), mmstore.open(dest)
+    assert c.manifest["version"] == (2, 0) and c.schema["image"].codec == parse_codec("jpeg:90")
+    assert c.skipped() == r.skipped() and len(c) == len(r) == N - len(HOLES)
+    jpeg, entries = parse_codec("jpeg:90"), _entries(dest, "image")
+    for i in range(len(r)):
+        s = r.slot(i)
+        assert entries[s] == jpeg.encode(r[i]["image"])  # the raw pixels, encoded
+        assert np.array_equal(c[i]["label"], r[i]["label"]) and np.array_equal(c[i]["box"], r[i]["box"])
+    assert all(entries[s] == b"" for s in HOLES)
+    prov = c.provenance
+    assert prov["converted_from"]["codecs"]["image"] == "raw"
+    assert prov["converted_to"]["codecs"]["image"] == "jpeg:90"
+    assert prov["codec_libraries"] == library_versions(["jpeg:90"])
+
+
+def test_convert_jpeg_to_raw_decodes_equal_to_the_jpeg_store(tmp_path, jpeg_store):
+    dest = str(tmp_path / "raw")
+    assert cli("convert", jpeg_store, dest, "--codec", "image=raw", "--no-progress") == 0
+    out = mmstore.open(dest)
+    assert out.manifest["version"] == (1, 0) and not out.schema.has_variable
+    assert "codec_libraries" not in out.provenance
+    _assert_decodes_like(jpeg_store, dest)
+
+
+def test_convert_raw_zstd_raw_is_byte_identical(tmp_path, raw_store):
+    mid, back = str(tmp_path / "z"), str(tmp_path / "back")
+    assert cli("convert", raw_store, mid, "--codec", "image=zstd:5", "--codec", "box=zstd", "--no-progress") == 0
+    z = mmstore.open(mid)
+    assert [f.codec.spec for f in z.schema] == ["zstd:5", "raw", "zstd:3"]
+    assert sorted(os.listdir(mid)) == sorted(["manifest.json", "image.bin", "image.offsets.npy", "label.npy",
+                                              "box.bin", "box.offsets.npy", "_checksums.npy", "_keys.bin",
+                                              "_keys_offsets.npy", "_index.npy", "errors.jsonl"])
+    _assert_decodes_like(raw_store, mid)
+    assert cli("convert", mid, back, "--codec", "image=raw", "--codec", "box=raw", "--no-progress") == 0
+    assert store_bytes(back) == store_bytes(raw_store)  # data files, checksums, keys, index, errors
+
+
+@pytest.mark.parametrize("cuts", [None, (13, 30)])
+def test_convert_between_backends_keeps_the_encoded_entries(tmp_path, cuts):
+    src = compact_store(tmp_path / "src", N, codecs=("image=jpeg:85", "box=zstd"), holes=HOLES, cuts=cuts)
+    lm, back = str(tmp_path / "lm"), str(tmp_path / "back")
+    assert cli("convert", src, lm, "--backend", "lmdb", "--no-progress") == 0
+    s, m = mmstore.open(src), mmstore.open(lm)
+    assert m.backend_name == "lmdb" and m.schema == s.schema
+    assert np.array_equal(np.asarray(m.checksums()), np.asarray(s.checksums()))  # same stored bytes
+    assert m.provenance["codec_libraries"] == s.provenance.get("codec_libraries", m.provenance["codec_libraries"])
+    _assert_decodes_like(src, lm)
+    assert cli("convert", lm, back, "--backend", "memmap", "--no-progress") == 0
+    ref = compact_store(tmp_path / "ref", N, codecs=("image=jpeg:85", "box=zstd"), holes=HOLES)
+    assert store_bytes(back) == store_bytes(ref)  # the single-run store, byte for byte
+
+
+def test_convert_lmdb_jpeg_to_raw_memmap(tmp_path):
+    src = compact_store(tmp_path / "src", 12, backend="lmdb", holes=(4,))
+    dest = str(tmp_path / "dest")
+    assert cli("convert", src, dest, "--backend", "memmap", "--codec", "image=raw", "--no-progress") == 0
+    _assert_decodes_like(src, dest)
+
+
+def test_convert_refuses_bad_codecs_and_writes_nothing(tmp_path, raw_store, capsys):
+    for spec, what in (("nope=jpeg", "unknown field"), ("box=jpeg:90", "jpeg"), ("image=jpeg:101", "quality"),
+                       ("image", "FIELD=CODEC")):
+        dest = str(tmp_path / "d")
+        rc, _, err = run_cli(["convert", raw_store, dest, "--codec", spec, "--no-progress"], capsys)
+        assert rc == 2 and what in err, (spec, err)
+        assert not os.path.exists(dest) and not os.path.exists(dest + ".partial")
+    with pytest.raises(SchemaError):
+        convert_store(raw_store, tmp_path / "e", codecs={"label": "png"})
+    rc, _, err = run_cli(["convert", raw_store, str(tmp_path / "f")], capsys)
+    assert rc == 2 and "--codec" in err
+
+
+def test_convert_stops_at_a_damaged_entry(tmp_path):
+    src = compact_store(tmp_path / "src", 10)
+    entries = _entries(src, "image")
+    offs = np.load(os.path.join(src, "image.offsets.npy"))
+    flip_bit(os.path.join(src, "image.bin"), int(offs[6]) + len(entries[6]) // 2)
+    for codecs in (None, {"image": "raw"}):
+        with pytest.raises(ChecksumError, match="slot 6"):
+            convert_store(src, tmp_path / "d", "lmdb", codecs=codecs)
+        assert not os.path.exists(tmp_path / "d") and not os.path.exists(str(tmp_path / "d") + ".partial")
