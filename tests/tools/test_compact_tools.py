@@ -142,3 +142,54 @@ def test_convert_stops_at_a_damaged_entry(tmp_path):
         with pytest.raises(ChecksumError, match="slot 6"):
             convert_store(src, tmp_path / "d", "lmdb", codecs=codecs)
         assert not os.path.exists(tmp_path / "d") and not os.path.exists(str(tmp_path / "d") + ".partial")
+
+
+# -- merge -----------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """A folder with a broken input, ingested with image=jpeg:90 and box-less
+    defaults in one run and as 3 shards."""
+    from support.images import make_folder
+
+    d = tmp_path_factory.mktemp("sh")
+    root = str(d / "photos")
+    make_folder(root, per_class=7, seed=5)
+    with open(os.path.join(root, "dog", "zz-broken.jpg"), "wb") as fh:
+        fh.write(b"not a jpeg")
+    args = ["--size", "20x24", "-q", "--workers", "0", "--codec", "image=jpeg:90"]
+    single = str(d / "single")
+    assert cli("ingest", root, single, *args) == 0
+    parts = []
+    for k in (2, 0, 1):
+        p = str(d / f"part{k}")
+        assert cli("ingest", root, p, *args, "--shard", f"{k}/3") == 0
+        parts.append(p)
+    return single, parts
+
+
+@pytest.mark.parametrize("copy", [False, True])
+def test_merge_encoded_shards_reads_like_a_single_run(tmp_path, shards, copy):
+    single, parts = shards
+    dest = str(tmp_path / "merged")
+    assert cli("merge", *parts, dest, "-q", *(["--copy"] if copy else [])) == 0
+    m, s = mmstore.open(dest), mmstore.open(single)
+    assert m.manifest["version"] == (2, 0) and len(m.manifest["segments"]) == 3
+    assert m.schema == s.schema and m.schema["image"].codec == parse_codec("jpeg:90")
+    assert m.provenance["codec_libraries"] == s.provenance["codec_libraries"]
+    ordered = sorted(parts)  # part0, part1, part2
+    for k, part in enumerate(ordered):
+        for src, name in (("image.bin", f"image.{k:05d}.bin"), ("image.offsets.npy", f"image.{k:05d}.offsets.npy"),
+                          ("label.npy", f"label.{k:05d}.npy")):
+            a, b = os.stat(os.path.join(part, src)), os.stat(os.path.join(dest, name))
+            assert (a.st_ino == b.st_ino) is (not copy), name
+            with open(os.path.join(part, src), "rb") as fa, open(os.path.join(dest, name), "rb") as fb:
+                assert fa.read() == fb.read()
+    assert not os.path.exists(os.path.join(dest, "image.bin"))
+    for name in ("_checksums.npy", "_keys_offsets.npy", "_keys.bin", "_index.npy", "errors.jsonl"):
+        with open(os.path.join(dest, name), "rb") as fa, open(os.path.join(single, name), "rb") as fb:
+            assert fa.read() == fb.read(), name
+    _assert_decodes_like(single, dest)
+    assert np.array_equal(m.entry_sizes("image"), s.entry_sizes("image"))
+    assert cli("verify", dest) == 0
