@@ -15,7 +15,7 @@ from mmstore.codecs import library_versions, parse_codec
 from mmstore.errors import ChecksumError, SchemaError
 from mmstore.tools.convert import convert_store
 from support.compare import assert_reads_same, store_bytes
-from support.faults import flip_bit
+from support.faults import flip_bit, sync_manifest
 from support.proc import cli, run_cli, run_json
 from support.stores import COMPACT_SCHEMA, compact_sample, compact_store, write_store
 
@@ -193,3 +193,101 @@ def test_merge_encoded_shards_reads_like_a_single_run(tmp_path, shards, copy):
     _assert_decodes_like(single, dest)
     assert np.array_equal(m.entry_sizes("image"), s.entry_sizes("image"))
     assert cli("verify", dest) == 0
+
+
+# -- verify ----------------------------------------------------------------------------
+
+
+def _bad(rep):
+    return [(r["slot"], r["what"]) for r in rep["bad_records"]]
+
+
+@pytest.mark.parametrize("backend", ["memmap", "lmdb"])
+@pytest.mark.parametrize("cuts", [None, (9,)])
+def test_verify_sound_compact_store(tmp_path, backend, cuts, capsys):
+    src = compact_store(tmp_path / "s", 20, codecs=("image=jpeg:90", "box=zstd"), holes=(2, 11), cuts=cuts)
+    if backend == "lmdb":
+        from mmstore.tools.convert import convert_store as cs
+
+        cs(src, tmp_path / "l", "lmdb")
+        src = str(tmp_path / "l")
+    for extra in ([], ["--decode"]):
+        rc, rep = run_json(["verify", src, "--no-progress", *extra], capsys)
+        assert rc == 0 and rep["ok"] and rep["checked_slots"] == 20, rep
+
+
+def _entry_at(path, field, slot):
+    offs = np.load(os.path.join(path, f"{field}.offsets.npy"))
+    return int(offs[slot]), int(offs[slot + 1])
+
+
+def test_verify_names_a_flipped_entry_and_decode_names_the_undecodable(tmp_path, capsys):
+    src = compact_store(tmp_path / "s", 20, codecs=("image=jpeg:90", "box=zstd"), holes=(2,))
+    a, b = _entry_at(src, "image", 7)
+    flip_bit(os.path.join(src, "image.bin"), (a + b) // 2, 3)  # inside the scan data: decodes, wrong pixels
+    a, b = _entry_at(src, "box", 12)
+    with open(os.path.join(src, "box.bin"), "r+b") as fh:  # the zstd frame's magic: does not decode
+        fh.seek(a)
+        fh.write(b"\0\0\0\0")
+    rc, rep = run_json(["verify", src, "--no-progress"], capsys)
+    assert rc == 1 and _bad(rep) == [(7, "checksum"), (12, "checksum")]
+    assert rep["bad_records"][0]["key"] == "in/00007.jpg" and rep["bad_records"][0]["index"] == 6
+    rc, rep = run_json(["verify", src, "--no-progress", "--decode"], capsys)
+    assert rc == 1 and sorted(_bad(rep)) == [(7, "checksum"), (12, "checksum"), (12, "decode")]
+    dec = [r for r in rep["bad_records"] if r["what"] == "decode"][0]
+    assert "'box'" in dec["expected"] and "zstd" in dec["expected"] and dec["found"]
+    rc, out, _ = run_cli(["verify", src, "--no-progress", "--decode"], capsys)
+    assert "key 'in/00012.jpg': decode" in out
+
+
+def test_verify_checks_every_offset(tmp_path, capsys):
+    src = compact_store(tmp_path / "s", 20, holes=(2,))
+    path = os.path.join(src, "image.offsets.npy")
+    offs = np.load(path)
+    size = os.path.getsize(os.path.join(src, "image.bin"))
+    data_at = os.path.getsize(path) - 8 * len(offs)
+    damaged = offs.copy()
+    damaged[5], damaged[6] = offs[6], offs[5]  # slot 5 decreasing; slots 4 and 6 wrong entries
+    damaged[14] = size + 1000  # slots 13 and 14 past the end
+    with open(path, "r+b") as fh:
+        fh.seek(data_at)
+        fh.write(damaged.astype("<u8").tobytes())
+    with pytest.raises(Exception):  # noqa: B017 - the reader refuses the entries it reads (typed)
+        mmstore.open(src).read_batch(np.arange(19))
+    rc, rep = run_json(["verify", src, "--no-progress"], capsys)
+    assert rc == 1
+    probs = [p["message"] for p in rep["problems"] if p["kind"] == "offsets"]
+    assert len(probs) == 3, probs
+    for s in (5, 13, 14):
+        assert any(f"field 'image', slot {s} (key 'in/{s:05d}.jpg')" in m for m in probs), (s, probs)
+    # every other record is checked: 4 and 6 have the wrong bytes
+    assert _bad(rep) == [(4, "checksum"), (5, "offsets"), (6, "checksum"), (13, "offsets"), (14, "offsets")]
+    # first and last offsets
+    damaged = offs.copy()
+    damaged[0], damaged[-1] = 1, size - 1
+    with open(path, "r+b") as fh:
+        fh.seek(data_at)
+        fh.write(damaged.astype("<u8").tobytes())
+    rc, rep = run_json(["verify", src, "--no-progress"], capsys)
+    msgs = " ".join(p["message"] for p in rep["problems"] if p["kind"] == "offsets")
+    assert rc == 1 and "the first offset is 1" in msgs and f"the last offset is {size - 1}" in msgs
+
+
+def test_verify_lmdb_value_lengths(tmp_path, capsys):
+    import lmdb
+
+    src = compact_store(tmp_path / "s", 10, codecs=("image=jpeg:90", "box=zstd"), backend="lmdb")
+    env = lmdb.open(os.path.join(src, "records.mdb"), subdir=False, lock=False)
+    with env.begin(write=True) as txn:
+        v = bytearray(txn.get((4).to_bytes(8, "big")))
+        rb = 8  # label; then the lengths of image and box
+        v[rb : rb + 8] = (int.from_bytes(v[rb : rb + 8], "little") + 5).to_bytes(8, "little")
+        txn.put((4).to_bytes(8, "big"), bytes(v))
+        v = bytearray(txn.get((6).to_bytes(8, "big")))
+        v[-1] ^= 0xFF  # the box entry's last byte: checksum
+        txn.put((6).to_bytes(8, "big"), bytes(v))
+    env.close()
+    sync_manifest(src, "records.mdb")
+    rc, rep = run_json(["verify", src, "--no-progress", "--decode"], capsys)
+    assert rc == 1
+    assert sorted(set(_bad(rep)) - {(6, "decode")}) == [(4, "size"), (6, "checksum")], _bad(rep)
