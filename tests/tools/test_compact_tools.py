@@ -15,7 +15,7 @@ from mmstore.codecs import library_versions, parse_codec
 from mmstore.errors import ChecksumError, SchemaError
 from mmstore.tools.convert import convert_store
 from support.compare import assert_reads_same, store_bytes
-from support.faults import flip_bit, sync_manifest
+from support.faults import edit_manifest, flip_bit, flip_lmdb_bits, sync_manifest
 from support.proc import cli, run_cli, run_json
 from support.stores import COMPACT_SCHEMA, compact_sample, compact_store, write_store
 
@@ -291,3 +291,80 @@ def test_verify_lmdb_value_lengths(tmp_path, capsys):
     rc, rep = run_json(["verify", src, "--no-progress", "--decode"], capsys)
     assert rc == 1
     assert sorted(set(_bad(rep)) - {(6, "decode")}) == [(4, "size"), (6, "checksum")], _bad(rep)
+
+
+# -- verify --repair -------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def photo_folder(tmp_path_factory):
+    from support.images import make_folder
+
+    root = str(tmp_path_factory.mktemp("pf") / "photos")
+    make_folder(root, per_class=5, seed=3)
+    return root
+
+
+def _ingest(folder, dest, *extra):
+    assert cli("ingest", folder, dest, "--size", "20x24", "-q", "--workers", "0", "--codec", "image=jpeg:90",
+               *extra) == 0
+    return dest
+
+
+@pytest.mark.parametrize("backend", ["memmap", "lmdb"])
+def test_repair_reencodes_a_damaged_entry_and_proves_it(tmp_path, photo_folder, backend, capsys):
+    ref = _ingest(photo_folder, str(tmp_path / "ref"), "--backend", backend)
+    st = _ingest(photo_folder, str(tmp_path / "st"), "--backend", backend)
+    if backend == "memmap":
+        a, b = _entry_at(st, "image", 4)
+        flip_bit(os.path.join(st, "image.bin"), (a + b) // 2, 2)
+        a, b = _entry_at(st, "image", 8)
+        flip_bit(os.path.join(st, "image.bin"), a, 0)  # the JPEG marker: does not decode
+    else:
+        flip_lmdb_bits(st, [4], -3)
+        flip_lmdb_bits(st, [8], 30)
+    rc, rep = run_json(["verify", st, "--no-progress", "--decode", "--repair"], capsys)
+    assert rc == 0 and rep["ok"], rep
+    assert rep["repair"]["repaired"] == [4, 8]
+    if backend == "memmap":
+        assert store_bytes(st) == store_bytes(ref)  # the original bytes, proven by the checksums
+    else:
+        _assert_decodes_like(ref, st)
+        assert np.array_equal(np.asarray(mmstore.open(st).checksums()), np.asarray(mmstore.open(ref).checksums()))
+
+
+def test_repair_refuses_with_another_encoder_version(tmp_path, photo_folder, capsys):
+    st = _ingest(photo_folder, str(tmp_path / "st"))
+    edit_manifest(st, lambda m: m["provenance"].__setitem__("codec_libraries", {"jpeg": "simplejpeg 0.0.1"}))
+    a, b = _entry_at(st, "image", 3)
+    flip_bit(os.path.join(st, "image.bin"), (a + b) // 2, 1)
+    # the entry is re-encoded by this machine's encoder; its bytes are those of the store (the same
+    # library here), so the checksum proves them: written back
+    rc, rep = run_json(["verify", st, "--no-progress", "--repair"], capsys)
+    assert rc == 0 and rep["repair"]["repaired"] == [3]
+    # a record whose re-encoded bytes differ (its stored checksum is of other bytes) is refused and
+    # the message names both versions
+    ck = os.path.join(st, "_checksums.npy")
+    flip_bit(os.path.join(st, "image.bin"), (a + b) // 2, 1)
+    flip_bit(ck, os.path.getsize(ck) - 8 * (mmstore.open(st).slots - 3), 5)
+    sync_manifest(st, "_checksums.npy")
+    edit_manifest(st, lambda m: m.__setitem__("checksum", {"algorithm": "xxh3_64", "digest": __import__(
+        "mmstore.writer", fromlist=["x"]).file_digest(ck, os.path.getsize(ck) - 8 * m["slots"])}))
+    rc, rep = run_json(["verify", st, "--no-progress", "--repair"], capsys)
+    assert rc == 1 and rep["repair"]["repaired"] == []
+    why = rep["repair"]["failed"][0]["reason"]
+    assert "simplejpeg 0.0.1" in why and "this machine has" in why and "install" in why
+
+
+def test_repair_refuses_damaged_offsets_and_says_how_to_rebuild(tmp_path, photo_folder, capsys):
+    st = _ingest(photo_folder, str(tmp_path / "st"))
+    path = os.path.join(st, "image.offsets.npy")
+    offs = np.load(path)
+    offs[3], offs[4] = offs[4], offs[3]
+    with open(path, "r+b") as fh:
+        fh.seek(os.path.getsize(path) - 8 * len(offs))
+        fh.write(offs.astype("<u8").tobytes())
+    before = store_bytes(st)
+    rc, out, _ = run_cli(["verify", st, "--no-progress", "--repair"], capsys)
+    assert rc == 1 and "offsets index is damaged" in out and "re-ingested" in out and "--codec" in out
+    assert store_bytes(st) == before
