@@ -368,3 +368,77 @@ def test_repair_refuses_damaged_offsets_and_says_how_to_rebuild(tmp_path, photo_
     rc, out, _ = run_cli(["verify", st, "--no-progress", "--repair"], capsys)
     assert rc == 1 and "offsets index is damaged" in out and "re-ingested" in out and "--codec" in out
     assert store_bytes(st) == before
+
+
+# -- inspect, show, warm / evict -------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["memmap", "lmdb"])
+def test_inspect_reports_codecs_sizes_and_ratios(tmp_path, backend, capsys):
+    src = compact_store(tmp_path / "s", 30, codecs=("image=jpeg:90", "box=zstd"), holes=(5,), backend=backend)
+    s = mmstore.open(src)
+    rc, rep = run_json(["inspect", src, "--sample", "0"], capsys)
+    assert rc == 0
+    rows = {r["name"]: r for r in rep["field_sizes"]}
+    sizes = s.entry_sizes("image")
+    assert len(sizes) == 29 and rows["image"]["codec"] == "jpeg:90" and rows["image"]["raw_bytes"] == 16 * 12 * 3
+    assert rows["image"]["stored_min"] == sizes.min() and rows["image"]["stored_max"] == sizes.max()
+    assert rows["image"]["stored_mean"] == round(float(sizes.mean()), 1)
+    assert rows["image"]["ratio"] == round(576 / sizes.mean(), 2)
+    assert rows["label"] == {"name": "label", "codec": "raw", "raw_bytes": 8, "stored_mean": 8.0, "stored_min": 8,
+                             "stored_max": 8, "ratio": 1.0}
+    box = s.entry_sizes("box")
+    assert rows["box"]["codec"] == "zstd:3" and rows["box"]["stored_max"] == box.max()
+    assert rep["raw_data_bytes"] == 29 * (576 + 8 + 16)
+    assert rep["data_bytes"] == round(float(sizes.sum()) + 29 * 8 + float(box.sum()))
+    assert rep["compression"] == pytest.approx(rep["raw_data_bytes"] / rep["data_bytes"])
+    if backend == "memmap":  # against the raw store of the same records
+        raw = str(tmp_path / "raw")
+        convert_store(src, raw, codecs={"image": "raw", "box": "raw"})
+        on_disk = sum(os.path.getsize(os.path.join(raw, n)) for n in os.listdir(raw) if n != "manifest.json")
+        files = {n: v for n, v in rep["files"].items() if n != "manifest.json"}
+        assert rep["raw_equivalent_bytes"] - rep["files"]["manifest.json"] == on_disk
+        assert rep["bytes_on_disk"] - rep["files"]["manifest.json"] == sum(files.values())
+    rc, out, _ = run_cli(["inspect", src, "--sample", "0"], capsys)
+    assert rc == 0 and "jpeg:90" in out and "x smaller" in out and "as raw it would be about" in out
+    rc, rep = run_json(["inspect", str(tmp_path / "s") if backend == "memmap" else src, "--sample", "5"], capsys)
+    assert rc == 0 and rep["image_sample"] == 5  # channel statistics over decoded images
+
+
+def test_inspect_raw_store_has_no_compact_line(raw_store, capsys):
+    rc, rep = run_json(["inspect", raw_store, "--sample", "0"], capsys)
+    assert rc == 0 and rep["compression"] == 1.0 and all(r["ratio"] == 1.0 for r in rep["field_sizes"])
+    rc, out, _ = run_cli(["inspect", raw_store, "--sample", "0"], capsys)
+    assert "compact" not in out
+
+
+def test_show_decodes_the_encoded_images(tmp_path, jpeg_store):
+    import cv2
+
+    raw = str(tmp_path / "raw")
+    convert_store(jpeg_store, raw, codecs={"image": "raw"})
+    a, b = str(tmp_path / "a.png"), str(tmp_path / "b.png")
+    assert cli("show", jpeg_store, "-o", a, "-n", "6", "--scale", "1") == 0
+    assert cli("show", raw, "-o", b, "-n", "6", "--scale", "1") == 0
+    ga, gb = cv2.imread(a), cv2.imread(b)
+    assert np.array_equal(ga, gb)  # the decoded pixels, exactly
+    from mmstore.tools.show import show_store
+
+    rep = show_store(jpeg_store, str(tmp_path / "c.png"), indices=[0, 5], scale=1)
+    grid = cv2.imread(str(tmp_path / "c.png"))[..., ::-1]
+    s = mmstore.open(jpeg_store)
+    for t in rep.tiles:
+        assert np.array_equal(grid[t.y : t.y + 16, t.x : t.x + 12], s[t.index]["image"])
+
+
+def test_warm_and_evict_count_the_entry_files(tmp_path, capsys):
+    src = compact_store(tmp_path / "s", 200, cuts=(90,))
+    s = mmstore.open(src)
+    names = {os.path.basename(p) for p in s.data_paths()}
+    assert {"image.00000.bin", "image.00001.bin", "image.00000.offsets.npy", "image.00001.offsets.npy"} <= names
+    total = sum(os.path.getsize(p) for p in s.data_paths())
+    rc, rep = run_json(["warm", src], capsys)
+    assert rc == 0 and rep["bytes_total"] == total
+    rc, rep = run_json(["inspect", src, "--sample", "0"], capsys)
+    assert rep["cache_bytes_total"] == total and {"image.00000.bin", "image.00001.offsets.npy"} <= set(
+        rep["cache_resident"])
