@@ -442,3 +442,26 @@ def test_warm_and_evict_count_the_entry_files(tmp_path, capsys):
     rc, rep = run_json(["inspect", src, "--sample", "0"], capsys)
     assert rep["cache_bytes_total"] == total and {"image.00000.bin", "image.00001.offsets.npy"} <= set(
         rep["cache_resident"])
+
+
+def test_merge_of_encoded_stores_not_from_shards_keeps_the_encoders(tmp_path):
+    from mmstore.ingest import merge
+    from support.stores import write_parts
+
+    raw_parts = write_parts(tmp_path / "raw", 20, (6, 15), holes=(4,), schema=COMPACT_SCHEMA, make=compact_sample)
+    parts = []
+    for k, p in enumerate(raw_parts):  # convert notes the encoders in each part's provenance
+        parts.append(str(tmp_path / f"part{k}"))
+        convert_store(p, parts[-1], codecs={"image": "png:1", "box": "zstd"})
+    dest = merge(parts, str(tmp_path / "m"))
+    ref = compact_store(tmp_path / "r", 20, codecs=("image=png:1", "box=zstd"), holes=(4,))
+    m = mmstore.open(dest)
+    assert m.manifest["version"] == (2, 0) and m.segments == [6, 9, 5]
+    assert m.provenance["codec_libraries"] == library_versions(["png:1", "zstd:3"])
+    for name in ("_checksums.npy", "_keys_offsets.npy", "_keys.bin", "_index.npy", "errors.jsonl"):
+        with open(os.path.join(dest, name), "rb") as fa, open(os.path.join(ref, name), "rb") as fb:
+            assert fa.read() == fb.read(), name
+    _assert_decodes_like(ref, dest)
+    assert np.array_equal(m.read_batch(np.arange(len(m)))["image"],
+                          np.stack([compact_sample(s)["image"] for s in range(20) if s != 4]))  # lossless
+    assert cli("verify", dest, "--decode", "--no-progress") == 0
