@@ -187,5 +187,5 @@ def record_checksum(arrays: Iterable[np.ndarray]) -> int:
     """xxh3_64 of the concatenated bytes of C-contiguous ``arrays``."""
     h = hasher()
     for a in arrays:
-        h.update(memoryview(a).cast("B") if a.ndim else a.tobytes())
+        h.update(memoryview(a).cast("B") if a.ndim and a.size else a.tobytes())
     return int(h.intdigest())

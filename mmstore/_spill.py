@@ -123,7 +123,9 @@ class Spill:
         """Append ``entry`` (bytes-like) as field number ``field`` of ``slot``."""
         if self.fds is None:
             self.fds = self._create()
-        mv = memoryview(entry).cast("B")
+        mv = memoryview(entry)
+        if mv.ndim != 1 or mv.itemsize != 1:
+            mv = memoryview(mv.tobytes())
         pwrite_all(self.fds[0], mv, self.pos)
         words = np.array([[slot, field, self.pos, mv.nbytes]], np.uint64)
         row = np.concatenate([words, _check_word(words)[:, None]], axis=1).astype("<u8")

@@ -53,7 +53,10 @@ class EntryDecodeError(FormatError):
     """A stored entry of an encoded field does not decode to its field's dtype and shape.
 
     The message names the field, index, slot and key where the reader knows
-    them; ``mmstore verify --decode`` lists every such entry.
+    them; ``mmstore verify --decode`` lists every such entry. Raised by a
+    store read, it also carries them as attributes: ``field``, ``slot``,
+    ``index`` (None for a hole), ``key`` and ``reason``. Offsets that do not
+    form an increasing pair within the data file raise it too.
     """
 
 

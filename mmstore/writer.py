@@ -29,7 +29,7 @@ from ._names import json_bytes, json_text
 from ._spill import Spill, sync_spills
 from ._version import __version__
 from .backends import SlotFile, backend_class
-from .backends.base import check_npy
+from .backends.base import check_npy, checksum_parts
 from .errors import DestinationError, LockedError, SchemaError, StoreExistsError
 from .format import (
     CHECKSUM_ALGORITHM,
@@ -680,21 +680,6 @@ def _reserve_bytes(layout: list[SlotFile], capacity: int) -> int:
     """Bytes the slot files of a fresh ``.partial`` take for ``capacity`` slots
     (what the backend's ``finalize`` needs at close comes on top)."""
     return sum(len(npy_header(sf.dtype, (capacity, *sf.entry_shape))) + capacity * sf.stride for sf in layout)
-
-
-def checksum_parts(schema: Schema, arrays: Mapping[str, Any], entries: Mapping[str, Any]) -> list[Any]:
-    """The buffers whose concatenation a slot's checksum covers (format.py,
-    "Checksums"): in schema order, a fixed field's bytes, or a variable-size
-    field's entry length as ``<u8`` followed by the entry."""
-    parts: list[Any] = []
-    for f in schema:
-        if f.variable:
-            e = entries[f.name]
-            parts.append(np.array([memoryview(e).nbytes], "<u8"))
-            parts.append(np.frombuffer(e, np.uint8))
-        else:
-            parts.append(arrays[f.name])
-    return parts
 
 
 def write_durable(path: str, head: Any, body: Any = None) -> None:

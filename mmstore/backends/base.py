@@ -12,8 +12,8 @@ from __future__ import annotations
 import math
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
-from typing import ClassVar, NamedTuple
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
@@ -21,7 +21,8 @@ from ..errors import EntryDecodeError, FormatError
 from ..format import note_identity, open_store_file, read_npy_header
 from ..schema import Schema
 
-__all__ = ["Backend", "BackendReader", "FieldSegment", "SlotFile", "check_npy", "entry_error", "packed_record"]
+__all__ = ["Backend", "BackendReader", "FieldSegment", "SlotFile", "check_npy", "checksum_parts", "entry_error",
+           "packed_record"]
 
 
 class SlotFile(NamedTuple):
@@ -318,16 +319,21 @@ def entry_error(backend: BackendReader, name: str, slot: int, reason: str) -> En
     return err
 
 
-def packed_record(schema: Schema, fixed: dict[str, np.ndarray], entries: dict[str, object]) -> memoryview:
-    """A record's checksummed bytes (format.py, "Checksums"): in schema order
-    the fixed fields' bytes, and each variable-size field's entry length as
-    ``<u8`` followed by the entry."""
-    parts = []
+def checksum_parts(schema: Schema, fixed: Mapping[str, Any], entries: Mapping[str, Any]) -> list[np.ndarray]:
+    """The buffers whose concatenation a slot's checksum covers (format.py,
+    "Checksums"): in schema order, a fixed field's bytes, or a variable-size
+    field's entry length as ``<u8`` followed by the stored entry."""
+    parts: list[np.ndarray] = []
     for f in schema:
         if f.variable:
-            e = memoryview(entries[f.name]).cast("B")  # type: ignore[arg-type]
-            parts.append(e.nbytes.to_bytes(8, "little"))
+            e = np.frombuffer(entries[f.name], np.uint8)
+            parts.append(np.array([e.nbytes], "<u8"))
             parts.append(e)
         else:
-            parts.append(np.ascontiguousarray(fixed[f.name]).tobytes())
-    return memoryview(b"".join(parts))
+            parts.append(np.ascontiguousarray(fixed[f.name]))
+    return parts
+
+
+def packed_record(schema: Schema, fixed: Mapping[str, Any], entries: Mapping[str, Any]) -> memoryview:
+    """A record's checksummed bytes, as one buffer (``iter_packed``)."""
+    return memoryview(b"".join(checksum_parts(schema, fixed, entries)))

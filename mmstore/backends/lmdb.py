@@ -210,7 +210,8 @@ class LmdbBackend(Backend):
         from .._spill import collect
 
         lmdb = _lmdb()
-        ents = [collect(os.path.dirname(path), schema, slots, holes)[f.name] for f in schema.variable_fields]
+        found = collect(os.path.dirname(path), schema, slots, holes)
+        ents = [found[f.name] for f in schema.variable_fields]
         rb = schema.record_bytes
         sizes = rb + 8 * len(ents) + sum(e.length for e in ents)
         map_size = lmdb_map_size_of(sizes[present])
@@ -444,7 +445,7 @@ class LmdbBackend(Backend):
                 for name, k, decode, dst in var:
                     a, n = lay[k]  # type: ignore[index]
                     try:
-                        decode(buf[a : a + n], dst[r])
+                        decode(buf[a : a + n], dst[r : r + 1].reshape(dst.shape[1:]))  # a view, also of a scalar
                     except EntryDecodeError as exc:
                         raise entry_error(self, name, int(slots[j]), str(exc)) from None
 

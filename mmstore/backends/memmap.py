@@ -261,14 +261,14 @@ class MemmapBackend(Backend):
         a = offs[slots].tolist()
         b = offs[slots + 1].tolist()
         size = self.entry_data_size(name)
-        decode = f.codec.decode_into
+        decode, shape = f.codec.decode_into, f.shape
         for j, r in enumerate(rows.tolist()):
             lo, hi = a[j], b[j]
             if not lo <= hi <= size:
                 raise entry_error(self, name, int(slots[j]), f"its offsets {lo}..{hi} are not an increasing pair "
                                   f"within the {size}-byte data file (the offsets index is damaged)")
             try:
-                decode(data[lo:hi], dst[r])
+                decode(data[lo:hi], dst[r : r + 1].reshape(shape))  # a view, also of a scalar
             except EntryDecodeError as exc:
                 raise entry_error(self, name, int(slots[j]), str(exc)) from None
 

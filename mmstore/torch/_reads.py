@@ -62,8 +62,9 @@ def field_segments(store: Store, field: str) -> list[FieldSegment] | None:
 def data_paths(store: Store, fields: Sequence[str]) -> list[str]:
     """The files an epoch over ``fields`` reads (what ``warm`` and the
     residency check look at)."""
-    if store.backend.positional:  # only the fields read
-        paths = [seg.path for f in fields for seg in field_segments(store, f) or ()]
+    if store.backend.positional:  # only the fields read (a variable-size field: its .bin files)
+        paths = [seg.path for f in fields if not store.schema[f].variable for seg in field_segments(store, f) or ()]
+        paths += [p for f in fields if store.schema[f].variable for p, _, _ in store.backend.entry_spans(f, 0, store.slots)]
     else:
         paths = store.backend.data_paths()
     if store.records < store.slots:
@@ -166,6 +167,8 @@ def open_field_files(store: Store, fields: Sequence[str], method: str) -> dict[s
     try:
         for f in fields:
             nbytes = store.schema[f].nbytes
+            if store.schema[f].variable:
+                continue  # decoded by Store.read_batch in the reader threads, into the batch buffer
             if nbytes == 0 or (nbytes < PREAD_MIN_BYTES and method != "pread"):
                 continue
             segs = field_segments(store, f)
@@ -184,6 +187,24 @@ def open_field_files(store: Store, fields: Sequence[str], method: str) -> dict[s
 def _close_all(files: dict[str, FieldFiles]) -> None:
     for ff in files.values():
         ff.close()
+
+
+def _willneed_entries(store: Store, fields: Sequence[str], slots: np.ndarray) -> None:
+    """``POSIX_FADV_WILLNEED`` on the entries of sorted ``slots`` of
+    variable-size ``fields`` (one range per run of consecutive slots)."""
+    starts, stops = contiguous_ranges(slots)
+    fds: dict[str, int] = {}
+    try:
+        for f in fields:
+            for a, b in zip(starts.tolist(), stops.tolist()):
+                for path, pos, length in store.backend.entry_spans(f, a, b):
+                    if length:
+                        if path not in fds:
+                            fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                        os.posix_fadvise(fds[path], pos, length, os.POSIX_FADV_WILLNEED)
+    finally:
+        for fd in fds.values():
+            os.close(fd)
 
 
 def _slot_to_index(store: Store, slots: np.ndarray) -> np.ndarray:
@@ -352,10 +373,16 @@ class WindowPrefetch:
 
     def _touch(self, slots: np.ndarray) -> None:
         store, srt = self.reads.store, np.sort(slots)
-        for a in range(0, len(srt), 256):
+        # variable-size fields are not decoded twice: their entries' bytes are
+        # asked for (WILLNEED) and decoded once, by the batch that reads them
+        fixed = [f for f in self.reads.fields if not store.schema[f].variable]
+        var = [f for f in self.reads.fields if store.schema[f].variable]
+        if var:
+            _willneed_entries(store, var, srt)
+        for a in range(0, len(srt), 256) if fixed else ():
             if self.inflight.cancelled:
                 return
-            store.read_batch(np.asarray(_slot_to_index(store, srt[a : a + 256])), fields=self.reads.fields)
+            store.read_batch(np.asarray(_slot_to_index(store, srt[a : a + 256])), fields=fixed)
 
     def _chunks(self, slots: np.ndarray) -> list[tuple[int, int, int]]:
         """``(fd, offset, length)`` of the window's runs of slots; cut into

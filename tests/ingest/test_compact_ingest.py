@@ -11,12 +11,12 @@ import time
 
 import numpy as np
 import pytest
+from support.compare import store_bytes
 
 import mmstore
 from mmstore.codecs import library_versions, parse_codec
 from mmstore.errors import ResumeMismatchError, SchemaError
 from mmstore.ingest import from_dataset, ingest
-from support.compare import store_bytes
 
 cv2 = pytest.importorskip("cv2")
 

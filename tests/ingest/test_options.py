@@ -30,7 +30,7 @@ def test_every_option_has_its_cli_flag_and_no_flag_is_unlisted():
     for name in SPEC_OPTIONS + SOURCE_OPTIONS:
         want = "--no-header" if name == "header" else _flag(name)
         assert want in flags, f"option {name!r} has no CLI flag {want}"
-    run = {"--workers", "--on-error", "--max-errors", "--resume", "--overwrite", "--shard", "--backend", "--chunk",
+    run = {"--workers", "--on-error", "--max-errors", "--resume", "--overwrite", "--shard", "--backend", "--codec", "--chunk",
            "--log-interval", "--quiet", "-q", "--size", "-h", "--help"}
     listed = {"--no-header" if n == "header" else _flag(n) for n in SPEC_OPTIONS + SOURCE_OPTIONS}
     assert flags - run - listed == set(), "a CLI flag that is neither a run option nor a listed option"
