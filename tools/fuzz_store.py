@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The long store-fuzzer run (the suite's tests/faults/test_fuzz_store.py runs a sample of it).
 
-    python tools/fuzz_store.py [--cases 400] [--seed 1] [--minutes 20] [--no-loader]
+    python tools/fuzz_store.py [--cases 400] [--seed 1] [--minutes 20] [--no-loader] [--compact]
 
 Valid small stores of both backends, plain and merged, get one or two
 structured mutations each (manifest fields and bytes, .npy headers, index /
@@ -11,6 +11,9 @@ the result in a forked child (see tests/support/fuzz.py). Prints the cases tried
 crashes (must be 0), hangs (must be 0), other violations (must be 0), and the
 CLI tracebacks or "unexpected" errors seen (must be 0: every command ends with
 a one-line message naming the problem). Exits 1 when any of these is not 0.
+``--compact``: compact stores (format 2.0: a jpeg and a zstd field) instead,
+with the mutations they add (offsets values, bits inside JPEG / zstd
+entries, codec objects and the version, lmdb 2.0 entry lengths).
 """
 
 from __future__ import annotations
@@ -38,6 +41,7 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=20.0, help="stop drawing new cases after this long")
     ap.add_argument("--timeout", type=float, default=120.0, help="seconds before a case counts as a hang")
     ap.add_argument("--no-loader", action="store_true", help="skip the torch Loader (no torch installed)")
+    ap.add_argument("--compact", action="store_true", help="compact (encoded, format 2.0) stores")
     args = ap.parse_args()
     if not args.no_loader:
         import torch  # noqa: F401 - imported once here, so each forked case starts fast
@@ -51,13 +55,14 @@ def main() -> int:
     outcomes: list[fuzz.Outcome] = []
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="mmstore-fuzz-") as root:
-        bases = fuzz.make_bases(os.path.join(root, "bases"))
+        make = fuzz.make_compact_bases if args.compact else fuzz.make_bases
+        bases = make(os.path.join(root, "bases"))
         refs = {k: fuzz.reference(p) for k, p in bases.items()}
 
         @seed(args.seed)
         @settings(max_examples=args.cases, deadline=None, database=None, phases=[Phase.generate],
                   suppress_health_check=list(HealthCheck))
-        @given(fuzz.case_strategy(bases))
+        @given(fuzz.case_strategy(bases, compact=args.compact))
         def run(case):
             if time.monotonic() - t0 > args.minutes * 60:
                 return

@@ -55,7 +55,21 @@ def render(rep) -> str:  # noqa: ANN001
            f"records      {rep.records:,} in {rep.slots:,} slots ({rep.skipped:,} skipped), "
            f"{fmt_bytes(rep.record_bytes)} per record",
            "schema"]
-    out.append(table([[f["name"], f["dtype"], "x".join(map(str, f["shape"])) or "scalar"] for f in rep.schema]))
+    sizes = {r["name"]: r for r in rep.field_sizes}
+    rows = []
+    for f in rep.schema:
+        r = sizes.get(f["name"])
+        row = [f["name"], f["dtype"], "x".join(map(str, f["shape"])) or "scalar"]
+        if r is not None and any(x["codec"] != "raw" for x in rep.field_sizes):
+            row += [r["codec"], f"{fmt_bytes(r['stored_mean'])}/record (min {fmt_bytes(r['stored_min'])}, max "
+                    f"{fmt_bytes(r['stored_max'])})", f"{r['ratio']:.1f}x smaller" if r["ratio"] else "-"]
+        rows.append(row)
+    out.append(table(rows))
+    if any(r["codec"] != "raw" for r in rep.field_sizes):
+        what = f" (sizes from a sample of {rep.sizes_sampled:,} records)" if rep.sizes_sampled else ""
+        out.append(f"compact      records hold {fmt_bytes(rep.data_bytes)}, {rep.compression:.1f}x less than raw "
+                   f"({fmt_bytes(rep.raw_data_bytes)}); the store is {fmt_bytes(rep.bytes_on_disk)}, as raw it "
+                   f"would be about {fmt_bytes(rep.raw_equivalent_bytes)}{what}")
     out.append(f"files        {fmt_bytes(rep.bytes_on_disk)} in all")
     if rep.segments is not None:
         parts = (rep.provenance or {}).get("merged_from") or []
@@ -113,7 +127,7 @@ def _file_rows(rep) -> list[tuple[str, int]]:  # noqa: ANN001
     rows: dict[str, int] = {}
     counts: dict[str, int] = {}
     for n, size in rep.files.items():
-        m = re.fullmatch(r"(.+)\.\d{5,}\.(npy|mdb)", n)
+        m = re.fullmatch(r"(.+)\.\d{5,}\.((?:offsets\.)?npy|mdb|bin)", n)
         key = f"{m.group(1)}.*.{m.group(2)}" if m else n
         rows[key] = rows.get(key, 0) + size
         counts[key] = counts.get(key, 0) + 1

@@ -13,6 +13,7 @@ EXAMPLE = """examples:
   mmstore verify /data/landmarks.store            # structure + every record (parallel)
   mmstore verify /data/landmarks.store --quick    # structure only, seconds on any size
   mmstore verify /data/landmarks.store --repair   # re-ingest bad records from the source
+  mmstore verify /data/lm-q90.store --decode      # also decode every jpeg/png/zstd entry
   mmstore verify STORE --json | jq '.bad_records[] | {index, slot, key}'
 
 exit codes: 0 the store is sound, 1 a problem was found (listed), 2 not a store
@@ -30,6 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     add_common(p)
     p.add_argument("--quick", action="store_true", help="structure only: read no record data")
+    p.add_argument("--decode", action="store_true",
+                   help="also decode every entry of each encoded field (jpeg, png, zstd) and list those that fail")
     p.add_argument("--repair", action="store_true",
                    help="re-ingest the bad records from their source files (needs the source), then verify again")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="reader threads (default: CPUs, max 8)")
@@ -42,6 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from ..tools.verify import verify_store
 
+    if args.quick and args.decode:
+        return usage_error("verify", "--decode reads every entry; drop --quick")
     if args.quick and args.repair:
         return usage_error("verify", "--repair needs the content check; drop --quick")
     if args.threads is not None and args.threads < 1:
@@ -81,7 +86,7 @@ def _verify(args: argparse.Namespace, verify_store):  # noqa: ANN001, ANN202
         bar.total = n
 
     try:
-        return verify_store(args.store, quick=args.quick, threads=args.threads, progress=bar.update, on_total=on_total)
+        return verify_store(args.store, quick=args.quick, decode=args.decode, threads=args.threads, progress=bar.update, on_total=on_total)
     finally:
         bar.close()
 

@@ -1,9 +1,11 @@
 """``merge``: join the stores of ``--shard K/N`` jobs into one store, without
 copying record data.
 
-The merged store is a *segmented* store (format 1.1, see "Segments" in
-``mmstore/format.py``): each part's data files (``<field>.npy`` or
-``records.mdb``) become one segment of DEST as **hard links** to the same
+The merged store is a *segmented* store (format 1.1, or 2.0 with encoded
+fields; see "Segments" in ``mmstore/format.py``): each part's data files
+(``<field>.npy``, an encoded field's ``<field>.bin`` and
+``<field>.offsets.npy``, or ``records.mdb``) become one segment of DEST
+(``<field>.<k>.npy``, ``<field>.<k>.bin`` ...) as **hard links** to the same
 inodes, so merging a terabyte costs a few metadata operations and no extra
 space. Only the bookkeeping files are written anew: the checksums, the keys,
 the index and ``errors.jsonl``, concatenated with slots renumbered (8 bytes
@@ -158,10 +160,14 @@ def _provenance(stores: list[Store], paths: list[str], total: int) -> dict[str, 
         # not the parts of one ingest: no single source, parameters or
         # fingerprint describes the result (a resume or repair must not
         # take the first part's for all of them)
-        return {
+        out: dict[str, Any] = {
             "merged_from": [os.path.abspath(p) for p in paths],
             "merged_store_ids": [s.store_id for s in stores],
         }
+        libs = [s.provenance.get("codec_libraries") for s in stores]
+        if libs[0] and all(v == libs[0] for v in libs):  # the encoders of every part's entries (repair needs them)
+            out["codec_libraries"] = libs[0]
+        return out
     prov = dict(first.provenance)
     # the fingerprint a single run over all inputs records
     ing["fingerprint"] = fingerprint(

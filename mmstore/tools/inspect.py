@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ..format import npy_header
 from ..reader import open_store
 from ._common import find_image_field, find_label_field, sample_indices, to_hwc
 
@@ -45,9 +46,19 @@ class InspectReport:
     cache_bytes_total: int = 0
     mem_available: int | None = None
     mem_effective_available: int | None = None
+    field_sizes: list[dict[str, Any]] = field(default_factory=list)
+    data_bytes: int = 0
+    raw_data_bytes: int = 0
+    raw_equivalent_bytes: int = 0
+    sizes_sampled: int | None = None
     notes: list[str] = field(default_factory=list)
 
-    _json_extra = ("cache_fraction", "fits_in_memory")
+    _json_extra = ("cache_fraction", "fits_in_memory", "compression")
+
+    @property
+    def compression(self) -> float:
+        """How many times smaller the records' stored bytes are than raw (1.0 for a raw store)."""
+        return self.raw_data_bytes / self.data_bytes if self.data_bytes else 1.0
 
     @property
     def cache_fraction(self) -> float | None:
@@ -67,6 +78,47 @@ def reason_category(reason: str) -> str:
     """First word of a skip reason (``corrupt: ...`` -> ``corrupt``)."""
     head = str(reason).strip().split(None, 1)[0] if str(reason).strip() else "unknown"
     return head.rstrip(":;,.")
+
+
+SIZES_SAMPLE_LMDB = 10_000  # lmdb: entry sizes need one lookup per record; more than this are sampled
+
+
+def _field_sizes(store: Any, rep: InspectReport, sample: int, seed: int) -> None:
+    """Codec and stored bytes per record of each field (mean, min, max over
+    the records; an lmdb store's over a sample), the ratio to raw, and the
+    records' stored bytes against what a raw store would hold."""
+    n = store.records
+    idx = None
+    if store.schema.has_variable and not store.backend.positional and n > SIZES_SAMPLE_LMDB:
+        idx = sample_indices(n, SIZES_SAMPLE_LMDB, seed)
+        rep.sizes_sampled = len(idx)
+    stored = {}
+    for f in store.schema:
+        raw = f.nbytes
+        if f.variable and n:
+            sizes = store.entry_sizes(f.name, idx)
+            mean, lo, hi = float(sizes.mean()), int(sizes.min()), int(sizes.max())
+            stored[f.name] = int(sizes.sum()) if idx is None else int(round(mean * n))
+        else:
+            mean, lo, hi = float(raw), raw, raw
+            stored[f.name] = raw * n
+        rep.field_sizes.append({
+            "name": f.name, "codec": f.codec.spec, "raw_bytes": raw, "stored_mean": round(mean, 1),
+            "stored_min": lo, "stored_max": hi, "ratio": round(raw / mean, 2) if mean else None,
+        })
+    rep.data_bytes = sum(stored.values())
+    rep.raw_data_bytes = n * sum(f.nbytes for f in store.schema)
+    # a raw store of the same records: every file as it is but the encoded
+    # fields' data, which would be slots x raw bytes (memmap: in .npy files
+    # with their headers, without offsets files)
+    rep.raw_equivalent_bytes = rep.bytes_on_disk
+    segments = len(store.segments or [0])
+    for f in store.schema.variable_fields:
+        rep.raw_equivalent_bytes += store.slots * f.nbytes - stored[f.name]
+        if store.backend.positional:
+            rep.raw_equivalent_bytes += segments * len(npy_header(f.dtype, (store.slots, *f.shape)))
+    if store.backend.positional:
+        rep.raw_equivalent_bytes -= sum(v for k, v in rep.files.items() if k.endswith(".offsets.npy"))
 
 
 def inspect_store(
@@ -104,6 +156,7 @@ def inspect_store(
             label_names=store.label_names,
             segments=store.segments,
         )
+        _field_sizes(store, rep, sample, seed)
         skipped = store.skipped()
         rep.skipped = store.slots - store.records
         if skipped:

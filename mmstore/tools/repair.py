@@ -51,14 +51,17 @@ import numpy as np
 from .._io import atomic_write, fsync_dir, fsync_file, pwrite_all
 from .._names import json_bytes
 from ..backends import Backend, SlotFile
-from ..errors import FormatError
-from ..format import MANIFEST_FILE, npy_header
+from ..backends.base import packed_record
+from ..codecs import library_versions
+from ..errors import EntryDecodeError, FormatError
+from ..format import MANIFEST_FILE, decode_key, npy_header, variable_files
 from ..reader import Store, open_store
+from .convert import unpack_record
 from .verify import VerifyReport
 
 __all__ = ["RepairReport", "repair_store"]
 
-REPAIRABLE = ("checksum", "hole-not-zero", "missing", "size", "hole-has-record", "extra-key")
+REPAIRABLE = ("checksum", "hole-not-zero", "missing", "size", "hole-has-record", "extra-key", "decode")
 MAX_TEMPLATE_WIDTH = 255  # the widest field a provenance path_template may pad to
 MAX_LABELS = 100_000  # label values tried for a record whose stored label is damaged
 LABEL_SEARCH_BYTES = 2 << 30  # record bytes the label search of one repair may hash (bounded time)
@@ -239,6 +242,17 @@ def _bounded_spec(dec: Any, image_shape: tuple[int, ...] | None) -> Any:
 
 
 def _packed(store: Store, arrays: dict[str, np.ndarray]) -> bytes:
+    """The record's checksummed bytes; an encoded field's value is its
+    entry (bytes) or an array, which is encoded with the field's codec."""
+    if store.schema.has_variable:
+        fixed = {f.name: np.ascontiguousarray(np.asarray(arrays[f.name]), dtype=f.dtype).reshape(f.shape)
+                 for f in store.schema.fixed_fields}
+        entries = {}
+        for f in store.schema.variable_fields:
+            v = arrays[f.name]
+            entries[f.name] = v if isinstance(v, bytes) else f.codec.encode(
+                np.ascontiguousarray(np.asarray(v), dtype=f.dtype).reshape(f.shape))
+        return bytes(packed_record(store.schema, fixed, entries))
     parts = []
     for f in store.schema:
         a = np.ascontiguousarray(np.asarray(arrays[f.name]), dtype=f.dtype)
@@ -249,8 +263,19 @@ def _packed(store: Store, arrays: dict[str, np.ndarray]) -> bytes:
 
 
 def _stored_fields(store: Store, slot: int) -> dict[str, np.ndarray]:
-    """The stored (possibly damaged) fields of ``slot``; zeros where absent."""
-    out = {f.name: np.zeros(f.shape, f.dtype) for f in store.schema}
+    """The stored (possibly damaged) fields of ``slot``; zeros where absent.
+    An encoded field's value is its stored entry (bytes)."""
+    out: dict[str, Any] = {f.name: np.zeros(f.shape, f.dtype) if not f.variable else b"" for f in store.schema}
+    if store.schema.has_variable:
+        try:
+            for _, packed in store.backend.iter_packed(slot, slot + 1):
+                parts = unpack_record(store.schema, packed) if packed is not None else None
+                if parts is not None:
+                    out.update({k: np.array(v) for k, v in parts[0].items()})
+                    out.update({k: bytes(v) for k, v in parts[1].items()})
+        except (EntryDecodeError, FormatError):  # offsets or an lmdb value off its layout: nothing usable
+            pass
+        return out
     for s, packed in store.backend.iter_packed(slot, slot + 1):
         if packed is not None and len(packed) == store.schema.record_bytes:
             pos = 0
@@ -260,9 +285,11 @@ def _stored_fields(store: Store, slot: int) -> dict[str, np.ndarray]:
     return out
 
 
-def _rebuild(store: Store, src: _Source, slot: int, want: int, label_range: int, budget: list[int]) -> bytes:
+def _rebuild(store: Store, src: _Source, slot: int, want: int, label_range: int, budget: list[int],
+             encoders: str = "") -> bytes:
     """The original packed record of ``slot`` (checksum ``want``) or raise.
-    ``budget[0]``: bytes the label search may still hash in this repair."""
+    ``budget[0]``: bytes the label search may still hash in this repair;
+    ``encoders``: :func:`encoder_mismatch` (said when nothing matches)."""
     import xxhash
 
     key = store.slot_key_bytes(slot)
@@ -279,6 +306,8 @@ def _rebuild(store: Store, src: _Source, slot: int, want: int, label_range: int,
     for k, v in fresh.items():
         if k in rec:
             rec[k] = v
+    if store.schema.has_variable:  # encode once; the label search below only changes raw bytes
+        rec = _encoded(store, rec)
     packed = _packed(store, rec)
     if xxhash.xxh3_64_intdigest(packed) == want:
         return packed
@@ -293,14 +322,47 @@ def _rebuild(store: Store, src: _Source, slot: int, want: int, label_range: int,
             packed = _packed(store, rec)
             if xxhash.xxh3_64_intdigest(packed) == want:
                 return packed
+    if encoders:
+        raise ValueError(f"the re-encoded record does not match its checksum, and {encoders}; install that "
+                         "version and run the repair again, or re-ingest the store")
     raise ValueError("the source decodes to other bytes than the ones checksummed at ingest (the input or the "
                      "decoder changed since); not repaired")
+
+
+def _encoded(store: Store, rec: dict[str, Any]) -> dict[str, Any]:
+    """``rec`` with each encoded field that holds an array encoded (bytes)."""
+    out = dict(rec)
+    for f in store.schema.variable_fields:
+        v = out[f.name]
+        if not isinstance(v, bytes):
+            out[f.name] = f.codec.encode(np.ascontiguousarray(np.asarray(v), dtype=f.dtype).reshape(f.shape))
+    return out
+
+
+def encoder_mismatch(store: Store) -> str:
+    """Why re-encoding may not reproduce the stored entries: the encoder
+    library versions the provenance names that differ from the ones here
+    ("" when they agree, or nothing is encoded)."""
+    if not store.schema.has_variable:
+        return ""
+    here = library_versions(f.codec for f in store.schema.variable_fields)
+    then = store.provenance.get("codec_libraries")
+    then = then if isinstance(then, dict) else {}
+    diff = [f"{k} entries were made by {str(then.get(k, 'an unrecorded version'))[:80]!r}, this machine has {v!r}"
+            for k, v in sorted(here.items()) if then.get(k) != v]
+    return "the store's " + "; its ".join(diff) if diff else ""
 
 
 def repair_store(path: str | os.PathLike[str], report: VerifyReport) -> RepairReport:
     """Repair the bad records ``report`` (a content :func:`verify_store`
     report of ``path``) names. Structural problems are not repaired."""
     rr = RepairReport()
+    if any(p.kind == "offsets" for p in report.problems):
+        rr.message = ("refused: an encoded field's offsets index is damaged, so the entries' positions are not "
+                      "known and no entry can be proven and written back; the store must be re-ingested "
+                      "(`mmstore ingest SOURCE STORE --codec ... --overwrite`, with the store's codecs) or "
+                      "restored from a copy")
+        return rr
     if any(p.kind != "lmdb-keys" for p in report.problems):  # a key count off is what a rebuild fixes
         kinds = sorted({p.kind for p in report.problems})
         rr.message = (f"refused: the store has structural problems ({', '.join(kinds)}); repair only restores "
@@ -320,7 +382,8 @@ def repair_store(path: str | os.PathLike[str], report: VerifyReport) -> RepairRe
     try:
         try:
             image = store.schema["image"].shape if "image" in store.schema else None
-            src = (_Source(store.provenance, image) if any(b.what in ("checksum", "missing", "size") for b in bad)
+            src = (_Source(store.provenance, image) if any(b.what in ("checksum", "missing", "size", "decode")
+                                                           for b in bad)
                    else None)
         except SourceGone as exc:
             rr.message = f"refused: {exc}"
@@ -338,16 +401,19 @@ def repair_store(path: str | os.PathLike[str], report: VerifyReport) -> RepairRe
             label_range = int(min(MAX_LABELS, max(0, int(col.max()) + 1)))
         budget = [LABEL_SEARCH_BYTES]
         fixes: dict[int, bytes] = {}
-        rb = store.schema.record_bytes
+        encoders = encoder_mismatch(store)
+        hole = _hole_record(store)
         for b in bad:
             if b.slot < 0 or b.what in ("hole-has-record", "extra-key"):
                 continue  # lmdb: dropped by the rebuild below
+            if b.slot in fixes:
+                continue  # named twice (checksum and decode)
             if b.what == "hole-not-zero":
-                fixes[b.slot] = bytes(rb)
+                fixes[b.slot] = hole
                 continue
             try:
                 assert src is not None
-                fixes[b.slot] = _rebuild(store, src, b.slot, int(ck[b.slot]), label_range, budget)
+                fixes[b.slot] = _rebuild(store, src, b.slot, int(ck[b.slot]), label_range, budget, encoders)
             except (ValueError, SourceGone) as exc:
                 rr.failed.append({"slot": b.slot, "key": b.key, "reason": str(exc)})
         if src is not None:
@@ -356,7 +422,12 @@ def repair_store(path: str | os.PathLike[str], report: VerifyReport) -> RepairRe
         in_place = store.backend.positional
         needs_rebuild = not in_place and bool(fixes or dropped)
         rr.attempted = bool(fixes) or needs_rebuild
-        if in_place:
+        if in_place and store.schema.has_variable:
+            for slot, reason in _write_encoded_in_place(store, fixes).items():
+                rr.failed.append({"slot": slot, "key": decode_key(store.slot_key_bytes(slot)), "reason": reason})
+                del fixes[slot]
+            rr.attempted = bool(fixes)
+        elif in_place:
             _write_in_place(store, fixes)
         elif needs_rebuild:
             _rebuild_segments(store, fixes, drop=bool(dropped))
@@ -413,6 +484,122 @@ def _write_in_place(store: Store, fixes: dict[int, bytes]) -> None:
                 os.close(fd)
 
 
+def _hole_record(store: Store) -> bytes:
+    """The checksummed bytes a hole holds: zero raw fields, empty entries."""
+    return bytes(packed_record(store.schema, {f.name: np.zeros(f.shape, f.dtype) for f in store.schema.fixed_fields},
+                               {f.name: b"" for f in store.schema.variable_fields}))
+
+
+def _write_encoded_in_place(store: Store, fixes: dict[int, bytes]) -> dict[int, str]:
+    """A memmap store with encoded fields: write each fixed record's raw
+    fields at their positions and each entry over its stored one, which
+    must have the same length (the offsets index is never rewritten: it is
+    shared with the parts of a merged store). Returns ``{slot: why not}``
+    for the records left as they were."""
+    failed: dict[int, str] = {}
+    writes: list[tuple[str, int, bytes]] = []  # (file, offset, bytes)
+    for part in store.backend.segment_backends():
+        lo = part.first or 0
+        for s in sorted(x for x in fixes if lo <= x < lo + part.slots):
+            parts = unpack_record(store.schema, fixes[s])
+            if parts is None:  # cannot happen: built by _packed
+                failed[s] = "internal error: the rebuilt record has no valid layout"
+                continue
+            mine: list[tuple[str, int, bytes]] = []
+            for f in store.schema.variable_fields:
+                offs, size = part.entry_offsets(f.name), part.entry_data_size(f.name)
+                a, b = int(offs[s - lo]), int(offs[s - lo + 1])
+                new = bytes(parts[1][f.name])
+                if not a <= b <= size or b - a != len(new):
+                    failed[s] = (f"field {f.name!r}: the proven entry has {len(new)} bytes but the slot holds "
+                                 f"{max(0, b - a)} (its offsets are {a}..{b}); an entry cannot change size in "
+                                 "place: re-ingest the store (`mmstore ingest ... --overwrite` with its codecs) "
+                                 "or restore it from a copy")
+                    break
+                mine.append((variable_files(f.name, part.segment)[0], a, new))
+            else:
+                for f in store.schema.fixed_fields:
+                    if f.nbytes:
+                        seg = part.field_segments(f.name)[0]
+                        mine.append((os.path.basename(seg.path), seg.offset + (s - lo) * seg.entry_bytes,
+                                     parts[0][f.name].tobytes()))
+                writes += mine
+    by_file: dict[str, list[tuple[int, bytes]]] = {}
+    for name, off, data in writes:
+        by_file.setdefault(name, []).append((off, data))
+    for name, items in sorted(by_file.items()):
+        fd = open_for_repair(store.path, os.path.join(store.path, name), os.O_WRONLY)
+        try:
+            for off, data in items:
+                pwrite_all(fd, data, off)
+            fsync_file(fd)
+        finally:
+            os.close(fd)
+    return failed
+
+
+def _build_lmdb_variable(store: Store, part: Any, fixes: dict[int, bytes], holes: np.ndarray, lo: int,
+                         count: int) -> str:
+    """An LMDB segment with encoded fields, built again the way a writer
+    builds it (the same keys, values and transactions) with ``fixes``
+    written in; any other value is copied as it is. Returns the work
+    directory (inside the store) holding the new file."""
+    import lmdb
+
+    from ..backends.lmdb import LMDB_TXN_RECORDS, _put_values, lmdb_map_size_of
+    from ..format import lmdb_file, lmdb_key
+
+    work = os.path.join(store.path, f".repair-{uuid.uuid4().hex[:8]}")
+    os.mkdir(work)
+    try:
+        present = np.flatnonzero(~holes[lo : lo + count]).tolist()
+        env_old = part.env()
+
+        def value(txn: Any, j: int) -> bytes | None:
+            fix = fixes.get(lo + j)
+            if fix is not None:
+                return _lmdb_value(store, fix)
+            v = txn.get(lmdb_key(j))
+            return bytes(v) if v is not None else None
+
+        with env_old.begin(buffers=True) as txn:
+            sizes = np.array([len(value(txn, j) or b"") for j in present], np.int64)
+        path = os.path.join(work, lmdb_file(None))
+        map_size = lmdb_map_size_of(sizes)
+        env = lmdb.open(path, subdir=False, lock=False, map_size=map_size, readahead=False, meminit=True,
+                        max_dbs=0, sync=True, metasync=True)
+        try:
+            with env_old.begin(buffers=True) as txn:
+                for a in range(0, len(present), LMDB_TXN_RECORDS):
+                    items = [(lmdb_key(j), value(txn, j)) for j in present[a : a + LMDB_TXN_RECORDS]]
+                    map_size = _put_values(env, [(k, v) for k, v in items if v is not None], map_size)
+            env.sync(True)
+        finally:
+            env.close()
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            fsync_file(fd)
+        finally:
+            os.close(fd)
+        return work
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def _lmdb_value(store: Store, packed: bytes) -> bytes:
+    """A record's checksummed bytes as its 2.0 lmdb value (format.py, "lmdb
+    backend": raw fields, the entries' lengths, the entries)."""
+    parts = unpack_record(store.schema, packed)
+    if parts is None:
+        raise ValueError("internal error: the rebuilt record has no valid layout")
+    fixed, entries = parts
+    var = store.schema.variable_fields
+    return b"".join([*(fixed[f.name].tobytes() for f in store.schema.fixed_fields),
+                     *(len(entries[f.name]).to_bytes(8, "little") for f in var),
+                     *(bytes(entries[f.name]) for f in var)])
+
+
 def _rebuild_segments(store: Store, fixes: dict[int, bytes], drop: bool) -> None:
     """Rebuild the data files of every segment that holds a fix, or (``drop``)
     an entry that is not a record; the others stay as they are (in a merged
@@ -432,7 +619,10 @@ def _rebuild_segments(store: Store, fixes: dict[int, bytes], drop: bool) -> None
     built: list[tuple[str, str, str]] = []  # (work directory, new file, the store's file it replaces)
     try:
         for part, lo, count in todo:
-            work = _build_segment(store, type(part), fixes, holes, lo, count)
+            if store.schema.has_variable:
+                work = _build_lmdb_variable(store, part, fixes, holes, lo, count)
+            else:
+                work = _build_segment(store, type(part), fixes, holes, lo, count)
             names = part.data_file_names(store.schema, part.segment)
             built += [(work, os.path.join(work, new), name)
                       for new, name in zip(part.data_file_names(store.schema), names)]

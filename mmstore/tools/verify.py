@@ -34,7 +34,8 @@ import numpy as np
 from ..errors import IncompleteStoreError, ResourceLimitError
 from ..format import lmdb_file, read_manifest
 from .verify_report import MAX_LISTED, BadRecord, Problem, VerifyReport
-from .verify_lmdb import walk_range
+from .verify_entries import content_variable, decode_packed
+from .verify_lmdb import value_layout_arg, walk_range
 from .verify_structure import Ctx, check_structure
 
 __all__ = ["BadRecord", "Problem", "VerifyReport", "verify_store"]
@@ -176,6 +177,8 @@ def _content_lmdb(ctx: Ctx, col: _Collector, rep: VerifyReport, threads: int,
     if stored is None:
         raise ValueError("verify: the content pass needs the checksums")
     rb = ctx.schema.record_bytes
+    nvar = len(ctx.schema.variable_fields)
+    layout = value_layout_arg(ctx.schema)
     seen = np.zeros(ctx.slots, dtype=bool)
     totals = {"done": 0, "pend": 0}
     deaths: dict[str, list[int]] = {}  # file -> [unreadable slots, first death]
@@ -184,7 +187,7 @@ def _content_lmdb(ctx: Ctx, col: _Collector, rep: VerifyReport, threads: int,
         seg, base, count = ctx.segments[k_seg]
         name = lmdb_file(seg)
 
-        def on_record(key: bytes, vlen: int, h: int) -> None:
+        def on_record(key: bytes, vlen: int, h: int | None) -> None:
             s = int.from_bytes(key, "big") if len(key) == 8 else -1
             if s < 0 or s >= count:
                 col.bad(-1, "extra-key", "no key", f"key {key.hex()}" + (f" in {name}" if ctx.segmented else ""))
@@ -193,7 +196,10 @@ def _content_lmdb(ctx: Ctx, col: _Collector, rep: VerifyReport, threads: int,
                 col.bad(s + base, "hole-has-record", "no key", f"{vlen}-byte value")
             else:
                 seen[s + base] = True
-                if vlen != rb:
+                if h is None:  # a 2.0 value whose lengths do not add up to its size
+                    col.bad(s + base, "size", f"{rb} bytes of raw fields, {nvar} entry length(s) and the "
+                            "entries", f"a {vlen}-byte value whose lengths do not add up")
+                elif vlen != rb and not nvar:
                     col.bad(s + base, "size", f"{rb} bytes", f"{vlen} bytes")
                 elif h != int(stored[s + base]):
                     col.bad(s + base, "checksum", _hexs(stored[s + base]), _hexs(h))
@@ -213,7 +219,7 @@ def _content_lmdb(ctx: Ctx, col: _Collector, rep: VerifyReport, threads: int,
 
         res = walk_range(os.path.join(ctx.path, name), bounds[t], bounds[t + 1], count, whole_start=t == 0,
                          whole_end=t == len(bounds) - 2, readahead=True, on_record=on_record,
-                         on_missing=lambda s: None, on_unreadable=on_unreadable)
+                         on_missing=lambda s: None, on_unreadable=on_unreadable, layout=layout)
         if res.failure is not None:
             with col.lock:
                 deaths.setdefault(name, [0, res.failure])
@@ -259,7 +265,7 @@ def _content_packed(ctx: Ctx, col: _Collector, progress: Callable[[int], Any] | 
                 if ctx.holes[g]:
                     if any(bytes(v)):
                         col.bad(g, "hole-not-zero", "zero bytes", "non-zero bytes")
-                elif len(v) != rb:
+                elif len(v) != rb and not ctx.schema.has_variable:
                     col.bad(g, "size", f"{rb} bytes", f"{len(v)} bytes")
                 else:
                     h = xxhash.xxh3_64_intdigest(v)
@@ -277,10 +283,21 @@ def _content_packed(ctx: Ctx, col: _Collector, progress: Callable[[int], Any] | 
     return total
 
 
+def _decode_lmdb(ctx: Ctx, col: _Collector, rep: VerifyReport) -> None:
+    """``decode`` on an LMDB store: only when every file was walked without
+    damage (reading a damaged LMDB file in this process could kill it)."""
+    if any(p.kind == "lmdb-damaged" for p in rep.problems) or any(
+            r.what == "unreadable" for r in rep.bad_records):
+        rep.note = "entries not decoded: an LMDB file is damaged (see problems)"
+        return
+    decode_packed(ctx, col, {r.slot for r in rep.bad_records})
+
+
 def verify_store(
     path: str | os.PathLike[str],
     *,
     quick: bool = False,
+    decode: bool = False,
     threads: int | None = None,
     progress: Callable[[int], Any] | None = None,
     on_total: Callable[[int], Any] | None = None,
@@ -291,6 +308,9 @@ def verify_store(
     ----------
     quick
         Structure only (reads no record data).
+    decode
+        Also decode every entry of every variable-size (encoded) field with
+        its codec; each entry that fails is a bad record (``decode``).
     threads
         Reader threads for the content pass (default: CPUs, at most 8).
     progress
@@ -333,10 +353,14 @@ def verify_store(
     col = _Collector(ctx, rep)
     t1 = time.perf_counter()
     try:
-        if ctx.cls.positional:
+        if ctx.cls.positional and ctx.schema.has_variable:
+            nbytes = content_variable(ctx, col, threads, progress, decode)
+        elif ctx.cls.positional:
             nbytes = _content_positional(ctx, col, threads, progress)
         elif ctx.cls.crashes_on_damage:  # LMDB: walked in child processes
             nbytes = _content_lmdb(ctx, col, rep, threads, progress)
+            if decode and ctx.schema.has_variable:
+                _decode_lmdb(ctx, col, rep)
         else:
             nbytes = _content_packed(ctx, col, progress)
     except Exception as exc:  # noqa: BLE001 - an unreadable file is a finding, not a crash

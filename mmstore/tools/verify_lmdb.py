@@ -21,8 +21,9 @@ import subprocess
 import sys
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["MAX_CRASHES", "STALL_SECONDS", "ChildResult", "lmdb_entries", "walk_range"]
+__all__ = ["MAX_CRASHES", "STALL_SECONDS", "ChildResult", "lmdb_entries", "value_layout_arg", "walk_range"]
 
 MAX_CRASHES = 32  # deaths of the child per range before the rest of the range is given up
 STALL_SECONDS = 120.0  # a child silent this long is stuck (a loop in damaged pages) and is killed
@@ -57,12 +58,20 @@ class ChildResult:
         return None
 
 
-OnRecord = Callable[[bytes, int, int], None]  # key, value length, xxh3_64 of the value
+OnRecord = Callable[[bytes, int, int], None]  # key, value length, xxh3_64 of the value (None: bad 2.0 layout)
+
+
+def value_layout_arg(schema: Any) -> str:
+    """The child's LAYOUT argument for ``schema`` ("" without variable-size
+    fields: the value is the checksummed bytes)."""
+    if not schema.has_variable:
+        return ""
+    return ",".join("v" if f.variable else f"f{f.nbytes}" for f in schema)
 
 
 def _run_child(mode: str, path: str, lo: int, hi: int, readahead: bool, on_record: OnRecord | None = None,
-               on_missing: Callable[[int], None] | None = None) -> ChildResult:
-    argv = [sys.executable, "-c", _child_source(), mode, "1" if readahead else "0", path, str(lo), str(hi)]
+               on_missing: Callable[[int], None] | None = None, layout: str = "") -> ChildResult:
+    argv = [sys.executable, "-c", _child_source(), mode, "1" if readahead else "0", path, str(lo), str(hi), layout]
     res = ChildResult()
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             cwd="/", close_fds=True)
@@ -139,6 +148,20 @@ def _parse(buf: bytes, res: ChildResult, on_record: OnRecord | None,
             if on_record is not None:
                 on_record(key, vlen, h)
             pos = end
+        elif tag == b"B":
+            if n - pos < 3:
+                break
+            (klen,) = struct.unpack_from("<H", buf, pos + 1)
+            end = pos + 3 + klen + 4
+            if n < end:
+                break
+            key = buf[pos + 3 : pos + 3 + klen]
+            (vlen,) = struct.unpack_from("<I", buf, pos + 3 + klen)
+            if klen == 8:
+                res.last_slot = int.from_bytes(key, "big")
+            if on_record is not None:
+                on_record(key, vlen, None)
+            pos = end
         elif tag == b"X":
             if n - pos < 5:
                 break
@@ -160,24 +183,26 @@ def lmdb_entries(path: str) -> ChildResult:
 
 def walk_range(path: str, lo: int, hi: int, stop: int, *, whole_start: bool, whole_end: bool, readahead: bool,
                on_record: OnRecord, on_missing: Callable[[int], None],
-               on_unreadable: Callable[[int, int, str], None]) -> ChildResult:
+               on_unreadable: Callable[[int, int, str], None], layout: str = "") -> ChildResult:
     """Report every record of slots ``[lo, hi)`` of the LMDB file ``path``.
 
     ``whole_start`` / ``whole_end``: also report the keys before ``lo`` / from
     ``hi`` on (the first and the last range of a file, so that keys which are
     not slots are seen). ``stop``: the file's slot count. ``on_unreadable(a,
     b, why)`` is called for slots ``[a, b)`` that could not be read (the
-    reader died, or LMDB reported the page damaged). Returns the first walk's
-    result (its ``failure`` says why it did not finish).
+    reader died, or LMDB reported the page damaged). ``layout``: see
+    :func:`value_layout_arg`. Returns the first walk's result (its
+    ``failure`` says why it did not finish).
     """
-    res = _run_child("walk", path, -1 if whole_start else lo, -1 if whole_end else hi, readahead, on_record)
+    res = _run_child("walk", path, -1 if whole_start else lo, -1 if whole_end else hi, readahead, on_record,
+                     layout=layout)
     if res.failure is None:
         return res
     end = stop if whole_end else hi
     pos = lo if res.last_slot is None else max(lo, res.last_slot + 1)
     crashes = 1
     while pos < end:
-        got = _run_child("get", path, pos, end, readahead, on_record, on_missing)
+        got = _run_child("get", path, pos, end, readahead, on_record, on_missing, layout)
         why = got.failure
         if why is None:
             break

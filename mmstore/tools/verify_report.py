@@ -17,7 +17,9 @@ class Problem:
     number of LMDB keys differs from the records), lmdb-damaged (reading an
     LMDB file failed or killed the reader), symlink (a symbolic link in the
     store), not-regular (a store file that is a FIFO, directory, device ...),
-    backend (the backend cannot work here), read."""
+    backend (the backend cannot work here), read, offsets (an encoded
+    field's offsets index: each problem names the field, and the slot and
+    key of each bad entry)."""
 
     kind: str
     message: str
@@ -30,7 +32,10 @@ class BadRecord:
     a hole); ``what``: ``checksum``, ``missing`` (lmdb: no key), ``size``
     (lmdb value of the wrong length), ``hole-not-zero``, ``hole-has-record``,
     ``extra-key`` (lmdb key outside the slots; ``slot`` may then be -1),
-    ``unreadable`` (lmdb: reading the record failed or killed the reader)."""
+    ``unreadable`` (lmdb: reading the record failed or killed the reader),
+    ``offsets`` (an encoded entry's offsets are out of order or past the end
+    of its ``.bin``), ``decode`` (``--decode``: an encoded entry does not
+    decode with its field's codec; ``found`` is the codec's reason)."""
 
     slot: int
     index: int | None

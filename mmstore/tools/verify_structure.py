@@ -30,6 +30,7 @@ from ..format import (
 )
 from ..schema import Schema
 from ..writer import file_digest
+from .verify_entries import check_offsets, report_offsets
 from .verify_lmdb import lmdb_entries
 from .verify_report import Problem, VerifyReport
 
@@ -60,6 +61,12 @@ class Ctx:
         self.key_blob: bytes | None = None
         self.index: np.ndarray | None = None
         self.holes = np.zeros(self.slots, dtype=bool)
+        # variable-size fields (positional backends): (field, segment) -> its
+        # offsets index and the size of its .bin, and the global slots whose
+        # entry the offsets do not place within the .bin (format.py, "Encoded fields")
+        self.entries: dict[tuple[str, int | None], tuple[np.ndarray, int]] = {}
+        self.bad_entries: dict[str, np.ndarray] = {}
+        self.offset_findings: list[tuple[str, str, int, np.ndarray, str]] = []
 
     def key_of(self, slot: int) -> str:
         if self.key_offsets is None or self.key_blob is None or not 0 <= slot < self.slots:
@@ -101,6 +108,7 @@ def check_structure(path: str, rep: VerifyReport) -> Ctx | None:
             if name in (KEYS_OFFSETS_FILE, KEYS_BLOB_FILE):
                 ctx.key_offsets = ctx.key_blob = None
     _check_index(ctx, rep, bad_files, npy)
+    report_offsets(ctx, rep)  # after the keys and holes: each problem names its slot's key
     if ctx.checksums is not None:
         nz = np.flatnonzero(ctx.holes & (ctx.checksums != 0))
         for s in nz[:100].tolist():
@@ -193,8 +201,11 @@ def _check_data_files(ctx: Ctx, rep: VerifyReport, data_names: list[str], bad_fi
     one shape each; LMDB files (``crashes_on_damage``) have their keys counted
     in a child process; any other backend checks its own files."""
     if ctx.cls.positional:
-        for seg, _, count in ctx.segments:
+        for seg, first, count in ctx.segments:
             for f in ctx.schema:
+                if f.variable:
+                    check_offsets(ctx, rep, f.name, seg, first, count, bad_files, npy)
+                    continue
                 off = npy(ctx.cls.field_file(f.name, seg), f.dtype, (count, *f.shape))
                 if off is None:
                     ctx.data_ok = False

@@ -5,13 +5,17 @@ entry point run on the result in a forked child (``support.fuzz``).
 hypothesis; ``tools/fuzz_store.py`` runs many more and prints the figures.
 
 A case is a base store (memmap or lmdb, plain or merged from parts, with
-holes) and one or two mutations (``Mutation``): manifest fields, raw manifest
-bytes, ``.npy`` headers, index / key offset / checksum values, data and LMDB
-page bytes, truncation and extension, and file types (symlink to
-``/dev/zero``, dangling symlink, FIFO, directory, removed file). The child
+holes; raw, or compact: a jpeg image and a zstd field, format 2.0) and one or
+two mutations (``Mutation``): manifest fields, raw manifest bytes, ``.npy``
+headers, index / key offset / checksum values, data and LMDB page bytes,
+truncation and extension, and file types (symlink to ``/dev/zero``, dangling
+symlink, FIFO, directory, removed file); on compact stores also the offsets
+index (decreasing, past the end, huge values), bits flipped inside one JPEG or
+zstd entry of a ``.bin``, the manifest's codec objects and version, and the
+entry lengths inside lmdb 2.0 values. The child
 opens the store and reads it every way there is (``[i]``, ``read_batch``,
 ``column``, ``key``, ``skipped``, ``checksums``, iteration, ``Loader``), then
-runs ``inspect``, ``verify``, ``show`` and ``convert`` through the CLI's
+runs ``inspect``, ``verify --decode``, ``show`` and ``convert`` through the CLI's
 ``main``. Required:
 
 - no crash (the child dies of a signal) and no hang (the case timeout);
@@ -51,6 +55,8 @@ from .stores import write_parts, write_store
 N = 12
 HOLES = (3, 7)
 BASES = ("memmap", "lmdb", "memmap-merged", "lmdb-merged")
+COMPACT_BASES = ("memmap-compact", "lmdb-compact", "memmap-compact-merged")
+COMPACT_CODECS = ("image=jpeg:90", "score=zstd:3")
 CLI_STEPS = ("inspect", "verify", "show", "convert")
 # What the CLI prints for an exception it did not expect (cli._describe): on a
 # damaged store that is a defect, counted like a traceback.
@@ -66,6 +72,22 @@ def make_bases(root: str) -> dict[str, str]:
         out[backend] = write_store(os.path.join(root, backend), N, backend=backend, holes=HOLES)
         parts = write_parts(os.path.join(root, f"parts-{backend}"), N, (5, 9), backend=backend, holes=HOLES)
         out[f"{backend}-merged"] = merge(parts, os.path.join(root, f"{backend}-merged"))
+    return out
+
+
+def make_compact_bases(root: str) -> dict[str, str]:
+    """The compact stores (format 2.0: image jpeg, score zstd; 12 slots,
+    holes at 3 and 7) under ``root``."""
+    from .stores import SMALL_SCHEMA
+
+    schema = mmstore.Schema(SMALL_SCHEMA, codecs=list(COMPACT_CODECS))
+    out = {}
+    os.makedirs(root, exist_ok=True)
+    for backend in ("memmap", "lmdb"):
+        out[f"{backend}-compact"] = write_store(os.path.join(root, f"{backend}-compact"), N, backend=backend,
+                                                holes=HOLES, schema=schema)
+    parts = write_parts(os.path.join(root, "parts-compact"), N, (5, 9), holes=HOLES, schema=schema)
+    out["memmap-compact-merged"] = merge(parts, os.path.join(root, "memmap-compact-merged"))
     return out
 
 
@@ -165,6 +187,14 @@ def apply(path: str, m: Mutation) -> None:
             fh.write(b"\0" * m.params["n"])
     elif k == "type":
         _change_type(path, p, m.params["to"])
+    elif k == "offsets":
+        _mutate_offsets(p, m.params)
+    elif k == "entry-flip":
+        _flip_entry(path, m.target, m.params)
+    elif k == "codec":
+        _mutate_codec(path, m.params)
+    elif k == "lmdb-length":
+        _mutate_lmdb_length(path, m.target, m.params)
     else:
         raise ValueError(f"unknown mutation {k}")
 
@@ -281,6 +311,103 @@ def _change_type(root: str, p: str, to: str) -> None:
         pass
 
 
+def _mutate_offsets(path: str, params: dict[str, Any]) -> None:
+    """One value of an encoded field's ``.offsets.npy``: smaller than the one
+    before, past the end of the ``.bin``, huge, or two swapped."""
+    data_off = _npy_offset(path)
+    offs = np.frombuffer(_read(path)[data_off:], "<u8").copy()
+    if len(offs) < 2:
+        raise ValueError("no offsets to change")
+    at = params["pos"] % len(offs)
+    how = params["how"]
+    if how == "decrease":
+        offs[at] = int(offs[at - 1]) - 1 if at and int(offs[at - 1]) else 1
+    elif how == "past-end":
+        offs[at] = int(offs[-1]) + 1 + params["value"] % 4096
+    elif how == "huge":
+        offs[at] = [2**63 - 1, 2**63, 2**64 - 1, 2**62][params["value"] % 4]
+    else:  # swap with the next
+        b = (at + 1) % len(offs)
+        offs[at], offs[b] = offs[b], offs[at]
+    with open(path, "r+b") as fh:
+        fh.seek(data_off)
+        fh.write(offs.astype("<u8").tobytes())
+
+
+def _flip_entry(path: str, data: str, params: dict[str, Any]) -> None:
+    """Flip bits inside one stored entry of ``<field>[.k].bin`` (a JPEG or
+    zstd entry), found through its offsets file."""
+    offs_path = os.path.join(path, data[: -len(".bin")] + ".offsets.npy")
+    offs = np.frombuffer(_read(offs_path)[_npy_offset(offs_path):], "<u8")
+    sizes = np.diff(offs.astype(np.int64))
+    full = np.flatnonzero(sizes > 0)
+    if not len(full):
+        raise ValueError("no entry to flip")
+    s = int(full[params["slot"] % len(full)])
+    at = int(offs[s]) + params["at"] % int(sizes[s])
+    with open(os.path.join(path, data), "r+b") as fh:
+        fh.seek(at)
+        b = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([b[0] ^ (params["mask"] or 1)]))
+
+
+CODEC_CHANGES = (
+    {"name": "webp", "quality": 90}, {"name": "jpeg", "quality": 0}, {"name": "jpeg", "quality": 101},
+    {"name": "jpeg", "quality": "90"}, {"name": "jpeg", "quality": True}, {"name": "jpeg"}, {"name": "raw"},
+    {"name": "zstd", "level": 3}, {"name": "png", "level": 1}, "jpeg:90", None, {}, {"name": 5},
+    {"name": "jpeg", "quality": 2**64},
+)
+VERSION_CHANGES = ([1, 0], [1, 1], [2, 1], [3, 0], [2], [2, 0, 0], ["2", 0])
+
+
+def _mutate_codec(path: str, params: dict[str, Any]) -> None:
+    """The manifest's codec object of one field (unknown name, bad
+    parameters, another codec), or its version (a 2.0 store as 1.x ...)."""
+    mp = os.path.join(path, "manifest.json")
+    obj = json.loads(_read(mp))
+    c = params["choice"]
+    if params["what"] == "version":
+        obj["version"] = VERSION_CHANGES[c % len(VERSION_CHANGES)]
+    else:
+        ent = obj["schema"][params["field"] % len(obj["schema"])]
+        new = CODEC_CHANGES[c % len(CODEC_CHANGES)]
+        if new is None:
+            ent.pop("codec", None)
+        else:
+            ent["codec"] = new
+    _write(mp, json.dumps(obj).encode())
+
+
+def _mutate_lmdb_length(path: str, name: str, params: dict[str, Any]) -> None:
+    """One entry length inside one lmdb 2.0 value (off by a little, past the
+    value, huge), written with LMDB itself; the manifest then lists the
+    file's new size, as a crafted store would."""
+    import lmdb
+
+    p = os.path.join(path, name)
+    obj = json.loads(_read(os.path.join(path, "manifest.json")))
+    schema = mmstore.Schema.from_json(obj["schema"])
+    nvar = len(schema.variable_fields)
+    if not nvar:
+        raise ValueError("no variable-size field")
+    env = lmdb.open(p, subdir=False, lock=False, map_size=64 << 20)
+    try:
+        with env.begin(write=True) as txn:
+            keys = [bytes(k) for k, _ in txn.cursor()]
+            k = keys[params["slot"] % len(keys)]
+            v = bytearray(txn.get(k))
+            at = schema.record_bytes + 8 * (params["field"] % nvar)
+            old = int.from_bytes(v[at : at + 8], "little")
+            new = [old + 1, old - 1, old + 1000, 2**63, 2**64 - 1, 0][params["how"] % 6] % 2**64
+            v[at : at + 8] = int(new).to_bytes(8, "little")
+            txn.put(k, bytes(v))
+    finally:
+        env.close()
+    obj["files"][name] = os.path.getsize(p)
+    _write(os.path.join(path, "manifest.json"), json.dumps(obj).encode())
+
+
 def store_files(path: str) -> list[str]:
     return sorted(os.listdir(path))
 
@@ -369,7 +496,7 @@ def exercise(path: str, work: str, ref: dict[str, Any], loader: bool = True) -> 
         reads["n"] = n
     log = os.path.join(work, "cli.log")
     _cli(rec, "inspect", ["inspect", path, "--json"], log)
-    _cli(rec, "verify", ["verify", path, "--no-progress", "--threads", "1"], log)
+    _cli(rec, "verify", ["verify", path, "--no-progress", "--threads", "1", "--decode"], log)
     _cli(rec, "show", ["show", path, "-o", os.path.join(work, "grid.png"), "-n", "4"], log)
     _cli(rec, "convert", ["convert", path, os.path.join(work, "converted"), "--backend", "memmap", "--no-progress"],
          log)
@@ -547,6 +674,7 @@ def mutation_strategy(files: list[str]) -> Any:
     npys = [f for f in files if f.endswith(".npy")]
     mdbs = [f for f in files if f.endswith(".mdb")]
     u8s = [f for f in ("_index.npy", "_keys_offsets.npy", "_checksums.npy") if f in files]
+    u8s += [f for f in files if f.endswith(".offsets.npy")]
     data = [f for f in files if f != "manifest.json"]
     big = st.sampled_from([0, 1, 2, 11, 12, 13, 2**32, 2**63 - 1, 2**64 - 2, 2**64 - 1]) | st.integers(0, 2**64 - 1)
     opts = [
@@ -576,10 +704,37 @@ def mutation_strategy(files: list[str]) -> Any:
     return st.one_of(*opts)
 
 
-def case_strategy(bases: dict[str, str]) -> Any:
-    """(base name, [1-2 mutations]) for the stores of ``make_bases``."""
+def compact_mutation_strategy(files: list[str]) -> Any:
+    """A mutation aimed at what compact stores add (offsets, entries, codecs,
+    lmdb 2.0 lengths), or, one time in three, any mutation."""
+    offsets = [f for f in files if f.endswith(".offsets.npy")]
+    bins = [f for f in files if f.endswith(".bin")]
+    mdbs = [f for f in files if f.endswith(".mdb")]
+    opts = [
+        st.builds(lambda w, f, c: Mutation("codec", "", {"what": w, "field": f, "choice": c}),
+                  st.sampled_from(["codec", "codec", "version"]), st.integers(0, 2), st.integers(0, 100)),
+        mutation_strategy(files),
+    ]
+    if offsets:
+        opts.append(st.builds(lambda t, h, p, v: Mutation("offsets", t, {"how": h, "pos": p, "value": v}),
+                              st.sampled_from(offsets), st.sampled_from(["decrease", "past-end", "huge", "swap"]),
+                              st.integers(0, 20), st.integers(0, 10**6)))
+    if bins:
+        opts.append(st.builds(lambda t, s, a, m: Mutation("entry-flip", t, {"slot": s, "at": a, "mask": m}),
+                              st.sampled_from(bins), st.integers(0, 20), st.integers(0, 10**6),
+                              st.integers(1, 255)))
+    if mdbs:
+        opts.append(st.builds(lambda t, s, f, h: Mutation("lmdb-length", t, {"slot": s, "field": f, "how": h}),
+                              st.sampled_from(mdbs), st.integers(0, 20), st.integers(0, 1), st.integers(0, 5)))
+    return st.one_of(*opts)
+
+
+def case_strategy(bases: dict[str, str], compact: bool = False) -> Any:
+    """(base name, [1-2 mutations]) for the stores of ``make_bases`` (or,
+    ``compact``, of ``make_compact_bases``, with the mutations they add)."""
+    make = compact_mutation_strategy if compact else mutation_strategy
     per_base = [
-        st.tuples(st.just(name), st.lists(mutation_strategy(store_files(path)), min_size=1, max_size=2))
+        st.tuples(st.just(name), st.lists(make(store_files(path)), min_size=1, max_size=2))
         for name, path in sorted(bases.items())
     ]
     return st.one_of(*per_base)

@@ -105,3 +105,27 @@ def image_store(path, n=10_000, backend="memmap", holes=(), side=16, channels=3,
                        make=lambda s: {"image": imgs[s], "label": s % 5}, keys="img/{:05d}.png",
                        reason="corrupt: test", label_names=label_names, provenance=provenance)
     return path, imgs
+
+
+# compact records (issue 13): an encoded image beside raw fields
+COMPACT_SCHEMA = {"image": ("|u1", (16, 12, 3)), "label": ("<i8", ()), "box": ("<f4", (4,))}
+
+
+def compact_sample(slot: int) -> dict[str, np.ndarray]:
+    """Deterministic record of COMPACT_SCHEMA: a photo-like image (JPEG
+    behaves as on real photos) and raw label and box."""
+    from .images import photo
+
+    rng = np.random.default_rng(slot)
+    return {"image": photo(rng, 16, 12), "label": np.int64(slot % 7),
+            "box": rng.random(4, dtype=np.float32)}
+
+
+def compact_store(path, n, codecs=("image=jpeg:90",), backend="memmap", holes=(), cuts=None) -> str:
+    """``write_store`` of COMPACT_SCHEMA with ``codecs`` (merged from parts
+    cut at ``cuts`` when given)."""
+    schema = mmstore.Schema(COMPACT_SCHEMA, codecs=list(codecs))
+    kw = dict(backend=backend, holes=holes, schema=schema, make=compact_sample)
+    if cuts is None:
+        return write_store(path, n, **kw)
+    return write_merged(path, n, cuts, **kw)
