@@ -145,6 +145,33 @@ def test_random_crop_pad_if_needed_and_errors():
     assert torch.equal(A.random_crop(x, (5, 6)), x)
 
 
+@pytest.mark.parametrize("mode", ["reflect", "symmetric", "edge"])
+def test_random_crop_pad_if_needed_pads_in_stages(mode):
+    """torchvision pads ``padding`` first, then the missing width, then the missing height,
+    each a mirror of the image padded so far."""
+    x = images(3, 4, 5)
+    y = A.random_crop(x, (10, 11), padding=1, pad_if_needed=True, padding_mode=mode,
+                      generator=torch.Generator().manual_seed(1))
+    offs = A.random_crop_params(3, 4 + 2 + 8, 5 + 2 + 8, (10, 11), torch.Generator().manual_seed(1))
+    for n in range(3):
+        p = ref_pad(x[n].permute(2, 0, 1), 1, 1, 1, 1, mode, 0)
+        p = ref_pad(p, 4, 0, 4, 0, mode, 0)
+        p = ref_pad(p, 0, 4, 0, 4, mode, 0)  # each side by the whole missing amount, as torchvision
+        i, j = offs[n].tolist()
+        assert torch.equal(y[n].permute(2, 0, 1), p[:, i:i + 10, j:j + 11])
+
+
+def test_inputs_are_never_modified():
+    x = images(4, 20, 24)
+    xf = x.float() / 255
+    keep, keepf = x.clone(), xf.clone()
+    A.color_jitter(xf, 0.5, 0.5, 0.5, torch.Generator().manual_seed(0), order="fixed")
+    A.adjust_colors(xf, torch.full((4, 3), 0.5), (1, 2, 0))
+    A.imagenet_train(16, jitter=0.4)(x)
+    A.Pipeline([A.RandomCrop(16, padding=2), A.HorizontalFlip(1.0), A.ColorJitter(0.3, 0.3, 0.3)])(xf)
+    assert torch.equal(x, keep) and torch.equal(xf, keepf)
+
+
 def test_horizontal_flip_exact_and_gpu_alias():
     x = images(16)
     y = A.horizontal_flip(x, 0.5, torch.Generator().manual_seed(2))
