@@ -233,12 +233,16 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=None, help="records (default 3,000)")
     ap.add_argument("--epochs", type=int, default=None, help="measured epochs per setting (default 2)")
     ap.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="DataLoader workers (default: cores)")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="torch intra-op threads of the training process (default: torch's choice)")
     ap.add_argument("--workdir", default="/var/tmp/mmstore_bench_augment")
     ap.add_argument("--keep", action="store_true", help="keep the generated store (reused by the next run)")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     args = ap.parse_args()
     n = args.n or (1000 if args.quick else 3000)
     epochs = args.epochs or (1 if args.quick else 2)
+    if args.threads:
+        torch.set_num_threads(args.threads)
     os.makedirs(args.workdir, exist_ok=True)
     path = os.path.join(args.workdir, f"aug{n}.store")
     log(f"store {path}: {n} records of {H}x{W}x3")
