@@ -44,9 +44,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import mmstore  # noqa: E402
-from mmstore.torch import Loader  # noqa: E402
-from mmstore.torch import augment as A  # noqa: E402
+import mmstore
+from mmstore.torch import Loader
+from mmstore.torch import augment as A
 
 H = W = 224
 BATCH = 256
@@ -80,17 +80,17 @@ def rrc_params_one(height: int, width: int, scale=(0.08, 1.0), ratio=(3 / 4, 4 /
     for _ in range(10):
         target_area = area * torch.empty(1).uniform_(scale[0], scale[1]).item()
         aspect = math.exp(torch.empty(1).uniform_(float(log_ratio[0]), float(log_ratio[1])).item())
-        w = int(round(math.sqrt(target_area * aspect)))
-        h = int(round(math.sqrt(target_area / aspect)))
+        w = round(math.sqrt(target_area * aspect))
+        h = round(math.sqrt(target_area / aspect))
         if 0 < w <= width and 0 < h <= height:
             i = int(torch.randint(0, height - h + 1, size=(1,)).item())
             j = int(torch.randint(0, width - w + 1, size=(1,)).item())
             return i, j, h, w
     in_ratio = width / height
     if in_ratio < min(ratio):
-        w, h = width, int(round(width / min(ratio)))
+        w, h = width, round(width / min(ratio))
     elif in_ratio > max(ratio):
-        h, w = height, int(round(height * max(ratio)))
+        h, w = height, round(height * max(ratio))
     else:
         w, h = width, height
     return (height - h) // 2, (width - w) // 2, h, w
@@ -175,7 +175,6 @@ def bench_dataloader(path: str, n: int, workers: int, epochs: int) -> float:
         return len(b[1])
 
     rates = [epoch_rate(lambda: iter(dl), n, consume) for _ in range(epochs + 1)][1:]
-    del dl
     return float(np.median(rates))
 
 
@@ -192,10 +191,10 @@ def gather_resized_crop(x: torch.Tensor, boxes: torch.Tensor, size: int) -> torc
     n, h, w, c = x.shape
     y0, y1, wy = _taps(boxes[:, 0], boxes[:, 2], size)
     x0, x1, wx = _taps(boxes[:, 1], boxes[:, 3], size)
-    rows_of = lambda idx: x.reshape(n * h, w * c).index_select(0, (torch.arange(n).view(-1, 1) * h + idx).reshape(-1))  # noqa: E731
+    rows_of = lambda idx: x.reshape(n * h, w * c).index_select(0, (torch.arange(n).view(-1, 1) * h + idx).reshape(-1))
     top = rows_of(y0).view(n, size, w, c).float()
     rows = top + (rows_of(y1).view(n, size, w, c).float() - top) * wy.view(n, size, 1, 1)
-    cols_of = lambda idx: rows.reshape(n * size * w, c).index_select(  # noqa: E731
+    cols_of = lambda idx: rows.reshape(n * size * w, c).index_select(
         0, ((torch.arange(n * size).view(-1, 1) * w) + idx.repeat_interleave(size, 0)).reshape(-1))
     left = cols_of(x0).view(n, size, size, c)
     return (left + (cols_of(x1).view(n, size, size, c) - left) * wx.view(n, 1, size, 1)).round_().to(torch.uint8)

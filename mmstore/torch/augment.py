@@ -258,9 +258,9 @@ def _rrc_params(
     # torchvision's fallback: the whole image, or its center cut to the ratio range
     in_ratio = width / height
     if in_ratio < r0:
-        fh, fw = int(round(width / r0)), width
+        fh, fw = round(width / r0), width
     elif in_ratio > r1:
-        fh, fw = height, int(round(height * r1))
+        fh, fw = height, round(height * r1)
     else:
         fh, fw = height, width
     fh, fw = max(fh, 1), max(fw, 1)  # torchvision would give a 0 side for a 1-pixel image and an extreme ratio
@@ -450,8 +450,8 @@ def center_crop(batch: torch.Tensor, size: int | Sequence[int], *, layout: str =
     height, width = _hw(batch, lay)
     if th > height or tw > width:
         raise ValueError(f"center_crop: crop {th}x{tw} is larger than the {height}x{width} image")
-    top = int(round((height - th) / 2.0))
-    left = int(round((width - tw) / 2.0))
+    top = round((height - th) / 2.0)
+    left = round((width - tw) / 2.0)
     x, lay_m, permuted = _dense(batch, lay)
     hdim = 1 if lay_m == "NHWC" else 2
     return _undense(x.narrow(hdim, top, th).narrow(hdim + 1, left, tw).contiguous(), permuted)

@@ -4,19 +4,18 @@ reproducibility across pipelines, processes and devices."""
 
 from __future__ import annotations
 
-import math
 import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mmstore.torch import Loader, augment as A, gpu
+from mmstore.torch import Loader, gpu
+from mmstore.torch import augment as A
 from mmstore.torch.augment import _rrc_params
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
