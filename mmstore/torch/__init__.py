@@ -8,11 +8,14 @@
   buffers, optional asynchronous copy to the GPU; no worker processes.
   :class:`LoaderTuning`: its tuning knobs in one object.
 - :mod:`mmstore.torch.gpu`: ``normalize``, ``random_flip`` batch-wise on any device.
+- :mod:`mmstore.torch.augment`: torchvision-style augmentation of whole
+  batches (random resized crop, random crop, flip, colour jitter,
+  normalize) on any device, and a seeded, resumable ``Pipeline``.
 """
 
 from __future__ import annotations
 
-from . import gpu
+from . import augment, gpu
 from ._tuning import LoaderTuning
 from .dataset import StoreBatch, StoreDataset, collate
 from .loader import Loader
@@ -25,6 +28,7 @@ __all__ = [
     "OrderSampler",
     "StoreBatch",
     "StoreDataset",
+    "augment",
     "build_order",
     "collate",
     "gpu",
