@@ -33,6 +33,7 @@ from .format import (
     note_identity,
     open_store_file,
     read_manifest,
+    variable_files,
 )
 from .schema import Schema
 
@@ -434,6 +435,31 @@ class Store:
         if not f.variable:
             return np.full(len(slots), f.nbytes, np.int64)
         return self._b().entry_sizes(name, slots)
+
+    def stored_record_bytes(self, fields: Sequence[str] | str | None = None) -> int:
+        """Mean bytes one record of ``fields`` (default: all) occupies on disk:
+        a raw field's entry size, a variable-size field's stored (encoded) data
+        divided by the records. O(1) for memmap (the data files' sizes from the
+        manifest); an lmdb store's entries are measured on a sample of up to
+        4,096 records. What read-ahead windows and block sizes are sized by;
+        the decoded size is ``schema[f].nbytes``."""
+        total = 0.0
+        for name in self.field_list(fields):
+            f = self.schema[name]
+            if not f.variable:
+                total += f.nbytes
+            elif self.records:
+                total += self._mean_entry_bytes(name)
+        return max(1, round(total))
+
+    def _mean_entry_bytes(self, name: str) -> float:
+        if self.backend_name == "memmap":
+            segs = [None] if self.segments is None else range(len(self.segments))
+            data = sum(int(self.manifest["files"][variable_files(name, k)[0]]) for k in segs)
+            return data / self.records
+        n = min(self.records, 4096)
+        idx = np.random.default_rng(0).choice(self.records, n, replace=False) if n < self.records else None
+        return float(self.entry_sizes(name, idx).mean())
 
     def column(self, name: str) -> np.ndarray:
         """A whole field in dataset order (a copy; cheap for small fields)."""

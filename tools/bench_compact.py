@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Compact records measured: the five figures of issue 13's "Measured" list, as ratios in one run.
 
-    python tools/bench_compact.py [--dir /var/tmp/bench_compact] [--parts size,quality,ltr,warm,open,ffcv]
+    python tools/bench_compact.py [--dir /var/tmp/bench_compact] [--parts size,quality,ltr,hdd,warm,open,ffcv]
                                   [--photos 600] [--ltr-records 10000] [--json OUT]
 
 Images. *Real photographs*: every RGB photo among scikit-image's and scikit-learn's sample
@@ -19,6 +19,10 @@ INTER_AREA; the crop before resizing is the variant's "original file" (JPEG qual
    process's own memory (torch, the Loader's batch buffers: about 350 MB), so with a 1.5 GB raw
    store (limit 376 MB) not even the compact store stays cached and both thrash: 4.5 GB is the
    smallest store for which the figure means what it says.
+2b. hdd (larger than RAM on a spinning disk): the model of /work/shared/sim/hdd_sim.py, a loop-mounted
+   ext4 throttled by the blkio cgroup to 120 read IOs/s and 150 MB/s plus a 600 MB memory cgroup;
+   a raw and a jpeg:90 store of ``--hdd-records`` photo variants on it, one Loader epoch each (block,
+   defaults), evicted first; ratio jpeg:90 / raw.
 3. warm: the Loader over a warm jpeg:90 store (batch 256, permutation, best of 3 epochs after one
    warm-up epoch) vs the decode limit (the same decoder on the same bytes, from RAM, one thread per
    core, no store: ``mmstore.tools._codec_advice.decode_rate``) and vs a folder of the original
@@ -295,6 +299,77 @@ def part_ltr(work: str, n: int, seed: int) -> dict[str, Any]:
     return res
 
 
+def _sh(*args: str) -> str:
+    return subprocess.run(args, check=True, capture_output=True, text=True).stdout.strip()
+
+
+def _in_cgroups(cgs: list[str], path: str) -> dict[str, Any]:
+    def join() -> None:
+        for cg in cgs:
+            with open(os.path.join(cg, "tasks"), "w") as fh:
+                fh.write(str(os.getpid()))
+
+    p = subprocess.run([sys.executable, __file__, "--child-ltr", path], capture_output=True, text=True,
+                       preexec_fn=join, timeout=900, check=False)
+    if p.returncode != 0:
+        raise RuntimeError(f"child failed ({p.returncode}): {p.stderr[-2000:]}")
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def part_hdd(work: str, n: int, seed: int, iops: int = 120, mbps: int = 150, mem_mb: int = 600) -> dict[str, Any]:
+    """The spinning disk of /work/shared/sim/hdd_sim.py: both stores on a loop-mounted ext4 whose loop
+    device the blkio cgroup throttles to ``iops`` read IOs/s and ``mbps`` MB/s, read in a child in that
+    cgroup and a ``mem_mb`` memory cgroup (so neither store is served from the page cache)."""
+    blk_root = "/sys/fs/cgroup/blkio"
+    if os.geteuid() != 0 or not os.path.isdir(blk_root) or not os.path.isdir(CG_ROOT):
+        say("hdd: skipped (needs root and cgroup v1 blkio + memory)")
+        return {"skipped": "needs root and cgroup v1 blkio + memory controllers"}
+    imgs, _ = photo_variants(min(n, 2000), seed + 2)
+    img, mnt = os.path.join(work, "hdd.img"), os.path.join(work, "hdd-mnt")
+    os.makedirs(mnt, exist_ok=True)
+    with open(img, "wb") as fh:
+        fh.truncate(int(n * SIDE * SIDE * 3 * 1.4) + (512 << 20))
+    _sh("mkfs.ext4", "-q", "-F", img)
+    _sh("mount", "-o", "loop", img, mnt)
+    blk = os.path.join(blk_root, f"mmstore_bench_hdd_{os.getpid()}")
+    mem = os.path.join(CG_ROOT, f"mmstore_bench_hdd_{os.getpid()}")
+    res: dict[str, Any] = {"records": n, "iops": iops, "mbps": mbps, "mem_mb": mem_mb, "runs": []}
+    try:
+        raw = write_store(os.path.join(mnt, "raw.store"), imgs, "raw", n)
+        jpg = write_store(os.path.join(mnt, "jpeg90.store"), imgs, "jpeg:90", n)
+        res["raw_bytes"], res["jpeg90_bytes"] = data_bytes(raw), data_bytes(jpg)
+        _sh("sync")
+        majmin = _sh("lsblk", "-n", "-d", "-o", "MAJ:MIN", _sh("findmnt", "-n", "-o", "SOURCE", mnt)).strip()
+        os.makedirs(blk)
+        os.makedirs(mem)
+        with open(os.path.join(blk, "blkio.throttle.read_iops_device"), "w") as fh:
+            fh.write(f"{majmin} {iops}")
+        with open(os.path.join(blk, "blkio.throttle.read_bps_device"), "w") as fh:
+            fh.write(f"{majmin} {mbps * 1000 * 1000}")
+        with open(os.path.join(mem, "memory.limit_in_bytes"), "w") as fh:
+            fh.write(str(mem_mb << 20))
+        for rep in range(2):
+            for kind, p in (("raw", raw), ("jpeg:90", jpg)):
+                r = _in_cgroups([blk, mem], p)
+                r.update(kind=kind, rep=rep)
+                res["runs"].append(r)
+                say(f"  hdd {kind} rep {rep}: {r['samples_per_s']:,.0f} samples/s")
+    finally:
+        for cg in (blk, mem):
+            if os.path.isdir(cg):
+                os.rmdir(cg)
+        _sh("umount", mnt)
+        os.remove(img)
+    med = {k: statistics.median(r["samples_per_s"] for r in res["runs"] if r["kind"] == k) for k in ("raw", "jpeg:90")}
+    res["raw_samples_per_s"], res["jpeg90_samples_per_s"] = med["raw"], med["jpeg:90"]
+    res["ratio"] = med["jpeg:90"] / med["raw"]
+    say(table([["raw", f"{res['raw_bytes']:,}", f"{med['raw']:,.0f}", "1.0x"],
+               ["jpeg:90", f"{res['jpeg90_bytes']:,}", f"{med['jpeg:90']:,.0f}", f"{res['ratio']:.2f}x"]],
+              header=["store", f"data bytes ({iops} IO/s, {mbps} MB/s, {mem_mb} MB)", "samples/s (median of 2)",
+                      "vs raw"]))
+    return res
+
+
 # -- 3. warm, decode-bound -------------------------------------------------------------------------
 
 
@@ -543,12 +618,14 @@ def machine() -> dict[str, Any]:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default="/var/tmp/bench_compact")
-    ap.add_argument("--parts", default="size,quality,ltr,warm,open,ffcv")
+    ap.add_argument("--parts", default="size,quality,ltr,hdd,warm,open,ffcv")
     ap.add_argument("--photos", type=int, default=600, help="photo variants for size, quality and warm")
     ap.add_argument("--demo", type=int, default=300, help="demo images for size")
     ap.add_argument("--ltr-records", type=int, default=30_000,
                     help="records of the larger-than-RAM stores (30,000: 4.5 GB raw, so that 1/4 of it holds the "
                          "Loader process's own ~350 MB and the jpeg:90 store)")
+    ap.add_argument("--hdd-records", type=int, default=6000,
+                    help="records of the spinning-disk stores (part hdd; 6,000: 900 MB raw, as hdd_sim.py)")
     ap.add_argument("--ffcv-images", type=int, default=2000)
     ap.add_argument("--ffcv-dir", default="/work/shared/peers/ffcv")
     ap.add_argument("--seed", type=int, default=0)
@@ -576,6 +653,8 @@ def main() -> int:
             res[part] = part_quality(photos)
         elif part == "ltr":
             res[part] = part_ltr(work, a.ltr_records, a.seed)
+        elif part == "hdd":
+            res[part] = part_hdd(work, a.hdd_records, a.seed)
         elif part == "warm":
             res[part] = part_warm(work, a.photos * 4, a.seed)
         elif part == "open":

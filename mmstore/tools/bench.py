@@ -231,7 +231,7 @@ def bench_store(
     store = open_store(path)
     try:
         workers = min(4, os.cpu_count() or 1) if workers is None else int(workers)
-        rb = store.schema.record_bytes
+        rb = store.stored_record_bytes()
         n = store.records
         rep = BenchReport(store.path, store.backend_name, n, rb, batch_size, min(samples, n), workers)
         if n == 0:

@@ -162,7 +162,7 @@ def doctor_store(
     try:
         data = store.backend.data_paths()
         sbytes = sum(os.path.getsize(p) for p in data)
-        rep = DoctorReport(store.path, store.backend_name, store.records, store.schema.record_bytes, sbytes)
+        rep = DoctorReport(store.path, store.backend_name, store.records, store.stored_record_bytes(), sbytes)
         rep.disk = _sys.disk_info(store.path)
         try:
             rep.resident_bytes = sum(_sys.resident_bytes(p)[0] for p in data)
@@ -242,7 +242,7 @@ def _measure_cold(store: Store, rep: DoctorReport, idx: np.ndarray, big: str, th
         else:
             rep.cold_reads_per_s = rep.cold_reads_per_s_1
     else:
-        rb = store.schema.record_bytes
+        rb = store.stored_record_bytes()
         r1 = _sys.random_read_speed(big, rb, n=max(1, len(idx) // 2), cold=True, threads=1, seed=seed,
                                     max_seconds=0.2 * budget_s)
         r2 = _sys.random_read_speed(big, rb, n=max(1, len(idx) // 2), cold=True, threads=threads,

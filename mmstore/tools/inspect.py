@@ -148,7 +148,7 @@ def inspect_store(
             backend=store.backend_name,
             records=store.records,
             slots=store.slots,
-            record_bytes=store.schema.record_bytes,
+            record_bytes=store.stored_record_bytes(),
             schema=store.schema.to_json(),
             files=files,
             bytes_on_disk=sum(files.values()),

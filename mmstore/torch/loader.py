@@ -229,18 +229,19 @@ class Loader:
         self.tuning, order_kw = split_tuning(tuning, kw)
         self.batch_size = int(batch_size)
         self.fields = tuple(self.store.field_list(fields))
-        rb = max(1, sum(self.store.schema[f].nbytes for f in self.fields))
+        rb = max(1, sum(self.store.schema[f].nbytes for f in self.fields))  # decoded: the ring's
+        sb = self.store.stored_record_bytes(self.fields)  # on disk: the page cache's and the windows'
         self._plan = plan_memory(
-            batch_bytes=self.batch_size * rb, record_bytes=rb, records=len(self.store), hold=self.tuning.hold,
+            batch_bytes=self.batch_size * rb, record_bytes=sb, records=len(self.store), hold=self.tuning.hold,
             prefetch=self.tuning.prefetch, mem_bytes=self.tuning.mem_bytes,
         )
         if order == "block":
-            order_kw = _block_sizes(order_kw, len(self.store), rb, self._plan["window_bytes"])
+            order_kw = _block_sizes(order_kw, len(self.store), sb, self._plan["window_bytes"])
         self.order = build_order(
             order, len(self.store), seed=seed, rank=rank, world_size=world_size,
-            drop_last=rank_drop_last, record_bytes=rb, **order_kw,
+            drop_last=rank_drop_last, record_bytes=sb, **order_kw,
         )
-        self._plan.update(self._readahead_plan(rb))
+        self._plan.update(self._readahead_plan(sb))
         self.drop_last = bool(drop_last)
         self.device, self._cuda = _check_device(device)
         self.pin_memory = _check_pin_memory(pin_memory, self._cuda)

@@ -4,7 +4,6 @@ warm/evict."""
 
 from __future__ import annotations
 
-import json
 import os
 
 import numpy as np
@@ -14,10 +13,10 @@ import mmstore
 from mmstore.codecs import library_versions, parse_codec
 from mmstore.errors import ChecksumError, SchemaError
 from mmstore.tools.convert import convert_store
-from support.compare import assert_reads_same, store_bytes
+from support.compare import store_bytes
 from support.faults import edit_manifest, flip_bit, flip_lmdb_bits, sync_manifest
 from support.proc import cli, run_cli, run_json
-from support.stores import COMPACT_SCHEMA, compact_sample, compact_store, write_store
+from support.stores import COMPACT_SCHEMA, compact_sample, compact_store
 
 pytest.importorskip("cv2")
 pytest.importorskip("simplejpeg")
