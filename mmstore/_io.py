@@ -20,12 +20,14 @@ from .errors import ResourceLimitError
 __all__ = [
     "atomic_write",
     "check_space",
+    "copy_range",
     "crash_point",  # re-exported: I/O callers import their crash hook with the helpers
     "describe_write_error",
     "fallocate",
     "fsync_dir",
     "free_bytes",
     "fsync_file",
+    "fsync_path",
     "hasher",
     "pwrite_all",
     "record_checksum",
@@ -36,6 +38,16 @@ def fsync_file(fd: int) -> None:
     """fsync ``fd`` (a crash point)."""
     crash_point("fsync")
     os.fsync(fd)
+
+
+def fsync_path(path: str) -> None:
+    """fsync the file at ``path`` (written through another descriptor or by
+    another process: fsync flushes a file's dirty pages whoever wrote them)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        fsync_file(fd)
+    finally:
+        os.close(fd)
 
 
 def fsync_dir(path: str) -> None:
@@ -59,6 +71,34 @@ def pwrite_all(fd: int, data: Any, offset: int) -> None:
         if w <= 0:
             raise OSError(errno.EIO, f"pwrite wrote {w} bytes at offset {offset + done}")
         done += w
+
+
+def copy_range(src: int, dst: int, src_off: int, dst_off: int, n: int) -> int:
+    """Copy ``n`` bytes from descriptor ``src`` at ``src_off`` to ``dst`` at
+    ``dst_off``, kernel-side with ``copy_file_range`` where the file systems
+    allow it (extents shared on XFS/Btrfs), else by ``pread``/``pwrite``.
+    Returns the bytes copied: fewer than ``n`` when ``src`` ended first (the
+    caller says what that means)."""
+    done = 0
+    use_cfr = hasattr(os, "copy_file_range")
+    while done < n:
+        if use_cfr:
+            try:
+                w = os.copy_file_range(src, dst, n - done, src_off + done, dst_off + done)
+            except OSError as exc:
+                if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                    raise
+                use_cfr = False
+                continue
+        else:
+            buf = os.pread(src, min(n - done, 8 << 20), src_off + done)
+            if buf:
+                pwrite_all(dst, buf, dst_off + done)
+            w = len(buf)
+        if w == 0:
+            break
+        done += w
+    return done
 
 
 def fallocate(fd: int, offset: int, length: int, path: str) -> None:

@@ -39,7 +39,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from ._io import check_space, fsync_dir, fsync_file, pwrite_all
+from ._io import check_space, copy_range, fsync_dir, fsync_file, fsync_path, pwrite_all
 from .errors import SchemaError
 from .format import npy_header
 from .schema import Schema
@@ -84,13 +84,9 @@ def sync_spills(partial: str) -> None:
     for _, *paths in spill_files(partial):
         for p in paths:
             try:
-                fd = os.open(p, os.O_RDONLY)
+                fsync_path(p)
             except FileNotFoundError:
                 continue
-            try:
-                fsync_file(fd)
-            finally:
-                os.close(fd)
             found = True
     if found:
         fsync_dir(partial)
@@ -243,28 +239,10 @@ def assemble(ent: SpillEntries, dest: str) -> None:
 
 
 def _copy(src: int, dst: int, src_off: int, dst_off: int, n: int) -> None:
-    """Copy ``n`` bytes between files in the kernel (a plain read/write loop
-    where ``copy_file_range`` is not available)."""
-    done = 0
-    use_cfr = hasattr(os, "copy_file_range")
-    while done < n:
-        if use_cfr:
-            try:
-                w = os.copy_file_range(src, dst, n - done, src_off + done, dst_off + done)
-            except OSError as exc:
-                if exc.errno not in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-                    raise
-                use_cfr = False
-                continue
-            if w == 0:
-                raise OSError(errno.EIO, f"spill file ended {n - done} bytes early (copy at {src_off + done})")
-            done += w
-        else:
-            buf = os.pread(src, min(n - done, 16 << 20), src_off + done)
-            if not buf:
-                raise OSError(errno.EIO, f"spill file ended {n - done} bytes early (read at {src_off + done})")
-            pwrite_all(dst, buf, dst_off + done)
-            done += len(buf)
+    """Copy ``n`` bytes of a spill into the field file (``_io.copy_range``)."""
+    done = copy_range(src, dst, src_off, dst_off, n)
+    if done < n:
+        raise OSError(errno.EIO, f"spill file ended {n - done} bytes early (copy at {src_off + done})")
 
 
 def write_field_files(partial: str, entries: dict[str, SpillEntries], names: dict[str, tuple[str, str]]) -> None:

@@ -249,18 +249,6 @@ def _child_ltr(path: str) -> dict[str, Any]:
     return {"samples_per_s": rate, "rss_anon_mib": anon / 1024}
 
 
-def _in_cgroup(cg: str, path: str) -> dict[str, Any]:
-    def join() -> None:
-        with open(os.path.join(cg, "tasks"), "w") as fh:
-            fh.write(str(os.getpid()))
-
-    p = subprocess.run([sys.executable, __file__, "--child-ltr", path], capture_output=True, text=True,
-                       preexec_fn=join, timeout=900, check=False)
-    if p.returncode != 0:
-        raise RuntimeError(f"child failed ({p.returncode}): {p.stderr[-2000:]}")
-    return json.loads(p.stdout.strip().splitlines()[-1])
-
-
 def part_ltr(work: str, n: int, seed: int) -> dict[str, Any]:
     if not os.path.isdir(CG_ROOT) or os.geteuid() != 0:
         say(f"ltr: skipped (needs root and cgroup v1 at {CG_ROOT})")
@@ -279,7 +267,7 @@ def part_ltr(work: str, n: int, seed: int) -> dict[str, Any]:
             fh.write(str(limit))
         for rep in range(2):
             for kind, p in (("raw", raw), ("jpeg:90", jpg)):
-                r = _in_cgroup(cg, p)
+                r = _in_cgroups([cg], p)
                 r.update(kind=kind, rep=rep)
                 res["runs"].append(r)
                 say(f"  ltr {kind} rep {rep}: {r['samples_per_s']:,.0f} samples/s (anonymous memory "

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from .._crash import crash_point
-from .._io import fsync_dir, fsync_file
+from .._io import fsync_dir, fsync_path
 from ..errors import EntryDecodeError, FormatError, StoreChangedError
 from ..format import LMDB_FILE, LMDB_TXN_RECORDS, lmdb_file, lmdb_key, note_identity, open_store_file
 from ..schema import Schema
@@ -193,11 +193,7 @@ class LmdbBackend(Backend):
             raise _write_failure(path, exc) from None
         finally:
             env.close()
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            fsync_file(fd)
-        finally:
-            os.close(fd)
+        fsync_path(path)
         fsync_dir(partial_dir)
         # the staging file stays until publish() removes what the manifest does
         # not list: a crash before the manifest is durable must find it on resume
@@ -251,11 +247,7 @@ class LmdbBackend(Backend):
             for m in maps:
                 if m is not None:
                     m.close()
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            fsync_file(fd)
-        finally:
-            os.close(fd)
+        fsync_path(path)
         fsync_dir(os.path.dirname(path))
 
     # -- read side -----------------------------------------------------------
@@ -376,53 +368,12 @@ class LmdbBackend(Backend):
                     f"(expected {want}); the store was modified in use: reopen it, or run `mmstore verify`"
                 )
 
-    def read_into(
-        self, slots: np.ndarray, rows: np.ndarray, fields: Sequence[str], out: dict[str, np.ndarray]
-    ) -> None:
-        n = len(slots)
-        if n == 0:
-            return
-        rb = self.schema.record_bytes
-        if self.schema.has_variable:
-            self._read_variable(slots, rows, fields, out)
-            return
-        parts = [
-            (out[name].ctypes.data, self.schema.offset(name), self.schema[name].nbytes)
-            for name in fields
-            if self.schema[name].nbytes
-        ]
+    def _values(self, slots: np.ndarray, layout: Any) -> Iterator[tuple[int, Any, int, Any]]:
+        """``(j, value, address, layout(value))`` of each of ``slots``, looked
+        up in one read transaction (open while the caller uses the value);
+        a value that is missing, damaged, of a size ``layout`` refuses (None)
+        or outside the mapping raises before the caller sees it."""
         keys = slots.astype(">u8").tobytes()
-        r_list = rows.tolist()
-        env = self.env()
-        self._check_size()
-        span = self._span
-        with env.begin(buffers=True) as txn:
-            get = txn.get
-            for j in range(n):
-                try:
-                    buf = get(keys[8 * j : 8 * j + 8])
-                except _lmdb().Error as exc:
-                    self._damaged(int(slots[j]), exc)
-                if buf is None or len(buf) != rb:
-                    self._bad(int(slots[j]), buf)
-                addr = np.frombuffer(buf, np.uint8).ctypes.data
-                if span is not None and not span[0] <= addr <= span[1] - rb:
-                    self._outside(int(slots[j]))
-                r = r_list[j]
-                for dbase, off, nb in parts:
-                    _memmove(dbase + r * nb, addr + off, nb)
-
-    def _read_variable(
-        self, slots: np.ndarray, rows: np.ndarray, fields: Sequence[str], out: dict[str, np.ndarray]
-    ) -> None:
-        """``read_into`` of a schema with variable-size fields: each value's
-        size is checked against its layout before any slice of it is used."""
-        fixed = [(out[n].ctypes.data, self.schema.offset(n), self.schema[n].nbytes)
-                 for n in fields if not self.schema[n].variable and self.schema[n].nbytes]
-        var_ix = {f.name: k for k, f in enumerate(self.schema.variable_fields)}
-        var = [(n, var_ix[n], self.schema[n].codec.decode_into, out[n]) for n in fields if n in var_ix]
-        keys = slots.astype(">u8").tobytes()
-        r_list = rows.tolist()
         env = self.env()
         self._check_size()
         span = self._span
@@ -433,21 +384,54 @@ class LmdbBackend(Backend):
                     buf = get(keys[8 * j : 8 * j + 8])
                 except _lmdb().Error as exc:
                     self._damaged(int(slots[j]), exc)
-                lay = value_layout(self.schema, buf) if buf is not None else None
+                lay = layout(buf) if buf is not None else None
                 if lay is None:
                     self._bad(int(slots[j]), buf)
                 addr = np.frombuffer(buf, np.uint8).ctypes.data
                 if span is not None and not span[0] <= addr <= span[1] - len(buf):
                     self._outside(int(slots[j]))
-                r = r_list[j]
-                for dbase, off, nb in fixed:
-                    _memmove(dbase + r * nb, addr + off, nb)
-                for name, k, decode, dst in var:
-                    a, n = lay[k]  # type: ignore[index]
-                    try:
-                        decode(buf[a : a + n], dst[r : r + 1].reshape(dst.shape[1:]))  # a view, also of a scalar
-                    except EntryDecodeError as exc:
-                        raise entry_error(self, name, int(slots[j]), str(exc)) from None
+                yield j, buf, addr, lay
+
+    def read_into(
+        self, slots: np.ndarray, rows: np.ndarray, fields: Sequence[str], out: dict[str, np.ndarray]
+    ) -> None:
+        if len(slots) == 0:
+            return
+        if self.schema.has_variable:
+            self._read_variable(slots, rows, fields, out)
+            return
+        rb = self.schema.record_bytes
+        parts = [
+            (out[name].ctypes.data, self.schema.offset(name), self.schema[name].nbytes)
+            for name in fields
+            if self.schema[name].nbytes
+        ]
+        r_list = rows.tolist()
+        for j, _, addr, _ in self._values(slots, lambda b: True if len(b) == rb else None):
+            r = r_list[j]
+            for dbase, off, nb in parts:
+                _memmove(dbase + r * nb, addr + off, nb)
+
+    def _read_variable(
+        self, slots: np.ndarray, rows: np.ndarray, fields: Sequence[str], out: dict[str, np.ndarray]
+    ) -> None:
+        """``read_into`` of a schema with variable-size fields: each value's
+        size is checked against its layout before any slice of it is used."""
+        fixed = [(out[n].ctypes.data, self.schema.offset(n), self.schema[n].nbytes)
+                 for n in fields if not self.schema[n].variable and self.schema[n].nbytes]
+        var_ix = {f.name: k for k, f in enumerate(self.schema.variable_fields)}
+        var = [(n, var_ix[n], self.schema[n].codec.decode_into, out[n]) for n in fields if n in var_ix]
+        r_list = rows.tolist()
+        for j, buf, addr, lay in self._values(slots, lambda b: value_layout(self.schema, b)):
+            r = r_list[j]
+            for dbase, off, nb in fixed:
+                _memmove(dbase + r * nb, addr + off, nb)
+            for name, k, decode, dst in var:
+                a, n = lay[k]
+                try:
+                    decode(buf[a : a + n], dst[r : r + 1].reshape(dst.shape[1:]))  # a view, also of a scalar
+                except EntryDecodeError as exc:
+                    raise entry_error(self, name, int(slots[j]), str(exc)) from None
 
     def prepare(self, fields: Sequence[str] | None = None) -> None:
         self.env()

@@ -54,7 +54,7 @@ import numpy as np
 
 from .._crash import crash_point
 from .._dest import check_dest, is_own_partial
-from .._io import check_space, describe_write_error, fmt_bytes, fsync_dir, fsync_file, pwrite_all
+from .._io import check_space, copy_range, describe_write_error, fmt_bytes, fsync_dir, fsync_file, pwrite_all
 from ..backends import backend_class, data_file_names
 from ..errors import DestinationError, IngestError, StoreExistsError
 from ..format import (
@@ -82,32 +82,15 @@ _NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOS
 
 
 def _copy_range(src: str, src_off: int, n: int, dst_fd: int, dst_off: int) -> None:
-    """Copy ``n`` bytes of ``src`` from ``src_off`` to ``dst_fd`` at ``dst_off``,
-    kernel-side with ``copy_file_range`` where it works, else read/write."""
+    """Copy ``n`` bytes of file ``src`` from ``src_off`` to ``dst_fd`` at ``dst_off`` (``_io.copy_range``)."""
     fd = os.open(src, os.O_RDONLY)
     try:
-        done = 0
-        use_cfr = hasattr(os, "copy_file_range")
-        while done < n:
-            if use_cfr:
-                try:
-                    w = os.copy_file_range(fd, dst_fd, n - done, src_off + done, dst_off + done)
-                except OSError as exc:
-                    if exc.errno in (errno.EXDEV, errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
-                        use_cfr = False
-                        continue
-                    raise
-            else:
-                buf = os.pread(fd, min(n - done, 8 << 20), src_off + done)
-                if buf:
-                    pwrite_all(dst_fd, buf, dst_off + done)
-                w = len(buf)
-            if w == 0:
-                raise IngestError(f"{src}: ended at byte {src_off + done}, expected {n - done} more; the part "
-                                  "changed while merging (run `mmstore verify` on it)")
-            done += w
+        done = copy_range(fd, dst_fd, src_off, dst_off, n)
     finally:
         os.close(fd)
+    if done < n:
+        raise IngestError(f"{src}: ended at byte {src_off + done}, expected {n - done} more; the part "
+                          "changed while merging (run `mmstore verify` on it)")
 
 
 def _copy_file(src: str, dst: str) -> None:

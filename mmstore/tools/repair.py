@@ -48,7 +48,7 @@ from typing import Any
 
 import numpy as np
 
-from .._io import atomic_write, fsync_dir, fsync_file, pwrite_all
+from .._io import atomic_write, fsync_dir, fsync_file, fsync_path, pwrite_all
 from .._names import json_bytes
 from ..backends import Backend, SlotFile
 from ..backends.base import packed_record
@@ -576,11 +576,7 @@ def _build_lmdb_variable(store: Store, part: Any, fixes: dict[int, bytes], holes
             env.sync(True)
         finally:
             env.close()
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            fsync_file(fd)
-        finally:
-            os.close(fd)
+        fsync_path(path)
         return work
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)

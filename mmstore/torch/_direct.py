@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from ..order import contiguous_ranges
-from ._ring import InFlight
+from ._ring import InFlight, WindowPass
 
 __all__ = ["DirectWindows"]
 
@@ -63,7 +63,7 @@ class _Window:
         self.slots, self.pos, self.buf, self.addr = slots, pos, buf, addr
 
 
-class DirectWindows:
+class DirectWindows(WindowPass):
     """A window pass with :class:`~mmstore.torch._reads.WindowPrefetch`'s
     interface (``start``, ``window_of``, ``ask``, ``wait_for``,
     ``consumed``) that reads into private buffers, and :meth:`copy_rows`,
@@ -71,13 +71,9 @@ class DirectWindows:
 
     def __init__(self, reads: Any, idx: np.ndarray, bounds: np.ndarray, threads: int, inflight: InFlight, *,
                  cap: int, batch_size: int) -> None:
+        super().__init__(idx, bounds, inflight)
         self.reads = reads
-        self.idx = idx
-        self.bounds = bounds
-        self.inflight = inflight
         self.fields = list(reads.files)
-        self.done = -1
-        self.need = 0
         self.windows: dict[int, _Window] = {}
         self.free: list[tuple[Any, int]] = []  # (mmap, size) buffers to reuse
         self.cap = max(1, int(cap))  # bytes of buffers (held and free) the pass may keep
@@ -90,27 +86,6 @@ class DirectWindows:
         self.error: BaseException | None = None
 
     # -- the interface the batches use -------------------------------------------
-    def start(self) -> None:
-        t = threading.Thread(target=self._loop, name="mmstore-window", daemon=True)
-        self.inflight.win_thread = t
-        t.start()
-
-    def window_of(self, pos: int) -> int:
-        return int(np.searchsorted(self.bounds, pos, side="right")) - 1
-
-    def ask(self, w: int) -> None:
-        cv = self.inflight.cv
-        with cv:
-            if w + 1 > self.need:
-                self.need = w + 1
-                cv.notify_all()
-
-    def wait_for(self, w: int) -> None:
-        cv = self.inflight.cv
-        with cv:
-            while self.done < w and not self.inflight.cancelled:
-                cv.wait()
-
     def consumed(self, pos: int) -> None:
         """Positions ``[0, pos)`` are in the ring: free the buffers of the
         windows that end at or before ``pos``."""

@@ -35,7 +35,7 @@ from ..backends.segmented import limit_error
 from ..errors import ResourceLimitError
 from ..order import contiguous_ranges
 from ..reader import Store
-from ._ring import InFlight
+from ._ring import InFlight, WindowPass
 from ._tuning import LoaderTuning
 
 __all__ = [
@@ -292,7 +292,7 @@ class EpochReads:
 _tls = threading.local()  # each window reader thread's scratch buffer
 
 
-class WindowPrefetch:
+class WindowPrefetch(WindowPass):
     """A block-shuffle epoch's window pass: a thread that brings window
     ``w``'s records into the page cache while the batches of window ``w - 1``
     are read, so the block shuffle's locality becomes long disk reads.
@@ -318,13 +318,9 @@ class WindowPrefetch:
         self, reads: EpochReads, idx: np.ndarray, bounds: np.ndarray, mode: str, threads: int, inflight: InFlight,
         drop_behind: bool = False, chunk: int = _CHUNK,
     ) -> None:
+        super().__init__(idx, bounds, inflight)
         self.reads = reads
-        self.idx = idx
-        self.bounds = bounds
         self.mode = mode
-        self.inflight = inflight
-        self.done = -1  # the last window in the page cache
-        self.need = 0  # the last window a submitted batch reads
         self.pool = ThreadPoolExecutor(threads, thread_name_prefix="mmstore-window")
         self.own: dict[int, int] = {}  # the loader's descriptor -> the pass's own (its readahead state)
         self.filled = 0  # bytes that WILLNEED left out and the pass read itself
@@ -355,30 +351,6 @@ class WindowPrefetch:
                 os.close(fd)
             except OSError:
                 pass
-
-    def start(self) -> None:
-        t = threading.Thread(target=self._loop, name="mmstore-window", daemon=True)
-        self.inflight.win_thread = t  # the epoch's wait() joins it
-        t.start()
-
-    def window_of(self, pos: int) -> int:
-        """The window of position ``pos`` of the epoch."""
-        return int(np.searchsorted(self.bounds, pos, side="right")) - 1
-
-    def ask(self, w: int) -> None:
-        """A batch of window ``w`` was submitted: read up to window ``w + 1``."""
-        cv = self.inflight.cv
-        with cv:
-            if w + 1 > self.need:
-                self.need = w + 1
-                cv.notify_all()
-
-    def wait_for(self, w: int) -> None:
-        """Block until window ``w`` is read (or the pass ended)."""
-        cv = self.inflight.cv
-        with cv:
-            while self.done < w and not self.inflight.cancelled:
-                cv.wait()
 
     def _loop(self) -> None:
         b = self.bounds

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["InFlight", "Ring"]
+__all__ = ["InFlight", "Ring", "WindowPass"]
 
 
 class Ring:
@@ -105,3 +105,46 @@ class InFlight:
         if not self.cancelled:
             self.futs[s] = None
         return futs
+
+
+class WindowPass:
+    """What every window pass shares (``_reads.WindowPrefetch``,
+    ``_direct.DirectWindows``): the epoch cut into windows at ``bounds``, a
+    thread (the subclass's ``_loop``) that reads window ``w + 1`` while the
+    batches of window ``w`` are read, and the handshake with the batches
+    through the epoch's condition variable: ``need`` is the last window a
+    submitted batch reads, ``done`` the last window read."""
+
+    def __init__(self, idx: np.ndarray, bounds: np.ndarray, inflight: InFlight) -> None:
+        self.idx = idx
+        self.bounds = bounds
+        self.inflight = inflight
+        self.done = -1
+        self.need = 0
+
+    def _loop(self) -> None:
+        raise NotImplementedError
+
+    def start(self) -> None:
+        t = threading.Thread(target=self._loop, name="mmstore-window", daemon=True)
+        self.inflight.win_thread = t  # the epoch's wait() joins it
+        t.start()
+
+    def window_of(self, pos: int) -> int:
+        """The window of position ``pos`` of the epoch."""
+        return int(np.searchsorted(self.bounds, pos, side="right")) - 1
+
+    def ask(self, w: int) -> None:
+        """A batch of window ``w`` was submitted: read up to window ``w + 1``."""
+        cv = self.inflight.cv
+        with cv:
+            if w + 1 > self.need:
+                self.need = w + 1
+                cv.notify_all()
+
+    def wait_for(self, w: int) -> None:
+        """Block until window ``w`` is read (or the pass ended)."""
+        cv = self.inflight.cv
+        with cv:
+            while self.done < w and not self.inflight.cancelled:
+                cv.wait()
