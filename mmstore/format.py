@@ -544,6 +544,75 @@ def _parse_schema(path: str, raw: object) -> list[tuple[str, np.dtype, tuple[int
     return out
 
 
+def _parse_version(path: str, ver: Any) -> list[int]:
+    if (
+        not isinstance(ver, list)
+        or len(ver) != 2
+        or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in ver)
+    ):
+        raise _fail(path, f"'version' must be [major, minor], found {ver!r}")
+    if ver[0] not in READ_MAJORS:
+        raise VersionError(
+            f"{path}: store format version {ver[0]}.{ver[1]}, but this mmstore reads "
+            f"{' and '.join(f'{m}.x' for m in READ_MAJORS)}; upgrade mmstore (pip install -U mmstore) or "
+            "re-create the store with this version"
+        )
+    return ver
+
+
+def _check_field_sizes(path: str, schema: list[Any], slots: int, ver: list[int]) -> None:
+    """Every field's data is representable (``MAX_STORE_BYTES``); codecs need 2.x."""
+    for name, dt, shape, codec in schema:
+        entry = dt.itemsize * math.prod(shape)
+        if not codec.raw:
+            if ver[0] < VARIABLE_VERSION[0]:
+                raise _fail(path, f"field {name!r} has codec {codec}, which needs format version "
+                            f"{VARIABLE_VERSION[0]}.{VARIABLE_VERSION[1]}; the manifest says {ver[0]}.{ver[1]}")
+            # entries have any size (bounded by the data file's listed size);
+            # the decoded entry and the offsets file must still be representable
+            if max(entry, 8 * (slots + 1)) > MAX_STORE_BYTES:
+                raise _fail(path, f"field {name!r} of shape {list(shape)} over {slots} slots is larger than any "
+                            f"store can hold ({MAX_STORE_BYTES})")
+            continue
+        if max(entry, slots * entry) > MAX_STORE_BYTES:
+            raise _fail(path, f"field {name!r} of shape {list(shape)} needs {slots * entry} bytes over {slots} "
+                        f"slots, more than any store can hold ({MAX_STORE_BYTES})")
+
+
+def _parse_files(path: str, files: Any) -> dict[str, int]:
+    if not isinstance(files, dict):
+        raise _fail(path, f"'files' must be an object of file sizes, found {type(files).__name__}")
+    for name, size in files.items():
+        if (
+            not isinstance(name, str)
+            or name in ("", ".", "..")
+            or "/" in name
+            or "\\" in name
+            or "\x00" in name
+            or name == MANIFEST_FILE
+        ):
+            raise _fail(path, f"'files' names an unsafe file {name!r}")
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_STORE_BYTES:
+            raise _fail(path, f"'files'[{name!r}] must be a size >= 0, found {size!r}")
+    return files
+
+
+def _parse_segments(path: str, segments: Any, slots: int, ver: list[int]) -> list[int] | None:
+    if segments is None:
+        return None
+    if (
+        not isinstance(segments, list)
+        or not segments
+        or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in segments)
+    ):
+        raise _fail(path, f"'segments' must be a non-empty list of slot counts >= 0, found {segments!r}")
+    if sum(segments) != slots:
+        raise _fail(path, f"'segments' add up to {sum(segments)} slots, but 'slots' is {slots}")
+    if tuple(ver) < (1, 1):
+        raise _fail(path, f"'segments' needs format version 1.1, the manifest says {ver[0]}.{ver[1]}")
+    return segments
+
+
 def parse_manifest(raw: bytes, path: str = MANIFEST_FILE) -> dict[str, Any]:
     """Validate manifest bytes and return a normalised dict.
 
@@ -568,19 +637,7 @@ def parse_manifest(raw: bytes, path: str = MANIFEST_FILE) -> dict[str, Any]:
         raise _fail(path, f"expected a JSON object, found {type(obj).__name__}")
     if obj.get("format") != FORMAT_NAME:
         raise _fail(path, f"'format' must be {FORMAT_NAME!r}, found {obj.get('format')!r}")
-    ver = obj.get("version")
-    if (
-        not isinstance(ver, list)
-        or len(ver) != 2
-        or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in ver)
-    ):
-        raise _fail(path, f"'version' must be [major, minor], found {ver!r}")
-    if ver[0] not in READ_MAJORS:
-        raise VersionError(
-            f"{path}: store format version {ver[0]}.{ver[1]}, but this mmstore reads "
-            f"{' and '.join(f'{m}.x' for m in READ_MAJORS)}; upgrade mmstore (pip install -U mmstore) or "
-            "re-create the store with this version"
-        )
+    ver = _parse_version(path, obj.get("version"))
     store_id = obj.get("store_id")
     if not isinstance(store_id, str) or not re.fullmatch(r"[0-9a-f]{32}", store_id):
         raise _fail(path, f"'store_id' must be 32 hex digits, found {store_id!r}")
@@ -592,21 +649,7 @@ def parse_manifest(raw: bytes, path: str = MANIFEST_FILE) -> dict[str, Any]:
     if records > slots:
         raise _fail(path, f"'records' ({records}) exceeds 'slots' ({slots})")
     schema = _parse_schema(path, obj.get("schema"))
-    for name, dt, shape, codec in schema:
-        entry = dt.itemsize * math.prod(shape)
-        if not codec.raw:
-            if ver[0] < VARIABLE_VERSION[0]:
-                raise _fail(path, f"field {name!r} has codec {codec}, which needs format version "
-                            f"{VARIABLE_VERSION[0]}.{VARIABLE_VERSION[1]}; the manifest says {ver[0]}.{ver[1]}")
-            # entries have any size (bounded by the data file's listed size);
-            # the decoded entry and the offsets file must still be representable
-            if max(entry, 8 * (slots + 1)) > MAX_STORE_BYTES:
-                raise _fail(path, f"field {name!r} of shape {list(shape)} over {slots} slots is larger than any "
-                            f"store can hold ({MAX_STORE_BYTES})")
-            continue
-        if max(entry, slots * entry) > MAX_STORE_BYTES:
-            raise _fail(path, f"field {name!r} of shape {list(shape)} needs {slots * entry} bytes over {slots} "
-                        f"slots, more than any store can hold ({MAX_STORE_BYTES})")
+    _check_field_sizes(path, schema, slots, ver)
     ck = obj.get("checksum")
     if (
         not isinstance(ck, dict)
@@ -615,38 +658,13 @@ def parse_manifest(raw: bytes, path: str = MANIFEST_FILE) -> dict[str, Any]:
         or not re.fullmatch(r"[0-9a-f]{16}", ck["digest"])
     ):
         raise _fail(path, f"'checksum' must be {{'algorithm': '{CHECKSUM_ALGORITHM}', 'digest': 16 hex}}, found {ck!r}")
-    files = obj.get("files")
-    if not isinstance(files, dict):
-        raise _fail(path, f"'files' must be an object of file sizes, found {type(files).__name__}")
-    for name, size in files.items():
-        if (
-            not isinstance(name, str)
-            or name in ("", ".", "..")
-            or "/" in name
-            or "\\" in name
-            or "\x00" in name
-            or name == MANIFEST_FILE
-        ):
-            raise _fail(path, f"'files' names an unsafe file {name!r}")
-        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_STORE_BYTES:
-            raise _fail(path, f"'files'[{name!r}] must be a size >= 0, found {size!r}")
+    files = _parse_files(path, obj.get("files"))
     digests = obj.get("digests", {})
     if not isinstance(digests, dict) or any(
         n not in files or not isinstance(d, str) or not re.fullmatch(r"[0-9a-f]{16}", d) for n, d in digests.items()
     ):
         raise _fail(path, "'digests' must map files listed in 'files' to 16 hex digits")
-    segments = obj.get("segments")
-    if segments is not None:
-        if (
-            not isinstance(segments, list)
-            or not segments
-            or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in segments)
-        ):
-            raise _fail(path, f"'segments' must be a non-empty list of slot counts >= 0, found {segments!r}")
-        if sum(segments) != slots:
-            raise _fail(path, f"'segments' add up to {sum(segments)} slots, but 'slots' is {slots}")
-        if tuple(ver) < (1, 1):
-            raise _fail(path, f"'segments' needs format version 1.1, the manifest says {ver[0]}.{ver[1]}")
+    segments = _parse_segments(path, obj.get("segments"), slots, ver)
     labels = obj.get("label_names")
     if labels is not None and (not isinstance(labels, list) or not all(isinstance(s, str) for s in labels)):
         raise _fail(path, "'label_names' must be a list of strings or null")

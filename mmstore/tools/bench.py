@@ -208,6 +208,39 @@ def _bench_codecs(store: Store, codecs: tuple[str, ...], seed: int, max_seconds:
                         max_seconds=max_seconds, threads=default_workers())
 
 
+def _torch_paths(rep: BenchReport, paths: tuple[str, ...]) -> tuple[str, ...]:
+    """``paths`` without the torch cases when torch is missing (said in ``rep.torch``)."""
+    if not any(p in ("DataLoader", "Loader") for p in paths):
+        return paths
+    try:
+        import torch
+
+        import mmstore.torch  # noqa: F401
+    except ImportError as exc:
+        rep.torch = f"not run: {exc}"
+        return tuple(p for p in paths if p not in ("DataLoader", "Loader"))
+    rep.torch = f"torch {torch.__version__}"
+    return paths
+
+
+def _build_orders(store: Store, rep: BenchReport, orders: tuple[str, ...], seed: int) -> dict[str, Any]:
+    """The orders to measure, each described with its shuffle quality in ``rep``."""
+    from ..order import make_order, shuffle_quality
+
+    lf = find_label_field(store.schema)
+    labels = store.column(lf.name) if lf is not None else None
+    built = {}
+    for kind in orders:
+        kw: dict[str, Any] = {"seed": seed}
+        if kind == "block":
+            kw["record_bytes"] = rep.record_bytes
+        o = make_order(kind, rep.records, **kw)
+        built[kind] = o
+        rep.orders[kind] = o.describe()
+        rep.quality[kind] = shuffle_quality(o.epoch(0), labels, rep.batch_size, n=rep.records)
+    return built
+
+
 def bench_store(
     path: str | os.PathLike[str],
     *,
@@ -225,8 +258,6 @@ def bench_store(
     """Run the benchmark (see the module docstring); every case stops after
     ``max_seconds``. Cold cases evict the whole store first (everyone's
     cache of it), warm cases read it all into the page cache first."""
-    from ..order import make_order, shuffle_quality
-
     t_start = time.perf_counter()
     store = open_store(path)
     try:
@@ -239,36 +270,14 @@ def bench_store(
             return rep
         if codecs:
             rep.codecs = _bench_codecs(store, codecs, seed, max_seconds)
-        want_torch = [p for p in paths if p in ("DataLoader", "Loader")]
-        if want_torch:
-            try:
-                import torch  # noqa: F401
-
-                import mmstore.torch  # noqa: F401
-            except ImportError as exc:
-                rep.torch = f"not run: {exc}"
-                paths = tuple(p for p in paths if p not in ("DataLoader", "Loader"))
-            else:
-                rep.torch = f"torch {torch.__version__}"
+        paths = _torch_paths(rep, paths)
         if source is not None:
             if not os.path.isdir(source):
                 raise FileNotFoundError(f"--source {source}: not a directory")
             _, how = _source_decoder(store, source)
             rep.source = f"{os.path.abspath(source)} (decoded with {how})"
             paths = tuple(paths) + ("source",)
-        lf = find_label_field(store.schema)
-        labels = store.column(lf.name) if lf is not None else None
-        built = {}
-        for kind in orders:
-            kw: dict[str, Any] = {"seed": seed}
-            if kind == "block":
-                kw["record_bytes"] = rb
-            o = make_order(kind, n, **kw)
-            built[kind] = o
-            rep.orders[kind] = o.describe()
-            ep = o.epoch(0)
-            q = shuffle_quality(ep, labels, batch_size, n=n)
-            rep.quality[kind] = q
+        built = _build_orders(store, rep, orders, seed)
         data_bytes = rb
         # path-major: every DataLoader case forks before any Loader case runs
         # (a Loader leaves its lmdb environment registered in this process)
