@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from mmstore.torch import Loader, gpu
 from mmstore.torch import augment as A
-from mmstore.torch.augment import _rrc_params
+from mmstore.torch.augment.geometry import _padding4, _rrc_params
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -117,7 +117,7 @@ def test_random_crop_matches_reference(mode, padding):
     fill = (10, 200, 77)
     size = (8, 10) if padding is None else (12, 13)
     y = A.random_crop(x, size, padding, fill=fill, padding_mode=mode, generator=torch.Generator().manual_seed(5))
-    l, t, r, b = A._padding4(padding)
+    l, t, r, b = _padding4(padding)
     offs = A.random_crop_params(7, 9 + t + b, 11 + l + r, size, torch.Generator().manual_seed(5))
     assert len(set(map(tuple, offs.tolist()))) > 1  # per-image offsets
     for n in range(7):
