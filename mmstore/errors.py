@@ -19,12 +19,14 @@ __all__ = [
     "FormatError",
     "IncompleteStoreError",
     "IngestError",
+    "LabelMappingError",
     "LoaderStateError",
     "LockedError",
     "MmstoreError",
     "ResourceLimitError",
     "ResumeMismatchError",
     "SchemaError",
+    "StateMismatchError",
     "StoreAccessError",
     "StoreChangedError",
     "StoreExistsError",
@@ -135,3 +137,16 @@ class LoaderStateError(MmstoreError, RuntimeError):
     threads calling ``next()`` on one iterator at once, an iterator continued
     after ``Loader.close()`` or in a forked process. The message says how to
     end the epoch in progress or start a new one."""
+
+
+class StateMismatchError(MmstoreError, ValueError):
+    """A ``state_dict`` was loaded into an object it was not taken from: a
+    sampler (or loader) over another dataset length, order kind, seed, rank
+    split or batch size. Nothing was changed; the message names the first
+    difference."""
+
+
+class LabelMappingError(MmstoreError, ValueError):
+    """An ingest was given a class-name -> label mapping (``--classes-from``,
+    ``--label-names``) that does not cover the source's classes; the message
+    lists the classes that are missing from the mapping."""

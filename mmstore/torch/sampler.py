@@ -1,16 +1,45 @@
 """torch ``Sampler`` wrappers around the torch-free orders of ``mmstore.order``.
 
 ``OrderSampler`` yields this rank's indices of one epoch of an
-:class:`mmstore.order.Order`; ``set_epoch(e)`` picks the epoch (as with
-``DistributedSampler``). The sampler runs in the main process (the
-DataLoader hands batches of indices to its workers), so every sample of a
-rank's slice is read exactly once per epoch whatever ``num_workers`` is.
+:class:`mmstore.order.Order`; ``OrderBatchSampler`` cuts them into batches.
+The sampler runs in the main process (the DataLoader hands batches of indices
+to its workers), so every sample of a rank's slice is read exactly once per
+epoch whatever ``num_workers`` is.
 
 Ranks: when ``rank``/``world_size`` are not given they come from
 ``torch.distributed`` if it is initialised, else 0 / 1. The split is the
 order's: ``DistributedSampler``'s stride split for permutations (the same
 indices, element for element, for the same global order) and contiguous
 windows for block shuffles.
+
+NOTE [epoch rules] (shared with :class:`mmstore.torch.Loader`)
+-------------------------------------------------------------
+* An iteration runs the epoch given to ``set_epoch(e)``, else the one after
+  the last epoch that was iterated to its end (starting at 0). So a loop that
+  never calls ``set_epoch`` gets a new order every epoch, and the
+  ``DistributedSampler`` habit (``sampler.set_epoch(e)`` before each epoch)
+  keeps working: ``set_epoch`` always wins.
+* An epoch iterated to its end moves the counter on: the next iteration runs
+  ``e + 1`` unless ``set_epoch`` is called again.
+* An epoch left before its end (``break``) is run again, from its start, by
+  the next iteration. (``Loader`` counts an epoch as used once its second
+  batch is delivered; a sampler cannot see what the DataLoader delivered, as
+  the DataLoader reads indices ahead, so it moves on only at the end.)
+
+Mid-epoch resume (torchdata ``StatefulDataLoader`` convention)
+--------------------------------------------------------------
+``state_dict()`` says which epoch is in progress and how many indices of it
+were handed out; ``load_state_dict(state)`` makes the *next* iteration start
+that epoch at that position, so it yields exactly the indices (batches) not
+yet handed out, in the same order, in any process. ``StatefulDataLoader``
+calls both on the sampler or batch sampler itself and keeps the count right
+with worker processes. With a plain ``DataLoader`` and ``num_workers=0`` the
+sampler's count is exactly the batches delivered; with workers a plain
+DataLoader reads indices ahead, so save ``sampler.state_dict(consumed=k)``
+with ``k`` the number of samples (``OrderSampler``) or batches
+(``OrderBatchSampler``) your loop has received in this epoch. A state taken
+from another dataset length, order, seed, rank split or batch size raises
+:class:`mmstore.errors.StateMismatchError`.
 """
 
 from __future__ import annotations
@@ -22,6 +51,7 @@ from typing import Any
 import numpy as np
 from torch.utils.data import Sampler
 
+from ..errors import StateMismatchError
 from ..order import Order, make_order
 
 __all__ = ["OrderBatchSampler", "OrderSampler", "build_order", "dist_rank_world"]
@@ -97,6 +127,96 @@ def _record_bytes(data_source: Any) -> int | None:
     return max(1, sum(schema[f].nbytes for f in names))
 
 
+_STATE_VERSION = 1
+
+
+class _EpochCursor:
+    """Which epoch the next iteration runs and how far the running one got
+    (NOTE [epoch rules]); shared by an OrderSampler and its batch samplers."""
+
+    def __init__(self) -> None:
+        self.chosen: int | None = None  # from set_epoch: the next iteration runs it
+        self.next = 0  # the epoch after the last one iterated to its end
+        self.running: int | None = None  # epoch of the latest iteration, until it ends
+        self.pos = 0  # indices of ``running`` handed out (counted from the epoch's start)
+        self.start = 0  # where the latest iteration started
+        self.resume: tuple[int, int] | None = None  # (epoch, position) from load_state_dict
+        self.token: object | None = None  # the latest iteration; older ones no longer count
+
+    def set_epoch(self, epoch: int) -> None:
+        epoch = int(epoch)
+        if epoch < 0:
+            raise ValueError(f"epoch must be >= 0, got {epoch}")
+        if self.resume is not None and self.resume[0] != epoch:
+            self.resume = None  # set_epoch wins over a loaded state of another epoch
+        self.chosen = epoch
+
+    def upcoming(self) -> tuple[int, int]:
+        """(epoch, position) the next iteration would start at."""
+        if self.resume is not None:
+            return self.resume
+        return (self.next if self.chosen is None else self.chosen), 0
+
+    def begin(self) -> tuple[int, int, object]:
+        epoch, start = self.upcoming()
+        self.resume = None
+        self.running, self.pos, self.start = epoch, start, start
+        self.token = object()
+        return epoch, start, self.token
+
+    def end(self, token: object) -> None:
+        if token is self.token:
+            self.next, self.chosen, self.running, self.pos, self.token = self.running + 1, None, None, 0, None  # type: ignore[operator]
+
+    def state(self, consumed: int | None) -> tuple[int, int]:
+        if consumed is not None:
+            consumed = int(consumed)
+            if consumed < 0:
+                raise ValueError(f"consumed must be >= 0, got {consumed}")
+            if self.running is None:
+                return self.upcoming()[0], self.upcoming()[1] + consumed
+            return self.running, self.start + consumed
+        if self.running is not None:
+            return self.running, self.pos
+        return self.upcoming()
+
+    def load(self, epoch: int, pos: int) -> None:
+        # a position at the end is kept: the next iteration yields nothing and
+        # ends the epoch, so a loop that resumes with set_epoch(epoch) moves on
+        self.resume = (epoch, pos)
+        self.chosen, self.next, self.running, self.pos, self.token = None, epoch, None, 0, None
+
+
+def _check_state(state: Any, expect: dict[str, Any], what: str) -> tuple[int, int]:
+    """(epoch, yielded) of a state dict after proving it was taken from a
+    sampler like this one (StateMismatchError otherwise)."""
+    if not isinstance(state, dict) or state.get("version") != _STATE_VERSION or "epoch" not in state:
+        found = sorted(state) if isinstance(state, dict) else type(state).__name__
+        raise StateMismatchError(
+            f"{what}.load_state_dict: expected a state from {what}.state_dict() (version {_STATE_VERSION}, keys "
+            f"epoch, yielded, order), found {found}; pass the dict state_dict() returned"
+        )
+    for key, want in expect.items():
+        got = state.get(key)
+        if got != want:
+            if key == "order" and isinstance(got, dict):
+                diffs = [f"{k}: saved {got.get(k)!r}, now {v!r}" for k, v in want.items() if got.get(k) != v]
+                detail = "; ".join(diffs)
+            else:
+                detail = f"saved {got!r}, now {want!r}"
+            raise StateMismatchError(
+                f"{what}.load_state_dict: the state was taken from a sampler with another {key} ({detail}); "
+                "resume with the same dataset, order, seed, rank/world_size, drop_last and batch size (an "
+                "order='block' sized automatically depends on the memory of the machine: pass block= and "
+                "window= explicitly to resume elsewhere)"
+            )
+    epoch, yielded = state["epoch"], state.get("yielded")
+    if not (isinstance(epoch, int) and epoch >= 0 and isinstance(yielded, int) and yielded >= 0):
+        raise StateMismatchError(f"{what}.load_state_dict: epoch and yielded must be ints >= 0, found "
+                                 f"epoch={epoch!r} yielded={yielded!r}")
+    return epoch, yielded
+
+
 class OrderSampler(Sampler[int]):
     """A ``Sampler`` over an :class:`mmstore.order.Order`.
 
@@ -112,8 +232,9 @@ class OrderSampler(Sampler[int]):
     seed, rank, world_size, drop_last, **kw
         See :func:`build_order`.
 
-    ``set_epoch(e)`` selects the epoch; iterating twice without it repeats
-    the same epoch (as ``DistributedSampler`` does).
+    Epochs follow NOTE [epoch rules] (module docstring): each iteration to
+    the end moves to the next epoch; ``set_epoch(e)`` picks one and always
+    wins. ``state_dict()`` / ``load_state_dict()`` resume mid-epoch.
     """
 
     def __init__(
@@ -132,23 +253,71 @@ class OrderSampler(Sampler[int]):
             order, n, seed=seed, rank=rank, world_size=world_size, drop_last=drop_last,
             record_bytes=_record_bytes(data_source), **kw,
         )
-        self.epoch = 0
+        self._cursor = _EpochCursor()
+
+    @property
+    def epoch(self) -> int:
+        """The epoch being iterated, else the one the next iteration runs."""
+        return self._cursor.state(None)[0]
 
     def set_epoch(self, epoch: int) -> None:
-        """Use ``epoch``'s order from the next iteration on."""
-        self.epoch = int(epoch)
+        """Run ``epoch`` in the next iteration (NOTE [epoch rules])."""
+        self._cursor.set_epoch(epoch)
 
     def indices(self) -> np.ndarray:
-        """This rank's indices of the current epoch (``int64``)."""
+        """This rank's indices of :attr:`epoch` (``int64``)."""
         return self.order.epoch(self.epoch)
 
     def __iter__(self) -> Iterator[int]:
-        idx = self.indices()
-        for a in range(0, len(idx), _CHUNK):
-            yield from idx[a : a + _CHUNK].tolist()
+        epoch, start, token = self._cursor.begin()
+        return self._run(self.order.epoch(epoch), start, token)
+
+    def _run(self, idx: np.ndarray, start: int, token: object) -> Iterator[int]:
+        cur = self._cursor
+        for a in range(start, len(idx), _CHUNK):
+            for j, v in enumerate(idx[a : a + _CHUNK].tolist(), a + 1):
+                if token is cur.token:
+                    cur.pos = j
+                yield v
+        cur.end(token)
 
     def __len__(self) -> int:
         return len(self.order)
+
+    def _expect(self) -> dict[str, Any]:
+        return {"order": self.order.describe()}
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """Where the epoch in progress stands, as a JSON-able dict.
+
+        Parameters
+        ----------
+        consumed : int, optional
+            Samples the training loop received from the current iteration;
+            default: the indices this sampler handed out (exact with
+            ``StatefulDataLoader`` or ``num_workers=0``; a plain DataLoader
+            with workers reads ahead).
+
+        Returns
+        -------
+        dict
+            ``{"version", "epoch", "yielded", "order"}``: the next iteration
+            after :meth:`load_state_dict` runs ``epoch`` from index ``yielded``.
+        """
+        epoch, pos = self._cursor.state(consumed)
+        return {"version": _STATE_VERSION, "epoch": epoch, "yielded": pos, **self._expect()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Make the next iteration continue the saved epoch where it stood.
+
+        Raises
+        ------
+        StateMismatchError
+            The state comes from a sampler over another length, order kind,
+            seed, rank split or ``drop_last`` (nothing is changed).
+        """
+        epoch, pos = _check_state(state, self._expect(), type(self).__name__)
+        self._cursor.load(epoch, min(pos, len(self)))
 
 
 class OrderBatchSampler(Sampler[list[int]]):
@@ -156,7 +325,9 @@ class OrderBatchSampler(Sampler[list[int]]):
 
     Same batches as ``BatchSampler(OrderSampler(...), batch_size, drop_last)``
     but cut from the numpy epoch array without going through per-index
-    Python ints.
+    Python ints. Shares the sampler's epoch counter (NOTE [epoch rules]);
+    ``state_dict`` / ``load_state_dict`` as :class:`OrderSampler`'s, with
+    ``consumed`` counted in batches and the batch size checked on load.
     """
 
     def __init__(self, sampler: OrderSampler, batch_size: int, drop_last: bool = False) -> None:
@@ -166,15 +337,44 @@ class OrderBatchSampler(Sampler[list[int]]):
         self.batch_size = int(batch_size)
         self.drop_last = bool(drop_last)
 
+    @property
+    def epoch(self) -> int:
+        return self.sampler.epoch
+
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
 
     def __iter__(self) -> Iterator[list[int]]:
-        idx = self.sampler.indices()
+        epoch, start, token = self.sampler._cursor.begin()
+        return self._run(self.sampler.order.epoch(epoch), start, token)
+
+    def _run(self, idx: np.ndarray, start: int, token: object) -> Iterator[list[int]]:
+        cur = self.sampler._cursor
         n = len(idx) - (len(idx) % self.batch_size if self.drop_last else 0)
-        for a in range(0, n, self.batch_size):
-            yield idx[a : min(a + self.batch_size, n)].tolist()
+        for a in range(start, n, self.batch_size):
+            b = min(a + self.batch_size, n)
+            if token is cur.token:
+                cur.pos = b
+            yield idx[a:b].tolist()
+        cur.end(token)
 
     def __len__(self) -> int:
         n = len(self.sampler)
         return n // self.batch_size if self.drop_last else -(-n // self.batch_size)
+
+    def _expect(self) -> dict[str, Any]:
+        return {**self.sampler._expect(), "batch_size": self.batch_size, "drop_last_batch": self.drop_last}
+
+    def state_dict(self, consumed: int | None = None) -> dict[str, Any]:
+        """As :meth:`OrderSampler.state_dict`; ``consumed`` counts batches and
+        ``yielded`` stays in samples."""
+        c = None if consumed is None else int(consumed) * self.batch_size
+        if c is not None and consumed is not None and int(consumed) < 0:
+            raise ValueError(f"consumed must be >= 0, got {consumed}")
+        epoch, pos = self.sampler._cursor.state(c)
+        return {"version": _STATE_VERSION, "epoch": epoch, "yielded": pos, **self._expect()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """As :meth:`OrderSampler.load_state_dict`; the batch size must match."""
+        epoch, pos = _check_state(state, self._expect(), type(self).__name__)
+        self.sampler._cursor.load(epoch, min(pos, len(self.sampler)))

@@ -1,0 +1,218 @@
+"""OrderSampler / OrderBatchSampler: the epoch rules and mid-epoch resume
+(state_dict / load_state_dict, torchdata's StatefulDataLoader convention)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch.utils.data import DataLoader
+
+import mmstore
+from mmstore.errors import StateMismatchError
+from mmstore.torch import OrderBatchSampler, OrderSampler, StoreDataset
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_epochs_advance_by_themselves_and_set_epoch_wins():
+    s = OrderSampler(200, seed=3)
+    e0 = list(s)
+    e1 = list(s)  # iterated to the end: the next iteration is epoch 1
+    assert e0 != e1
+    assert e0 == OrderSampler(200, seed=3).order.epoch(0).tolist()
+    assert e1 == s.order.epoch(1).tolist()
+    assert s.epoch == 2
+    s.set_epoch(0)  # set_epoch always wins
+    assert list(s) == e0
+    assert s.epoch == 1  # ... and the counter moves on from it
+    # DistributedSampler habit: set_epoch before every epoch
+    for e in range(3):
+        s.set_epoch(e)
+        assert list(s) == s.order.epoch(e).tolist()
+    # an epoch left early is run again from its start
+    s.set_epoch(5)
+    it = iter(s)
+    [next(it) for _ in range(10)]
+    del it
+    assert list(s) == s.order.epoch(5).tolist()
+    assert list(s) == s.order.epoch(6).tolist()
+
+
+def test_batch_sampler_shares_the_epoch_counter():
+    s = OrderSampler(37, seed=9)
+    bs = OrderBatchSampler(s, 8)
+    a = [i for b in bs for i in b]
+    b = [i for bb in bs for i in bb]
+    assert a == s.order.epoch(0).tolist() and b == s.order.epoch(1).tolist()
+    assert s.epoch == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    n=st.integers(1, 60),
+    world=st.integers(1, 3),
+    bs=st.integers(1, 9),
+    drop_last=st.booleans(),
+    kind=st.sampled_from(["permutation", "block", "sequential"]),
+    epoch=st.integers(0, 3),
+    data=st.data(),
+)
+def test_resume_yields_exactly_the_rest(n, world, bs, drop_last, kind, epoch, data):
+    kw = {"block": 4, "window": 2} if kind == "block" else {}
+    rank = data.draw(st.integers(0, world - 1))
+
+    def make():
+        return OrderSampler(n, kind, seed=7, rank=rank, world_size=world, drop_last=drop_last, **kw)
+
+    # per index
+    s = make()
+    s.set_epoch(epoch)
+    full = list(s)
+    k = data.draw(st.integers(0, len(full)))
+    s.set_epoch(epoch)
+    it = iter(s)
+    head = [next(it) for _ in range(k)]
+    state = json.loads(json.dumps(s.state_dict()))  # JSON-able
+    r = make()
+    r.load_state_dict(state)
+    assert head + list(r) == full
+    assert list(r) == r.order.epoch(epoch + 1).tolist()  # then the next epoch
+    # per batch
+    b = OrderBatchSampler(make(), bs, drop_last=drop_last)
+    b.set_epoch(epoch)
+    batches = list(b)
+    kb = data.draw(st.integers(0, len(batches)))
+    b.set_epoch(epoch)
+    it = iter(b)
+    head = [next(it) for _ in range(kb)]
+    rb = OrderBatchSampler(make(), bs, drop_last=drop_last)
+    rb.load_state_dict(b.state_dict())
+    assert head + list(rb) == batches
+    # consumed= (a plain DataLoader with workers reads ahead) gives the same state
+    b2 = OrderBatchSampler(make(), bs, drop_last=drop_last)
+    b2.set_epoch(epoch)
+    list(iter(b2))  # read to the end, as a prefetching DataLoader may have
+    b2.set_epoch(epoch)
+    it2 = iter(b2)
+    [next(it2) for _ in range(len(batches))]
+    st2 = b2.state_dict(consumed=kb)
+    rb2 = OrderBatchSampler(make(), bs, drop_last=drop_last)
+    rb2.load_state_dict(st2)
+    assert list(rb2) == batches[kb:]
+
+
+def test_state_between_epochs_points_at_the_next_one():
+    s = OrderSampler(30, seed=1)
+    list(s)
+    st_ = s.state_dict()
+    assert (st_["epoch"], st_["yielded"]) == (1, 0)
+    r = OrderSampler(30, seed=1)
+    r.load_state_dict(st_)
+    assert list(r) == r.order.epoch(1).tolist()
+    # set_epoch of the saved epoch keeps the position; another epoch wins over it
+    s.set_epoch(4)
+    it = iter(s)
+    [next(it) for _ in range(11)]
+    sd = s.state_dict()
+    r = OrderSampler(30, seed=1)
+    r.load_state_dict(sd)
+    r.set_epoch(4)
+    assert list(r) == r.order.epoch(4).tolist()[11:]
+    r.load_state_dict(sd)
+    r.set_epoch(2)
+    assert list(r) == r.order.epoch(2).tolist()
+
+
+@pytest.mark.parametrize(
+    "other,key",
+    [
+        (lambda: OrderSampler(31, seed=1), "n"),
+        (lambda: OrderSampler(30, seed=2), "seed"),
+        (lambda: OrderSampler(30, "sequential"), "kind"),
+        (lambda: OrderSampler(30, seed=1, rank=1, world_size=2), "rank"),
+    ],
+)
+def test_state_from_another_sampler_is_refused(other, key):
+    s = OrderSampler(30, seed=1)
+    it = iter(s)
+    next(it)
+    r = other()
+    with pytest.raises(StateMismatchError, match=key):
+        r.load_state_dict(s.state_dict())
+    assert list(r) == r.order.epoch(0).tolist()  # nothing changed
+    b = OrderBatchSampler(OrderSampler(30, seed=1), 4)
+    with pytest.raises(StateMismatchError, match="batch_size"):
+        OrderBatchSampler(OrderSampler(30, seed=1), 5).load_state_dict(b.state_dict())
+    with pytest.raises(StateMismatchError, match="state_dict"):
+        s.load_state_dict({"epoch": 0})
+
+
+_CHILD = r"""
+import json, sys
+import mmstore
+from torch.utils.data import DataLoader
+from mmstore.torch import OrderBatchSampler, OrderSampler, StoreDataset
+path, kind, state = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+ds = StoreDataset(mmstore.open(path), fields=("idx",))
+kw = {"block": 8, "window": 3} if kind == "block" else {}
+bs = OrderBatchSampler(OrderSampler(ds, kind, seed=11, **kw), 16, drop_last=False)
+bs.load_state_dict(state)
+print(json.dumps([b["idx"].tolist() for b in DataLoader(ds, batch_sampler=bs, num_workers=0)]))
+"""
+
+
+@pytest.mark.parametrize("kind", ["permutation", "block"])
+def test_plain_dataloader_resumes_in_a_new_process(stores, kind):
+    path = stores["big"]
+    ds = StoreDataset(mmstore.open(path), fields=("idx",))
+    kw = {"block": 8, "window": 3} if kind == "block" else {}
+    bs = OrderBatchSampler(OrderSampler(ds, kind, seed=11, **kw), 16, drop_last=False)
+    bs.set_epoch(2)
+    full = [b["idx"].tolist() for b in DataLoader(ds, batch_sampler=bs, num_workers=0)]
+    bs.set_epoch(2)
+    got = []
+    for k, b in enumerate(DataLoader(ds, batch_sampler=bs, num_workers=0)):
+        got.append(b["idx"].tolist())
+        if k == 6:
+            state = bs.state_dict()
+            break
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", _CHILD, path, kind, json.dumps(state)], env=env,
+                         capture_output=True, text=True, timeout=120, check=True)
+    rest = json.loads(out.stdout)
+    assert got + rest == full
+    assert sorted(i for b in full for i in b) == list(range(len(ds)))
+
+
+def test_stateful_dataloader_with_workers(stores):
+    sdl = pytest.importorskip("torchdata.stateful_dataloader")
+    ds = StoreDataset(mmstore.open(stores["big"]), fields=("idx",))
+
+    def make():
+        bs = OrderBatchSampler(OrderSampler(ds, seed=5), 8)
+        return sdl.StatefulDataLoader(ds, batch_sampler=bs, num_workers=2, multiprocessing_context="fork")
+
+    dl = make()
+    full = [b["idx"].tolist() for b in dl]
+    dl = make()
+    got, state = [], None
+    for k, b in enumerate(dl):
+        got.append(b["idx"].tolist())
+        if k == 9:
+            state = dl.state_dict()
+            break
+    state = json.loads(json.dumps(state))
+    r = make()
+    r.load_state_dict(state)
+    rest = [b["idx"].tolist() for b in r]
+    assert got + rest == full
+    nxt = [b["idx"].tolist() for b in r]  # then the next epoch
+    assert [i for b in nxt for i in b] == OrderSampler(ds, seed=5).order.epoch(1).tolist()
+    assert np.array_equal(np.sort(np.concatenate(nxt)), np.arange(len(ds)))
