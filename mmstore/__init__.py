@@ -16,6 +16,7 @@ from .errors import (
 )
 from .reader import Store, open_store
 from .schema import Field, Schema
+from .splits import split
 from .writer import StoreWriter
 
 open = open_store  # noqa: A001 - mmstore.open(path) is the public entry point
@@ -31,4 +32,5 @@ __all__ = [
     "VersionError",
     "__version__",
     "open",
+    "split",
 ]
