@@ -33,6 +33,7 @@ import os
 from typing import Any
 
 from ..errors import IngestError
+from .classes import resolve_class_options
 from .merge import merge
 from .options import make_spec, parse_shard, split_options
 from .pipeline import IngestResult, run_ingest
@@ -118,6 +119,13 @@ def ingest(
         ``path_column``, ``label_column``, ``path_template``, ``delimiter``,
         ``header``, ``label_type``, ``missing_label`` for lists, see
         :class:`ListSource`; ``image_key``, ``label_key`` for .npz).
+        Class folders can be labelled by an existing mapping so that stores
+        agree: ``classes_from`` (a store path: its ``label_names``) or
+        ``label_names`` (a text file, one class name per line, line k = label
+        k, or a list); a class folder not in the mapping raises
+        ``LabelMappingError`` unless ``new_classes="append"`` (ids after the
+        mapping's), and the mapping's classes with no folder are listed in
+        the result's ``warnings`` (see :mod:`mmstore.ingest.classes`).
 
     Returns
     -------
@@ -130,7 +138,7 @@ def ingest(
             raise TypeError(f"source options {sorted(src_kw)} need a source path, not a Source object")
         src = source
     else:
-        src = detect_source(os.fspath(source), **src_kw)
+        src = detect_source(os.fspath(source), **resolve_class_options(src_kw))
     from ..codecs import parse_codec_specs
 
     codec_map = parse_codec_specs(codecs)  # a typo fails here, before the scan

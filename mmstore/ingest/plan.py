@@ -72,7 +72,8 @@ def make_plan(source: Source, spec: Any, backend: str, shard: tuple[int, int] | 
     libraries = library_versions(f.codec for f in schema.variable_fields)
     desc = source.describe()
     params = {
-        "source": {k: v for k, v in desc.items() if k not in ("path", "root")},
+        # where a class mapping came from is provenance only: the mapping is label_names below
+        "source": {k: v for k, v in desc.items() if k not in ("path", "root", "classes_from")},
         "decode": spec.to_dict() if spec is not None else None,
         "schema": schema.to_json(),
         "backend": backend,

@@ -52,6 +52,7 @@ from ..decode import read_bytes, sniff_image
 from ..errors import DecodeError as _CoreDecodeError
 from ..errors import IngestError
 from ..format import decode_key, encode_key
+from .classes import check_class_names, map_classes
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -228,17 +229,46 @@ class FolderSource(Source):
 
     kind = "folder"
 
-    def __init__(self, path: str, labels: str = "auto") -> None:
+    def __init__(
+        self,
+        path: str,
+        labels: str = "auto",
+        classes: list[str] | None = None,
+        new_classes: str | None = None,
+        classes_from: str | None = None,
+    ) -> None:
         super().__init__(path)
         if labels not in ("auto", "folders", "none"):
             raise ValueError(f"labels must be auto, folders or none, got {labels!r}")
-        self.labels_mode = labels
+        if new_classes not in (None, "error", "append"):
+            raise ValueError(f"new_classes must be error or append, got {new_classes!r}")
+        if new_classes is not None and classes is None:
+            raise ValueError("new_classes applies with a class mapping (classes_from= / label_names=, CLI: "
+                             "--classes-from / --label-names)")
+        if classes is not None and labels == "none":
+            raise ValueError("a class mapping (classes_from= / label_names=) needs class folders, not labels='none'")
+        self.labels_mode = "folders" if classes is not None and labels == "auto" else labels
+        self.classes = None if classes is None else check_class_names(classes, classes_from or "label_names")
+        self.new_classes = new_classes or "error"
+        self.classes_from = classes_from
         self.root = os.fsencode(path)
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
         d["labels"] = self.labels_mode
+        if self.classes is not None:
+            # the mapping itself is the manifest's label_names (and enters the fingerprint there)
+            d["classes_from"] = self.classes_from
+            d["new_classes"] = self.new_classes
         return d
+
+    def _label_map(self, dirs: list[bytes], warnings: dict[str, int]) -> tuple[list[str], list[int]]:
+        """label_names and each class folder's label, from the given mapping (see ``map_classes``)."""
+        names = [os.fsdecode(n) for n in dirs]
+        if self.classes is None:
+            return names, list(range(len(names)))
+        return map_classes(names, self.classes, self.new_classes, self.classes_from or "the label names", self.path,
+                           warnings)
 
     def _entries(self, d: bytes) -> list[tuple[bytes, bool]]:
         """Sorted (name, is_dir) of a directory, hidden names dropped."""
@@ -280,15 +310,17 @@ class FolderSource(Source):
                 f"(e.g. {os.fsdecode(top_images[0])!r}); move them into class folders or use --labels none"
             )
         b = _Builder("folder", mode == "folders")
-        label_names = [os.fsdecode(n) for n in dirs] if mode == "folders" else None
+        label_names = None
         root_id = os.stat(root)
         ancestors = {(root_id.st_dev, root_id.st_ino)}
         if mode == "folders":
-            for k, name in enumerate(dirs):
+            label_names, ids = self._label_map(dirs, warnings)
+            for k, name in zip(ids, dirs):
                 self._walk(os.path.join(root, name), name + b"/", k, b, warnings, ancestors)
         else:
             self._walk(root, b"", -1, b, warnings, ancestors, entries=top)
-        self.listing = b.finish(label_names, extra=mode, warnings=warnings)
+        extra = mode if self.classes is None else repr((mode, label_names))
+        self.listing = b.finish(label_names, extra=extra, warnings=warnings)
         return self.listing
 
     def _walk(
@@ -844,7 +876,7 @@ def detect_source(path: str, **opts: Any) -> Source:
     folder; ``.csv``/``.tsv``/``.tab``/``.txt`` a list; ``.npy``/``.npz``
     arrays. Unknown options for the kind found are an error.
     """
-    folder_opts = {"labels"}
+    folder_opts = {"labels", "classes", "new_classes", "classes_from"}
     list_opts = {"root", "path_column", "label_column", "path_template", "delimiter", "header", "label_type",
                  "missing_label"}
     array_opts = {"image_key", "label_key"}

@@ -1,0 +1,124 @@
+"""Class-name -> label mappings shared between stores (``--classes-from``, ``--label-names``).
+
+A training store and its validation store must give a class the same label.
+``ingest(..., classes_from="train.store")`` takes the mapping from an existing
+store's manifest (``label_names``: label ``k`` is ``label_names[k]``);
+``label_names="classes.txt"`` (or a list) gives it directly, one class name per
+line, line ``k`` (from 0) being label ``k``. The class folders of the source
+are then labelled by name through the mapping instead of by their sorted
+position (see :func:`map_classes` for folders the mapping lacks and classes
+the folder lacks). The stored ``label_names`` is the whole mapping, so it is in
+the manifest, the provenance and the resume fingerprint.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from ..errors import LabelMappingError
+
+__all__ = ["check_class_names", "load_class_names", "map_classes", "resolve_class_options"]
+
+_MAX_NAMES_FILE = 64 << 20
+
+
+def load_class_names(classes_from: Any = None, label_names: Any = None) -> tuple[list[str], str] | None:
+    """The mapping given by ``classes_from`` (a store path) or ``label_names``
+    (a text file path or a list of names), and where it came from; None when
+    neither is given."""
+    if classes_from is not None and label_names is not None:
+        raise ValueError("pass classes_from= (--classes-from) or label_names= (--label-names), not both")
+    if classes_from is not None:
+        from ..format import read_manifest
+
+        path = os.fspath(classes_from)
+        names = read_manifest(path).get("label_names")
+        if not names:
+            raise LabelMappingError(f"--classes-from {path}: that store has no label names (it was not ingested "
+                                    "from class folders or named labels); pass --label-names FILE instead")
+        return check_class_names(names, f"--classes-from {path}"), os.path.abspath(path)
+    if label_names is None:
+        return None
+    if isinstance(label_names, (str, os.PathLike)):
+        path = os.fspath(label_names)
+        try:
+            with open(path, "rb") as fh:
+                raw = fh.read(_MAX_NAMES_FILE + 1)
+        except OSError as e:
+            raise LabelMappingError(f"--label-names {path}: cannot read it ({e.strerror}); expected a text file "
+                                    "with one class name per line") from None
+        if len(raw) > _MAX_NAMES_FILE:
+            raise LabelMappingError(f"--label-names {path}: larger than {_MAX_NAMES_FILE >> 20} MiB; expected one "
+                                    "class name per line")
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise LabelMappingError(f"--label-names {path}: not UTF-8 text ({e}); expected one class name per "
+                                    "line") from None
+        lines = text.split("\n")
+        if lines and lines[-1] == "":
+            lines.pop()  # the final newline ends the last line
+        lines = [ln.removesuffix("\r") for ln in lines]
+        return check_class_names(lines, f"--label-names {path}"), os.path.abspath(path)
+    return check_class_names(label_names, "label_names"), "label_names"
+
+
+def resolve_class_options(src_kw: dict[str, Any]) -> dict[str, Any]:
+    """Source options with ``classes_from`` / ``label_names`` turned into the
+    ``classes`` list (and its origin) that a source takes."""
+    kw = dict(src_kw)
+    got = load_class_names(kw.pop("classes_from", None), kw.pop("label_names", None))
+    if got is not None:
+        kw["classes"], kw["classes_from"] = got
+    return kw
+
+
+def check_class_names(names: Any, origin: str) -> list[str]:
+    """A class mapping (``names[k]`` has label ``k``) as a list of distinct, non-empty strings."""
+    if isinstance(names, (str, bytes)) or not all(isinstance(n, str) for n in names):
+        raise LabelMappingError(f"{origin}: class names must be a list of strings, got {type(names).__name__}")
+    names = list(names)
+    bad = [k for k, n in enumerate(names) if not n or n != n.strip("\r\n")]
+    if bad:
+        raise LabelMappingError(f"{origin}: class name(s) at id(s) {bad[:10]} are empty or hold a line break; "
+                                "every id needs a name")
+    seen: dict[str, int] = {}
+    dup = [(n, seen[n], k) for k, n in enumerate(names) if seen.setdefault(n, k) != k]
+    if dup:
+        ex = ", ".join(f"{n!r} (ids {a} and {b})" for n, a, b in dup[:5])
+        raise LabelMappingError(f"{origin}: class names must be distinct; repeated: {ex}")
+    return names
+
+
+def map_classes(
+    found: list[str], classes: list[str], new_classes: str, origin: str, path: str, warnings: dict[str, int]
+) -> tuple[list[str], list[int]]:
+    """Labels of the class folders ``found`` under a given mapping ``classes``.
+
+    A folder whose name is not in the mapping is refused (``LabelMappingError``
+    listing them) or, with ``new_classes="append"``, given the next ids in
+    sorted order. Classes of the mapping with no folder here keep their ids
+    and are listed in a note of the summary. Returns (label_names, label of
+    each folder).
+    """
+    ids = {n: k for k, n in enumerate(classes)}
+    extra = [n for n in found if n not in ids]
+    if extra and new_classes != "append":
+        shown = ", ".join(repr(n) for n in extra[:20]) + (f" (and {len(extra) - 20} more)" if len(extra) > 20 else "")
+        raise LabelMappingError(
+            f"{path}: {len(extra)} class folder(s) not in {origin} ({len(classes)} classes): {shown}; nothing was "
+            "created. Fix the folder names, add the classes to the mapping, or pass --new-classes append "
+            "(new_classes='append') to give them the ids after the existing ones"
+        )
+    names = list(classes) + extra
+    for n in extra:
+        ids[n] = len(ids)
+    missing = sorted(set(classes) - set(found))
+    if missing:
+        shown = ", ".join(repr(n) for n in missing[:20]) + (" ..." if len(missing) > 20 else "")
+        warnings[f"class(es) of {origin} have no folder here (their ids stay reserved): {shown}"] = len(missing)
+    if extra:
+        warnings[f"class folder(s) not in {origin} appended after its ids (--new-classes append): "
+                 + ", ".join(repr(n) for n in extra[:20])] = len(extra)
+    return names, [ids[n] for n in found]

@@ -1,0 +1,105 @@
+"""--classes-from / --label-names: a validation folder gets the training store's labels."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import numpy as np
+import pytest
+
+import mmstore
+from mmstore.errors import LabelMappingError, ResumeMismatchError
+from mmstore.ingest import ingest
+
+
+@pytest.fixture
+def train_val(tmp_path, h):
+    train = str(tmp_path / "train")
+    val = str(tmp_path / "val")
+    h.make_folder(train, ("ant", "bee", "cat", "dog"), per_class=2, sizes=(20, 30))
+    h.make_folder(val, ("bee", "dog"), per_class=2, seed=1, sizes=(20, 30))  # missing ant and cat
+    ingest(train, str(tmp_path / "train.store"), (16, 16), workers=0, quiet=True)
+    return train, val, str(tmp_path / "train.store")
+
+
+def _labels_by_class(path):
+    st = mmstore.open(path)
+    lab = st.column("label")
+    return {st.key(i).split("/")[0]: int(lab[i]) for i in range(len(st))}, st.label_names
+
+
+def test_without_mapping_the_labels_differ(tmp_path, train_val):
+    # the silent failure the option exists for
+    _, val, _ = train_val
+    ingest(val, str(tmp_path / "v0"), (16, 16), workers=0, quiet=True)
+    assert _labels_by_class(str(tmp_path / "v0"))[0] == {"bee": 0, "dog": 1}
+
+
+def test_classes_from_cli_gives_the_training_ids_and_warns(tmp_path, train_val, h, capsys):
+    _, val, tr = train_val
+    dest = str(tmp_path / "val.store")
+    assert h.cli("ingest", val, dest, "--size", "16x16", "--workers", "0", "--classes-from", tr) == 0
+    err = capsys.readouterr().err
+    assert f"note: 2 class(es) of {os.path.abspath(tr)} have no folder here" in err and "'ant', 'cat'" in err
+    by_class, names = _labels_by_class(dest)
+    assert by_class == {"bee": 1, "dog": 3}
+    assert names == ["ant", "bee", "cat", "dog"] == mmstore.open(tr).label_names
+    prov = mmstore.open(dest).provenance
+    assert prov["source"]["classes_from"] == os.path.abspath(tr)
+    assert prov["ingest"]["params"]["label_names"] == names
+
+
+def test_label_names_file_and_list(tmp_path, train_val):
+    _, val, _ = train_val
+    f = tmp_path / "names.txt"
+    f.write_bytes(b"dog\r\nbee\nzebra\n")
+    r = ingest(val, str(tmp_path / "a"), (16, 16), workers=0, quiet=True, label_names=str(f))
+    assert _labels_by_class(str(tmp_path / "a")) == ({"bee": 1, "dog": 0}, ["dog", "bee", "zebra"])
+    assert any("'zebra'" in k for k in r.warnings)
+    ingest(val, str(tmp_path / "b"), (16, 16), workers=0, quiet=True, label_names=["dog", "bee"])
+    assert _labels_by_class(str(tmp_path / "b")) == ({"bee": 1, "dog": 0}, ["dog", "bee"])
+
+
+def test_unknown_class_refused_or_appended(tmp_path, train_val, h, capsys):
+    train, _, _ = train_val
+    with pytest.raises(LabelMappingError, match=r"2 class folder\(s\) not in label_names.*'ant', 'cat'"):
+        ingest(train, str(tmp_path / "x"), (16, 16), workers=0, quiet=True, label_names=["dog", "bee"])
+    assert not os.path.exists(str(tmp_path / "x")) and not os.path.exists(str(tmp_path / "x.partial"))
+    f = tmp_path / "n.txt"
+    f.write_text("dog\nbee\n")
+    ingest(train, str(tmp_path / "y"), (16, 16), workers=0, quiet=True, label_names=str(f), new_classes="append")
+    assert _labels_by_class(str(tmp_path / "y")) == (
+        {"dog": 0, "bee": 1, "ant": 2, "cat": 3}, ["dog", "bee", "ant", "cat"])
+    rc = h.cli("ingest", train, str(tmp_path / "z"), "--size", "16x16", "--label-names", str(f))
+    assert rc != 0
+    assert "'ant', 'cat'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("names,match", [(["a", "a"], "repeated"), (["a", ""], "empty"), ("no/such.txt", "cannot read"),
+                                         ([1, 2], "list of strings")])
+def test_bad_mappings(tmp_path, train_val, names, match):
+    _, val, _ = train_val
+    with pytest.raises(LabelMappingError, match=match):
+        ingest(val, str(tmp_path / "x"), (16, 16), workers=0, quiet=True, label_names=names)
+
+
+def test_mapping_is_in_the_resume_fingerprint(tmp_path, train_val, h):
+    _, val, tr = train_val
+    dest = str(tmp_path / "v")
+    env = {"MMSTORE_CRASH_AT": "commit:2"}
+    argv = ["ingest", val, dest, "--size", "16x16", "--workers", "0", "--chunk", "1", "--classes-from", tr]
+    p = h.cli_subprocess(*argv, env=env, stderr=subprocess.PIPE)
+    p.communicate(timeout=120)
+    if not os.path.isdir(dest + ".partial"):
+        pytest.fail(f"the crash hook did not leave {dest}.partial (rc {p.returncode})")
+    with pytest.raises(ResumeMismatchError, match="label_names"):
+        ingest(val, dest, (16, 16), workers=0, quiet=True, resume=True, chunk=1, label_names=["dog", "bee"])
+    ingest(val, dest, (16, 16), workers=0, quiet=True, resume=True, chunk=1, classes_from=tr)
+    ref = str(tmp_path / "ref")
+    ingest(val, ref, (16, 16), workers=0, quiet=True, chunk=1, classes_from=tr)
+    a, b = mmstore.open(dest), mmstore.open(ref)
+    assert np.array_equal(a.column("label"), b.column("label"))
+    assert np.array_equal(a.column("image"), b.column("image"))
+    assert json.dumps(a.label_names) == json.dumps(b.label_names)
