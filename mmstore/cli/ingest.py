@@ -21,6 +21,7 @@ EXAMPLE = """examples:
   mmstore ingest features.npy feats.store
   mmstore ingest photos/ part0.store --size 224x224 --shard 0/4 --resume   # one of 4 jobs; then
   mmstore merge part0.store part1.store part2.store part3.store photos.store
+  sbatch --array=0-3 --wrap 'mmstore ingest photos/ part$SLURM_ARRAY_TASK_ID.store --size 224x224 --shard auto --resume'
 
 Interrupted (Ctrl-C, SIGTERM, SIGKILL, disk full)? Rerun the same command with
 --resume: it continues from the last committed chunk and ends byte-identical to
@@ -95,7 +96,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     r.add_argument("--overwrite", action="store_true",
                    help="replace DEST if it is an mmstore store (and discard our DEST.partial); anything else, "
                    "or a DEST that is, contains or lies inside SOURCE, is refused")
-    r.add_argument("--shard", metavar="K/N", help="ingest only part K (from 0) of N; join parts with mmstore merge")
+    r.add_argument("--shard", metavar="K/N|auto",
+                   help="ingest only part K (from 0) of N; join parts with mmstore merge. auto: from the launcher, "
+                   "RANK/WORLD_SIZE (torchrun) or SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT (offset by "
+                   "SLURM_ARRAY_TASK_MIN)")
     r.add_argument("--backend", choices=SUPPORTED_BACKENDS, default="memmap", help="store backend (default memmap)")
     g.add_argument("--codec", action="append", default=None, metavar="FIELD=CODEC[:PARAM]",
                    help="store FIELD encoded (repeatable): image=jpeg:90 (lossy, ~7-10x smaller), image=png:1 "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ..decode import DecodeSpec
@@ -16,6 +17,7 @@ __all__ = [
     "parse_max_errors",
     "parse_shard",
     "parse_size",
+    "shard_from_env",
     "shard_range",
     "split_options",
 ]
@@ -103,10 +105,54 @@ def parse_size(text: str | int | tuple[int, int] | None) -> tuple[int, int] | No
     return out
 
 
+def shard_from_env(env: Any = None) -> tuple[int, int]:
+    """The shard ``(K, N)`` a launcher gave this process (``--shard auto``).
+
+    ``RANK`` / ``WORLD_SIZE`` (torchrun, ``torch.distributed.run``) first;
+    else a SLURM job array: ``K = (SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN)
+    // SLURM_ARRAY_TASK_STEP`` (MIN 0 and STEP 1 when unset) and ``N =
+    SLURM_ARRAY_TASK_COUNT``. ValueError when neither is set or the values do
+    not make a shard (an array with gaps: pass ``--shard K/N``).
+    """
+    env = os.environ if env is None else env
+
+    def num(name: str, default: int | None = None) -> int:
+        v = env.get(name)
+        if v is None or v == "":
+            if default is None:
+                raise ValueError(f"--shard auto: {name} is not set")
+            return default
+        try:
+            return int(v)
+        except ValueError:
+            raise ValueError(f"--shard auto: {name}={v!r} is not an integer") from None
+
+    if env.get("RANK") not in (None, "") or env.get("WORLD_SIZE") not in (None, ""):
+        k, n, src = num("RANK"), num("WORLD_SIZE"), "RANK/WORLD_SIZE"
+    elif env.get("SLURM_ARRAY_TASK_ID") not in (None, ""):
+        tid, lo, step = num("SLURM_ARRAY_TASK_ID"), num("SLURM_ARRAY_TASK_MIN", 0), num("SLURM_ARRAY_TASK_STEP", 1)
+        n, src = num("SLURM_ARRAY_TASK_COUNT"), "SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT"
+        if step < 1 or (tid - lo) % step:
+            raise ValueError(f"--shard auto: SLURM_ARRAY_TASK_ID={tid} is not SLURM_ARRAY_TASK_MIN={lo} plus a "
+                             f"multiple of SLURM_ARRAY_TASK_STEP={step}; pass --shard K/N explicitly")
+        k = (tid - lo) // step
+    else:
+        raise ValueError(
+            "--shard auto: no launcher told this process its part: neither RANK/WORLD_SIZE (torchrun) nor "
+            "SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT (sbatch --array) is set; pass --shard K/N (K from 0)"
+        )
+    if not (n >= 1 and 0 <= k < n):
+        raise ValueError(f"--shard auto: {src} give part {k} of {n}, which is not in [0, {n}) (an array with "
+                         "gaps or an offset without SLURM_ARRAY_TASK_MIN?); pass --shard K/N explicitly")
+    return k, n
+
+
 def parse_shard(text: str | tuple[int, int] | None) -> tuple[int, int] | None:
-    """``"K/N"`` (0 <= K < N) -> ``(K, N)``."""
+    """``"K/N"`` (0 <= K < N) -> ``(K, N)``; ``"auto"``: :func:`shard_from_env`."""
     if text is None:
         return None
+    if isinstance(text, str) and text.strip().lower() == "auto":
+        return shard_from_env()
     if isinstance(text, (tuple, list)):
         k, n = (int(v) for v in text)
     else:
@@ -114,7 +160,7 @@ def parse_shard(text: str | tuple[int, int] | None) -> tuple[int, int] | None:
             k_s, n_s = str(text).split("/")
             k, n = int(k_s), int(n_s)
         except ValueError:
-            raise ValueError(f"--shard must be K/N such as 0/8, got {text!r}") from None
+            raise ValueError(f"--shard must be K/N such as 0/8, or auto, got {text!r}") from None
     if not (n >= 1 and 0 <= k < n):
         raise ValueError(f"--shard K/N needs 0 <= K < N (K counts from 0), got {k}/{n}")
     return k, n
