@@ -14,7 +14,6 @@ import sys
 import textwrap
 
 import pytest
-
 from support.stores import IDX_BIG_SCHEMA, write_indexed
 
 pytestmark = pytest.mark.subprocess
