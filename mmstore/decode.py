@@ -47,13 +47,22 @@ Decoding (how the source image ``S`` is obtained)
 * **16-bit** samples become 8-bit by dropping the low byte, exactly
   ``v >> 8`` (no rounding), matching what libpng's ``png_set_strip_16`` and
   OpenCV's own 8-bit conversion produce.  Done before everything else.
-* **Alpha** is composited over black (premultiplied): every colour sample
-  becomes ``round(c * a / 255)``, computed exactly in integers as
-  ``t = c*a + 128; (t + (t >> 8)) >> 8`` (equal to ``(c*a + 127) // 255`` for
-  all 8-bit ``c``, ``a``; ties cannot occur), and the alpha channel is then
-  dropped.  So fully transparent pixels are always 0 whatever colour the
-  encoder left under them (lossless WebP rewrites those colours, for
-  example).  Done after the 16-bit rule (8-bit colour, 8-bit alpha).
+* **Alpha** (RGBA, gray + alpha, palette with transparency) follows
+  ``DecodeSpec.alpha``, done after the 16-bit rule (8-bit colour, 8-bit
+  alpha); the alpha channel is then dropped:
+
+  - ``"black"`` (default): composited over black (premultiplied): every
+    colour sample becomes ``round(c * a / 255)``, computed exactly in
+    integers as ``t = c*a + 128; (t + (t >> 8)) >> 8`` (equal to
+    ``(c*a + 127) // 255`` for all 8-bit ``c``, ``a``; ties cannot occur).
+    So fully transparent pixels are always 0 whatever colour the encoder
+    left under them (lossless WebP rewrites those colours, for example).
+  - ``"white"``: composited over white, ``round((c*a + 255*(255 - a)) /
+    255)``, computed as ``255 - black(255 - c, a)`` (exact: no ties).
+    Fully transparent pixels are 255.
+  - ``"drop"``: the colour samples as stored, alpha ignored: what Pillow's
+    ``Image.convert("RGB")`` gives (and torchvision's ImageFolder loader).
+    Fully transparent pixels keep whatever colour the encoder left there.
 * **First frame only**: animated GIF/WebP/PNG and multi-page TIFF give their
   first frame/page, which is what ``cv2.imdecode`` returns.
 * Floating-point decoder output is ``unsupported``.
@@ -222,6 +231,7 @@ __all__ = [
 _RESIZE = ("center-crop", "stretch", "pad", "none")
 _LAYOUT = ("hwc", "chw")
 _INTERP = ("linear", "cubic")
+_ALPHA = ("black", "white", "drop")
 
 
 @dataclass(frozen=True)
@@ -252,6 +262,10 @@ class DecodeSpec:
         Reject sources with more than this many pixels; 0 means no limit.
     strict_jpeg : bool
         Reject JPEGs whose scan data libjpeg reports as corrupt.
+    alpha : {"black", "white", "drop"}
+        What a transparent source becomes: composited over black (default)
+        or white, or its alpha ignored (Pillow's ``convert("RGB")``); see
+        the module docstring.
     """
 
     size: tuple[int, int]
@@ -264,6 +278,7 @@ class DecodeSpec:
     fast_decode: bool = False
     max_pixels: int = 178_956_970
     strict_jpeg: bool = True
+    alpha: str = "black"
 
     def __post_init__(self) -> None:
         size = self.size
@@ -284,6 +299,8 @@ class DecodeSpec:
             raise ValueError(f"interp_up must be one of {_INTERP}, got {self.interp_up!r}")
         if not _is_int(self.pad_value) or not 0 <= self.pad_value <= 255:
             raise ValueError(f"pad_value must be an int in 0..255, got {self.pad_value!r}")
+        if self.alpha not in _ALPHA:
+            raise ValueError(f"alpha must be one of {_ALPHA}, got {self.alpha!r}")
         if not _is_int(self.max_pixels) or self.max_pixels < 0:
             raise ValueError(f"max_pixels must be an int >= 0, got {self.max_pixels!r}")
         for name in ("bgr", "fast_decode", "strict_jpeg"):
@@ -300,9 +317,16 @@ class DecodeSpec:
         return (h, w, self.channels)
 
     def to_dict(self) -> dict[str, Any]:
-        """JSON-able description (for provenance and fingerprints)."""
+        """JSON-able description (for provenance and fingerprints).
+
+        ``alpha`` is left out when it is the default ``"black"`` (the rule of
+        every store written before the option existed), so their
+        fingerprints and resumes stay valid; ``from_dict`` restores it.
+        """
         d = {f.name: getattr(self, f.name) for f in fields(self)}
         d["size"] = list(self.size)
+        if d["alpha"] == "black":
+            del d["alpha"]
         return d
 
     @classmethod
@@ -464,14 +488,24 @@ def _to_8bit(img: np.ndarray) -> np.ndarray:
     raise DecodeError(f"unsupported: {img.dtype} pixels (no conversion policy)")
 
 
-def _composite_black(img: np.ndarray) -> np.ndarray:
-    """Drop alpha after compositing over black: round(c * a / 255), exactly."""
-    a = img[..., -1:].astype(np.uint16)
-    t = img[..., :-1] * a  # uint16: at most 255 * 255
+def _premultiply(colour: np.ndarray, alpha: np.ndarray) -> np.ndarray:
+    """round(c * a / 255), exactly, for uint8 ``colour`` and ``alpha`` (..., 1)."""
+    t = colour * alpha.astype(np.uint16)  # uint16: at most 255 * 255
     t += 128
     t += t >> 8
     t >>= 8
-    out = t.astype(np.uint8)
+    return t.astype(np.uint8)
+
+
+def _flatten_alpha(img: np.ndarray, mode: str) -> np.ndarray:
+    """Drop the last (alpha) channel by ``DecodeSpec.alpha`` (module docstring)."""
+    colour, a = img[..., :-1], img[..., -1:]
+    if mode == "black":
+        out = _premultiply(colour, a)
+    elif mode == "white":
+        out = 255 - _premultiply(255 - colour, a)
+    else:  # "drop"
+        out = np.ascontiguousarray(colour)
     return out[..., 0] if out.shape[-1] == 1 else out
 
 
@@ -688,7 +722,7 @@ def _decode_other(mv: memoryview, buf: np.ndarray, fmt: str, hd: Header, spec: D
     if img.ndim == 3:
         c = img.shape[2]
         if c in (2, 4):
-            img = _composite_black(img)
+            img = _flatten_alpha(img, spec.alpha)
         elif c == 1:
             img = img[..., 0]
         elif c != 3:
@@ -808,7 +842,7 @@ def fit_array(img: np.ndarray, spec: DecodeSpec) -> Decoded:
     if img.ndim == 3:
         c = img.shape[2]
         if c in (2, 4):
-            img = _composite_black(img)
+            img = _flatten_alpha(img, spec.alpha)
             private = True
         elif c == 1:
             img = img[..., 0]

@@ -59,6 +59,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="let libjpeg decode at 1/2..1/8 scale when the target is small (faster, approximate)")
     g.add_argument("--max-pixels", type=int, default=None, help="reject sources with more pixels (0: no limit)")
     g.add_argument("--no-strict-jpeg", action="store_true", help="accept JPEGs whose scan data is corrupt")
+    g.add_argument("--alpha", choices=["black", "white", "drop"], default="black",
+                   help="transparent images (RGBA, gray+alpha, palette with transparency): composite over black "
+                   "(default) or white, or drop the alpha channel as PIL's convert('RGB') does")
     s = p.add_argument_group("source")
     s.add_argument("--labels", choices=["auto", "folders", "none"], default=None,
                    help="folders: class sub-folders give labels; auto (default) decides from the layout")
@@ -110,7 +113,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-_DEFAULTS = {"resize": "center-crop", "channels": 3, "layout": "hwc", "interp_up": "linear", "pad_value": 0,
+_DEFAULTS = {"resize": "center-crop", "alpha": "black", "channels": 3, "layout": "hwc", "interp_up": "linear", "pad_value": 0,
              "backend": "memmap", "on_error": "skip"}
 
 

@@ -115,7 +115,8 @@ def ingest(
     **options
         Decode options (``resize``, ``channels``, ``layout``, ``bgr``,
         ``interp_up``, ``pad_value``, ``fast_decode``, ``max_pixels``,
-        ``strict_jpeg``) and source options (``labels`` for folders; ``root``,
+        ``strict_jpeg``, ``alpha``: ``"black"`` (default), ``"white"`` or
+        ``"drop"``, see :mod:`mmstore.decode`) and source options (``labels`` for folders; ``root``,
         ``path_column``, ``label_column``, ``path_template``, ``delimiter``,
         ``header``, ``label_type``, ``missing_label`` for lists, see
         :class:`ListSource`; ``image_key``, ``label_key`` for .npz).

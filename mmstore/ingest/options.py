@@ -24,7 +24,7 @@ __all__ = [
 
 # keyword options of mmstore.ingest.ingest() that shape the decode (DecodeSpec) ...
 SPEC_OPTIONS = ("resize", "channels", "layout", "bgr", "interp_up", "pad_value", "fast_decode", "max_pixels",
-                "strict_jpeg")
+                "strict_jpeg", "alpha")
 # ... and those that describe the source (see sources.detect_source); the CLI's flags are these names
 SOURCE_OPTIONS = ("labels", "root", "path_column", "label_column", "path_template", "delimiter", "header",
                   "label_type", "missing_label", "image_key", "label_key", "classes_from", "label_names",
@@ -60,6 +60,7 @@ def make_spec(
     fast_decode: bool = False,
     max_pixels: int | None = None,
     strict_jpeg: bool = True,
+    alpha: str = "black",
 ) -> DecodeSpec | None:
     """A :class:`mmstore.decode.DecodeSpec` from ingest options (None without a size)."""
     hw = parse_size(size)
@@ -78,6 +79,7 @@ def make_spec(
         pad_value=int(pad_value),
         fast_decode=bool(fast_decode),
         strict_jpeg=bool(strict_jpeg),
+        alpha=alpha,
         **kw,
     )
 
