@@ -80,13 +80,13 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="list: a blank label cell makes its input a hole listed in errors.jsonl (error, default) "
                    "or a class of its own (class: label -1, or the name '' in a named column)")
     s.add_argument("--classes-from", metavar="STORE",
-                   help="folder: label class folders with the class -> id mapping of an existing store (e.g. the "
-                   "training store), so both stores agree")
+                   help="folder or list of class names: label the classes with the class -> id mapping of an "
+                   "existing store (e.g. the training store), so both stores agree")
     s.add_argument("--label-names", metavar="FILE",
-                   help="folder: label class folders by a mapping file, one class name per line (line k, from 0, "
-                   "is label k)")
+                   help="folder or list of class names: label the classes by a mapping file, one class name per "
+                   "line (line k, from 0, is label k)")
     s.add_argument("--new-classes", choices=["error", "append"], default=None,
-                   help="with --classes-from/--label-names: a class folder not in the mapping is an error "
+                   help="with --classes-from/--label-names: a class not in the mapping is an error "
                    "(default) or gets the next ids after the mapping's (append)")
     s.add_argument("--image-key", help=".npz: name of the image array")
     s.add_argument("--label-key", help=".npz: name of the label array")

@@ -18,7 +18,7 @@ from typing import Any
 
 from ..errors import LabelMappingError
 
-__all__ = ["check_class_names", "load_class_names", "map_classes", "resolve_class_options"]
+__all__ = ["check_class_names", "class_options", "load_class_names", "map_classes", "resolve_class_options"]
 
 _MAX_NAMES_FILE = 64 << 20
 
@@ -64,6 +64,18 @@ def load_class_names(classes_from: Any = None, label_names: Any = None) -> tuple
     return check_class_names(label_names, "label_names"), "label_names"
 
 
+def class_options(classes: Any, new_classes: str | None, origin: str | None) -> tuple[list[str] | None, str]:
+    """A source's checked ``classes`` mapping and ``new_classes`` rule."""
+    if new_classes not in (None, "error", "append"):
+        raise ValueError(f"new_classes must be error or append, got {new_classes!r}")
+    if new_classes is not None and classes is None:
+        raise ValueError("new_classes applies with a class mapping (classes_from= / label_names=, CLI: "
+                         "--classes-from / --label-names)")
+    if classes is None:
+        return None, "error"
+    return check_class_names(classes, origin or "label_names"), new_classes or "error"
+
+
 def resolve_class_options(src_kw: dict[str, Any]) -> dict[str, Any]:
     """Source options with ``classes_from`` / ``label_names`` turned into the
     ``classes`` list (and its origin) that a source takes."""
@@ -92,23 +104,25 @@ def check_class_names(names: Any, origin: str) -> list[str]:
 
 
 def map_classes(
-    found: list[str], classes: list[str], new_classes: str, origin: str, path: str, warnings: dict[str, int]
+    found: list[str], classes: list[str], new_classes: str, origin: str, path: str, warnings: dict[str, int],
+    what: str = "class folder(s)",
 ) -> tuple[list[str], list[int]]:
-    """Labels of the class folders ``found`` under a given mapping ``classes``.
+    """Labels of the classes ``found`` in a source (folders, or the names of a
+    list's label column) under a given mapping ``classes``.
 
-    A folder whose name is not in the mapping is refused (``LabelMappingError``
-    listing them) or, with ``new_classes="append"``, given the next ids in
-    sorted order. Classes of the mapping with no folder here keep their ids
-    and are listed in a note of the summary. Returns (label_names, label of
-    each folder).
+    A class not in the mapping is refused (``LabelMappingError`` listing
+    them) or, with ``new_classes="append"``, given the next ids in the order
+    found (sorted). Classes of the mapping not found here keep their ids and
+    are listed in a note of the summary. Returns (label_names, label of each
+    found class).
     """
     ids = {n: k for k, n in enumerate(classes)}
     extra = [n for n in found if n not in ids]
     if extra and new_classes != "append":
         shown = ", ".join(repr(n) for n in extra[:20]) + (f" (and {len(extra) - 20} more)" if len(extra) > 20 else "")
         raise LabelMappingError(
-            f"{path}: {len(extra)} class folder(s) not in {origin} ({len(classes)} classes): {shown}; nothing was "
-            "created. Fix the folder names, add the classes to the mapping, or pass --new-classes append "
+            f"{path}: {len(extra)} {what} not in {origin} ({len(classes)} classes): {shown}; nothing was "
+            "created. Fix the names, add the classes to the mapping, or pass --new-classes append "
             "(new_classes='append') to give them the ids after the existing ones"
         )
     names = list(classes) + extra
@@ -117,8 +131,8 @@ def map_classes(
     missing = sorted(set(classes) - set(found))
     if missing:
         shown = ", ".join(repr(n) for n in missing[:20]) + (" ..." if len(missing) > 20 else "")
-        warnings[f"class(es) of {origin} have no folder here (their ids stay reserved): {shown}"] = len(missing)
+        warnings[f"class(es) of {origin} not found here (their ids stay reserved): {shown}"] = len(missing)
     if extra:
-        warnings[f"class folder(s) not in {origin} appended after its ids (--new-classes append): "
+        warnings[f"{what} not in {origin} appended after its ids (--new-classes append): "
                  + ", ".join(repr(n) for n in extra[:20])] = len(extra)
     return names, [ids[n] for n in found]

@@ -50,9 +50,9 @@ import xxhash
 
 from ..decode import read_bytes, sniff_image
 from ..errors import DecodeError as _CoreDecodeError
-from ..errors import IngestError
+from ..errors import IngestError, LabelMappingError
 from ..format import decode_key, encode_key
-from .classes import check_class_names, map_classes
+from .classes import class_options, map_classes
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -240,16 +240,10 @@ class FolderSource(Source):
         super().__init__(path)
         if labels not in ("auto", "folders", "none"):
             raise ValueError(f"labels must be auto, folders or none, got {labels!r}")
-        if new_classes not in (None, "error", "append"):
-            raise ValueError(f"new_classes must be error or append, got {new_classes!r}")
-        if new_classes is not None and classes is None:
-            raise ValueError("new_classes applies with a class mapping (classes_from= / label_names=, CLI: "
-                             "--classes-from / --label-names)")
         if classes is not None and labels == "none":
             raise ValueError("a class mapping (classes_from= / label_names=) needs class folders, not labels='none'")
         self.labels_mode = "folders" if classes is not None and labels == "auto" else labels
-        self.classes = None if classes is None else check_class_names(classes, classes_from or "label_names")
-        self.new_classes = new_classes or "error"
+        self.classes, self.new_classes = class_options(classes, new_classes, classes_from)
         self.classes_from = classes_from
         self.root = os.fsencode(path)
 
@@ -547,8 +541,13 @@ class ListSource(Source):
         header: bool | None = None,
         label_type: str = "auto",
         missing_label: str = "error",
+        classes: list[str] | None = None,
+        new_classes: str | None = None,
+        classes_from: str | None = None,
     ) -> None:
         super().__init__(path)
+        self.classes, self.new_classes = class_options(classes, new_classes, classes_from)
+        self.classes_from = classes_from
         if label_type not in ("auto", "int", "names"):
             raise ValueError(f"label_type must be auto, int or names, got {label_type!r}")
         if missing_label not in ("error", "class"):
@@ -581,7 +580,23 @@ class ListSource(Source):
             label_type=self.label_type,
             missing_label=self.missing_label,
         )
+        if self.classes is not None:
+            d.update(classes_from=self.classes_from, new_classes=self.new_classes)
         return d
+
+    def _mapped(
+        self, names: list[str] | None, remap: np.ndarray, column: str, notes: dict[str, int]
+    ) -> tuple[list[str], np.ndarray]:
+        """The named classes of the label column relabelled by the given mapping (``map_classes``)."""
+        if names is None:
+            raise LabelMappingError(
+                f"{self.path}: label column {column!r} holds integer labels, which stay as they are; a class mapping "
+                "(--classes-from/--label-names) applies to named classes: pass --label-type names"
+            )
+        names, ids = map_classes(names, self.classes or [], self.new_classes, self.classes_from or "the label names",
+                                 self.path, notes, what="class name(s) in the list")
+        ids_a = np.asarray(ids, np.int64)
+        return names, np.where(remap >= 0, ids_a[np.maximum(remap, 0)] if len(ids_a) else -1, -1)
 
     @staticmethod
     def _col(header: list[str], want: str | int | None, what: str) -> int:
@@ -657,12 +672,17 @@ class ListSource(Source):
         label_names = None
         bad: dict[int, str] = {}  # distinct cell number -> hole reason
         notes: dict[str, int] = {}
+        if lc is None and self.classes is not None:
+            raise LabelMappingError(f"{self.path}: a class mapping (--classes-from/--label-names) was given but the "
+                                    "list has no label column; pass --label-column")
         if lc is not None:
             cells = np.frombuffer(b.labels, dtype=np.int64)  # distinct cell number of each row
             remap, label_names, bad = _label_values(ids, self.label_type, self.missing_label, header[lc], self.path)
+            if self.classes is not None:
+                label_names, remap = self._mapped(label_names, remap, header[lc], notes)
             labels = remap[cells] if len(cells) else np.zeros(0, np.int64)
             b.labels = array("q", labels.tobytes())
-            notes = _label_notes(ids, cells, bad, self.missing_label, label_names is None)
+            notes.update(_label_notes(ids, cells, bad, self.missing_label, label_names is None))
         extra = repr((pc, lc, self.path_template, label_names, self.label_type, self.missing_label))
         self.listing = b.finish(label_names, extra=extra, warnings=notes)
         if lc is not None:
@@ -876,9 +896,10 @@ def detect_source(path: str, **opts: Any) -> Source:
     folder; ``.csv``/``.tsv``/``.tab``/``.txt`` a list; ``.npy``/``.npz``
     arrays. Unknown options for the kind found are an error.
     """
-    folder_opts = {"labels", "classes", "new_classes", "classes_from"}
+    mapping = {"classes", "new_classes", "classes_from"}
+    folder_opts = {"labels", *mapping}
     list_opts = {"root", "path_column", "label_column", "path_template", "delimiter", "header", "label_type",
-                 "missing_label"}
+                 "missing_label", *mapping}
     array_opts = {"image_key", "label_key"}
     given = {k for k, v in opts.items() if v is not None}
 

@@ -42,7 +42,7 @@ def test_classes_from_cli_gives_the_training_ids_and_warns(tmp_path, train_val, 
     dest = str(tmp_path / "val.store")
     assert h.cli("ingest", val, dest, "--size", "16x16", "--workers", "0", "--classes-from", tr) == 0
     err = capsys.readouterr().err
-    assert f"note: 2 class(es) of {os.path.abspath(tr)} have no folder here" in err and "'ant', 'cat'" in err
+    assert f"note: 2 class(es) of {os.path.abspath(tr)} not found here" in err and "'ant', 'cat'" in err
     by_class, names = _labels_by_class(dest)
     assert by_class == {"bee": 1, "dog": 3}
     assert names == ["ant", "bee", "cat", "dog"] == mmstore.open(tr).label_names
@@ -103,3 +103,26 @@ def test_mapping_is_in_the_resume_fingerprint(tmp_path, train_val, h):
     assert np.array_equal(a.column("label"), b.column("label"))
     assert np.array_equal(a.column("image"), b.column("image"))
     assert json.dumps(a.label_names) == json.dumps(b.label_names)
+
+
+def test_named_list_labels_follow_the_mapping(tmp_path, train_val):
+    train, _, tr = train_val
+    lst = tmp_path / "val.csv"
+    lst.write_text("path,label\n" + "".join(f"{c}/img000.jpg,{c}\n" for c in ("dog", "bee")))
+    dest = str(tmp_path / "l")
+    r = ingest(str(lst), dest, (16, 16), workers=0, quiet=True, root=train, classes_from=tr)
+    st = mmstore.open(dest)
+    assert st.column("label").tolist() == [3, 1] and st.label_names == ["ant", "bee", "cat", "dog"]
+    assert any("'ant', 'cat'" in k for k in r.warnings)
+    bad = tmp_path / "bad.csv"
+    bad.write_text("path,label\nant/img000.jpg,ant\nbee/img000.jpg,wasp\n")
+    with pytest.raises(LabelMappingError, match=r"1 class name\(s\) in the list not in .*'wasp'"):
+        ingest(str(bad), str(tmp_path / "m"), (16, 16), workers=0, quiet=True, root=train, classes_from=tr)
+    ints = tmp_path / "ints.csv"
+    ints.write_text("path,label\nant/img000.jpg,3\n")
+    with pytest.raises(LabelMappingError, match="--label-type names"):
+        ingest(str(ints), str(tmp_path / "n"), (16, 16), workers=0, quiet=True, root=train, classes_from=tr)
+    ingest(str(ints), str(tmp_path / "n"), (16, 16), workers=0, quiet=True, root=train, classes_from=tr,
+           label_type="names", new_classes="append")
+    st = mmstore.open(str(tmp_path / "n"))
+    assert st.label_names == ["ant", "bee", "cat", "dog", "3"] and st.column("label").tolist() == [4]
