@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -38,8 +38,6 @@ from .format import (
 from .schema import Schema
 
 __all__ = ["Store", "open_store"]
-
-_ROW0 = np.zeros(1, np.int64)
 
 
 class Store:
@@ -86,6 +84,7 @@ class Store:
         self._index: np.ndarray | None = None
         self._key_offsets: np.ndarray | None = None
         self._key_blob: Any = None
+        self._item: Callable[[int], dict[str, Any]] | None = None  # this process's one-record reader
 
     # -- opening ------------------------------------------------------------------
     def _check_files(self) -> None:
@@ -156,6 +155,7 @@ class Store:
             )
             self._pid = pid
             self._maps = {}
+            self._item = None
             self._index = None
             self._key_offsets = None
             self._key_blob = None
@@ -222,6 +222,7 @@ class Store:
             self._backend.close()
         self._backend = None
         self._maps = {}
+        self._item = None
         self._index = self._key_offsets = self._key_blob = None
 
     def __enter__(self) -> Store:
@@ -288,24 +289,34 @@ class Store:
 
     # -- reads --------------------------------------------------------------------
     def __getitem__(self, item: Any) -> dict[str, np.ndarray]:
-        if isinstance(item, (int, np.integer)) and not isinstance(item, bool):
-            i = int(item)  # the one-record fast path (no sort, no validation of an array)
-            if i < 0:
-                i += self.records
-            if not 0 <= i < self.records:
-                raise IndexError(f"index {int(item)} is out of range for a store of {self.records} records")
-            ix = self.index
-            if ix is not None:
-                self._check_mapped(INDEX_FILE)
-            slot = i if ix is None else int(ix[i])
-            out = {f.name: np.empty((1, *f.shape), f.dtype) for f in self.schema}
-            self._read_into(np.array([slot], np.int64), _ROW0, self.schema.names, out)
-            return {k: v[0] for k, v in out.items()}
+        if type(item) is int or (isinstance(item, (int, np.integer)) and not isinstance(item, bool)):
+            return self._read_one(int(item))
         if isinstance(item, slice):
             return self.read_batch(np.arange(*item.indices(self.records)))
         if isinstance(item, str):
             raise TypeError(f"use store.column({item!r}) for a whole field")
         return self.read_batch(item)
+
+    def _read_one(self, i: int) -> dict[str, np.ndarray]:
+        """``store[i]``: see NOTE [one-record path] (backends/base.py)."""
+        n = self.records
+        j = i + n if i < 0 else i
+        if not 0 <= j < n:
+            raise IndexError(f"index {i} is out of range for a store of {n} records")
+        read = self._item
+        if read is None or self._pid != os.getpid():
+            read = self._item = self._b().item_reader()
+        if n != self.slots:
+            ix = self.index
+            self._check_mapped(INDEX_FILE)
+            j = int(ix[j])  # type: ignore[index]
+        try:
+            return read(j)
+        except EntryDecodeError as exc:
+            slot = getattr(exc, "slot", None)
+            if slot is None:
+                raise
+            raise self._entry_error(exc, int(slot)) from None
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         step = 256
