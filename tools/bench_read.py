@@ -555,12 +555,20 @@ def render(out: dict[str, Any]) -> str:
         rr = [x / y for x, y in zip(rates[a_][phase], rates[b_][phase])]
         return f"{med(rr):.2f}x"
 
-    A("Per-sample calls and allocating batches, side by side (median of per-repetition ratios; 'item' rows "
-      "return a new dict of new arrays per record, as a hand-written Dataset does):")
+    A("Per-sample calls and allocating batches, side by side ('item' rows return a new dict of new arrays per "
+      "record, as a hand-written Dataset does): the median of per-repetition ratios, and the same ratio of the "
+      "'quiet batches' rates above (the one to trust when the machine is shared):")
     A("")
-    A("| ratio | first pass | steady |")
-    A("|---|---|---|")
+    A("| ratio | first pass | steady | quiet, first pass | quiet, steady |")
+    A("|---|---|---|---|---|")
     npy_item, ram_item = "npy item (mm[i].copy())", "ram item (arr[i].copy())"
+
+    def qrat(a_: str, b_: str | None, phase: str) -> str:
+        if a_ not in q or (b_ is not None and b_ not in q):
+            return "-"
+        return f"{q[a_][phase] / (qlim[phase] if b_ is None else q[b_][phase]):.2f}x"
+
+    per_sample = {}
     for label, x, y in [
         ("memmap store[i] / npy mm[i].copy() (goal >= 0.8)", "memmap store[i]", npy_item),
         ("memmap store[i] / in-RAM arr[i].copy()", "memmap store[i]", ram_item),
@@ -571,10 +579,13 @@ def render(out: dict[str, Any]) -> str:
         ("memmap read_batch(out=) / in-RAM limit", "memmap read_batch(out=)", None),
     ]:
         if y is None:
-            if x in ratios:
-                A(f"| {label} | {ratios[x]['first']:.2f}x | {ratios[x]['steady']:.2f}x |")
+            cells = [f"{ratios[x]['first']:.2f}x", f"{ratios[x]['steady']:.2f}x"] if x in ratios else ["-", "-"]
         else:
-            A(f"| {label} | {rat(x, y, 'first')} | {rat(x, y, 'steady')} |")
+            cells = [rat(x, y, "first"), rat(x, y, "steady")]
+        cells += [qrat(x, y, "first"), qrat(x, y, "steady")]
+        per_sample[label] = cells
+        A(f"| {label} | " + " | ".join(cells) + " |")
+    out["per_sample_ratios"] = per_sample
     A("")
     A("Ratios (median of per-repetition ratios):")
     A("")
