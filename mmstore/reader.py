@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from ._bookkeeping import check_index, check_key_offsets
 from .backends import BackendReader, data_file_names, open_backend
 from .backends.base import check_npy
 from .errors import EntryDecodeError, FormatError, StoreChangedError
@@ -203,7 +204,7 @@ class Store:
             return None
         if self._index is None:
             ix = self._map_npy(INDEX_FILE, self._ix_offset, self.records)
-            _check_index(os.path.join(self.path, INDEX_FILE), ix, self.slots)
+            check_index(os.path.join(self.path, INDEX_FILE), ix, self.slots)
             self._index = ix
         return self._index
 
@@ -313,10 +314,10 @@ class Store:
         try:
             return read(j)
         except EntryDecodeError as exc:
-            slot = getattr(exc, "slot", None)
-            if slot is None:
+            located = self._located(exc)
+            if located is exc:
                 raise
-            raise self._entry_error(exc, int(slot)) from None
+            raise located from None
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         step = 256
@@ -424,10 +425,16 @@ class Store:
         try:
             self._b().read_into(slots, rows, names, out)
         except EntryDecodeError as exc:
-            slot = getattr(exc, "slot", None)
-            if slot is None:
+            located = self._located(exc)
+            if located is exc:
                 raise
-            raise self._entry_error(exc, int(slot)) from None
+            raise located from None
+
+    def _located(self, exc: EntryDecodeError) -> EntryDecodeError:
+        """``exc`` with the record's dataset index and source key added, when
+        it names a slot (else ``exc`` itself)."""
+        slot = getattr(exc, "slot", None)
+        return exc if slot is None else self._entry_error(exc, int(slot))
 
     def _entry_error(self, exc: EntryDecodeError, slot: int) -> EntryDecodeError:
         ix = self.index
@@ -494,7 +501,7 @@ class Store:
         self._b()
         if self._key_offsets is None:
             offs = self._map_npy(KEYS_OFFSETS_FILE, self._ko_offset, self.slots + 1)
-            _check_key_offsets(os.path.join(self.path, KEYS_OFFSETS_FILE), offs)
+            check_key_offsets(os.path.join(self.path, KEYS_OFFSETS_FILE), offs)
             self._key_blob = self._map_file(KEYS_BLOB_FILE) or b""
             self._key_offsets = offs
         self._check_mapped(KEYS_OFFSETS_FILE)
@@ -581,41 +588,6 @@ class Store:
 
         for p in self.data_paths() + [os.path.join(self.path, "manifest.json")]:
             _sys.evict(p, sync=sync)
-
-
-def _check_key_offsets(path: str, offs: np.ndarray) -> None:
-    """Key offsets start at 0 and never decrease (the last one equals the
-    blob's size: checked at open). O(slots), once per process."""
-    step = 1 << 20
-    if len(offs) and int(offs[0]) != 0:
-        raise FormatError(f"{path}: the first offset is {int(offs[0])}, expected 0; the file is damaged: "
-                          "run `mmstore verify`")
-    for a in range(0, len(offs), step):
-        part = offs[a : a + step + 1]
-        if len(part) > 1 and not bool(np.all(part[1:] >= part[:-1])):
-            at = a + 1 + int(np.flatnonzero(part[1:] < part[:-1])[0])
-            raise FormatError(f"{path}: offsets decrease at slot {at - 1} ({int(offs[at - 1])} then "
-                              f"{int(offs[at])}); the file is damaged: run `mmstore verify`")
-
-
-def _check_index(path: str, ix: np.ndarray, slots: int) -> None:
-    """Prove every slot of the index in range before any reaches a copy:
-    strictly increasing (so no duplicates) and the last below ``slots``.
-    O(records), once per process, in chunks (bounded memory)."""
-    step = 1 << 20
-    for a in range(0, len(ix), step):
-        part = ix[a : a + step + 1]
-        if len(part) > 1 and not bool(np.all(part[1:] > part[:-1])):
-            at = a + 1 + int(np.flatnonzero(part[1:] <= part[:-1])[0])
-            raise FormatError(
-                f"{path}: not strictly increasing at index {at} ({int(ix[at - 1])} then {int(ix[at])}); the "
-                "file is damaged: run `mmstore verify`, then restore it or re-create the store"
-            )
-    if len(ix) and int(ix[-1]) >= slots:
-        raise FormatError(
-            f"{path}: slot {int(ix[-1])} is out of range for {slots} slots; the file is damaged: "
-            "run `mmstore verify`, then restore it or re-create the store"
-        )
 
 
 def open_store(path: str | os.PathLike[str], **kw: Any) -> Store:
