@@ -262,7 +262,9 @@ Every file of a store is untrusted input. Readers MUST:
   and refuses (``StoreChangedError``) a file that differs when it is mapped
   later (in any process), and checks a mapped file's size before each copy
   out of it (a file truncated under a mapping would otherwise kill the
-  process with SIGBUS, or read as zeros within its last page).
+  process with SIGBUS, or read as zeros within its last page); an entry read
+  with ``pread`` instead comes from a descriptor whose identity was checked
+  the same way, and a short read is the file having changed.
 """
 
 from __future__ import annotations
