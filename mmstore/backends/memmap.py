@@ -216,8 +216,10 @@ class MemmapBackend(Backend):
             elif f.nbytes >= SMALL_RECORD_BYTES:
                 fd = self._fds.get(f.name, -1)
                 if fd < 0:
-                    fd = self._fds[f.name] = self._open_checked(
-                        os.path.join(self.root, field_file(f.name, self.segment)), f.name)
+                    mine = self._open_checked(os.path.join(self.root, field_file(f.name, self.segment)), f.name)
+                    fd = self._fds.setdefault(f.name, mine)  # two threads' first reads: one descriptor kept
+                    if fd != mine:
+                        os.close(mine)
                 plan.append((f.name, (f.shape, f.dtype), fd, self._offsets[f.name], f.nbytes, None))
             else:  # small (or empty) entries: from the mapping, its size checked first
                 plan.append((f.name, f.shape, -1, 0, 0, self.array(f.name)))
