@@ -172,3 +172,16 @@ def test_a_reader_outlived_by_its_backend_refuses(tmp_path):
             read(2)
         with pytest.raises(IndexError):
             b.item_reader()(5)
+
+
+def test_threads_read_exactly(tmp_path):
+    """Reader threads share the per-process reader (its preads release the
+    GIL); their first calls race to make it."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    p = write_merged(os.path.join(tmp_path, "m"), 60, [20, 40], schema=BIG, make=big)
+    with mmstore.open(p) as s:
+        order = np.random.default_rng(0).permutation(60).tolist()
+        with ThreadPoolExecutor(4) as ex:
+            got = list(ex.map(lambda i: s[i]["image"].tobytes(), order * 3))
+        assert got == [big(i)["image"].tobytes() for i in order * 3]
