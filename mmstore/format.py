@@ -262,7 +262,9 @@ Every file of a store is untrusted input. Readers MUST:
   and refuses (``StoreChangedError``) a file that differs when it is mapped
   later (in any process), and checks a mapped file's size before each copy
   out of it (a file truncated under a mapping would otherwise kill the
-  process with SIGBUS, or read as zeros within its last page).
+  process with SIGBUS, or read as zeros within its last page); an entry read
+  with ``pread`` instead comes from a descriptor whose identity was checked
+  the same way, and a short read is the file having changed.
 """
 
 from __future__ import annotations
@@ -758,6 +760,42 @@ def note_identity(
         )
 
 
+def _unfinished(store_dir: str) -> str:
+    """Why there is only ``STORE.partial``, and how to finish it: what made
+    it (an ingest, a merge or a ``StoreWriter``) says which."""
+    partial = store_dir + PARTIAL_SUFFIX
+    head = f"{store_dir}: no store here, but {partial} exists: "
+    if os.path.isfile(os.path.join(partial, "_ingest.json")):
+        return (head + "an ingest into it did not finish; rerun the same `mmstore ingest ... --resume` command "
+                "(Python: the same ingest(..., resume=True) call) to complete it")
+    if os.path.isfile(os.path.join(partial, "_merging")):
+        return head + "a merge into it did not finish; rerun the same `mmstore merge` command (it starts over)"
+    return (head + "a StoreWriter writing it was not closed (an error inside its `with` block, or the process "
+            "stopped); continue it with StoreWriter(path, <the same schema and slots>, resume=True) (what was "
+            "written keeps its bytes: mark_written() the slots you synced, write the others, then close()), or "
+            "start over with overwrite=True")
+
+
+def _no_manifest(store_dir: str) -> str:
+    """Why directory ``store_dir`` (no manifest) cannot be opened, and what to
+    do: a store that lost its manifest, or a plain folder (of images, say)
+    that was never ingested. Looks at no more than 10,000 names."""
+    import itertools
+    import shlex
+
+    marks = {CHECKSUMS_FILE, KEYS_OFFSETS_FILE, KEYS_BLOB_FILE}
+    try:
+        with os.scandir(store_dir) as it:
+            found = sorted(e.name for e in itertools.islice(it, 10_000) if e.name in marks)
+    except OSError:
+        found = []
+    if found:
+        return (f"{store_dir}: no {MANIFEST_FILE}, but store files ({', '.join(found)}): this is not a finished "
+                "mmstore store; its manifest was deleted or not copied (copy the store again, or re-create it)")
+    return (f"{store_dir}: no {MANIFEST_FILE}: a plain folder, not an mmstore store; to make a store from the "
+            f"files in it: mmstore ingest {shlex.quote(store_dir)} DEST.store")
+
+
 def read_manifest(store_dir: str) -> dict[str, Any]:
     """Read and validate ``store_dir/manifest.json`` (size capped first)."""
     from .errors import IncompleteStoreError
@@ -769,16 +807,9 @@ def read_manifest(store_dir: str) -> dict[str, Any]:
         fd = open_store_file(path)
     except FileNotFoundError:
         if os.path.isdir(store_dir + PARTIAL_SUFFIX) and not os.path.isdir(store_dir):
-            raise IncompleteStoreError(
-                f"{store_dir}: no store here, but {store_dir + PARTIAL_SUFFIX} exists: an ingest "
-                "into it did not finish; rerun the same `mmstore ingest ... --resume` command to "
-                "complete it"
-            ) from None
+            raise IncompleteStoreError(_unfinished(store_dir)) from None
         if os.path.isdir(store_dir):
-            raise IncompleteStoreError(
-                f"{store_dir}: no {MANIFEST_FILE}: this is not a finished mmstore store (an "
-                "ingest that did not finish leaves STORE.partial; rerun it with --resume)"
-            ) from None
+            raise IncompleteStoreError(_no_manifest(store_dir)) from None
         raise IncompleteStoreError(f"{store_dir}: no such store (directory not found)") from None
     except NotADirectoryError:
         raise IncompleteStoreError(f"{store_dir}: not a store (a path component is a file)") from None

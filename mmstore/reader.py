@@ -14,11 +14,12 @@ from __future__ import annotations
 import json
 import mmap
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
+from ._bookkeeping import check_index, check_key_offsets
 from .backends import BackendReader, data_file_names, open_backend
 from .backends.base import check_npy
 from .errors import EntryDecodeError, FormatError, StoreChangedError
@@ -38,8 +39,6 @@ from .format import (
 from .schema import Schema
 
 __all__ = ["Store", "open_store"]
-
-_ROW0 = np.zeros(1, np.int64)
 
 
 class Store:
@@ -86,6 +85,7 @@ class Store:
         self._index: np.ndarray | None = None
         self._key_offsets: np.ndarray | None = None
         self._key_blob: Any = None
+        self._item: Callable[[int], dict[str, Any]] | None = None  # this process's one-record reader
 
     # -- opening ------------------------------------------------------------------
     def _check_files(self) -> None:
@@ -156,6 +156,7 @@ class Store:
             )
             self._pid = pid
             self._maps = {}
+            self._item = None
             self._index = None
             self._key_offsets = None
             self._key_blob = None
@@ -203,7 +204,7 @@ class Store:
             return None
         if self._index is None:
             ix = self._map_npy(INDEX_FILE, self._ix_offset, self.records)
-            _check_index(os.path.join(self.path, INDEX_FILE), ix, self.slots)
+            check_index(os.path.join(self.path, INDEX_FILE), ix, self.slots)
             self._index = ix
         return self._index
 
@@ -222,6 +223,7 @@ class Store:
             self._backend.close()
         self._backend = None
         self._maps = {}
+        self._item = None
         self._index = self._key_offsets = self._key_blob = None
 
     def __enter__(self) -> Store:
@@ -288,24 +290,34 @@ class Store:
 
     # -- reads --------------------------------------------------------------------
     def __getitem__(self, item: Any) -> dict[str, np.ndarray]:
-        if isinstance(item, (int, np.integer)) and not isinstance(item, bool):
-            i = int(item)  # the one-record fast path (no sort, no validation of an array)
-            if i < 0:
-                i += self.records
-            if not 0 <= i < self.records:
-                raise IndexError(f"index {int(item)} is out of range for a store of {self.records} records")
-            ix = self.index
-            if ix is not None:
-                self._check_mapped(INDEX_FILE)
-            slot = i if ix is None else int(ix[i])
-            out = {f.name: np.empty((1, *f.shape), f.dtype) for f in self.schema}
-            self._read_into(np.array([slot], np.int64), _ROW0, self.schema.names, out)
-            return {k: v[0] for k, v in out.items()}
+        if type(item) is int or (isinstance(item, (int, np.integer)) and not isinstance(item, bool)):
+            return self._read_one(int(item))
         if isinstance(item, slice):
             return self.read_batch(np.arange(*item.indices(self.records)))
         if isinstance(item, str):
             raise TypeError(f"use store.column({item!r}) for a whole field")
         return self.read_batch(item)
+
+    def _read_one(self, i: int) -> dict[str, np.ndarray]:
+        """``store[i]``: see NOTE [one-record path] (backends/base.py)."""
+        n = self.records
+        j = i + n if i < 0 else i
+        if not 0 <= j < n:
+            raise IndexError(f"index {i} is out of range for a store of {n} records")
+        read = self._item
+        if read is None or self._pid != os.getpid():
+            read = self._item = self._b().item_reader()
+        if n != self.slots:
+            ix = self.index
+            self._check_mapped(INDEX_FILE)
+            j = int(ix[j])  # type: ignore[index]
+        try:
+            return read(j)
+        except EntryDecodeError as exc:
+            located = self._located(exc)
+            if located is exc:
+                raise
+            raise located from None
 
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         step = 256
@@ -362,6 +374,19 @@ class Store:
         -------
         dict
             ``{field: array of shape (len(indices), *shape)}``.
+
+        Notes
+        -----
+        Without ``out`` every call returns new arrays, the caller's to keep:
+        a batch of 256 images of 224x224x3 is a new 38 MB allocation, which
+        the kernel zeroes page by page as the copy first touches it. Measured
+        on this project's VM, that path runs at about 0.5-0.65x the rate of
+        ``out=`` into a buffer allocated once (``tools/bench_read.py``). To
+        read many batches, allocate the buffers once and pass them as ``out``
+        (reuse them only once you are done with the previous batch), or use
+        ``mmstore.torch.Loader``, which manages reused (pinned) buffers. For
+        one record at a time, ``store[i]`` is cheaper still than a batch of
+        one (NOTE [one-record path], backends/base.py).
         """
         names = self.field_list(fields)
         slots = self.slots_of(indices)
@@ -400,10 +425,16 @@ class Store:
         try:
             self._b().read_into(slots, rows, names, out)
         except EntryDecodeError as exc:
-            slot = getattr(exc, "slot", None)
-            if slot is None:
+            located = self._located(exc)
+            if located is exc:
                 raise
-            raise self._entry_error(exc, int(slot)) from None
+            raise located from None
+
+    def _located(self, exc: EntryDecodeError) -> EntryDecodeError:
+        """``exc`` with the record's dataset index and source key added, when
+        it names a slot (else ``exc`` itself)."""
+        slot = getattr(exc, "slot", None)
+        return exc if slot is None else self._entry_error(exc, int(slot))
 
     def _entry_error(self, exc: EntryDecodeError, slot: int) -> EntryDecodeError:
         ix = self.index
@@ -470,7 +501,7 @@ class Store:
         self._b()
         if self._key_offsets is None:
             offs = self._map_npy(KEYS_OFFSETS_FILE, self._ko_offset, self.slots + 1)
-            _check_key_offsets(os.path.join(self.path, KEYS_OFFSETS_FILE), offs)
+            check_key_offsets(os.path.join(self.path, KEYS_OFFSETS_FILE), offs)
             self._key_blob = self._map_file(KEYS_BLOB_FILE) or b""
             self._key_offsets = offs
         self._check_mapped(KEYS_OFFSETS_FILE)
@@ -557,41 +588,6 @@ class Store:
 
         for p in self.data_paths() + [os.path.join(self.path, "manifest.json")]:
             _sys.evict(p, sync=sync)
-
-
-def _check_key_offsets(path: str, offs: np.ndarray) -> None:
-    """Key offsets start at 0 and never decrease (the last one equals the
-    blob's size: checked at open). O(slots), once per process."""
-    step = 1 << 20
-    if len(offs) and int(offs[0]) != 0:
-        raise FormatError(f"{path}: the first offset is {int(offs[0])}, expected 0; the file is damaged: "
-                          "run `mmstore verify`")
-    for a in range(0, len(offs), step):
-        part = offs[a : a + step + 1]
-        if len(part) > 1 and not bool(np.all(part[1:] >= part[:-1])):
-            at = a + 1 + int(np.flatnonzero(part[1:] < part[:-1])[0])
-            raise FormatError(f"{path}: offsets decrease at slot {at - 1} ({int(offs[at - 1])} then "
-                              f"{int(offs[at])}); the file is damaged: run `mmstore verify`")
-
-
-def _check_index(path: str, ix: np.ndarray, slots: int) -> None:
-    """Prove every slot of the index in range before any reaches a copy:
-    strictly increasing (so no duplicates) and the last below ``slots``.
-    O(records), once per process, in chunks (bounded memory)."""
-    step = 1 << 20
-    for a in range(0, len(ix), step):
-        part = ix[a : a + step + 1]
-        if len(part) > 1 and not bool(np.all(part[1:] > part[:-1])):
-            at = a + 1 + int(np.flatnonzero(part[1:] <= part[:-1])[0])
-            raise FormatError(
-                f"{path}: not strictly increasing at index {at} ({int(ix[at - 1])} then {int(ix[at])}); the "
-                "file is damaged: run `mmstore verify`, then restore it or re-create the store"
-            )
-    if len(ix) and int(ix[-1]) >= slots:
-        raise FormatError(
-            f"{path}: slot {int(ix[-1])} is out of range for {slots} slots; the file is damaged: "
-            "run `mmstore verify`, then restore it or re-create the store"
-        )
 
 
 def open_store(path: str | os.PathLike[str], **kw: Any) -> Store:

@@ -20,6 +20,16 @@ What it does (issue 2, "Speed")
   - ``lmdb read_batch(out=)``   / ``lmdb read_batch()``
   - ``memmap store[i] loop`` / ``lmdb store[i] loop``: the per-sample Python
     loop a user would write, copied into the same preallocated batch.
+  - ``memmap store[i]`` / ``lmdb store[i]`` against ``npy item`` (``{"image":
+    mm[i].copy(), "label": lb[i].copy()}`` from ``np.load(mmap_mode="r")``)
+    and ``ram item`` (the same from in-RAM arrays): one call per sample
+    returning new arrays, a hand-written Dataset's ``__getitem__`` (issue 15:
+    goal store[i] >= 0.8x npy item). A table puts these ratios beside
+    ``read_batch()`` (allocating) against ``read_batch(out=)`` and the
+    in-RAM limit. Quick per-sample run::
+
+      .venv/bin/python tools/bench_read.py --records 8000 --no-open --no-aligned \
+          --only "item,store[i],read_batch" --reps 5
 
   Labels are read too by every contender (the store reads both fields).
   Each contender is opened afresh (new mapping / new LMDB environment) at
@@ -285,6 +295,28 @@ def build_contenders(root: str, images: np.ndarray, labels: np.ndarray, bufs: di
                 bi[j] = d["image"]
                 bl[j] = d["label"]
 
+    # per-sample calls, each returning new arrays (what a hand-written
+    # Dataset's __getitem__ does): store[i] against the same copy made by
+    # numpy from a memmap and from an in-RAM array
+    def ram_item(h, batches):
+        for idx in batches:
+            for i in idx.tolist():
+                x = {"image": images[i].copy(), "label": labels[i].copy()}
+        del x
+
+    def npy_item(h, batches):
+        im, lb = h
+        for idx in batches:
+            for i in idx.tolist():
+                x = {"image": im[i].copy(), "label": lb[i].copy()}
+        del x
+
+    def store_item(s, batches):
+        for idx in batches:
+            for i in idx.tolist():
+                x = s[i]
+        del x
+
     cs = [
         Contender("ram take", "ram", lambda: None, ram_take, fresh_mapping=False, limit=True),
         Contender("ram loop", "ram", lambda: None, ram_loop, fresh_mapping=False, limit=True),
@@ -309,6 +341,10 @@ def build_contenders(root: str, images: np.ndarray, labels: np.ndarray, bufs: di
         cs += [
             Contender("memmap store[i] loop", "memmap", store_open(mm_path), item_loop, store_close),
             Contender("lmdb store[i] loop", "lmdb", store_open(lm_path), item_loop, store_close),
+            Contender("ram item (arr[i].copy())", "ram", lambda: None, ram_item, fresh_mapping=False),
+            Contender("npy item (mm[i].copy())", "npy", npy_open, npy_item, npy_close),
+            Contender("memmap store[i]", "memmap", store_open(mm_path), store_item, store_close),
+            Contender("lmdb store[i]", "lmdb", store_open(lm_path), store_item, store_close),
         ]
     return cs
 
@@ -519,6 +555,38 @@ def render(out: dict[str, Any]) -> str:
         rr = [x / y for x, y in zip(rates[a_][phase], rates[b_][phase])]
         return f"{med(rr):.2f}x"
 
+    A("Per-sample calls and allocating batches, side by side ('item' rows return a new dict of new arrays per "
+      "record, as a hand-written Dataset does): the median of per-repetition ratios, and the same ratio of the "
+      "'quiet batches' rates above (the one to trust when the machine is shared):")
+    A("")
+    A("| ratio | first pass | steady | quiet, first pass | quiet, steady |")
+    A("|---|---|---|---|---|")
+    npy_item, ram_item = "npy item (mm[i].copy())", "ram item (arr[i].copy())"
+
+    def qrat(a_: str, b_: str | None, phase: str) -> str:
+        if a_ not in q or (b_ is not None and b_ not in q):
+            return "-"
+        return f"{q[a_][phase] / (qlim[phase] if b_ is None else q[b_][phase]):.2f}x"
+
+    per_sample = {}
+    for label, x, y in [
+        ("memmap store[i] / npy mm[i].copy() (goal >= 0.8)", "memmap store[i]", npy_item),
+        ("memmap store[i] / in-RAM arr[i].copy()", "memmap store[i]", ram_item),
+        ("npy mm[i].copy() / in-RAM arr[i].copy()", npy_item, ram_item),
+        ("lmdb store[i] / npy mm[i].copy()", "lmdb store[i]", npy_item),
+        ("memmap read_batch() / read_batch(out=)", "memmap read_batch()", "memmap read_batch(out=)"),
+        ("memmap read_batch() / in-RAM limit", "memmap read_batch()", None),
+        ("memmap read_batch(out=) / in-RAM limit", "memmap read_batch(out=)", None),
+    ]:
+        if y is None:
+            cells = [f"{ratios[x]['first']:.2f}x", f"{ratios[x]['steady']:.2f}x"] if x in ratios else ["-", "-"]
+        else:
+            cells = [rat(x, y, "first"), rat(x, y, "steady")]
+        cells += [qrat(x, y, "first"), qrat(x, y, "steady")]
+        per_sample[label] = cells
+        A(f"| {label} | " + " | ".join(cells) + " |")
+    out["per_sample_ratios"] = per_sample
+    A("")
     A("Ratios (median of per-repetition ratios):")
     A("")
     A("| ratio | first pass | steady |")

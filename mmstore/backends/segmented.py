@@ -12,9 +12,10 @@ other backends (lmdb) read it per segment touched (one transaction each).
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import errno
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -92,6 +93,30 @@ class SegmentedBackend(BackendReader):
             if _is_fd_limit(exc):
                 raise self._limit(exc) from None
             raise
+
+    def item_reader(self) -> Callable[[int], dict[str, Any]]:
+        """See NOTE [one-record path] (base.py): the reader of the segment
+        holding the slot (made on its first read), given the local slot."""
+        self._make_room()
+        starts = self.first.tolist()
+        readers: list[Callable[[int], dict[str, Any]] | None] = [None] * len(self.parts)
+        slots = self.slots
+
+        def read(slot: int) -> dict[str, Any]:
+            if not 0 <= slot < slots:
+                raise IndexError(f"slot {slot} is out of range for {slots} slots")
+            k = bisect.bisect_right(starts, slot) - 1
+            r = readers[k]
+            if r is None:
+                try:
+                    r = readers[k] = self.parts[k].item_reader()
+                except OSError as exc:
+                    if _is_fd_limit(exc):
+                        raise self._limit(exc) from None
+                    raise
+            return r(slot - starts[k])
+
+        return read
 
     def _limit(self, exc: OSError) -> ResourceLimitError:
         return limit_error(self.root, len(self.parts), self.files_per_segment, exc)

@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--workers", type=int, default=None, help="DataLoader workers / source decode threads")
     p.add_argument("--max-seconds", type=float, default=10.0, help="time limit per case (default 10)")
     p.add_argument("--source", metavar="DIR", help="also decode the same samples from the source files in DIR")
-    p.add_argument("--plot", metavar="PNG", help="write a bar chart (needs matplotlib)")
+    p.add_argument("--plot", metavar="PNG", help="write a bar chart of samples/s, log scale (needs matplotlib)")
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=run)
 

@@ -1,4 +1,6 @@
-"""``mmstore merge PART... DEST``: join the stores of ``ingest --shard K/N`` jobs."""
+"""``mmstore merge STORE... DEST``: join stores into one, without copying
+record data: the parts of ``ingest --shard K/N`` jobs, or any stores with the
+same backend, schema and label names."""
 
 from __future__ import annotations
 
@@ -7,29 +9,41 @@ import sys
 
 from ..reader import open_store
 
-EXAMPLE = """example:
+EXAMPLE = """examples:
+  # the parts of one sharded ingest: ordered by shard number whatever the
+  # order given, and checked to be all N parts of the same ingest
   for k in 0 1 2 3; do mmstore ingest photos/ part$k.store --size 224x224 --shard $k/4; done
   mmstore merge part0.store part1.store part2.store part3.store photos.store
 
-The parts are ordered by their shard number whatever the order given, and
-checked to be all N parts of one ingest. No record data is copied: each part's
-data files are hard-linked into DEST as one segment (DEST must be on the same
-file system as the parts; --copy copies them otherwise), and only the small
-bookkeeping files (checksums, keys, index) are written. DEST reads exactly like
-a single ingest without --shard. The parts can be deleted afterwards: DEST
-holds its own links to the data.
+  # any stores with the same backend, schema and label names (say, two
+  # ImageFolders with the same class folders, ingested separately), joined
+  # in the order given: records of 2019.store first
+  mmstore ingest photos-2019/ 2019.store --size 224x224
+  mmstore ingest photos-2020/ 2020.store --size 224x224
+  mmstore merge 2019.store 2020.store all.store
+
+Parts of a sharded ingest and stores written without --shard cannot be mixed.
+No record data is copied: each store's data files are hard-linked into DEST as
+one segment (DEST must be on the same file system; --copy copies them
+otherwise), and only the small bookkeeping files (checksums, keys, index) are
+written. The sharded parts merged read exactly like a single ingest without
+--shard. The inputs can be deleted afterwards: DEST holds its own links to the
+data.
 """
 
 
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "merge",
-        help="join the parts written by ingest --shard into one store",
-        description="Join stores written by `mmstore ingest --shard K/N` into one store at DEST.",
+        help="join stores into one: the parts of ingest --shard, or any with the same schema and labels",
+        description="Join stores into one store at DEST, without copying record data: the parts written by "
+                    "`mmstore ingest --shard K/N` (ordered by K), or any stores with the same backend, schema "
+                    "and label names (in the order given).",
         epilog=EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("parts", nargs="+", metavar="PART", help="part stores (any order)")
+    p.add_argument("parts", nargs="+", metavar="STORE",
+                   help="the stores to join: shard parts (any order), or other stores (in this order)")
     p.add_argument("dest", help="store directory to create")
     p.add_argument("--overwrite", action="store_true",
                    help="replace DEST if it is an mmstore store (and our left-over DEST.partial); anything else is refused")

@@ -35,7 +35,7 @@ import numpy as np
 from ..reader import Store, open_store
 from ._common import find_label_field, write_output
 
-__all__ = ["BenchCase", "BenchReport", "bench_store", "plot_bench"]
+__all__ = ["BenchCase", "BenchReport", "bench_figure", "bench_store", "plot_bench"]
 
 ORDERS = ("sequential", "permutation", "block")
 PATHS = ("read_batch", "DataLoader", "Loader", "source")
@@ -140,29 +140,32 @@ def _case_loader(store: Store, order_obj: Any, samples: int, bs: int) -> Callabl
 
 def _source_decoder(store: Store, source: str) -> tuple[Callable[[str], Any], str]:
     from .. import decode as dec
+    from ._common import find_image_field
+    from .repair import _bounded_spec
 
-    spec = None
+    found = find_image_field(store.schema)
+    if found is None:
+        raise ValueError("no image field to decode the source into")
+    f, lay = found
     prov = store.provenance
-    for k in ("decode", "decode_spec", "spec"):
-        if isinstance(prov.get(k), dict):
-            try:
-                spec = dec.DecodeSpec.from_dict(prov[k])
-                break
-            except (ValueError, TypeError):
-                pass
+    ing = prov.get("ingest")
+    params = ing.get("params") if isinstance(ing, dict) else None
+    # ingest writes ingest.params.decode; "decode" at the top: stores made before it did
+    spec_dict = params.get("decode") if isinstance(params, dict) else None
+    spec_dict = prov.get("decode") if spec_dict is None else spec_dict
+    spec, why = None, "no spec in the provenance"
+    if spec_dict is not None:
+        try:  # checked and bounded as repair does: a store from someone else is untrusted
+            spec = _bounded_spec(spec_dict, f.shape)
+        except ValueError as exc:
+            why = f"the provenance's spec is not usable: {exc}"
     if spec is None:
-        from ._common import find_image_field
-
-        found = find_image_field(store.schema)
-        if found is None:
-            raise ValueError("no image field to decode the source into")
-        f, lay = found
         shp = f.shape
         h, w, c = (shp[1], shp[2], shp[0]) if lay == "chw" else (shp[0], shp[1], shp[2] if len(shp) == 3 else 1)
         spec = dec.DecodeSpec(size=(h, w), channels=c, layout="chw" if lay == "chw" else "hwc")
-        how = "a decode spec guessed from the image field (no spec in the provenance)"
+        how = f"a decode spec guessed from the image field ({why})"
     else:
-        how = "the store's decode spec"
+        how = "the store's decode spec (from its ingest provenance)"
 
     def one(key: str) -> Any:
         return dec.decode_image(dec.read_bytes(os.path.join(source, key)), spec)
@@ -322,6 +325,20 @@ def bench_store(
 
 def plot_bench(rep: BenchReport, output: str) -> str:
     """A grouped bar chart of samples/s (matplotlib, an optional extra)."""
+    fig = bench_figure(rep)  # first: it says what to install when matplotlib is missing
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return write_output(output, buf.getvalue())  # never through a link (see write_output)
+
+
+def bench_figure(rep: BenchReport) -> Any:
+    """The matplotlib figure of :func:`plot_bench`. The samples/s axis is
+    logarithmic: the paths differ by orders of magnitude (a DataLoader with
+    start-up, a source decode, a warm read_batch), and on a linear axis the
+    slow bars are too short to read. Each bar is labelled with its rate."""
     try:
         import matplotlib
 
@@ -341,15 +358,18 @@ def plot_bench(rep: BenchReport, output: str) -> str:
     for k, cache in enumerate(caches):
         vals = [next((c.samples_per_s for c in rep.cases if f"{c.path}\n{c.order}" == g and c.cache == cache), 0)
                 for g in groups]
-        ax.bar(x + (k - (len(caches) - 1) / 2) * wdt, vals, wdt, label=cache)
+        # a case that did not run (0) gets no bar: a log axis has no zero
+        bars = ax.bar(x + (k - (len(caches) - 1) / 2) * wdt, [v if v > 0 else np.nan for v in vals], wdt,
+                      label=cache)
+        ax.bar_label(bars, labels=[f"{v:,.0f}" if v > 0 else "" for v in vals], fontsize=6, rotation=90,
+                     padding=2)
+    ax.set_yscale("log")
+    ax.margins(y=0.25)
     ax.set_xticks(x)
     ax.set_xticklabels(groups, fontsize=7)
-    ax.set_ylabel("samples / s")
+    ax.set_ylabel("samples / s (log scale)")
     ax.set_title(f"mmstore bench: {os.path.basename(rep.path)} ({rep.backend}, {rep.record_bytes:,} B/record, "
                  f"batch {rep.batch_size})", fontsize=9)
     ax.legend()
     fig.tight_layout()
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110)
-    plt.close(fig)
-    return write_output(output, buf.getvalue())  # never through a link (see write_output)
+    return fig
