@@ -42,7 +42,7 @@ from ..reader import Store, open_store
 from ._common import fmt_bytes, fmt_seconds, sample_indices
 from ._order_advice import order_advice
 
-__all__ = ["DoctorReport", "Prediction", "doctor_store"]
+__all__ = ["DoctorReport", "Prediction", "disk_kind", "doctor_store"]
 
 
 @dataclass
@@ -82,6 +82,39 @@ class DoctorReport:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     codecs: Any = None  # _codec_advice.CodecAdvice: each codec's size, decode rate and predicted samples/s
+    cores: int = 0  # usable cores (affinity, cgroup quota)
+    decode_reads_per_s: float | None = None  # encoded stores: warm records/s the cores decode (order advice's cap)
+    disk_kind: str | None = None  # what the disk behaved like when measured (disk_kind()), not the kernel's flag
+
+
+# NOTE [disk kind from the measurement]: the kernel's rotational flag is
+# whatever the block driver reports; a virtual disk (virtio) often says
+# "rotational" while serving 8,000 cold random reads/s. doctor names the disk
+# by the cold random reads of one reader it measured (a seek is 4-15 ms).
+FLASH_READS_PER_S = 1000.0  # one reader, cold: under 1 ms a read
+SEEK_READS_PER_S = 250.0  # one reader, cold: 4 ms or more a read
+
+
+def disk_kind(rep: DoctorReport) -> str | None:
+    """``"flash"``, ``"spinning"`` or ``"between"`` from ``rep``'s cold random
+    reads with one reader; None when they were not measured cold."""
+    c1 = rep.cold_reads_per_s_1
+    if not c1 or rep.cold_evicted is False or rep.disk.get("tmpfs"):
+        return None
+    return "flash" if c1 >= FLASH_READS_PER_S else "spinning" if c1 <= SEEK_READS_PER_S else "between"
+
+
+def _note_disk_kind(rep: DoctorReport) -> None:
+    rep.disk_kind = kind = disk_kind(rep)
+    flag = rep.disk.get("rotational")
+    if kind is None or flag is None or (kind == "spinning") == flag or kind == "between":
+        return
+    rep.notes.append(
+        f"the kernel marks {rep.disk.get('device') or 'this device'} as {'rotational' if flag else 'non-rotational'}, "
+        f"but it served {rep.cold_reads_per_s_1:,.0f} cold random reads/s with one reader, as "
+        f"{'flash' if kind == 'flash' else 'a spinning disk'} does (a virtual disk often reports either): "
+        "the advice follows the measurement"
+    )
 
 
 def _evict_records(store: Store, slots: np.ndarray) -> bool:
@@ -196,6 +229,8 @@ def doctor_store(
             store.read_batch(np.sort(idx))
         if rep.cold_reads_per_s_1:
             rep.latency_ms = 1e3 / rep.cold_reads_per_s_1
+        if cold:
+            _note_disk_kind(rep)
         # 3. warm random records (the sample is now cached), in batches of 64
         t0 = time.perf_counter()
         reads = 0
@@ -206,6 +241,11 @@ def doctor_store(
             reads += len(idx)
         dt = time.perf_counter() - t0
         rep.warm_reads_per_s = reads / dt if dt > 0 else None
+        rep.cores = _sys.usable_cores()
+        if store.schema.has_variable and rep.warm_reads_per_s:
+            # one reader's warm reads of an encoded store are its decodes; the
+            # Loader decodes on every core (the decoders release the GIL)
+            rep.decode_reads_per_s = rep.warm_reads_per_s * rep.cores
         _predict(rep)
         rep.order = order_advice(rep, probe=big if cold and store.backend.positional else None,
                                  probe_s=0.1 * budget_s)
