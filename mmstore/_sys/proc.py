@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 __all__ = ["NO_LIMIT", "parse_mountinfo", "read_int", "read_stat_key", "usable_cores"]
 
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX * page size (~2**63); v2
@@ -80,25 +82,24 @@ def read_stat_key(path: str, key: str) -> int | None:
     return None
 
 
-def usable_cores() -> int:
+def usable_cores(cgroup_root: str = "/sys/fs/cgroup") -> int:
     """The CPU cores this process may keep busy: its affinity mask, lowered to
     the CPU quota of its cgroup where one is set (v2 ``cpu.max``, v1
-    ``cpu.cfs_quota_us / cpu.cfs_period_us``, as a container sees them at
-    ``/sys/fs/cgroup``), rounded up; at least 1."""
-    import os
-
+    ``cpu/cpu.cfs_quota_us / cpu/cpu.cfs_period_us``, as a container sees them
+    under ``cgroup_root``), rounded up; at least 1."""
     try:
         n = len(os.sched_getaffinity(0))
     except (AttributeError, OSError):  # pragma: no cover - not Linux
         n = os.cpu_count() or 1
     quota = period = None
     try:
-        with open("/sys/fs/cgroup/cpu.max", encoding="ascii") as f:
+        with open(os.path.join(cgroup_root, "cpu.max"), encoding="ascii") as f:
             words = f.read().split()  # "QUOTA PERIOD" or "max PERIOD"
         if words[0] != "max":
             quota, period = int(words[0]), int(words[1])
-    except (OSError, ValueError):
-        quota, period = read_int("/sys/fs/cgroup/cpu/cpu.cfs_quota_us"), read_int("/sys/fs/cgroup/cpu/cpu.cfs_period_us")
+    except (OSError, ValueError, IndexError):
+        quota = read_int(os.path.join(cgroup_root, "cpu", "cpu.cfs_quota_us"))
+        period = read_int(os.path.join(cgroup_root, "cpu", "cpu.cfs_period_us"))
     if quota is not None and period and 0 < quota < NO_LIMIT:
         n = min(n, -(-quota // period))
     return max(1, n)
