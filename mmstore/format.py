@@ -175,6 +175,10 @@ field's ``dtype`` and ``shape``:
   decompresses to the entry's C-ordered little-endian bytes (exactly
   ``prod(shape) * itemsize`` of them); lossless.
 
+An entry is exactly one such object: nothing follows a PNG's ``IEND`` chunk
+or a zstd frame, and a JPEG entry ends with its end-of-image marker
+``FF D9``. Readers refuse an entry with trailing bytes (``EntryDecodeError``).
+
 The offsets index, one layout for every variable-size field (the same layout
 serves ragged fields, whose entries are their own length):
 

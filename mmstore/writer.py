@@ -30,6 +30,7 @@ from ._spill import Spill, sync_spills
 from ._version import __version__
 from .backends import SlotFile, backend_class
 from .backends.base import check_npy, checksum_parts
+from .codecs import library_versions
 from .errors import DestinationError, LockedError, SchemaError, StoreExistsError
 from .format import (
     CHECKSUM_ALGORITHM,
@@ -622,6 +623,8 @@ class StoreWriter:
         prov = dict(self.provenance)
         prov.setdefault("tool", f"mmstore {__version__}")
         prov.setdefault("time", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        if self.schema.has_variable and "codec_libraries" not in prov:  # repair checks the encoders against it
+            prov["codec_libraries"] = library_versions(f.codec for f in self.schema.variable_fields)
         write_manifest(self.partial, names, backend=self.backend, records=records, slots=slots,
                        schema=self.schema, label_names=self.label_names, provenance=prov)
         publish(self.path)

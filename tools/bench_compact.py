@@ -3,6 +3,7 @@
 
     python tools/bench_compact.py [--dir /var/tmp/bench_compact] [--parts size,quality,ltr,hdd,warm,open,ffcv]
                                   [--photos 600] [--ltr-records 10000] [--json OUT]
+                                  [--ffcv-python /tmp/ffcvvenv/bin/python]
 
 Images. *Real photographs*: every RGB photo among scikit-image's and scikit-learn's sample
 images (installed for benchmarks only; not a dependency of mmstore), cut into many variants
@@ -33,11 +34,10 @@ INTER_AREA; the crop before resizing is the variant's "original file" (JPEG qual
    (the reader checks offsets[0] and offsets[-1] only).
 5. quality: mean absolute pixel difference and PSNR of jpeg:90 and jpeg:95 against raw, on the
    photographs (per image, then the mean; PSNR's minimum too).
-6. ffcv: a jpeg:90 store of the synthetic images of /work/shared/peers/ffcv/bench_ffcv.py (its
-   ``make_image``, loaded from there: the same pixels FFCV was measured on), Loader batch 256 warm,
-   against FFCV's measured 8,390 samples/s (results.md, this machine); and the per-core decode cost
-   of the same entries by the ways libjpeg-turbo can decode them (accurate/fast DCT, fancy/fast
-   upsampling) and the Loader with more reader threads, to say where a gap comes from.
+6. ffcv: FFCV's jpg loader and mmstore's jpeg:90 Loader on the same images (FFCV's synthetic
+   ones and the photo variants), side by side in alternating rounds, FFCV run by the interpreter
+   ``--ffcv-python`` names; the decode cost by each way libjpeg-turbo decodes, and 4:2:0 vs 4:4:4
+   (``tools/bench_compact_ffcv.py`` says exactly what is run).
 
 Prints a table per part and, at the end, one JSON object (also written to --json).
 """
@@ -68,7 +68,6 @@ from mmstore.tools._common import table
 SIDE = 224
 BATCH = 256
 CODECS = ("raw", "jpeg:90", "jpeg:95", "png", "zstd")
-FFCV_JPG_Q90_WARM = 8390.0  # /work/shared/peers/ffcv/results.md: epoch 2, median of 3
 PHOTOS_SKIMAGE = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "retina", "immunohistochemistry",
                   "stereo_motorcycle")
 CG_ROOT = "/sys/fs/cgroup/memory"
@@ -527,56 +526,6 @@ def _cpu_ms_per_decode(entries: list[bytes], fn: Any, reps: int = 3) -> float:
     return best * 1e3
 
 
-def part_ffcv(work: str, n: int, ffcv_dir: str) -> dict[str, Any]:
-    import importlib.util
-
-    import cv2
-    import simplejpeg
-
-    src = os.path.join(ffcv_dir, "bench_ffcv.py")
-    if not os.path.exists(src):
-        say(f"ffcv: skipped ({src} not found)")
-        return {"skipped": f"{src} not found"}
-    spec = importlib.util.spec_from_file_location("bench_ffcv", src)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    imgs = [mod.make_image(i)[0] for i in range(n)]
-    path = write_store(os.path.join(work, "ffcv-jpeg90.store"), imgs, "jpeg:90")
-    kib = field_bytes(path) / n / 1024
-    loader_epoch(path, "permutation")  # into the page cache
-    c = parse_codec("jpeg:90")
-    entries = [c.encode(im) for im in imgs[:300]]
-    out = np.empty((SIDE, SIDE, 3), np.uint8)
-    ways = {
-        "mmstore codec (accurate DCT, fancy upsampling)": lambda e: c.decode_into(e, out),
-        "simplejpeg fast DCT": lambda e: simplejpeg.decode_jpeg(e, "RGB", True, False, buffer=out),
-        "simplejpeg fast upsampling": lambda e: simplejpeg.decode_jpeg(e, "RGB", False, True, buffer=out),
-        "simplejpeg fast DCT + fast upsampling": lambda e: simplejpeg.decode_jpeg(e, "RGB", True, True, buffer=out),
-        "cv2.imdecode (OpenCV's libjpeg-turbo)": lambda e: cv2.imdecode(np.frombuffer(e, np.uint8), cv2.IMREAD_COLOR),
-    }
-    cpu = {k: _cpu_ms_per_decode(entries, fn) for k, fn in ways.items()}
-    from mmstore.torch import LoaderTuning
-
-    counts = sorted({cores(), 2 * cores(), 16})
-    runs = interleaved({t: (lambda t=t: loader_epoch(path, "permutation", epochs=2, tuning=LoaderTuning(threads=t)))
-                        for t in counts})
-    threads = {t: max(r) for t, r in runs.items()}
-    rates = runs[16]
-    ours = threads[16]  # 16: the Loader's default reader threads
-    ffcv_cpu_ms = 1.79 * 1e3 / 8000  # results.md: epoch 2 CPU s (median) / 8,000 images
-    res = {"images": n, "kib_per_image": kib, "loader_samples_per_s": ours, "loader_epochs": rates,
-           "ffcv_samples_per_s": FFCV_JPG_Q90_WARM, "ratio": ours / FFCV_JPG_Q90_WARM,
-           "cpu_ms_per_decode": cpu, "ffcv_cpu_ms_per_image": ffcv_cpu_ms, "loader_by_threads": threads}
-    say(table([["mmstore Loader, jpeg:90 store (warm)", f"{ours:,.0f}", f"{ours / FFCV_JPG_Q90_WARM:.2f}x"],
-               ["FFCV jpg q90 (results.md)", f"{FFCV_JPG_Q90_WARM:,.0f}", "1.00x"]],
-              header=[f"{n} FFCV-benchmark images, batch {BATCH}", "samples/s", "vs FFCV"]))
-    say(table([[k, f"{v:.3f}"] for k, v in cpu.items()] + [["FFCV (epoch 2 CPU s / images)", f"{ffcv_cpu_ms:.3f}"]],
-              header=["decode of one 224x224 entry", "CPU ms"]))
-    say(table([[str(t), f"{r:,.0f}"] for t, r in threads.items()], header=["Loader reader threads", "samples/s"]))
-    shutil.rmtree(path)
-    return res
-
-
 # -- main --------------------------------------------------------------------------------------
 
 
@@ -616,6 +565,10 @@ def main() -> int:
                     help="records of the spinning-disk stores (part hdd; 6,000: 900 MB raw, as hdd_sim.py)")
     ap.add_argument("--ffcv-images", type=int, default=2000)
     ap.add_argument("--ffcv-dir", default="/work/shared/peers/ffcv")
+    ap.add_argument("--ffcv-python", default=None,
+                    help="a Python with FFCV installed (e.g. /tmp/ffcvvenv/bin/python): part ffcv runs FFCV's "
+                         "Loader in a child process of it on the same images; without it only mmstore is measured")
+    ap.add_argument("--ffcv-rounds", type=int, default=2)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", default=None, help="also write the results here")
     ap.add_argument("--child-ltr", default=None, help=argparse.SUPPRESS)
@@ -648,7 +601,9 @@ def main() -> int:
         elif part == "open":
             res[part] = part_open(work)
         elif part == "ffcv":
-            res[part] = part_ffcv(work, a.ffcv_images, a.ffcv_dir)
+            from bench_compact_ffcv import part_ffcv
+
+            res[part] = part_ffcv(work, a.ffcv_images, a.ffcv_dir, a.ffcv_python, a.ffcv_rounds)
         else:
             ap.error(f"unknown part {part!r}")
         say(f"({part}: {time.perf_counter() - t:.0f} s)")

@@ -62,6 +62,7 @@ from .disk import disk_info
 from .files import GiB, MiB, PAGE_SIZE, PathLike
 from .memory import effective_available, mem_available, memory_limit
 from .pread import TruncatedReadError, pread_records, pread_records_multi, raise_open_files_limit
+from .proc import usable_cores
 from .speed import ReadSpeed, random_read_speed, seq_read_speed
 from .warmup import WarmHandle, WarmReport, warm, warm_in_background
 
@@ -87,6 +88,7 @@ __all__ = [
     "resident_bytes",
     "resident_fd",
     "seq_read_speed",
+    "usable_cores",
     "warm",
     "warm_in_background",
 ]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-__all__ = ["NO_LIMIT", "parse_mountinfo", "read_int", "read_stat_key"]
+import os
+
+__all__ = ["NO_LIMIT", "parse_mountinfo", "read_int", "read_stat_key", "usable_cores"]
 
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX * page size (~2**63); v2
 # writes "max". Anything at or above this is treated as "no limit".
@@ -78,3 +80,26 @@ def read_stat_key(path: str, key: str) -> int | None:
     except (OSError, ValueError):
         pass
     return None
+
+
+def usable_cores(cgroup_root: str = "/sys/fs/cgroup") -> int:
+    """The CPU cores this process may keep busy: its affinity mask, lowered to
+    the CPU quota of its cgroup where one is set (v2 ``cpu.max``, v1
+    ``cpu/cpu.cfs_quota_us / cpu/cpu.cfs_period_us``, as a container sees them
+    under ``cgroup_root``), rounded up; at least 1."""
+    try:
+        n = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # pragma: no cover - not Linux
+        n = os.cpu_count() or 1
+    quota = period = None
+    try:
+        with open(os.path.join(cgroup_root, "cpu.max"), encoding="ascii") as f:
+            words = f.read().split()  # "QUOTA PERIOD" or "max PERIOD"
+        if words[0] != "max":
+            quota, period = int(words[0]), int(words[1])
+    except (OSError, ValueError, IndexError):
+        quota = read_int(os.path.join(cgroup_root, "cpu", "cpu.cfs_quota_us"))
+        period = read_int(os.path.join(cgroup_root, "cpu", "cpu.cfs_period_us"))
+    if quota is not None and period and 0 < quota < NO_LIMIT:
+        n = min(n, -(-quota // period))
+    return max(1, n)

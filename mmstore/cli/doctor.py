@@ -59,8 +59,13 @@ def render(rep) -> str:  # noqa: ANN001
         return "not measured" if x is None else f"{x:,.0f}{unit}"
 
     d = rep.disk or {}
-    disk = ", ".join(str(x) for x in (d.get("fs_type"), d.get("device"),
-                                      {True: "HDD", False: "SSD/flash"}.get(d.get("rotational"))) if x)
+    kind = {"flash": "behaves like flash", "spinning": "behaves like a spinning disk",
+            "between": "between flash and a spinning disk"}.get(rep.disk_kind)  # measured, not the kernel's flag
+    if kind:
+        from ..tools.doctor import _reads_text
+
+        kind += f" ({_reads_text(rep.disk_reads_per_s)} cold random reads/s from the disk, 1 reader)"
+    disk = ", ".join(str(x) for x in (d.get("fs_type"), d.get("device"), kind) if x)
     out = [f"store          {rep.path} ({rep.backend}, {rep.records:,} records of {fmt_bytes(rep.record_bytes)}, "
            f"{fmt_bytes(rep.store_bytes)} of data)",
            f"disk           {disk or 'unknown'}",

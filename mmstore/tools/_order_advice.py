@@ -9,7 +9,10 @@ budget and the ring/window sizes are those a ``Loader(store, 256, order)``
 would choose here (:func:`mmstore.order.plan_memory`, the rule of
 ``Loader.describe()``).
 
-Model (bytes/s; every rate is capped by the warm copy rate ``w * R``):
+Model (bytes/s; every rate is capped by the warm copy rate ``w * R``, or,
+for a store with encoded fields, by its decode rate ``d * R``: ``d`` =
+records/s the usable cores decode, one reader's warm reads times the cores,
+so the prediction is ``min(disk rate, decode rate x cores)``):
 
 * ``fits`` when ``S`` fits in 90 % of the page cache the budget leaves after
   the ring: after one sequential pass (``warm``) every order reads from
@@ -70,7 +73,8 @@ def order_advice(rep: Any, probe: str | None = None, probe_s: float = 1.0) -> di
     seq = _rate((rep.seq_mb_per_s or 0) * 1e6)
     c1, warm = _rate(rep.cold_reads_per_s_1), _rate(rep.warm_reads_per_s)
     cq = _rate(probe_random(probe, R, QUEUE_DEPTH, probe_s)) or _rate(rep.cold_reads_per_s)
-    cap = warm * R if warm else float("inf")
+    decode = _rate(getattr(rep, "decode_reads_per_s", None))
+    cap = decode * R if decode else warm * R if warm else float("inf")
     block = BlockShuffle.auto_sizes(n, R, 1)["block"]
     blocks = max(1, -(-n // block))
     window = min(blocks, max(1, plan["window_bytes"] // (block * R)))
@@ -89,7 +93,7 @@ def order_advice(rep: Any, probe: str | None = None, probe_s: float = 1.0) -> di
         "rates_MBps": {k: (None if v is None else v / 1e6) for k, v in rates.items()},
     }
     if plan["fits"]:
-        order, rate = "permutation", (warm * R if warm else None)
+        order, rate = "permutation", (cap if cap < float("inf") else None)
         why = (f"the store ({fmt_bytes(S)}) fits in the page cache this process may use "
                f"({fmt_bytes(plan['cache_bytes'])}): warm it once (`mmstore warm`, or Loader(..., warm=True)), "
                "then every order reads from memory and the full shuffle mixes best")
@@ -105,6 +109,11 @@ def order_advice(rep: Any, probe: str | None = None, probe_s: float = 1.0) -> di
             why = (f"the store is {S / max(1, plan['cache_bytes']):.1f}x the page cache this process may use, "
                    f"but random reads are fast here (~{(rp or 0) / 1e6:,.0f} MB/s vs ~{(rb or 0) / 1e6:,.0f} MB/s "
                    "for blocks): the full shuffle costs about the same and mixes best")
+    if decode and rate is not None and rate >= cap:
+        why += (f"; decoding the encoded fields on {getattr(rep, 'cores', 0) or '?'} cores caps it at "
+                f"~{decode:,.0f} records/s")
+    out.update(decode_records_per_s=decode, bound="decode" if decode and rate is not None and rate >= cap else
+               "disk" if rate is not None and not plan["fits"] else "memory")
     out.update(order=order, expected_MBps=None if rate is None else rate / 1e6,
                expected_records_per_s=None if rate is None else rate / R,
                epoch_s=None if not rate else S / rate, why=why)

@@ -42,7 +42,7 @@ from ..reader import Store, open_store
 from ._common import fmt_bytes, fmt_seconds, sample_indices
 from ._order_advice import order_advice
 
-__all__ = ["DoctorReport", "Prediction", "doctor_store"]
+__all__ = ["DoctorReport", "Prediction", "disk_kind", "disk_reads_per_s", "doctor_store"]
 
 
 @dataclass
@@ -82,6 +82,57 @@ class DoctorReport:
     notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     codecs: Any = None  # _codec_advice.CodecAdvice: each codec's size, decode rate and predicted samples/s
+    cores: int = 0  # usable cores (affinity, cgroup quota)
+    decode_reads_per_s: float | None = None  # encoded stores: warm records/s the cores decode (order advice's cap)
+    disk_kind: str | None = None  # what the disk behaved like when measured (disk_kind()), not the kernel's flag
+    disk_reads_per_s: float | None = None  # the disk's share of the cold reads (disk_reads_per_s())
+
+
+# NOTE [disk kind from the measurement]: the kernel's rotational flag is
+# whatever the block driver reports; a virtual disk (virtio) often says
+# "rotational" while serving 8,000 cold random reads/s. doctor names the disk
+# by the cold random reads of one reader it measured (a seek is 4-15 ms).
+FLASH_READS_PER_S = 1000.0  # one reader, cold: under 1 ms a read
+SEEK_READS_PER_S = 250.0  # one reader, cold: 4 ms or more a read
+
+
+def disk_reads_per_s(rep: DoctorReport) -> float | None:
+    """The disk's share of one reader's cold random record reads, per second:
+    a cold read costs the disk's time plus what a warm read costs (the copy,
+    or for an encoded store the decode), so ``1 / (1 / cold - 1 / warm)``;
+    inf when the two cannot be told apart; None when not measured cold."""
+    c1, w = rep.cold_reads_per_s_1, rep.warm_reads_per_s
+    if not c1 or rep.cold_evicted is False or rep.disk.get("tmpfs"):
+        return None
+    t = 1 / c1 - (1 / w if w else 0.0)
+    return 1 / t if t > 0 else float("inf")
+
+
+def disk_kind(rep: DoctorReport) -> str | None:
+    """``"flash"``, ``"spinning"`` or ``"between"`` from :func:`disk_reads_per_s`;
+    None when the cold reads were not measured."""
+    r = disk_reads_per_s(rep)
+    if r is None:
+        return None
+    return "flash" if r >= FLASH_READS_PER_S else "spinning" if r <= SEEK_READS_PER_S else "between"
+
+
+def _reads_text(r: float | None) -> str:
+    return "?" if r is None else "more than 100,000" if r > 1e5 else f"{r:,.0f}"
+
+
+def _note_disk_kind(rep: DoctorReport) -> None:
+    rep.disk_kind = kind = disk_kind(rep)
+    rep.disk_reads_per_s = disk_reads_per_s(rep)
+    flag = rep.disk.get("rotational")
+    if kind is None or flag is None or (kind == "spinning") == flag or kind == "between":
+        return
+    rep.notes.append(
+        f"the kernel marks {rep.disk.get('device') or 'this device'} as {'rotational' if flag else 'non-rotational'}, "
+        f"but it served {_reads_text(rep.disk_reads_per_s)} cold random reads/s with one reader, as "
+        f"{'flash' if kind == 'flash' else 'a spinning disk'} does (a virtual disk often reports either): "
+        "the advice follows the measurement"
+    )
 
 
 def _evict_records(store: Store, slots: np.ndarray) -> bool:
@@ -206,6 +257,13 @@ def doctor_store(
             reads += len(idx)
         dt = time.perf_counter() - t0
         rep.warm_reads_per_s = reads / dt if dt > 0 else None
+        rep.cores = _sys.usable_cores()
+        if store.schema.has_variable and rep.warm_reads_per_s:
+            # one reader's warm reads of an encoded store are its decodes; the
+            # Loader decodes on every core (the decoders release the GIL)
+            rep.decode_reads_per_s = rep.warm_reads_per_s * rep.cores
+        if cold:
+            _note_disk_kind(rep)
         _predict(rep)
         rep.order = order_advice(rep, probe=big if cold and store.backend.positional else None,
                                  probe_s=0.1 * budget_s)
@@ -264,7 +322,7 @@ def _predict(rep: DoctorReport) -> None:
     avail = rep.effective_available or rep.mem_available
     seq = (rep.seq_mb_per_s or 0) * 1e6 or None
     cold = rep.cold_reads_per_s
-    warm = rep.warm_reads_per_s
+    warm = rep.decode_reads_per_s or rep.warm_reads_per_s  # encoded: decoded on every core
     resident = rep.resident_bytes or 0
     rep.fits = None if avail is None else S <= 0.9 * (avail + 0) or resident >= 0.95 * S
     h = 1.0 if rep.fits or avail is None else min(1.0, 0.9 * avail / max(S, 1))

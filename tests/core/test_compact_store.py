@@ -164,6 +164,24 @@ def test_entries_are_the_codec_bytes_and_decode_as_the_library_does(store):
     assert s.entry_sizes("label").tolist() == [8] * len(s)
 
 
+def test_store_writer_records_the_encoders_it_used(tmp_path):
+    """A store written with StoreWriter directly names its encoder libraries
+    (repair re-encodes with them), keeps a caller's own record, and a store
+    without encoded fields names none."""
+    from mmstore.codecs import library_versions
+    from mmstore.tools.repair import encoder_mismatch
+
+    s = mmstore.open(write(tmp_path / "a", n=3, holes=()))
+    assert s.provenance["codec_libraries"] == library_versions(["jpeg:90", "png:1", "zstd:3"])
+    assert encoder_mismatch(s) == ""
+    given = {"jpeg": "simplejpeg 0.0 (elsewhere)"}
+    s = mmstore.open(write(tmp_path / "b", n=3, holes=(), provenance={"codec_libraries": given}))
+    assert s.provenance["codec_libraries"] == given and "simplejpeg 0.0" in encoder_mismatch(s)
+    with mmstore.StoreWriter(tmp_path / "c", {"label": ("<i8", ())}) as w:
+        w.append({"label": np.int64(1)})
+    assert "codec_libraries" not in mmstore.open(tmp_path / "c").provenance
+
+
 def test_checksums_follow_the_format_rule(store):
     s = mmstore.open(store)
     entries = {f: raw_entries(store, f) for f in ("image", "depth", "emb", "ids")}

@@ -800,3 +800,20 @@ def test_random_read_speed_cold_and_threads(disk_dir):
     assert r.ops == 1
     with pytest.raises(ValueError, match="holds no record"):
         msys.random_read_speed(p, 10**9)
+
+
+@pytest.mark.parametrize("files, expect", [
+    ({}, None),  # no cgroup files: the affinity mask
+    ({"cpu.max": "max 100000\n"}, None),
+    ({"cpu.max": "150000 100000\n"}, 2),  # 1.5 CPUs of quota: 2 cores busy
+    ({"cpu.max": "50000 100000\n"}, 1),
+    ({"cpu/cpu.cfs_quota_us": "-1\n", "cpu/cpu.cfs_period_us": "100000\n"}, None),  # v1, no quota
+    ({"cpu/cpu.cfs_quota_us": "100000\n", "cpu/cpu.cfs_period_us": "100000\n"}, 1),
+])
+def test_usable_cores_follows_affinity_and_cgroup_quota(tmp_path, monkeypatch, files, expect):
+    assert 1 <= msys.usable_cores() <= (os.cpu_count() or 1)  # this machine, its own cgroup
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2, 3})
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    assert proc.usable_cores(str(tmp_path)) == (4 if expect is None else expect)

@@ -230,3 +230,84 @@ def test_doctor_on_a_compact_store(tmp_path, capsys):
     by = {f["codec"]: f for f in adv["figures"]}
     assert by["raw"]["record_bytes"] == 48 * 40 * 3 + 8  # every field decoded, not the fixed part only
     assert by["jpeg:90"]["record_bytes"] < by["raw"]["record_bytes"] / 2
+
+
+# -- doctor's order advice and disk kind follow what was measured ---------------------------
+
+
+def _rep(records, record_bytes, warm, decode=None, seq_mb=200.0, c1=5000.0, cq=20000.0):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(records=records, record_bytes=record_bytes, store_bytes=records * record_bytes,
+                           seq_mb_per_s=seq_mb, cold_reads_per_s_1=c1, cold_reads_per_s=cq, warm_reads_per_s=warm,
+                           decode_reads_per_s=decode, cores=2)
+
+
+@settings(max_examples=60, deadline=None)
+@given(decode=st.floats(10.0, 1e6), warm=st.floats(10.0, 1e6), big=st.booleans())
+def test_order_advice_predicts_min_of_disk_and_decode_rate(decode, warm, big):
+    """An encoded store's predicted records/s is min(disk rate, decode rate x
+    cores) (doctor measures the latter); a raw store's is capped by its warm
+    copies, as before."""
+    from mmstore.tools._order_advice import order_advice
+
+    records = 10**9 if big else 100  # 15 TB: does not fit anywhere; 1.5 MB: fits
+    raw = order_advice(_rep(records, 15_000, warm))
+    enc = order_advice(_rep(records, 15_000, warm, decode=decode))
+    disk = order_advice(_rep(records, 15_000, None))  # no cap: the disk's rate alone
+    assert raw["fits"] == enc["fits"] == (not big)
+    if big:
+        expect = min(disk["expected_records_per_s"], decode)
+        assert enc["expected_records_per_s"] == pytest.approx(expect)
+        assert raw["expected_records_per_s"] == pytest.approx(min(disk["expected_records_per_s"], warm))
+    else:
+        assert enc["expected_records_per_s"] == pytest.approx(decode) and enc["bound"] == "decode"
+        assert raw["expected_records_per_s"] == pytest.approx(warm) and raw["bound"] == "memory"
+    assert (enc["bound"] == "decode") == (enc["expected_records_per_s"] >= decode * (1 - 1e-9))
+    if enc["bound"] == "decode":
+        assert "decoding the encoded fields on 2 cores" in enc["why"]
+
+
+@pytest.mark.parametrize("flag, reads, kind", [(True, 8000.0, "flash"), (False, 90.0, "spinning"),
+                                               (None, 500.0, "between")])
+def test_doctor_names_the_disk_by_its_measured_reads_not_the_kernel_flag(photo_store, monkeypatch, capsys, flag,
+                                                                         reads, kind):
+    """issue 15: a virtual disk the kernel calls rotational but that serves
+    8,000 cold random reads/s is not an "HDD"; a disk flagged non-rotational
+    that seeks like one is called a spinning disk."""
+    from mmstore.cli.doctor import render
+    from mmstore.tools import doctor
+
+    monkeypatch.setattr(doctor._sys, "disk_info", lambda p: {"fs_type": "ext4", "device": "vda", "rotational": flag})
+    monkeypatch.setattr(doctor, "_evict_records", lambda store, slots: True)
+    monkeypatch.setattr(doctor, "_time_reads", lambda store, idx, threads, deadline: (len(idx), len(idx) / reads))
+    rep = doctor.doctor_store(photo_store, samples=16, threads=2, budget_s=1.0, seq_bytes=1 << 20, cold=True,
+                              seed=0, codecs=False)
+    assert rep.cold_reads_per_s_1 == pytest.approx(reads) and rep.disk_kind == kind
+    # the disk's share: a cold read is the disk's time plus a warm read's
+    assert rep.disk_reads_per_s == pytest.approx(1 / (1 / reads - 1 / rep.warm_reads_per_s))
+    text = render(rep)
+    assert "HDD" not in text and "SSD" not in text
+    assert {"flash": "behaves like flash", "spinning": "behaves like a spinning disk",
+            "between": "between flash and a spinning disk"}[kind] in text
+    disagree = [n for n in rep.notes if "the kernel marks vda" in n]
+    assert len(disagree) == (1 if kind != "between" and flag is not None else 0)
+    if disagree:
+        assert f"{rep.disk_reads_per_s:,.0f} cold random reads/s" in disagree[0]
+        assert "follows the measurement" in disagree[0]
+
+
+def test_an_encoded_store_s_decode_time_is_not_taken_for_the_disk(monkeypatch):
+    """A cold read of an encoded record is the disk's time plus its decode:
+    450 cold reads/s that are 1.7 ms of decode (warm 590/s) are a fast disk,
+    and the epoch model uses the decode rate on every core."""
+    from mmstore.tools.doctor import DoctorReport, _predict, disk_kind, disk_reads_per_s
+
+    rep = DoctorReport("s", "memmap", 2400, 15_000, 36_000_000, disk={"rotational": True})
+    rep.cold_reads_per_s_1, rep.cold_reads_per_s, rep.warm_reads_per_s = 450.0, 620.0, 590.0
+    rep.cores, rep.decode_reads_per_s, rep.mem_available = 2, 1180.0, 1 << 34
+    assert disk_reads_per_s(rep) == pytest.approx(1 / (1 / 450 - 1 / 590)) and disk_kind(rep) == "flash"
+    _predict(rep)
+    assert rep.predictions[0].epoch2_s == pytest.approx(2400 / 1180.0)
+    rep.warm_reads_per_s = 400.0  # a cold read no slower than a warm one: the disk is not what limits
+    assert disk_reads_per_s(rep) == float("inf") and disk_kind(rep) == "flash"

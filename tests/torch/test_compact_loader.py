@@ -114,10 +114,48 @@ def test_variable_fields_are_not_preadv_and_the_window_pass_does_not_decode(comp
 def test_a_bad_entry_surfaces_from_the_loader(tmp_path):
     p = write_store(str(tmp_path / "b"), 20, schema=SCHEMA, make=make, keys="k{}")
     o = np.load(os.path.join(p, "image.offsets.npy"), mmap_mode="r+")
-    o[7] = o[8] + 5  # decreasing pair at slot 7
+    o[7] = o[8] + 5  # decreasing pair at slot 7; slot 6's entry now runs 5 bytes past entry 7's end
     o.flush()
     del o
     L = Loader(p, 4, Sequential(20), threads=2)
-    with pytest.raises(EntryDecodeError, match="record 7 \\(slot 7, key 'k7'\\): field 'image'"):
+    with pytest.raises(EntryDecodeError, match="record 6 \\(slot 6, key 'k6'\\): field 'image'.*trailing bytes"):
         list(L)
     L.close()
+
+
+@pytest.mark.parametrize("cores", [1, 2, 3])
+def test_decode_bound_epochs_decode_one_piece_per_core_at_a_time(compact, monkeypatch, cores):
+    """Warm epochs that decode run at most one decoding task per usable core
+    (NOTE [decode-bound reads] in _reads.py), the batch in one contiguous piece
+    per core, whatever ``threads`` is; the batches stay exact."""
+    import threading
+
+    path = compact["memmap"]
+    monkeypatch.setattr(_reads._sys, "usable_cores", lambda: cores)
+    monkeypatch.setattr(_reads, "resident_fraction", lambda paths: 1.0)  # warm
+    s = mmstore.open(path)
+    busy, peak, pieces, lock = [0], [0], [], threading.Lock()
+    orig = mmstore.Store.read_batch
+
+    def counted(self, idx, *a, **kw):
+        with lock:
+            busy[0] += 1
+            peak[0] = max(peak[0], busy[0])
+            pieces.append(len(idx))
+        try:
+            return orig(self, idx, *a, **kw)
+        finally:
+            with lock:
+                busy[0] -= 1
+
+    monkeypatch.setattr(mmstore.Store, "read_batch", counted)
+    L = Loader(path, 12, Permutation(len(s), seed=1), prefetch=4, threads=16)
+    got = [b["idx"].clone() for b in L]
+    L.close()
+    assert sorted(torch.cat(got).tolist()) == sorted(int(s[i]["idx"]) for i in range(len(s)))
+    assert peak[0] <= cores
+    assert max(pieces) == -(-12 // cores) and len(pieces) == sum(-(-len(b) // -(-12 // cores)) for b in got)
+    # a cold permutation keeps every thread (queue depth for the page faults)
+    monkeypatch.setattr(_reads, "resident_fraction", lambda paths: 0.0)
+    reads = _reads.EpochReads(s, list(SCHEMA), {}, L.tuning, batch_size=12, shuffled=True, block=False)
+    assert reads.decode_gate is None
