@@ -1,7 +1,8 @@
 """How a :class:`~mmstore.torch.Loader` sizes its ring and its read-ahead
 window from the memory it may use, and how it says what it chose
 (``Loader.describe()``). The rule itself is torch-free
-(:func:`mmstore.order.plan_memory`, which ``doctor`` uses too).
+(:func:`mmstore._memplan.plan_memory`, re-exported by ``mmstore.order``;
+``doctor`` uses it too).
 
 The sizing rule (NOTE [memory plan]; every figure is in ``describe()``)
 ------------------------------------------------------------------------
@@ -16,7 +17,11 @@ The sizing rule (NOTE [memory plan]; every figure is in ``describe()``)
     ``prefetch + hold`` batch buffers of ``batch_bytes``. ``prefetch``
     (default) is the largest of 1..4 whose ring takes at most a quarter of
     the budget: the ring is private memory inside the same limit as the page
-    cache the reads need.
+    cache the reads need. An order read per batch (a permutation) whose
+    store does not fit gets the largest of 1..4 whose ring takes at most
+    half of it (``widen_ring``): no record is read twice in an epoch, so the
+    page cache gains it nothing, and more batches in flight keep the random
+    reads at full queue depth across batch boundaries.
 ``cache``
     ``budget - ring``: what the page cache may hold for this loader.
 ``fits``
@@ -76,9 +81,9 @@ v1 memory cgroup of 1/4 of a 2.4 GB store of 150 KB records; and
 
 from __future__ import annotations
 
-from ..order import memory_budget, plan_memory
+from .._memplan import memory_budget, plan_memory, widen_ring
 
-__all__ = ["LoaderPlan", "memory_budget", "plan_memory"]
+__all__ = ["LoaderPlan", "memory_budget", "plan_memory", "widen_ring"]
 
 class LoaderPlan(dict):  # type: ignore[type-arg]
     """What a Loader chose (a dict); ``str()`` of it reads as sentences."""
