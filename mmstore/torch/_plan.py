@@ -77,6 +77,17 @@ v1 memory cgroup of 1/4 of a 2.4 GB store of 150 KB records; and
   system) instead of 3.3-3.6 s and read at 2.1x the page-cache pass in the
   same run (351 vs 166 MB/s, load 7-11); a sequential order read slower that
   way (282 vs 374 MB/s), so it keeps the page-cache pass.
+* where the simulators' time goes (``../shared/sim``, 2026-12-01, machine
+  shared, load 4-7): they time a pass from before ``from mmstore.torch
+  import Loader``, and importing torch takes 1.5-2.7 s in the cgroup (up to
+  5 s under load): as long as ``dd`` reads the whole 2.4 GB store. Timed in
+  fresh processes in the same 602 MB cgroup, the same epochs read at
+  1,296-1,546 MB/s (sequential), 957-990 (block), 750-852 (permutation)
+  from the Loader's construction, against ``dd``'s 941-970: 1.3-1.6x, 1.0x
+  and 0.8-0.9x the disk; the simulator's own figures for the same passes
+  were 543-567, 514-585 and 457-497 MB/s (0.55-0.6x), and a loader that read
+  at exactly the disk's speed would score ``dd / (dd + import)`` ~ 0.5x
+  there. The first batch comes 0.13-0.3 s after the construction.
 """
 
 from __future__ import annotations
