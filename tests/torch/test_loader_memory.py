@@ -20,7 +20,7 @@ import mmstore
 from mmstore import _memplan
 from mmstore._memplan import widen_ring
 from mmstore.order import BlockShuffle, plan_memory
-from mmstore.torch import Loader, _reads
+from mmstore.torch import Loader, LoaderTuning, _reads
 from mmstore.torch import loader as loader_mod
 from support.stores import IDX_BIG_SCHEMA, write_indexed
 
@@ -358,3 +358,27 @@ def test_direct_window_buffers_on_a_truncated_store_raise_the_typed_error(stores
     assert isinstance(e.value, (EOFError, StoreChangedError))  # typed, not garbage delivered as data
     assert len(seen) < 301  # the epoch did not complete
     L.close()
+
+
+def test_random_reads_spread_each_batch_over_every_thread(stores):
+    """A shuffled epoch read per batch with preadv cuts each batch into one
+    piece per reader thread (the batch the consumer waits for next is read by
+    all of them); a sequential one keeps pieces of ``piece_bytes``; an epoch
+    with the smaller pieces still reads every record once."""
+    path = stores["big"]
+    st = mmstore.open(path)
+    fields = ("image", "label", "idx")
+    files = _reads.open_field_files(st, fields, "pread")
+    try:
+        t = LoaderTuning(threads=4, method="pread")
+        shuffled = _reads.EpochReads(st, fields, files, t, batch_size=10, shuffled=True, block=False)
+        assert shuffled.piece_rows == 3  # ceil(10 / 4)
+        seq = _reads.EpochReads(st, fields, files, t, batch_size=10, shuffled=False, block=False)
+        assert seq.piece_rows == max(1, t.piece_bytes // REC)
+    finally:
+        for ff in files.values():
+            ff.close()
+        st.close()
+    with Loader(path, 10, "permutation", threads=4, method="pread", seed=5) as L:
+        got = np.concatenate([b["idx"].numpy().copy() for b in L])
+        assert np.array_equal(got, L.order.epoch(0))
