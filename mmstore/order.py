@@ -70,7 +70,6 @@ from __future__ import annotations
 
 import math
 import operator
-import os
 from abc import ABC, abstractmethod
 from dataclasses import KW_ONLY, dataclass
 from typing import Any, ClassVar
@@ -80,7 +79,8 @@ import numpy.random  # noqa: F401 - loaded now, not lazily inside a training loo
 # import that a Ctrl-C interrupts swallows the KeyboardInterrupt (issue 17 review)
 
 from ._runs import find_runs
-from ._sys import effective_available, mem_available, memory_limit
+from ._memplan import _mem_available, memory_budget, plan_memory
+from ._memplan import local_world_size as _local_world_size
 
 __all__ = [
     "BlockShuffle",
@@ -468,8 +468,7 @@ class BlockShuffle(Order):
             mem_bytes = _mem_available()
         mem_bytes = _int("mem_bytes", mem_bytes, 1)
         if local_world_size is None:
-            env = os.environ.get("LOCAL_WORLD_SIZE", "1")
-            local_world_size = int(env) if env.isdigit() and int(env) > 0 else 1
+            local_world_size = _local_world_size()
         local_world_size = _int("local_world_size", local_world_size, 1)
         seek_s = _positive_float("seek_s", seek_s)
         bandwidth = _positive_float("bandwidth", bandwidth)
@@ -606,76 +605,6 @@ class BlockShuffle(Order):
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "block": self.block, "window": self.window}
-
-
-def _mem_available() -> int:
-    """The memory this process can fill with page cache, in bytes: within its
-    memory cgroup's limit (``effective_available``, cgroup v1 and v2) and
-    ``MemAvailable`` (Linux), else free physical memory, else 1 GiB."""
-    avail = effective_available()
-    if avail is not None:
-        return max(1, avail)
-    avail = mem_available()
-    if avail is not None:
-        return avail
-    try:
-        return int(os.sysconf("SC_AVPHYS_PAGES")) * int(os.sysconf("SC_PAGE_SIZE"))
-    except (AttributeError, OSError, ValueError):
-        return 1 << 30
-
-
-# --------------------------------------------------------------------------
-# a loader's memory plan (torch-free: ``doctor`` uses it too)
-
-_GiB = 1 << 30
-RING_SHARE = 4  # the ring takes at most 1 / RING_SHARE of the budget
-WINDOW_SHARE = 4  # a read-ahead window is 1 / WINDOW_SHARE of the cache
-FIT_SHARE = 0.9  # the store fits when it takes at most this share of the cache
-MAX_PREFETCH = 4
-
-
-def local_world_size() -> int:
-    """``$LOCAL_WORLD_SIZE`` (set by torchrun), else 1."""
-    env = os.environ.get("LOCAL_WORLD_SIZE", "1")
-    return int(env) if env.isdigit() and int(env) > 0 else 1
-
-
-def memory_budget(mem_bytes: int | None = None) -> tuple[int, str, int | None]:
-    """``(budget, where it came from, the cgroup limit or None)``."""
-    limit = memory_limit()
-    if mem_bytes is not None:
-        return int(mem_bytes), "given (mem_bytes=)", limit
-    ranks = local_world_size()
-    avail = effective_available()
-    if avail is None:
-        return _GiB // ranks, "unknown: 1 GiB assumed", limit
-    src = "cgroup limit - working set" if limit is not None else "MemAvailable"
-    if ranks > 1:
-        src += f", / {ranks} local ranks"
-    return max(1, int(avail) // ranks), src, limit
-
-
-def plan_memory(
-    *, batch_bytes: int, record_bytes: int, records: int, hold: int, prefetch: int | None,
-    mem_bytes: int | None,
-) -> dict[str, Any]:
-    """A loader's ring and read-ahead window sized from its memory budget
-    (``mem_bytes``, else :func:`memory_budget`): the rule is written out in
-    ``mmstore/torch/_plan.py`` and reported by ``Loader.describe()``."""
-    budget, source, limit = memory_budget(mem_bytes)
-    batch_bytes = max(1, int(batch_bytes))
-    if prefetch is None:
-        fit = budget // RING_SHARE // batch_bytes - hold
-        prefetch = int(min(MAX_PREFETCH, max(1, fit)))
-    ring = (prefetch + hold) * batch_bytes
-    cache = max(0, budget - ring)
-    store = int(records) * int(record_bytes)
-    return {
-        "budget": budget, "budget_source": source, "cgroup_limit": limit,
-        "batch_bytes": batch_bytes, "prefetch": prefetch, "hold": hold, "ring_bytes": ring,
-        "cache_bytes": cache, "store_bytes": store, "fits": store <= FIT_SHARE * cache,
-        "window_bytes": max(int(record_bytes), cache // WINDOW_SHARE),
-    }
 
 
 _KINDS: dict[str, type[Order]] = {

@@ -1,7 +1,8 @@
 """How a :class:`~mmstore.torch.Loader` sizes its ring and its read-ahead
 window from the memory it may use, and how it says what it chose
 (``Loader.describe()``). The rule itself is torch-free
-(:func:`mmstore.order.plan_memory`, which ``doctor`` uses too).
+(:func:`mmstore._memplan.plan_memory`, re-exported by ``mmstore.order``;
+``doctor`` uses it too).
 
 The sizing rule (NOTE [memory plan]; every figure is in ``describe()``)
 ------------------------------------------------------------------------
@@ -16,7 +17,11 @@ The sizing rule (NOTE [memory plan]; every figure is in ``describe()``)
     ``prefetch + hold`` batch buffers of ``batch_bytes``. ``prefetch``
     (default) is the largest of 1..4 whose ring takes at most a quarter of
     the budget: the ring is private memory inside the same limit as the page
-    cache the reads need.
+    cache the reads need. An order read per batch (a permutation) whose
+    store does not fit gets the largest of 1..4 whose ring takes at most
+    half of it (``widen_ring``): no record is read twice in an epoch, so the
+    page cache gains it nothing, and more batches in flight keep the random
+    reads at full queue depth across batch boundaries.
 ``cache``
     ``budget - ring``: what the page cache may hold for this loader.
 ``fits``
@@ -72,13 +77,24 @@ v1 memory cgroup of 1/4 of a 2.4 GB store of 150 KB records; and
   system) instead of 3.3-3.6 s and read at 2.1x the page-cache pass in the
   same run (351 vs 166 MB/s, load 7-11); a sequential order read slower that
   way (282 vs 374 MB/s), so it keeps the page-cache pass.
+* where the simulators' time goes (``../shared/sim``, 2026-12-01, machine
+  shared, load 4-7): they time a pass from before ``from mmstore.torch
+  import Loader``, and importing torch takes 1.5-2.7 s in the cgroup (up to
+  5 s under load): as long as ``dd`` reads the whole 2.4 GB store. Timed in
+  fresh processes in the same 602 MB cgroup, the same epochs read at
+  1,296-1,546 MB/s (sequential), 957-990 (block), 750-852 (permutation)
+  from the Loader's construction, against ``dd``'s 941-970: 1.3-1.6x, 1.0x
+  and 0.8-0.9x the disk; the simulator's own figures for the same passes
+  were 543-567, 514-585 and 457-497 MB/s (0.55-0.6x), and a loader that read
+  at exactly the disk's speed would score ``dd / (dd + import)`` ~ 0.5x
+  there. The first batch comes 0.13-0.3 s after the construction.
 """
 
 from __future__ import annotations
 
-from ..order import memory_budget, plan_memory
+from .._memplan import memory_budget, plan_memory, widen_ring
 
-__all__ = ["LoaderPlan", "memory_budget", "plan_memory"]
+__all__ = ["LoaderPlan", "memory_budget", "plan_memory", "widen_ring"]
 
 class LoaderPlan(dict):  # type: ignore[type-arg]
     """What a Loader chose (a dict); ``str()`` of it reads as sentences."""

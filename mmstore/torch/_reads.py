@@ -247,6 +247,12 @@ class EpochReads:
             # piece per core (measured ~2x faster than 2 MiB pieces here:
             # fewer Python calls per batch)
             self.piece_rows = max(self.piece_rows, -(-batch_size // max(2, os.cpu_count() or 2)))
+        elif shuffled:
+            # random record reads (one request each, whatever the piece): a batch
+            # is spread over every reader thread, so the batch the consumer waits
+            # for next (the first one above all) is not read by a few threads
+            # while the others read batches after it
+            self.piece_rows = min(self.piece_rows, max(1, -(-batch_size // max(1, int(tuning.threads or 1)))))
         self.decode_gate = _decode_gate(store, self.rest, batch_size, block)
         if self.decode_gate is not None:
             self.piece_rows = -(-batch_size // self.decode_gate[1])

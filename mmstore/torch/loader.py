@@ -133,7 +133,7 @@ from ._epoch import EpochBatches, EpochIterator
 from ._direct import DirectWindows
 from ._reads import EpochReads, FieldFiles, WindowPrefetch, data_paths, open_field_files, prepare_store
 from ._ring import InFlight, Ring
-from ._plan import LoaderPlan, plan_memory
+from ._plan import LoaderPlan, plan_memory, widen_ring
 from ._tuning import TUNING_FIELDS, LoaderTuning, split_tuning
 from .dataset import image_fields, open_store_arg
 from .sampler import build_order
@@ -363,6 +363,8 @@ class Loader:
         # 0.75x for a sequential order, whose own readahead serves it well)
         direct = (windows and not p["fits"] and t.window_prefetch == "read" and isinstance(o, BlockShuffle)
                   and p["cache_bytes"] >= DIRECT_MIN_CACHE)
+        if not windows and t.prefetch is None:  # a store that does not fit: more batches in flight
+            out.update(widen_ring(p))
         out.update(
             readahead="windows" if windows else "per batch", window_records=records if windows else 0,
             window_direct=direct, drop_behind=windows and not p["fits"] and not direct,
@@ -376,8 +378,11 @@ class Loader:
             return None
         if isinstance(self.order, BlockShuffle):
             return self.order.window_bounds(epoch)
+        # a sequential order's windows are the loader's own cut: the first is one
+        # batch, so the first batch waits for its own records only, not a whole window
         step = int(self._plan["window_records"])
-        return np.append(np.arange(0, length, step, dtype=np.int64), length)
+        first = min(step, self.batch_size, length)
+        return np.append(np.append(0, np.arange(first, length, step, dtype=np.int64)), length)
 
     def __repr__(self) -> str:
         t = self.tuning

@@ -17,9 +17,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import mmstore
-from mmstore import order as order_mod
+from mmstore import _memplan
+from mmstore._memplan import widen_ring
 from mmstore.order import BlockShuffle, plan_memory
-from mmstore.torch import Loader, _reads
+from mmstore.torch import Loader, LoaderTuning, _reads
 from mmstore.torch import loader as loader_mod
 from support.stores import IDX_BIG_SCHEMA, write_indexed
 
@@ -27,8 +28,8 @@ REC = sum(int(np.dtype(d).itemsize * np.prod(s, dtype=np.int64)) for d, s in IDX
 
 
 def _mock_memory(monkeypatch, avail, limit):
-    monkeypatch.setattr(order_mod, "effective_available", lambda: avail)
-    monkeypatch.setattr(order_mod, "memory_limit", lambda: limit)
+    monkeypatch.setattr(_memplan, "effective_available", lambda: avail)
+    monkeypatch.setattr(_memplan, "memory_limit", lambda: limit)
     monkeypatch.delenv("LOCAL_WORLD_SIZE", raising=False)
 
 
@@ -50,6 +51,15 @@ def test_plan_memory_rule(budget, batch, rec, records, hold):
     given_k = plan_memory(batch_bytes=batch, record_bytes=rec, records=records, hold=hold, prefetch=3,
                           mem_bytes=budget)
     assert given_k["prefetch"] == 3  # a prefetch the user gave is kept
+    w = widen_ring(p)  # an order read per batch: the ring may take half the budget when the store does not fit
+    if p["fits"]:
+        assert w == {}
+    else:
+        kw = w["prefetch"]
+        assert k <= kw <= 4 and w["ring_bytes"] == (kw + hold) * batch
+        assert kw == k or (kw + hold) * batch <= budget // 2
+        assert kw == 4 or (kw + 1 + hold) * batch > budget // 2
+        assert w["cache_bytes"] == max(0, budget - w["ring_bytes"])
 
 
 def test_describe_follows_the_cgroup_budget(stores, monkeypatch):
@@ -83,11 +93,43 @@ def test_describe_follows_the_cgroup_budget(stores, monkeypatch):
         assert d["readahead"] == "windows" and not d["window_direct"] and d["drop_behind"]  # too small for buffers
         assert d["window_records"] == max(16, (6 * 16 * REC - 2 * 16 * REC) // 4 // REC)
     with Loader(path, 16, "permutation") as L:
-        assert L.describe()["readahead"] == "per batch" and L.describe()["willneed"] == 2
+        # read per batch, and the page cache gains it nothing: the ring may take half the budget
+        d = L.describe()
+        assert d["readahead"] == "per batch" and d["willneed"] == 2 and not d["fits"]
+        assert d["prefetch"] == L.prefetch == 2 and L.ring_size == 3 and d["ring_bytes"] == 3 * 16 * REC
+        assert d["cache_bytes"] == 6 * 16 * REC - d["ring_bytes"]
+        assert "ring: 2 prefetch + 1 hold" in str(d)
+    with Loader(path, 16, "permutation", prefetch=1) as L:
+        assert L.describe()["prefetch"] == 1  # a prefetch the user gave is kept
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two ranks share the cgroup
     with Loader(path, 16, "permutation", prefetch=2) as L:
         d = L.describe()
         assert d["budget"] == 3 * 16 * REC and "2 local ranks" in d["budget_source"] and d["prefetch"] == 2
+    monkeypatch.delenv("LOCAL_WORLD_SIZE")
+    _mock_memory(monkeypatch, 10 * n * REC, None)  # the store fits: the quarter rule
+    with Loader(path, 16, "permutation") as L:
+        d = L.describe()
+        assert d["fits"] and d["prefetch"] == 4 and d["readahead"] == "per batch"
+
+
+def test_sequential_windows_start_with_one_batch(stores, monkeypatch):
+    """A sequential order's read-ahead windows are the loader's own cut: the
+    first one is one batch (the first batch waits for its own records, not a
+    whole window), then windows of ``window_records``; an epoch through them
+    reads every record once, in order."""
+    path = stores["big"]
+    n = len(mmstore.open(path))
+    monkeypatch.setattr(_reads, "resident_fraction", lambda paths: 0.0)  # the window pass runs
+    with Loader(path, 10, "sequential", mem_bytes=200 * REC) as L:
+        d = L.describe()
+        step = d["window_records"]
+        assert d["readahead"] == "windows" and not d["fits"] and step > 10
+        b = L._window_bounds(0, n)
+        assert b[0] == 0 and b[1] == 10 and b[-1] == n
+        assert (np.diff(b[1:-1]) == step).all() and 0 < b[-1] - b[-2] <= step
+        got = np.concatenate([x["idx"].numpy().copy() for x in L])
+        assert np.array_equal(got, L.order.epoch(0))
+        assert L._window_bounds(0, 7).tolist() == [0, 7]  # shorter than a batch: one window
 
 
 def _window_reads(monkeypatch, path, order, mode):
@@ -316,3 +358,27 @@ def test_direct_window_buffers_on_a_truncated_store_raise_the_typed_error(stores
     assert isinstance(e.value, (EOFError, StoreChangedError))  # typed, not garbage delivered as data
     assert len(seen) < 301  # the epoch did not complete
     L.close()
+
+
+def test_random_reads_spread_each_batch_over_every_thread(stores):
+    """A shuffled epoch read per batch with preadv cuts each batch into one
+    piece per reader thread (the batch the consumer waits for next is read by
+    all of them); a sequential one keeps pieces of ``piece_bytes``; an epoch
+    with the smaller pieces still reads every record once."""
+    path = stores["big"]
+    st = mmstore.open(path)
+    fields = ("image", "label", "idx")
+    files = _reads.open_field_files(st, fields, "pread")
+    try:
+        t = LoaderTuning(threads=4, method="pread")
+        shuffled = _reads.EpochReads(st, fields, files, t, batch_size=10, shuffled=True, block=False)
+        assert shuffled.piece_rows == 3  # ceil(10 / 4)
+        seq = _reads.EpochReads(st, fields, files, t, batch_size=10, shuffled=False, block=False)
+        assert seq.piece_rows == max(1, t.piece_bytes // REC)
+    finally:
+        for ff in files.values():
+            ff.close()
+        st.close()
+    with Loader(path, 10, "permutation", threads=4, method="pread", seed=5) as L:
+        got = np.concatenate([b["idx"].numpy().copy() for b in L])
+        assert np.array_equal(got, L.order.epoch(0))
