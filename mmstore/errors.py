@@ -19,9 +19,11 @@ __all__ = [
     "FormatError",
     "IncompleteStoreError",
     "IngestError",
+    "LoaderResumeError",
     "LoaderStateError",
     "LockedError",
     "MmstoreError",
+    "RecordIndexError",
     "ResourceLimitError",
     "ResumeMismatchError",
     "SchemaError",
@@ -135,3 +137,16 @@ class LoaderStateError(MmstoreError, RuntimeError):
     threads calling ``next()`` on one iterator at once, an iterator continued
     after ``Loader.close()`` or in a forked process. The message says how to
     end the epoch in progress or start a new one."""
+
+
+class LoaderResumeError(LoaderStateError, ValueError):
+    """``Loader.load_state_dict`` was given a state this loader cannot
+    resume: another store, subset, batch size or order, or an unknown state
+    version. The message names the key that differs, both values, and what
+    to build instead."""
+
+
+class RecordIndexError(MmstoreError, IndexError):
+    """A record index given to the torch layer (``Loader(indices=...)``, a
+    ``Subset``) is outside the store, or not an integer; the message gives
+    the first bad index and the store's length."""
