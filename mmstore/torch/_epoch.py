@@ -39,7 +39,7 @@ class Cancelled(Exception):
 
 class EpochBatches:
     """Batch ``k`` of an epoch is rows ``[k * batch_size, (k + 1) * batch_size)``
-    of ``idx``, read into ring buffer ``k % len(ring)`` in pieces of
+    of ``idx``, read into ring buffer ``(ring.cursor + k) % len(ring)`` in pieces of
     ``reads.piece_rows`` rows, one pool task each (so ``threads`` reads are in
     flight even for one batch). The first ``prefetch`` batches are queued at
     once; :meth:`submit` queues the others as buffers come free.
@@ -69,6 +69,7 @@ class EpochBatches:
         self.nbatches = n // batch_size if drop_last else -(-n // batch_size)
         self.ring, self.pool, self.reads, self.inflight, self.window = ring, pool, reads, inflight, window
         self.R = len(ring)
+        self.base = ring.cursor  # batch k goes into buffer (base + k) % R: the ring cycles on across epochs
         self.device = device
         self.guard_pinned = guard_pinned
         self.check_kept = check_kept
@@ -90,13 +91,17 @@ class EpochBatches:
     def cancelled(self) -> bool:
         return self.inflight.cancelled
 
+    def slot(self, k: int) -> int:
+        """The ring buffer of batch ``k``."""
+        return (self.base + k) % self.R
+
     def bounds(self, k: int) -> tuple[int, int]:
         bs = self.batch_size
         return k * bs, min((k + 1) * bs, len(self.idx))
 
     def submit(self, k: int) -> None:
         """Queue the reads of batch ``k`` into its ring buffer."""
-        s = k % self.R
+        s = self.slot(k)
         a, b = self.bounds(k)
         idx = self.idx[a:b]
         if self.cancelled:
@@ -154,7 +159,7 @@ class EpochBatches:
 
     def wait_batch(self, k: int) -> None:
         """Wait for batch ``k``'s reads; raise the first error among them."""
-        futs = self.inflight.wait_slot(k % self.R)
+        futs = self.inflight.wait_slot(self.slot(k))
         if self.cancelled:
             raise Cancelled()
         for f in futs:
@@ -166,7 +171,7 @@ class EpochBatches:
 
     def host_batch(self, k: int) -> dict[str, torch.Tensor]:
         a, b = self.bounds(k)
-        return self.ring.batch(k, b - a)
+        return self.ring.batch(self.slot(k), b - a)
 
     def to_gpu(self, k: int) -> tuple[dict[str, torch.Tensor], Any]:
         """Issue the copy of host batch ``k`` on the side stream; return the
@@ -177,7 +182,7 @@ class EpochBatches:
             gpu = {f: t.to(self.device, non_blocking=True) for f, t in host.items()}
             ev = torch.cuda.Event()
             ev.record(self.stream)
-        self.events[k % self.R] = ev  # the reader of this buffer's next batch waits for it
+        self.events[self.slot(k)] = ev  # the reader of this buffer's next batch waits for it
         return gpu, ev
 
 

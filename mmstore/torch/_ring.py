@@ -1,8 +1,9 @@
 """The Loader's ring of batch buffers, and the reads in flight into it.
 
-``Ring`` is ``prefetch + hold`` reusable batch buffers (torch tensors,
-optionally pinned, with numpy views of the same memory for the reader
-threads); batch ``k`` of an epoch goes into buffer ``k % len(ring)``.
+``Ring`` is ``prefetch + hold`` (+ 1) reusable batch buffers (torch
+tensors, optionally pinned, with numpy views of the same memory for the
+reader threads); batch ``k`` of an epoch goes into buffer ``(cursor + k) %
+len(ring)``, ``cursor`` the buffer after the last one yielded.
 ``InFlight`` is one epoch's reads into a ring (futures per buffer), and
 whether that epoch was cancelled; the loader waits for it before the ring is
 reused. See "Buffer lifetime" and "Lifetime" in ``loader.py``'s docstring.
@@ -57,6 +58,7 @@ class Ring:
             self._base.append({})
             self._alloc(len(self.slots) - 1)
         self.renewed = 0  # buffers replaced because a yielded batch was still referenced
+        self.cursor = 0  # the buffer of the next epoch's first batch
 
     def _alloc(self, s: int) -> None:
         slot = {f: torch.empty((self._rows, *shape), dtype=dt, pin_memory=self._pin)
@@ -82,11 +84,14 @@ class Ring:
             self.renewed += 1
         return self.views[s]
 
-    def batch(self, k: int, rows: int) -> dict[str, torch.Tensor]:
-        """The first ``rows`` rows of batch ``k``'s buffer (no copy; always a
-        new view, so the yielded tensors are never the ring's own)."""
-        slot = self.slots[k % len(self.slots)]
-        return {f: t[:rows] for f, t in slot.items()}
+    def batch(self, s: int, rows: int) -> dict[str, torch.Tensor]:
+        """The first ``rows`` rows of buffer ``s`` (no copy; always a new
+        view, so the yielded tensors are never the ring's own). The next
+        epoch starts with the buffer after it (``cursor``): the buffers
+        refilled first are those of the oldest batches, not the one the
+        loop variable still holds."""
+        self.cursor = (s + 1) % len(self.slots)
+        return {f: t[:rows] for f, t in self.slots[s].items()}
 
 
 def _uses(t: torch.Tensor) -> int:

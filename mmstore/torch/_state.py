@@ -59,7 +59,7 @@ def subset_state(indices: np.ndarray | None) -> dict[str, Any] | None:
     if indices is None:
         return None
     digest = hashlib.blake2b(np.ascontiguousarray(indices, dtype="<i8").tobytes(), digest_size=16).hexdigest()
-    return {"len": int(len(indices)), "blake2b": digest}
+    return {"len": len(indices), "blake2b": digest}
 
 
 def loader_identity(

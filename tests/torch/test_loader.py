@@ -300,7 +300,7 @@ def test_tuning_object_and_tuning_keywords_make_the_same_loader(stores):
         for f in ref.fields:
             assert torch.equal(x[f], y[f]) and np.array_equal(x[f].numpy(), want[f])
     c = Loader(path, 16, "block", tuning=t, prefetch=5, block=5, window=3)
-    assert c.tuning == dataclasses.replace(t, prefetch=5) and c.ring_size == 7
+    assert c.tuning == dataclasses.replace(t, prefetch=5) and c.ring_size == 8
     assert isinstance(c.order, BlockShuffle) and (c.order.block, c.order.window) == (5, 3)
     d = pickle.loads(pickle.dumps(c))
     assert d.tuning == c.tuning and d.order == c.order
