@@ -146,12 +146,11 @@ import torch
 from .. import _sys
 from ..errors import LoaderResumeError, LoaderStateError
 from ..order import BlockShuffle, Order, Sequential
-from ..reader import Store
-from ._epoch import EpochBatches, EpochIterator
 from ._direct import DirectWindows
+from ._epoch import EpochBatches, EpochIterator
+from ._plan import LoaderPlan, plan_memory
 from ._reads import EpochReads, FieldFiles, WindowPrefetch, data_paths, open_field_files, prepare_store
 from ._ring import InFlight, Ring
-from ._plan import LoaderPlan, plan_memory
 from ._source import resolve_source, transform_call
 from ._state import STATE_VERSION, check_state, loader_identity
 from ._tuning import TUNING_FIELDS, LoaderTuning, split_tuning

@@ -66,8 +66,8 @@ def test_transform_draws_follow_epoch_and_batch(stores):
     a, b = _loader(stores["big"]), _loader(stores["big"])
     a.set_epoch(2)
     b.set_epoch(2)
-    ia, xa = _run(a)
-    ib, xb = _run(b)
+    _, xa = _run(a)
+    _, xb = _run(b)
     assert all(torch.equal(x, y) for x, y in zip(xa, xb)) and len(xa) == 19
     assert xa[0].shape == (16, 12, 12, 3)
     assert not torch.equal(xa[0], xa[1][: len(xa[0])])
@@ -109,7 +109,7 @@ def test_resume_any_point(stores, k, epoch, world):
     loader yields exactly the batches not yet delivered."""
     path = stores["big"]
     rank, ws = world
-    mk = lambda: Loader(path, 7, "permutation", seed=1, fields=("idx",), rank=rank, world_size=ws,  # noqa: E731
+    mk = lambda: Loader(path, 7, "permutation", seed=1, fields=("idx",), rank=rank, world_size=ws,
                         prefetch=2, threads=2)
     full = mk().order.epoch(epoch)
     L = mk()

@@ -3,6 +3,8 @@ of one as the store argument."""
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -57,7 +59,7 @@ def test_block_order_reads_subset_in_offset_order(stores):
     pos = L.order.epoch(0)
     assert np.array_equal(ids, np.sort(sub)[pos])
     bounds = L.order.window_bounds(0)
-    for a, b in zip(bounds[:-1], bounds[1:]):  # a window: 3 blocks, each a run of neighbouring subset records
+    for a, b in itertools.pairwise(bounds):  # a window: 3 blocks, each a run of neighbouring subset records
         p = np.sort(pos[a:b])
         assert np.count_nonzero(np.diff(p) != 1) <= 2
     assert np.array_equal(np.sort(sub), np.sort(ids))
