@@ -278,7 +278,7 @@ class EpochIterator:
 
     def _batch(self, k: int) -> dict[str, torch.Tensor]:
         ep = self._ep
-        # batch k - hold is released: its buffer takes batch k + prefetch
+        # the buffer of the oldest batch (k + prefetch - len(ring)) takes batch k + prefetch
         if k + self._prefetch < self.nbatches:
             ep.submit(k + self._prefetch)
         if ep.device is not None:

@@ -36,10 +36,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import LoaderResumeError
+from ..errors import LoaderResumeError, LoaderStateError
 from ..order import Order
 
-__all__ = ["STATE_VERSION", "check_state", "loader_identity", "order_state"]
+__all__ = ["STATE_VERSION", "Resumable", "check_state", "loader_identity", "order_state"]
 
 STATE_VERSION = 1
 
@@ -120,3 +120,69 @@ def _plain(v: Any) -> Any:
     if isinstance(v, (list, tuple)):
         return [_plain(x) for x in v]
     return v
+
+
+class Resumable:
+    """``Loader.state_dict`` / ``load_state_dict`` (the Loader's attributes
+    they use: ``store``, ``indices``, ``batch_size``, ``drop_last``,
+    ``order``, ``_active``, ``_epoch``, ``_next_epoch``, ``_resume``)."""
+
+    store: Any
+    indices: np.ndarray | None
+    batch_size: int
+    drop_last: bool
+    order: Order
+    _active: Any
+    _epoch: int | None
+    _next_epoch: int
+    _resume: tuple[int, int] | None
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def _identity(self) -> dict[str, Any]:
+        return loader_identity(
+            store_id=self.store.store_id, records=len(self.store), subset=self.indices,
+            batch_size=self.batch_size, drop_last=self.drop_last, order=self.order,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this loader is: the epoch and the batches of it delivered
+        (torchdata's ``StatefulDataLoader`` convention), with what a resume
+        must match (store, subset, batch size, order, seed, rank/world size).
+        Take it between batches (in the loop body, or between epochs); the
+        layout is in ``mmstore/torch/_state.py``."""
+        run = self._active() if self._active is not None else None
+        if run is not None and run.live():
+            epoch, done = run.epoch, run.offset + run.k
+            if done >= run.offset + run.nbatches:  # the epoch's last batch was delivered
+                epoch, done = epoch + 1, 0
+        elif self._resume is not None:
+            epoch, done = self._resume
+        else:
+            epoch, done = (self._next_epoch if self._epoch is None else self._epoch), 0
+        return {"version": STATE_VERSION, "epoch": int(epoch), "batches": int(done), **self._identity()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Resume from :meth:`state_dict`: the next iteration yields the
+        batches of its epoch not yet delivered (same order, same
+        ``transform`` draws), later ones the next epochs. A state of another
+        store, subset, batch size or order raises
+        :class:`~mmstore.errors.LoaderResumeError`."""
+        epoch, done = check_state(state, self._identity())
+        run = self._active() if self._active is not None else None
+        if run is not None and run.live():
+            raise LoaderStateError(
+                f"mmstore.torch.Loader.load_state_dict: epoch {run.epoch} is being iterated; end that loop "
+                "(or load the state before iterating)"
+            )
+        if done > len(self):
+            raise LoaderResumeError(
+                f"the Loader state says {done} batches of epoch {epoch} were delivered, but an epoch of this "
+                f"loader has {len(self)}; it was not taken from a loader like this one"
+            )
+        if done == len(self):
+            epoch, done = epoch + 1, 0
+        self._epoch = None
+        self._next_epoch = epoch
+        self._resume = (epoch, done) if done else None

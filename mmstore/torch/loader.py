@@ -42,7 +42,9 @@ epoch counter, the per-process resources: thread pool, ``preadv``
 descriptors, ring); ``_tuning.py`` the tuning knobs (:class:`LoaderTuning`);
 ``_ring.py`` the ring of buffers and one epoch's reads in flight;
 ``_epoch.py`` the epoch's batches and its iterator; ``_reads.py`` the read
-strategies (preadv, memmove, window prefetch, kernel hints).
+strategies (preadv, memmove, window prefetch, kernel hints); ``_source.py``
+the ``store`` argument (datasets, subsets, ``indices=``) and the
+``transform`` call; ``_state.py`` the resume state.
 
 Kept batches (the contract)
 ---------------------------
@@ -144,15 +146,16 @@ import numpy as np
 import torch
 
 from .. import _sys
-from ..errors import LoaderResumeError, LoaderStateError
+from ..errors import LoaderStateError
 from ..order import BlockShuffle, Order, Sequential
 from ._direct import DirectWindows
 from ._epoch import EpochBatches, EpochIterator
 from ._plan import LoaderPlan, plan_memory
-from ._reads import EpochReads, FieldFiles, WindowPrefetch, data_paths, open_field_files, prepare_store
+from ._reads import EpochReads, WindowPrefetch, data_paths, open_field_files, prepare_store
+from ._resources import Resources, check_device, check_pin_memory, torch_dtype
 from ._ring import InFlight, Ring
 from ._source import resolve_source, transform_call
-from ._state import STATE_VERSION, check_state, loader_identity
+from ._state import Resumable
 from ._tuning import TUNING_FIELDS, LoaderTuning, split_tuning
 from .dataset import image_fields
 from .sampler import build_order
@@ -160,7 +163,7 @@ from .sampler import build_order
 __all__ = ["Loader", "LoaderTuning"]
 
 
-class Loader:
+class Loader(Resumable):
     """Shuffled batches from a store, read by threads into reusable buffers.
 
     Parameters
@@ -275,7 +278,7 @@ class Loader:
         self.tuning, order_kw = split_tuning(tuning, kw)
         self.batch_size = int(batch_size)
         self.fields = tuple(self.store.field_list(src.defaults.get("fields") if fields is None else fields))
-        self.device, self._cuda = _check_device(device)
+        self.device, self._cuda = check_device(device)
         self.copy = bool(copy)
         # batches yielded straight from the ring are checked for references
         # (NOTE [kept batches] in _ring.py); one more buffer keeps the batch the
@@ -300,7 +303,7 @@ class Loader:
         if self.indices is not None and not isinstance(self.order, Sequential):
             self.indices = np.sort(self.indices, kind="stable")
         self.drop_last = bool(drop_last)
-        self.pin_memory = _check_pin_memory(pin_memory, self._cuda)
+        self.pin_memory = check_pin_memory(pin_memory, self._cuda)
         self.as_tuple = bool(src.defaults.get("as_tuple", False) if as_tuple is None else as_tuple)
         self.chw = bool(src.defaults.get("chw", False) if chw is None else chw)
         self.transform = transform
@@ -319,7 +322,7 @@ class Loader:
         self._resume: tuple[int, int] | None = None  # (epoch, batches delivered) from load_state_dict
         # per-process resources; released without blocking when the loader is
         # garbage (see "Lifetime" in the module docstring)
-        self._res = _Resources()
+        self._res = Resources()
         self._finalizer = weakref.finalize(self, self._res.release, False)
         self._active: weakref.ref[EpochIterator] | None = None  # the iterator of the epoch in progress
         self._tasks: InFlight | None = None  # the last epoch's reads: waited for before the ring is reused
@@ -346,53 +349,6 @@ class Loader:
         (0 for a loop that drops each batch)."""
         ring = self._res.ring
         return 0 if ring is None else ring.renewed
-
-    def _identity(self) -> dict[str, Any]:
-        return loader_identity(
-            store_id=self.store.store_id, records=len(self.store), subset=self.indices,
-            batch_size=self.batch_size, drop_last=self.drop_last, order=self.order,
-        )
-
-    def state_dict(self) -> dict[str, Any]:
-        """Where this loader is: the epoch and the batches of it delivered
-        (torchdata's ``StatefulDataLoader`` convention), with what a resume
-        must match (store, subset, batch size, order, seed, rank/world size).
-        Take it between batches (in the loop body, or between epochs); the
-        layout is in ``mmstore/torch/_state.py``."""
-        run = self._active() if self._active is not None else None
-        if run is not None and run.live():
-            epoch, done = run.epoch, run.offset + run.k
-            if done >= run.offset + run.nbatches:  # the epoch's last batch was delivered
-                epoch, done = epoch + 1, 0
-        elif self._resume is not None:
-            epoch, done = self._resume
-        else:
-            epoch, done = (self._next_epoch if self._epoch is None else self._epoch), 0
-        return {"version": STATE_VERSION, "epoch": int(epoch), "batches": int(done), **self._identity()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Resume from :meth:`state_dict`: the next iteration yields the
-        batches of its epoch not yet delivered (same order, same
-        ``transform`` draws), later ones the next epochs. A state of another
-        store, subset, batch size or order raises
-        :class:`~mmstore.errors.LoaderResumeError`."""
-        epoch, done = check_state(state, self._identity())
-        run = self._active() if self._active is not None else None
-        if run is not None and run.live():
-            raise LoaderStateError(
-                f"mmstore.torch.Loader.load_state_dict: epoch {run.epoch} is being iterated; end that loop "
-                "(or load the state before iterating)"
-            )
-        if done > len(self):
-            raise LoaderResumeError(
-                f"the Loader state says {done} batches of epoch {epoch} were delivered, but an epoch of this "
-                f"loader has {len(self)}; it was not taken from a loader like this one"
-            )
-        if done == len(self):
-            epoch, done = epoch + 1, 0
-        self._epoch = None
-        self._next_epoch = epoch
-        self._resume = (epoch, done) if done else None
 
     def __len__(self) -> int:
         n = len(self.order)
@@ -612,7 +568,7 @@ class Loader:
         if not res.files:
             res.files = open_field_files(self.store, self.fields, self.tuning.method)
         if res.ring is None:
-            shapes = {f: (self.store.schema[f].shape, _torch_dtype(self.store.schema[f].dtype)) for f in self.fields}
+            shapes = {f: (self.store.schema[f].shape, torch_dtype(self.store.schema[f].dtype)) for f in self.fields}
             res.ring = Ring(self.ring_size, self.batch_size, shapes, self.pin_memory)
 
     def _do_warm(self) -> None:
@@ -664,84 +620,3 @@ def _block_sizes(kw: dict[str, Any], n: int, record_bytes: int, window_bytes: in
     blocks = max(1, -(-n // int(block)))
     window = min(blocks, max(1, window_bytes // (int(block) * record_bytes)))
     return {**kw, "block": block, "window": window}
-
-
-def _check_device(device: str | torch.device | None) -> tuple[torch.device | None, bool]:
-    """``(the device, whether it is CUDA)``; CUDA must be available."""
-    dev = torch.device(device) if device is not None else None
-    cuda = dev is not None and dev.type == "cuda"
-    if cuda and not torch.cuda.is_available():
-        raise RuntimeError(f"device={device!r} but torch.cuda.is_available() is False")
-    if dev is not None and dev.type not in ("cuda", "cpu"):
-        raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
-    return dev, cuda
-
-
-def _check_pin_memory(pin_memory: bool | None, cuda: bool) -> bool:
-    """Pinned memory by default with a CUDA device; a warning without CUDA."""
-    if pin_memory is None:
-        pin_memory = cuda
-    if pin_memory and not torch.cuda.is_available():
-        warnings.warn(
-            "mmstore.torch.Loader: pin_memory=True needs CUDA, which is not available; "
-            "using ordinary memory", UserWarning, stacklevel=3,
-        )
-        return False
-    return bool(pin_memory)
-
-
-def _torch_dtype(dtype: np.dtype) -> torch.dtype:
-    return torch.from_numpy(np.empty(0, dtype)).dtype
-
-
-class _Resources:
-    """A Loader's resources in one process: the reader pool, the ``preadv``
-    files, the ring, a background warm pass. Referenced by the loader and by
-    its ``weakref.finalize``; references neither the loader nor an epoch."""
-
-    def __init__(self) -> None:
-        self.pid = -1
-        self.pool: ThreadPoolExecutor | None = None
-        self.files: dict[str, FieldFiles] = {}
-        self.ring: Ring | None = None
-        self.warm_handle: _sys.WarmHandle | None = None
-
-    def adopt(self) -> None:
-        """Start clean in this process. After ``fork`` the parent's pool, its
-        futures and its warm thread do not run here and their locks may be
-        held forever: they are dropped untouched; the descriptors are this
-        process's own copies and are closed."""
-        self.pool = None
-        self.warm_handle = None
-        self._close_files()
-        self.ring = None
-        self.pid = os.getpid()
-
-    def release(self, wait: bool) -> None:
-        """Shut the pool down, close the descriptors, drop the ring.
-
-        ``wait=False`` (the finalizer of a loader that became garbage, which
-        may run in any thread, a pool thread included) blocks on nothing:
-        queued reads are cancelled and the threads exit when their current
-        read is done (nothing of the loader is left for them to write into)."""
-        if self.pid != os.getpid():  # inherited through fork: nothing here is ours to stop
-            self.adopt()
-            return
-        pool, self.pool = self.pool, None
-        if pool is not None:
-            pool.shutdown(wait=wait, cancel_futures=True)
-        warm, self.warm_handle = self.warm_handle, None
-        if warm is not None:
-            warm.stop()
-            if wait:
-                try:
-                    warm.join()
-                except Exception:  # noqa: BLE001 - a failed warm pass is not fatal at close
-                    pass
-        self._close_files()
-        self.ring = None
-
-    def _close_files(self) -> None:
-        files, self.files = self.files, {}
-        for ff in files.values():
-            ff.close()
