@@ -40,7 +40,12 @@ class Ring:
     refilled: more than the base means something outside the loader still
     holds a batch of that buffer, so the buffer is left to it and the slot
     gets a fresh one (``renewed`` counts them). A copy (``.clone()``,
-    ``.cuda()``, ``.float()``) holds nothing of the buffer."""
+    ``.cuda()``, ``.float()``) holds nothing of the buffer. A fresh buffer is
+    pinned when the ring is; the pinned-memory guard (a CUDA event per
+    buffer, ``_epoch.EpochBatches``) applies to it as to the old one. The
+    window pass's buffers (``_reads``, ``_direct``) are never yielded: rows
+    are copied out of them into these buffers, so they need no check.
+    The CUDA path yields fresh GPU tensors and does not check."""
 
     def __init__(
         self, size: int, batch_size: int, shapes: Mapping[str, tuple[tuple[int, ...], torch.dtype]],

@@ -233,3 +233,42 @@ def test_resume_in_a_new_process(stores, tmp_path, kind, ws, rank):
     assert np.array_equal(torch.cat(r_ids).numpy(), ref.order.epoch(0))
     assert ref.order == Loader(path, 16, kind, seed=3, rank=rank, world_size=ws).order
     assert isinstance(ref.order, Permutation) == (kind == "permutation")
+
+
+@pytest.mark.parametrize("mode", ["page cache windows", "O_DIRECT windows", "sequential windows"])
+def test_resume_with_the_window_pass(stores, monkeypatch, mode):
+    """A resumed epoch whose store is read ahead in windows (the pass starts
+    at the window of the first batch left): the remaining records exact."""
+    from mmstore import open as open_store
+    from mmstore.order import BlockShuffle
+    from mmstore.torch import _reads
+    from mmstore.torch import loader as loader_mod
+
+    path = stores["big"]
+    ref = open_store(path)
+    monkeypatch.setattr(_reads, "resident_fraction", lambda paths: 0.0)  # not cached: the window pass runs
+    order = "sequential" if mode.startswith("sequential") else BlockShuffle(len(ref), 5, 4, seed=2)
+    kw = {}
+    if mode.startswith("O_DIRECT"):
+        monkeypatch.setattr(loader_mod, "DIRECT_MIN_CACHE", 0)
+        rec = sum(ref.schema[f].nbytes for f in ref.fields)
+        kw = {"mem_bytes": 64 * rec}
+    mk = lambda: Loader(path, 7, order, threads=3, **kw)  # noqa: E731
+    L = mk()
+    assert L.describe()["readahead"] == "windows"
+    assert L.describe()["window_direct"] == mode.startswith("O_DIRECT")
+    for k in (3, 20):
+        it = iter(L)
+        head = [next(it)["idx"].clone() for _ in range(k)]
+        state = L.state_dict()
+        del it
+        M = mk()
+        M.load_state_dict(state)
+        got = [{f: v.clone() for f, v in b.items()} for b in M]
+        ids = torch.cat(head + [g["idx"] for g in got]).numpy()
+        assert np.array_equal(ids, L.order.epoch(state["epoch"]))
+        for g in got:
+            want = ref.read_batch(g["idx"].numpy())
+            assert np.array_equal(g["image"].numpy(), want["image"])
+        M.close()
+        L.close()
