@@ -62,8 +62,9 @@ loader:`` with the loop variable rebound each step) never triggers it: the
 ``+ 1`` buffer is the one the loop variable still holds while ``next()``
 runs: up to ``hold`` yielded batches may still be referenced during
 ``next()``, the loop variable included, without fresh allocations (``prev =
-batch`` at the end of the body needs no more than ``hold=1``). Copies (``.clone()``, ``.cuda()``, ``.float()``,
-a ``transform``'s output) hold nothing of the ring. ``copy=True`` yields a
+batch`` at the end of the body needs no more than ``hold=1``). Copies
+(``.clone()``, ``.cuda()``, ``.float()``, a ``transform``'s output) hold
+nothing of the ring. ``copy=True`` yields a
 copy of every batch (one ring of ``prefetch + hold`` buffers, no check).
 Writing into a yielded batch changes only that batch.
 
@@ -283,7 +284,7 @@ class Loader(Resumable):
         # batches yielded straight from the ring are checked for references
         # (NOTE [kept batches] in _ring.py); one more buffer keeps the batch the
         # loop variable still holds during next() out of the refill
-        self._check = self._check_kept and not self.copy and not self._cuda
+        self._check = int(self._check_kept and not self.copy and not self._cuda)
         n = len(self.store) if src.indices is None else len(src.indices)
         rb = max(1, sum(self.store.schema[f].nbytes for f in self.fields))  # decoded: the ring's
         sb = self.store.stored_record_bytes(self.fields)  # on disk: the page cache's and the windows'
@@ -407,7 +408,9 @@ class Loader(Resumable):
         ``mmstore/torch/_plan.py``) whose ``str()`` reads as sentences.
 
         Keys: ``budget`` (bytes it may fill), ``budget_source``,
-        ``cgroup_limit``, ``batch_bytes``, ``prefetch``, ``hold``,
+        ``cgroup_limit``, ``batch_bytes``, ``prefetch``, ``hold``
+        (``tuning.hold``, + 1 when CPU batches are yielded without a copy:
+        the buffer of the batch the loop variable holds),
         ``ring_bytes``, ``cache_bytes`` (budget - ring), ``store_bytes`` (the
         fields read), ``fits``, ``window_bytes``, ``order``, ``block`` and
         ``window`` (block shuffles), ``readahead`` (``"windows"`` or ``"per
