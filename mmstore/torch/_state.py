@@ -24,7 +24,9 @@ A state taken after the last batch of an epoch (or between epochs) is
 (:class:`~mmstore.errors.LoaderResumeError`) a state of another store
 (``store_id``, ``records``), subset, ``batch_size``, ``drop_last`` or order
 (kind and every parameter, seed and rank/world_size included): resuming it
-would not give the remaining batches.
+would not give the remaining batches. ``store_id`` is the manifest's, random
+per store and kept by a copy of its folder: a state resumes on a copy of the
+store (a node's local NVMe copy), not on a new ingest of the same data.
 """
 
 from __future__ import annotations
