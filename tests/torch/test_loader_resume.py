@@ -253,7 +253,7 @@ def test_resume_with_the_window_pass(stores, monkeypatch, mode):
         monkeypatch.setattr(loader_mod, "DIRECT_MIN_CACHE", 0)
         rec = sum(ref.schema[f].nbytes for f in ref.fields)
         kw = {"mem_bytes": 64 * rec}
-    mk = lambda: Loader(path, 7, order, threads=3, **kw)  # noqa: E731
+    mk = lambda: Loader(path, 7, order, threads=3, **kw)
     L = mk()
     assert L.describe()["readahead"] == "windows"
     assert L.describe()["window_direct"] == mode.startswith("O_DIRECT")
