@@ -20,9 +20,11 @@ __all__ = [
     "IncompleteStoreError",
     "IngestError",
     "LabelMappingError",
+    "LoaderResumeError",
     "LoaderStateError",
     "LockedError",
     "MmstoreError",
+    "RecordIndexError",
     "ResourceLimitError",
     "ResumeMismatchError",
     "SchemaError",
@@ -150,3 +152,16 @@ class LabelMappingError(MmstoreError, ValueError):
     """An ingest was given a class-name -> label mapping (``--classes-from``,
     ``--label-names``) that does not cover the source's classes; the message
     lists the classes that are missing from the mapping."""
+
+
+class LoaderResumeError(LoaderStateError, StateMismatchError):
+    """``Loader.load_state_dict`` was given a state this loader cannot
+    resume: another store, subset, batch size or order, or an unknown state
+    version. The message names the key that differs, both values, and what
+    to build instead."""
+
+
+class RecordIndexError(MmstoreError, IndexError):
+    """A record index given to the torch layer (``Loader(indices=...)``, a
+    ``Subset``) is outside the store, or not an integer; the message gives
+    the first bad index and the store's length."""

@@ -7,6 +7,9 @@
 - :class:`Loader`: batches read by threads into a ring of reusable (pinned)
   buffers, optional asynchronous copy to the GPU; no worker processes.
   :class:`LoaderTuning`: its tuning knobs in one object.
+- :func:`classification_loader`: a ``Loader`` yielding ``(images, target)``
+  (float, normalised, CHW, on the device; int64 labels) with the ImageNet
+  training or evaluation transform.
 - :mod:`mmstore.torch.gpu`: ``normalize``, ``random_flip`` batch-wise on any device.
 - :mod:`mmstore.torch.augment`: torchvision-style augmentation of whole
   batches (random resized crop, random crop, flip, colour jitter,
@@ -19,9 +22,11 @@ from . import augment, gpu
 from ._tuning import LoaderTuning
 from .dataset import StoreBatch, StoreDataset, collate
 from .loader import Loader
+from .presets import ClassificationTransform, classification_loader
 from .sampler import OrderBatchSampler, OrderSampler, build_order
 
 __all__ = [
+    "ClassificationTransform",
     "Loader",
     "LoaderTuning",
     "OrderBatchSampler",
@@ -30,6 +35,7 @@ __all__ = [
     "StoreDataset",
     "augment",
     "build_order",
+    "classification_loader",
     "collate",
     "gpu",
 ]

@@ -39,7 +39,7 @@ class Cancelled(Exception):
 
 class EpochBatches:
     """Batch ``k`` of an epoch is rows ``[k * batch_size, (k + 1) * batch_size)``
-    of ``idx``, read into ring buffer ``k % len(ring)`` in pieces of
+    of ``idx``, read into ring buffer ``(ring.cursor + k) % len(ring)`` in pieces of
     ``reads.piece_rows`` rows, one pool task each (so ``threads`` reads are in
     flight even for one batch). The first ``prefetch`` batches are queued at
     once; :meth:`submit` queues the others as buffers come free.
@@ -48,6 +48,9 @@ class EpochBatches:
     ``guard_pinned``: CPU batches in pinned memory; the refill of a buffer
     waits for a CUDA event recorded on the current stream at the ``next()``
     that released it (a user's ``batch.cuda(non_blocking=True)``).
+    ``check_kept``: the buffers' batches are yielded as they are (CPU, no
+    copy); a buffer whose batch is still referenced is not refilled but
+    replaced by a fresh one (``Ring.claim``, NOTE [kept batches]).
 
     ``owner`` (the loader) is only kept alive, never used: while a read of
     this epoch is queued or running, its loader is not garbage, so the
@@ -57,7 +60,7 @@ class EpochBatches:
         self, idx: np.ndarray, *, batch_size: int, drop_last: bool, prefetch: int, ring: Ring,
         pool: ThreadPoolExecutor, reads: EpochReads, inflight: InFlight,
         window: WindowPrefetch | DirectWindows | None,
-        device: torch.device | None, guard_pinned: bool, owner: object,
+        device: torch.device | None, guard_pinned: bool, owner: object, check_kept: bool = False,
     ) -> None:
         self._owner = owner
         self.idx = idx
@@ -66,8 +69,10 @@ class EpochBatches:
         self.nbatches = n // batch_size if drop_last else -(-n // batch_size)
         self.ring, self.pool, self.reads, self.inflight, self.window = ring, pool, reads, inflight, window
         self.R = len(ring)
+        self.base = ring.cursor  # batch k goes into buffer (base + k) % R: the ring cycles on across epochs
         self.device = device
         self.guard_pinned = guard_pinned
+        self.check_kept = check_kept
         self.events: list[Any] = [None] * self.R
         self.stream = None
         if device is not None:
@@ -86,13 +91,17 @@ class EpochBatches:
     def cancelled(self) -> bool:
         return self.inflight.cancelled
 
+    def slot(self, k: int) -> int:
+        """The ring buffer of batch ``k``."""
+        return (self.base + k) % self.R
+
     def bounds(self, k: int) -> tuple[int, int]:
         bs = self.batch_size
         return k * bs, min((k + 1) * bs, len(self.idx))
 
     def submit(self, k: int) -> None:
         """Queue the reads of batch ``k`` into its ring buffer."""
-        s = k % self.R
+        s = self.slot(k)
         a, b = self.bounds(k)
         idx = self.idx[a:b]
         if self.cancelled:
@@ -106,11 +115,12 @@ class EpochBatches:
         if self.window is not None:
             wait_win = self.window.window_of(b - 1)
             self.window.ask(wait_win)
+        views = self.ring.claim(s) if self.check_kept else self.ring.views[s]
         futs: list[Any] = []
         try:
             for lo in range(0, len(idx), self.reads.piece_rows):
                 hi = min(lo + self.reads.piece_rows, len(idx))
-                futs.append(self.pool.submit(self._task, idx, self.ring.views[s], lo, hi, ev, wait_win, a))
+                futs.append(self.pool.submit(self._task, idx, views, lo, hi, ev, wait_win, a))
             self.inflight.futs[s] = futs
             self._submit_hint(k + self.reads.willneed)
         except RuntimeError:  # the pool was shut down: Loader.close() from another thread
@@ -149,7 +159,7 @@ class EpochBatches:
 
     def wait_batch(self, k: int) -> None:
         """Wait for batch ``k``'s reads; raise the first error among them."""
-        futs = self.inflight.wait_slot(k % self.R)
+        futs = self.inflight.wait_slot(self.slot(k))
         if self.cancelled:
             raise Cancelled()
         for f in futs:
@@ -161,7 +171,7 @@ class EpochBatches:
 
     def host_batch(self, k: int) -> dict[str, torch.Tensor]:
         a, b = self.bounds(k)
-        return self.ring.batch(k, b - a)
+        return self.ring.batch(self.slot(k), b - a)
 
     def to_gpu(self, k: int) -> tuple[dict[str, torch.Tensor], Any]:
         """Issue the copy of host batch ``k`` on the side stream; return the
@@ -172,7 +182,7 @@ class EpochBatches:
             gpu = {f: t.to(self.device, non_blocking=True) for f, t in host.items()}
             ev = torch.cuda.Event()
             ev.record(self.stream)
-        self.events[k % self.R] = ev  # the reader of this buffer's next batch waits for it
+        self.events[self.slot(k)] = ev  # the reader of this buffer's next batch waits for it
         return gpu, ev
 
 
@@ -180,8 +190,11 @@ class EpochIterator:
     """The iterator ``iter(loader)`` returns: one pass over one epoch.
 
     ``on_used(epoch)`` is called once the epoch counts as used (its second
-    batch, or its end); ``wrap`` turns a batch of tensors into what is
-    yielded. Both are the loader's, so the iterator keeps its loader alive;
+    batch, or its end; the first batch of an epoch resumed mid-way);
+    ``wrap(tensors, epoch, batch_index)`` turns a batch of tensors into what
+    is yielded. ``offset``: the batches of the epoch before the first one
+    read (a resume, ``Loader.load_state_dict``); batch ``k`` of
+    ``batches`` is batch ``offset + k`` of the epoch. Both are the loader's, so the iterator keeps its loader alive;
     the loader keeps only a weak reference to the iterator, so dropping the
     iterator (``break``, ``del``, an exception) ends the epoch at once, by
     reference counting, without blocking: queued reads are cancelled and the
@@ -191,13 +204,15 @@ class EpochIterator:
 
     def __init__(
         self, batches: EpochBatches, epoch: int, *, prefetch: int, copy: bool,
-        on_used: Callable[[int], None], wrap: Callable[[dict[str, torch.Tensor]], Any],
+        on_used: Callable[[int], None], wrap: Callable[[dict[str, torch.Tensor], int, int], Any],
+        offset: int = 0,
     ) -> None:
         self._ep = batches
         self.inflight = batches.inflight
         self.epoch = epoch
         self.nbatches = batches.nbatches
-        self.k = 0  # next batch to yield
+        self.k = 0  # next batch to yield (of ``batches``)
+        self.offset = offset
         self._prefetch = prefetch
         self._copy = copy
         self._on_used = on_used
@@ -257,13 +272,13 @@ class EpochIterator:
             self._end()
             raise
         self.k = k + 1
-        if k == 1:  # a second batch: not a peek; the epoch number is used
+        if k == 1 or (k == 0 and self.offset):  # a second batch (not a peek), or a resume: the epoch is used
             self._on_used(self.epoch)
-        return self._wrap(out)
+        return self._wrap(out, self.epoch, self.offset + k)
 
     def _batch(self, k: int) -> dict[str, torch.Tensor]:
         ep = self._ep
-        # batch k - hold is released: its buffer takes batch k + prefetch
+        # the buffer of the oldest batch (k + prefetch - len(ring)) takes batch k + prefetch
         if k + self._prefetch < self.nbatches:
             ep.submit(k + self._prefetch)
         if ep.device is not None:

@@ -1,8 +1,9 @@
 """The Loader's ring of batch buffers, and the reads in flight into it.
 
-``Ring`` is ``prefetch + hold`` reusable batch buffers (torch tensors,
-optionally pinned, with numpy views of the same memory for the reader
-threads); batch ``k`` of an epoch goes into buffer ``k % len(ring)``.
+``Ring`` is ``prefetch + hold`` (+ 1) reusable batch buffers (torch
+tensors, optionally pinned, with numpy views of the same memory for the
+reader threads); batch ``k`` of an epoch goes into buffer ``(cursor + k) %
+len(ring)``, ``cursor`` the buffer after the last one yielded.
 ``InFlight`` is one epoch's reads into a ring (futures per buffer), and
 whether that epoch was cancelled; the loader waits for it before the ring is
 reused. See "Buffer lifetime" and "Lifetime" in ``loader.py``'s docstring.
@@ -27,26 +28,81 @@ class Ring:
     """``size`` batch buffers of ``batch_size`` rows per field.
 
     ``shapes`` maps a field to ``(record shape, torch dtype)``. ``slots[s]``
-    are the tensors the loader yields, ``views[s]`` numpy views of the same
-    memory, which the reader threads write into."""
+    are the loader's tensors of buffer ``s`` (never yielded themselves:
+    :meth:`batch` yields views of them), ``views[s]`` numpy views of the same
+    memory, which the reader threads write into.
+
+    NOTE [kept batches]: a yielded tensor, and every view of it (a slice,
+    ``permute``, ``.numpy()``, a tuple or dict holding it), holds a reference
+    to its buffer's storage (``StorageImpl``'s use count); the ring's own
+    tensors and numpy views hold a fixed number, counted in ``_base`` when the
+    buffer is allocated. :meth:`claim` compares the two before a buffer is
+    refilled: more than the base means something outside the loader still
+    holds a batch of that buffer, so the buffer is left to it and the slot
+    gets a fresh one (``renewed`` counts them). A copy (``.clone()``,
+    ``.cuda()``, ``.float()``) holds nothing of the buffer. A fresh buffer is
+    pinned when the ring is; the pinned-memory guard (a CUDA event per
+    buffer, ``_epoch.EpochBatches``) applies to it as to the old one. The
+    window pass's buffers (``_reads``, ``_direct``) are never yielded: rows
+    are copied out of them into these buffers, so they need no check.
+    The CUDA path yields fresh GPU tensors and does not check."""
 
     def __init__(
         self, size: int, batch_size: int, shapes: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
         pin_memory: bool,
     ) -> None:
-        self.slots: list[dict[str, torch.Tensor]] = [
-            {f: torch.empty((batch_size, *shape), dtype=dt, pin_memory=pin_memory) for f, (shape, dt) in shapes.items()}
-            for _ in range(size)
-        ]
-        self.views: list[dict[str, np.ndarray]] = [{f: t.numpy() for f, t in slot.items()} for slot in self.slots]
+        self._shapes = dict(shapes)
+        self._rows = batch_size
+        self._pin = pin_memory
+        self.slots: list[dict[str, torch.Tensor]] = []
+        self.views: list[dict[str, np.ndarray]] = []
+        self._base: list[dict[str, int]] = []
+        for _ in range(size):
+            self.slots.append({})
+            self.views.append({})
+            self._base.append({})
+            self._alloc(len(self.slots) - 1)
+        self.renewed = 0  # buffers replaced because a yielded batch was still referenced
+        self.cursor = 0  # the buffer of the next epoch's first batch
+
+    def _alloc(self, s: int) -> None:
+        slot = {f: torch.empty((self._rows, *shape), dtype=dt, pin_memory=self._pin)
+                for f, (shape, dt) in self._shapes.items()}
+        self.slots[s] = slot
+        self.views[s] = {f: t.numpy() for f, t in slot.items()}
+        self._base[s] = {f: _uses(t) for f, t in slot.items()}
 
     def __len__(self) -> int:
         return len(self.slots)
 
-    def batch(self, k: int, rows: int) -> dict[str, torch.Tensor]:
-        """The first ``rows`` rows of batch ``k``'s buffer (no copy)."""
-        slot = self.slots[k % len(self.slots)]
-        return {f: (t if rows == t.shape[0] else t[:rows]) for f, t in slot.items()}
+    def referenced(self, s: int) -> bool:
+        """Whether a batch yielded from buffer ``s`` is still referenced
+        outside the loader (NOTE [kept batches])."""
+        base = self._base[s]
+        return any(_uses(t) != base[f] for f, t in self.slots[s].items())
+
+    def claim(self, s: int) -> dict[str, np.ndarray]:
+        """Buffer ``s``'s numpy views, to be refilled: a fresh buffer when a
+        yielded batch of the old one is still referenced (the caller keeps it)."""
+        if self.referenced(s):
+            self._alloc(s)
+            self.renewed += 1
+        return self.views[s]
+
+    def batch(self, s: int, rows: int) -> dict[str, torch.Tensor]:
+        """The first ``rows`` rows of buffer ``s`` (no copy; always a new
+        view, so the yielded tensors are never the ring's own). The next
+        epoch starts with the buffer after it (``cursor``): the buffers
+        refilled first are those of the oldest batches, not the one the
+        loop variable still holds."""
+        self.cursor = (s + 1) % len(self.slots)
+        return {f: t[:rows] for f, t in self.slots[s].items()}
+
+
+def _uses(t: torch.Tensor) -> int:
+    """References to ``t``'s storage (tensors and views of it). The count
+    includes the temporary storage object of this call, the same in every call."""
+    return int(torch._C._storage_Use_Count(t.untyped_storage()._cdata))
 
 
 class InFlight:

@@ -33,8 +33,11 @@ class LoaderTuning:
         1..4 whose ring of ``prefetch + hold`` batches takes at most a quarter
         of it (``_plan.py``; ``Loader.describe()`` says what was chosen).
     hold : int, default 1
-        How many of the most recent batches stay valid (the buffer contract
-        in ``mmstore.torch.loader``'s docstring).
+        How many yielded batches the loop may still reference while
+        ``next()`` runs (the loop variable counts as one) without the loader
+        allocating a fresh buffer; batches kept longer are never overwritten
+        either, they cost a fresh buffer ("Kept batches" in
+        ``mmstore.torch.loader``'s docstring).
     threads : int, optional
         Reader threads (default 16: queue depth for cold reads; the reads
         release the GIL).

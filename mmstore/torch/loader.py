@@ -42,21 +42,31 @@ epoch counter, the per-process resources: thread pool, ``preadv``
 descriptors, ring); ``_tuning.py`` the tuning knobs (:class:`LoaderTuning`);
 ``_ring.py`` the ring of buffers and one epoch's reads in flight;
 ``_epoch.py`` the epoch's batches and its iterator; ``_reads.py`` the read
-strategies (preadv, memmove, window prefetch, kernel hints).
+strategies (preadv, memmove, window prefetch, kernel hints); ``_source.py``
+the ``store`` argument (datasets, subsets, ``indices=``) and the
+``transform`` call; ``_state.py`` the resume state.
 
-Buffer lifetime (the contract)
-------------------------------
-The loader owns a ring of ``prefetch + hold`` batch buffers and reuses them.
-**A CPU batch yielded by the loader stays valid until the call of ``next()``
-that yields the ``hold``-th batch after it** (that call starts refilling its
-buffer): with the default ``hold=1`` a batch is valid until the next
-``next()`` call on the iterator, i.e. for the body of a plain
-``for batch in loader:`` loop; with ``hold=2`` the previous batch is also
-still intact, and so on. To keep a batch longer, ``.clone()`` what you
-keep, raise ``hold``, or pass ``copy=True`` (every batch is then a fresh
-copy). ``batch[...]`` tensors of the last batch stay valid until the next
-epoch starts. Never write into a yielded batch if you expect later batches to
-be unaffected by it (buffers are overwritten, not reallocated).
+Kept batches (the contract)
+---------------------------
+**A batch the loader yielded never changes afterwards**, whatever the loop
+does with it: ``ys = [y for _, y in loader]`` keeps every label intact. The
+loader owns a ring of ``prefetch + hold + 1`` reusable batch buffers and
+yields CPU batches as views of them, without a copy. Before it refills a
+buffer it checks whether anything outside the loader still references a
+batch of it (a tensor, a slice ``batch[0:2]``, the ``chw`` permuted view,
+``.numpy()`` of it, a list, tuple or dict holding one: their storage's
+reference count, NOTE [kept batches] in ``_ring.py``); if so the buffer is
+left to the user and the ring takes a fresh one (counted by
+``Loader.fresh_buffers``). A loop that drops each batch (``for batch in
+loader:`` with the loop variable rebound each step) never triggers it: the
+``+ 1`` buffer is the one the loop variable still holds while ``next()``
+runs: up to ``hold`` yielded batches may still be referenced during
+``next()``, the loop variable included, without fresh allocations (``prev =
+batch`` at the end of the body needs no more than ``hold=1``). Copies
+(``.clone()``, ``.cuda()``, ``.float()``, a ``transform``'s output) hold
+nothing of the ring. ``copy=True`` yields a
+copy of every batch (one ring of ``prefetch + hold`` buffers, no check).
+Writing into a yielded batch changes only that batch.
 
 With ``device="cuda"`` the batch is copied (uint8, non-blocking, from pinned
 host buffers) on a side stream; the yielded GPU tensors are fresh
@@ -87,6 +97,17 @@ Lifetime: epochs, threads, processes (the contract)
   yields its *second* batch (or is exhausted). A peek,
   ``next(iter(loader))``, used nothing: the next loop runs the same epoch
   from its first batch (a capped loop of two or more batches moves on).
+  The rule shared with :class:`~mmstore.torch.OrderSampler`: **an epoch
+  that was used moves the next iteration to the next epoch by itself;
+  ``set_epoch`` always wins** (so ``set_epoch(epoch)`` each epoch, as with
+  ``DistributedSampler``, and no ``set_epoch`` at all give the same epochs).
+* **Resume.** ``state_dict()`` between batches says which epoch and how many
+  of its batches were delivered; ``load_state_dict()`` (in this process or a
+  new one) makes the next iteration yield exactly the remaining batches of
+  that epoch, in the same order and with the same ``transform`` draws, and
+  the iterations after it the next epochs. ``set_epoch`` with the state's
+  epoch keeps the resume; another epoch drops it (``_state.py`` has the
+  layout and what must match).
 * **Threads.** An iterator is consumed by one thread at a time: a
   ``next()`` while another thread is inside ``next()`` raises
   ``LoaderStateError`` (and so does a second thread's ``iter(loader)``, by
@@ -128,25 +149,30 @@ import torch
 from .. import _sys
 from ..errors import LoaderStateError
 from ..order import BlockShuffle, Order, Sequential
-from ..reader import Store
-from ._epoch import EpochBatches, EpochIterator
 from ._direct import DirectWindows
-from ._reads import EpochReads, FieldFiles, WindowPrefetch, data_paths, open_field_files, prepare_store
-from ._ring import InFlight, Ring
+from ._epoch import EpochBatches, EpochIterator
 from ._plan import LoaderPlan, plan_memory, widen_ring
+from ._reads import EpochReads, WindowPrefetch, data_paths, open_field_files, prepare_store
+from ._resources import Resources, check_device, check_pin_memory, torch_dtype
+from ._ring import InFlight, Ring
+from ._source import resolve_source, transform_call
+from ._state import Resumable
 from ._tuning import TUNING_FIELDS, LoaderTuning, split_tuning
-from .dataset import image_fields, open_store_arg
+from .dataset import image_fields
 from .sampler import build_order
 
 __all__ = ["Loader", "LoaderTuning"]
 
 
-class Loader:
+class Loader(Resumable):
     """Shuffled batches from a store, read by threads into reusable buffers.
 
     Parameters
     ----------
-    store : mmstore.Store or path
+    store : mmstore.Store, path, StoreDataset or Subset
+        What to read. A :class:`StoreDataset` gives its store and its
+        ``fields``/``as_tuple``/``chw`` (defaults for the loader's); a
+        ``torch.utils.data.Subset`` of one (nested ones too) also its indices.
     batch_size : int
     order : Order or str, default "permutation"
         An :class:`mmstore.order.Order`, or a kind name (``"permutation"``,
@@ -166,9 +192,29 @@ class Loader:
         queued on the current CUDA stream before the ``next()`` that released
         it (a ``batch.cuda(non_blocking=True)``) is done.
     copy : bool, default False
-        Yield a fresh copy of every batch (no lifetime limit; costs a copy).
+        Yield a fresh copy of every batch. Not needed for correctness: by
+        default batches are yielded without a copy and a batch still
+        referenced when its buffer comes round again keeps that buffer (see
+        "Kept batches" in the module docstring).
     as_tuple, chw : bool
-        As for :class:`StoreDataset`.
+        As for :class:`StoreDataset` (default: the dataset's, else False).
+    indices : array of int, optional
+        Read only these records (record indices of the store; negative ones
+        from the end; out of range: :class:`~mmstore.errors.RecordIndexError`).
+        Every entry once per epoch (a record listed twice is read twice),
+        split over ranks like the whole store. The order runs over the
+        subset's positions: ``"sequential"`` keeps the given order, shuffled
+        orders take the subset sorted by record first (so ``"block"`` reads
+        runs of neighbouring records).
+    transform : callable, optional
+        Called on every batch in the consumer's thread (inside ``next()``),
+        after it is on ``device``, with what would be yielded (the dict, or
+        the tuple with ``as_tuple``); its result is yielded. When it takes
+        the keywords ``epoch`` and ``batch_index`` (as
+        :class:`mmstore.torch.augment.Pipeline` does) it is called as
+        ``transform(batch, epoch=e, batch_index=k)`` with batch ``k`` of
+        epoch ``e`` (this rank's numbering), the same after a resume; else
+        ``transform(batch)``.
     seed, rank, world_size, rank_drop_last
         For building ``order`` from a kind (``rank_drop_last`` is
         ``DistributedSampler``'s ``drop_last``).
@@ -183,7 +229,8 @@ class Loader:
         back as attributes too (``loader.prefetch``, ``loader.hold`` ...).
 
     Iterating yields one epoch; the epoch is the one set with
-    :meth:`set_epoch`, else one more than the last one used (starting at 0).
+    :meth:`set_epoch`, else one more than the last one used (starting at 0),
+    resumed mid-way after :meth:`load_state_dict`.
     One epoch runs at a time: ``iter()`` while an iterator is live raises
     :class:`~mmstore.errors.LoaderStateError` (see the module docstring,
     "Lifetime", for peeks, threads, ``close``, ``fork`` and pickling).
@@ -204,7 +251,7 @@ class Loader:
 
     def __init__(
         self,
-        store: Store | str | os.PathLike[str],
+        store: Any,
         batch_size: int,
         order: Order | str = "permutation",
         *,
@@ -213,8 +260,10 @@ class Loader:
         device: str | torch.device | None = None,
         pin_memory: bool | None = None,
         copy: bool = False,
-        as_tuple: bool = False,
-        chw: bool = False,
+        as_tuple: bool | None = None,
+        chw: bool | None = None,
+        indices: Any = None,
+        transform: Any = None,
         seed: int = 0,
         rank: int | None = None,
         world_size: int | None = None,
@@ -222,32 +271,44 @@ class Loader:
         tuning: LoaderTuning | None = None,
         **kw: Any,
     ) -> None:
-        self._own_store = not isinstance(store, Store)
-        self.store = open_store_arg(store)
+        src = resolve_source(store, indices)
+        self._own_store = src.own
+        self.store = src.store
         if int(batch_size) < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.tuning, order_kw = split_tuning(tuning, kw)
         self.batch_size = int(batch_size)
-        self.fields = tuple(self.store.field_list(fields))
+        self.fields = tuple(self.store.field_list(src.defaults.get("fields") if fields is None else fields))
+        self.device, self._cuda = check_device(device)
+        self.copy = bool(copy)
+        # batches yielded straight from the ring are checked for references
+        # (NOTE [kept batches] in _ring.py); one more buffer keeps the batch the
+        # loop variable still holds during next() out of the refill
+        self._check = int(self._check_kept and not self.copy and not self._cuda)
+        n = len(self.store) if src.indices is None else len(src.indices)
         rb = max(1, sum(self.store.schema[f].nbytes for f in self.fields))  # decoded: the ring's
         sb = self.store.stored_record_bytes(self.fields)  # on disk: the page cache's and the windows'
         self._plan = plan_memory(
-            batch_bytes=self.batch_size * rb, record_bytes=sb, records=len(self.store), hold=self.tuning.hold,
+            batch_bytes=self.batch_size * rb, record_bytes=sb, records=n, hold=self.tuning.hold + self._check,
             prefetch=self.tuning.prefetch, mem_bytes=self.tuning.mem_bytes,
         )
         if order == "block":
-            order_kw = _block_sizes(order_kw, len(self.store), sb, self._plan["window_bytes"])
+            order_kw = _block_sizes(order_kw, n, sb, self._plan["window_bytes"])
         self.order = build_order(
-            order, len(self.store), seed=seed, rank=rank, world_size=world_size,
+            order, n, seed=seed, rank=rank, world_size=world_size,
             drop_last=rank_drop_last, record_bytes=sb, **order_kw,
         )
         self._plan.update(self._readahead_plan(sb))
+        self.indices: np.ndarray | None = src.indices
+        """The subset's record indices, as the order's positions map them (None: every record)."""
+        if self.indices is not None and not isinstance(self.order, Sequential):
+            self.indices = np.sort(self.indices, kind="stable")
         self.drop_last = bool(drop_last)
-        self.device, self._cuda = _check_device(device)
-        self.pin_memory = _check_pin_memory(pin_memory, self._cuda)
-        self.copy = bool(copy)
-        self.as_tuple = bool(as_tuple)
-        self.chw = bool(chw)
+        self.pin_memory = check_pin_memory(pin_memory, self._cuda)
+        self.as_tuple = bool(src.defaults.get("as_tuple", False) if as_tuple is None else as_tuple)
+        self.chw = bool(src.defaults.get("chw", False) if chw is None else chw)
+        self.transform = transform
+        self._transform = transform_call(transform)
         self.warm_report: _sys.WarmReport | None = None
         self._warmed = False
         self._images = image_fields(self.store, self.fields) if self.chw else set()
@@ -255,12 +316,14 @@ class Loader:
             "batch_size": self.batch_size, "fields": self.fields, "drop_last": self.drop_last,
             "device": None if self.device is None else str(self.device), "pin_memory": self.pin_memory,
             "copy": self.copy, "as_tuple": self.as_tuple, "chw": self.chw, "tuning": self.tuning,
+            "transform": self.transform,
         }
         self._epoch: int | None = None
         self._next_epoch = 0
+        self._resume: tuple[int, int] | None = None  # (epoch, batches delivered) from load_state_dict
         # per-process resources; released without blocking when the loader is
         # garbage (see "Lifetime" in the module docstring)
-        self._res = _Resources()
+        self._res = Resources()
         self._finalizer = weakref.finalize(self, self._res.release, False)
         self._active: weakref.ref[EpochIterator] | None = None  # the iterator of the epoch in progress
         self._tasks: InFlight | None = None  # the last epoch's reads: waited for before the ring is reused
@@ -268,9 +331,25 @@ class Loader:
         self._lock_pid = os.getpid()
 
     # -- public ----------------------------------------------------------------
+    # class switch for benchmarks: False restores the unchecked ring (batches
+    # overwritten once their buffer comes round; tools/bench_keep.py)
+    _check_kept = True
+
     def set_epoch(self, epoch: int) -> None:
-        """Use ``epoch``'s order for the next iteration."""
+        """Use ``epoch``'s order for the next iteration (it always wins; a
+        resume loaded with :meth:`load_state_dict` is kept when ``epoch`` is
+        its epoch, dropped otherwise)."""
         self._epoch = int(epoch)
+        if self._resume is not None and self._resume[0] != self._epoch:
+            self._resume = None
+
+    @property
+    def fresh_buffers(self) -> int:
+        """Ring buffers replaced since the ring was allocated because a
+        batch yielded from them was still referenced when they came round
+        (0 for a loop that drops each batch)."""
+        ring = self._res.ring
+        return 0 if ring is None else ring.renewed
 
     def __len__(self) -> int:
         n = len(self.order)
@@ -280,10 +359,11 @@ class Loader:
         with self._guard():
             self._end_previous()
             epoch = self._next_epoch if self._epoch is None else self._epoch
+            start = self._resume[1] if self._resume is not None and self._resume[0] == epoch else 0
             self._setup()
             if self.warm and not self._warmed:
                 self._do_warm()
-            run = self._start_epoch(epoch)
+            run = self._start_epoch(epoch, start)
             self._active = weakref.ref(run)
         return run
 
@@ -318,15 +398,19 @@ class Loader:
 
     @property
     def ring_size(self) -> int:
-        """Number of batch buffers the loader cycles through."""
-        return self.prefetch + self.tuning.hold
+        """Number of batch buffers the loader cycles through: ``prefetch +
+        hold``, plus one when CPU batches are yielded without a copy (the
+        batch the loop variable still holds while ``next()`` runs)."""
+        return self.prefetch + self.tuning.hold + self._check
 
     def describe(self) -> LoaderPlan:
         """What this loader chose and why: a dict (the sizing rule of
         ``mmstore/torch/_plan.py``) whose ``str()`` reads as sentences.
 
         Keys: ``budget`` (bytes it may fill), ``budget_source``,
-        ``cgroup_limit``, ``batch_bytes``, ``prefetch``, ``hold``,
+        ``cgroup_limit``, ``batch_bytes``, ``prefetch``, ``hold``
+        (``tuning.hold``, + 1 when CPU batches are yielded without a copy:
+        the buffer of the batch the loop variable holds),
         ``ring_bytes``, ``cache_bytes`` (budget - ring), ``store_bytes`` (the
         fields read), ``fits``, ``window_bytes``, ``order``, ``block`` and
         ``window`` (block shuffles), ``readahead`` (``"windows"`` or ``"per
@@ -397,15 +481,18 @@ class Loader:
         return {
             "store": self.store, "own_store": self._own_store, "order": self.order, "config": self._config,
             "epoch": self._epoch, "next_epoch": self._next_epoch, "warmed": self._warmed,
+            "indices": self.indices, "resume": self._resume,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         order = state["order"]
         self.__init__(  # type: ignore[misc]
-            state["store"], order=order, rank=order.rank, world_size=order.world_size, **state["config"]
+            state["store"], order=order, rank=order.rank, world_size=order.world_size, indices=state["indices"],
+            **state["config"],
         )
         self._own_store = state["own_store"]
         self._epoch, self._next_epoch, self._warmed = state["epoch"], state["next_epoch"], state["warmed"]
+        self._resume = state["resume"]
 
     # -- epochs --------------------------------------------------------------------
     def _guard(self) -> threading.Lock:
@@ -434,11 +521,18 @@ class Loader:
             self._tasks.wait()  # no-op in a forked child: the parent's threads do not run here
             self._tasks = None  # (only once waited for: an interrupted wait is redone next time)
 
-    def _start_epoch(self, epoch: int) -> EpochIterator:
-        """Queue the first batches of ``epoch``; its iterator."""
+    def _start_epoch(self, epoch: int, start: int = 0) -> EpochIterator:
+        """Queue the first batches of ``epoch`` from batch ``start`` on; its iterator."""
         t, res = self.tuning, self._res
         idx = self.order.epoch(epoch)
+        if self.indices is not None:
+            idx = self.indices[idx]
         bounds = self._window_bounds(epoch, len(idx))
+        if start:  # a resume: the epoch from row start * batch_size on
+            a0 = start * self.batch_size
+            idx = idx[a0:]
+            if bounds is not None:
+                bounds = np.unique(np.clip(bounds - a0, 0, None))
         reads = EpochReads(
             self.store, self.fields, res.files, t, batch_size=self.batch_size,
             shuffled=not isinstance(self.order, Sequential), block=bounds is not None,
@@ -456,16 +550,19 @@ class Loader:
             idx, batch_size=self.batch_size, drop_last=self.drop_last, prefetch=self.prefetch,
             ring=res.ring, pool=res.pool, reads=reads, inflight=inflight, window=window,  # type: ignore[arg-type]
             device=self.device if self._cuda else None, guard_pinned=self.pin_memory and not self._cuda,
-            owner=self,
+            owner=self, check_kept=self._check,
         )
         return EpochIterator(
             batches, epoch, prefetch=self.prefetch, copy=self.copy, on_used=self._commit, wrap=self._wrap,
+            offset=start,
         )
 
     def _commit(self, epoch: int) -> None:
         """Epoch ``epoch`` counts as used: the next iteration takes the next one."""
         if self._epoch == epoch:
             self._epoch = None
+        if self._resume is not None and self._resume[0] == epoch:
+            self._resume = None
         self._next_epoch = epoch + 1
 
     # -- setup -------------------------------------------------------------------
@@ -479,7 +576,7 @@ class Loader:
         if not res.files:
             res.files = open_field_files(self.store, self.fields, self.tuning.method)
         if res.ring is None:
-            shapes = {f: (self.store.schema[f].shape, _torch_dtype(self.store.schema[f].dtype)) for f in self.fields}
+            shapes = {f: (self.store.schema[f].shape, torch_dtype(self.store.schema[f].dtype)) for f in self.fields}
             res.ring = Ring(self.ring_size, self.batch_size, shapes, self.pin_memory)
 
     def _do_warm(self) -> None:
@@ -496,15 +593,17 @@ class Loader:
             )
 
     # -- output ----------------------------------------------------------------------
-    def _wrap(self, tensors: dict[str, torch.Tensor]) -> Any:
-        out = {}
+    def _wrap(self, tensors: dict[str, torch.Tensor], epoch: int, k: int) -> Any:
+        out: Any = {}
         for f in self.fields:
             t = tensors[f]
             if f in self._images:
                 t = t.permute(0, 3, 1, 2)
             out[f] = t
         if self.as_tuple:
-            return tuple(out[f] for f in self.fields)
+            out = tuple(out[f] for f in self.fields)
+        if self._transform is not None:
+            out = self._transform(out, epoch, k)
         return out
 
 
@@ -529,84 +628,3 @@ def _block_sizes(kw: dict[str, Any], n: int, record_bytes: int, window_bytes: in
     blocks = max(1, -(-n // int(block)))
     window = min(blocks, max(1, window_bytes // (int(block) * record_bytes)))
     return {**kw, "block": block, "window": window}
-
-
-def _check_device(device: str | torch.device | None) -> tuple[torch.device | None, bool]:
-    """``(the device, whether it is CUDA)``; CUDA must be available."""
-    dev = torch.device(device) if device is not None else None
-    cuda = dev is not None and dev.type == "cuda"
-    if cuda and not torch.cuda.is_available():
-        raise RuntimeError(f"device={device!r} but torch.cuda.is_available() is False")
-    if dev is not None and dev.type not in ("cuda", "cpu"):
-        raise ValueError(f"device must be 'cpu' or 'cuda[:N]', got {device!r}")
-    return dev, cuda
-
-
-def _check_pin_memory(pin_memory: bool | None, cuda: bool) -> bool:
-    """Pinned memory by default with a CUDA device; a warning without CUDA."""
-    if pin_memory is None:
-        pin_memory = cuda
-    if pin_memory and not torch.cuda.is_available():
-        warnings.warn(
-            "mmstore.torch.Loader: pin_memory=True needs CUDA, which is not available; "
-            "using ordinary memory", UserWarning, stacklevel=3,
-        )
-        return False
-    return bool(pin_memory)
-
-
-def _torch_dtype(dtype: np.dtype) -> torch.dtype:
-    return torch.from_numpy(np.empty(0, dtype)).dtype
-
-
-class _Resources:
-    """A Loader's resources in one process: the reader pool, the ``preadv``
-    files, the ring, a background warm pass. Referenced by the loader and by
-    its ``weakref.finalize``; references neither the loader nor an epoch."""
-
-    def __init__(self) -> None:
-        self.pid = -1
-        self.pool: ThreadPoolExecutor | None = None
-        self.files: dict[str, FieldFiles] = {}
-        self.ring: Ring | None = None
-        self.warm_handle: _sys.WarmHandle | None = None
-
-    def adopt(self) -> None:
-        """Start clean in this process. After ``fork`` the parent's pool, its
-        futures and its warm thread do not run here and their locks may be
-        held forever: they are dropped untouched; the descriptors are this
-        process's own copies and are closed."""
-        self.pool = None
-        self.warm_handle = None
-        self._close_files()
-        self.ring = None
-        self.pid = os.getpid()
-
-    def release(self, wait: bool) -> None:
-        """Shut the pool down, close the descriptors, drop the ring.
-
-        ``wait=False`` (the finalizer of a loader that became garbage, which
-        may run in any thread, a pool thread included) blocks on nothing:
-        queued reads are cancelled and the threads exit when their current
-        read is done (nothing of the loader is left for them to write into)."""
-        if self.pid != os.getpid():  # inherited through fork: nothing here is ours to stop
-            self.adopt()
-            return
-        pool, self.pool = self.pool, None
-        if pool is not None:
-            pool.shutdown(wait=wait, cancel_futures=True)
-        warm, self.warm_handle = self.warm_handle, None
-        if warm is not None:
-            warm.stop()
-            if wait:
-                try:
-                    warm.join()
-                except Exception:  # noqa: BLE001 - a failed warm pass is not fatal at close
-                    pass
-        self._close_files()
-        self.ring = None
-
-    def _close_files(self) -> None:
-        files, self.files = self.files, {}
-        for ff in files.values():
-            ff.close()

@@ -87,42 +87,40 @@ def test_epoch_auto_increment_and_set_epoch(stores):
     L.close()
 
 
-def test_buffer_contract_hold(stores):
-    """A batch stays valid until `hold` more batches were yielded; buffers cycle."""
+def test_ring_reused_when_only_hold_batches_are_kept(stores):
+    """A loop that keeps at most `hold` batches alive (the loop variable's
+    included) reuses the ring: no fresh buffer, addresses cycle with period
+    ring_size, every kept batch intact."""
     path = stores["big"]
     st = mmstore.open(path)
     for hold in (1, 2, 3):
         L = Loader(path, 16, "permutation", prefetch=3, hold=hold, threads=4, piece_bytes=2048)
-        it = iter(L)
         kept: list[tuple[dict, np.ndarray]] = []
         ptrs = []
-        for k, b in enumerate(it):
+        for b in L:
             ids = b["idx"].numpy().copy()
             ptrs.append(b["image"].data_ptr())
-            kept.append((b, ids))
-            # slow consumer: give the readers time to run ahead and (wrongly) overwrite
-            time.sleep(0.002)
-            # every batch among the last `hold` yielded is still intact
-            for bb, ii in kept[-hold:]:
+            kept = [*kept, (b, ids)][-hold:]  # hold batches referenced in all, the loop variable's included
+            time.sleep(0.002)  # slow consumer: the readers run ahead
+            for bb, ii in kept:
                 assert np.array_equal(bb["idx"].numpy()[: len(ii)], ii)
                 ref = st.read_batch(np.searchsorted(st.slots_of(np.arange(len(st))), ii))
                 np.testing.assert_array_equal(bb["image"].numpy()[: len(ii)], ref["image"])
-        assert L.ring_size == 3 + hold
-        # the ring is reused: buffer addresses repeat with period ring_size
+        assert L.ring_size == 3 + hold + 1 and L.fresh_buffers == 0
         assert len(set(ptrs)) == L.ring_size
         assert all(ptrs[i] == ptrs[i + L.ring_size] for i in range(len(ptrs) - L.ring_size))
         L.close()
 
 
-def test_buffer_is_overwritten_later(stores):
-    """The contract is real: holding a batch beyond `hold` sees it overwritten."""
+def test_kept_batch_is_not_overwritten(stores):
+    """The case of issue 15: a batch kept past its buffer's turn stays intact."""
     L = Loader(stores["big"], 16, Permutation(301, seed=1), fields=("idx",), prefetch=2, threads=2)
     it = iter(L)
     first = next(it)
     saved = first["idx"].clone()
     for _ in range(6):
         next(it)
-    assert not torch.equal(first["idx"], saved)
+    assert torch.equal(first["idx"], saved) and L.fresh_buffers == 1
     L.close()
 
 
@@ -292,7 +290,7 @@ def test_tuning_object_and_tuning_keywords_make_the_same_loader(stores):
     b = Loader(path, 16, Permutation(301, seed=4), prefetch=2, hold=2, threads=3, method="pread", piece_bytes=4096,
                window_prefetch=True)
     assert a.tuning == b.tuning == t and t.window_prefetch == "willneed"
-    assert (a.prefetch, a.hold, a.threads, a.method, a.ring_size) == (2, 2, 3, "pread", 4)
+    assert (a.prefetch, a.hold, a.threads, a.method, a.ring_size) == (2, 2, 3, "pread", 5)  # + 1: kept-batch check
     got_a = [{k: v.clone() for k, v in x.items()} for x in a]
     got_b = [{k: v.clone() for k, v in x.items()} for x in b]
     assert np.array_equal(np.concatenate([x["idx"].numpy() for x in got_a]), Permutation(301, seed=4).epoch(0))
@@ -302,7 +300,7 @@ def test_tuning_object_and_tuning_keywords_make_the_same_loader(stores):
         for f in ref.fields:
             assert torch.equal(x[f], y[f]) and np.array_equal(x[f].numpy(), want[f])
     c = Loader(path, 16, "block", tuning=t, prefetch=5, block=5, window=3)
-    assert c.tuning == dataclasses.replace(t, prefetch=5) and c.ring_size == 7
+    assert c.tuning == dataclasses.replace(t, prefetch=5) and c.ring_size == 8
     assert isinstance(c.order, BlockShuffle) and (c.order.block, c.order.window) == (5, 3)
     d = pickle.loads(pickle.dumps(c))
     assert d.tuning == c.tuning and d.order == c.order

@@ -73,8 +73,9 @@ def test_describe_follows_the_cgroup_budget(stores, monkeypatch):
         d = L.describe()
         assert d["budget"] == avail and d["budget_source"] == "cgroup limit - working set"
         assert d["cgroup_limit"] == 3 * avail and d["batch_bytes"] == 16 * REC
-        assert d["prefetch"] == L.prefetch == 4 and L.ring_size == 5 and d["ring_bytes"] == 5 * 16 * REC
-        cache = avail - 5 * 16 * REC
+        # the ring: 4 prefetch + hold 1 + 1 for the batch the loop variable holds (kept-batch check)
+        assert d["prefetch"] == L.prefetch == 4 and L.ring_size == 6 and d["ring_bytes"] == 6 * 16 * REC
+        cache = avail - 6 * 16 * REC
         assert d["window_chunk"] == min(8 << 20, max(1 << 20, cache // 16 // 2))  # 2 window threads
         assert d["cache_bytes"] == max(0, cache - 2 * d["window_chunk"])
         assert d["window_bytes"] == L.order.window * L.order.block * REC
@@ -84,14 +85,14 @@ def test_describe_follows_the_cgroup_budget(stores, monkeypatch):
         assert d["store_bytes"] == n * REC and d["fits"] == (n * REC <= 0.9 * cache)
         assert d["readahead"] == "windows" and d["willneed"] == 0
         text = str(d)
-        assert "memory budget" in text and "cgroup limit" in text and "ring: 4 prefetch + 1 hold" in text
+        assert "memory budget" in text and "cgroup limit" in text and "ring: 4 prefetch + 2 hold" in text
     # a small budget: one batch ahead, the store does not fit, windows are dropped behind
     _mock_memory(monkeypatch, 6 * 16 * REC, None)
     with Loader(path, 16, "sequential") as L:
         d = L.describe()
         assert d["budget_source"] == "MemAvailable" and d["prefetch"] == 1 and not d["fits"]
         assert d["readahead"] == "windows" and not d["window_direct"] and d["drop_behind"]  # too small for buffers
-        assert d["window_records"] == max(16, (6 * 16 * REC - 2 * 16 * REC) // 4 // REC)
+        assert d["window_records"] == max(16, (6 * 16 * REC - 3 * 16 * REC) // 4 // REC)
     with Loader(path, 16, "permutation") as L:
         # read per batch, and the page cache gains it nothing: the ring may take half the budget
         d = L.describe()
