@@ -15,16 +15,21 @@ windows for block shuffles.
 NOTE [epoch rules] (shared with :class:`mmstore.torch.Loader`)
 -------------------------------------------------------------
 * An iteration runs the epoch given to ``set_epoch(e)``, else the one after
-  the last epoch that was iterated to its end (starting at 0). So a loop that
+  the last epoch that was used (starting at 0). So a loop that
   never calls ``set_epoch`` gets a new order every epoch, and the
   ``DistributedSampler`` habit (``sampler.set_epoch(e)`` before each epoch)
   keeps working: ``set_epoch`` always wins.
-* An epoch iterated to its end moves the counter on: the next iteration runs
-  ``e + 1`` unless ``set_epoch`` is called again.
-* An epoch left before its end (``break``) is run again, from its start, by
-  the next iteration. (``Loader`` counts an epoch as used once its second
-  batch is delivered; a sampler cannot see what the DataLoader delivered, as
-  the DataLoader reads indices ahead, so it moves on only at the end.)
+* An epoch that was used moves the counter on: the next iteration runs
+  ``e + 1`` unless ``set_epoch`` is called again. An epoch is used once its
+  iteration went past its first batch (``OrderBatchSampler``: a second batch
+  handed out; ``OrderSampler``: a second index) or, after
+  ``load_state_dict``, once it handed out anything. So a loop that stops
+  early (``break``, a fixed number of steps per epoch) still gets a new
+  order next time, while a peek (``next(iter(loader))``) does not use up an
+  epoch. This is ``Loader``'s rule too (it counts delivered batches). A
+  sampler sees what the DataLoader asks for, not what it delivered: a
+  DataLoader asks for several batches ahead, so through a DataLoader a peek
+  uses the epoch too.
 
 Mid-epoch resume (torchdata ``StatefulDataLoader`` convention)
 --------------------------------------------------------------
@@ -136,12 +141,13 @@ class _EpochCursor:
 
     def __init__(self) -> None:
         self.chosen: int | None = None  # from set_epoch: the next iteration runs it
-        self.next = 0  # the epoch after the last one iterated to its end
+        self.next = 0  # the epoch after the last one used
         self.running: int | None = None  # epoch of the latest iteration, until it ends
         self.pos = 0  # indices of ``running`` handed out (counted from the epoch's start)
         self.start = 0  # where the latest iteration started
         self.resume: tuple[int, int] | None = None  # (epoch, position) from load_state_dict
         self.token: object | None = None  # the latest iteration; older ones no longer count
+        self.used = False  # the latest iteration went past its first batch: ``next`` moved on
 
     def set_epoch(self, epoch: int) -> None:
         epoch = int(epoch)
@@ -161,12 +167,21 @@ class _EpochCursor:
         epoch, start = self.upcoming()
         self.resume = None
         self.running, self.pos, self.start = epoch, start, start
-        self.token = object()
+        self.token, self.used = object(), False
         return epoch, start, self.token
+
+    def use(self, token: object) -> None:
+        """The iteration ``token`` went past its first batch (or resumed):
+        the next iteration runs the next epoch unless ``set_epoch`` says
+        otherwise (NOTE [epoch rules])."""
+        if token is self.token and not self.used:
+            self.used = True
+            self.next, self.chosen = self.running + 1, None  # type: ignore[operator]
 
     def end(self, token: object) -> None:
         if token is self.token:
-            self.next, self.chosen, self.running, self.pos, self.token = self.running + 1, None, None, 0, None  # type: ignore[operator]
+            self.use(token)
+            self.running, self.pos, self.token = None, 0, None
 
     def state(self, consumed: int | None) -> tuple[int, int]:
         if consumed is not None:
@@ -278,6 +293,8 @@ class OrderSampler(Sampler[int]):
             for j, v in enumerate(idx[a : a + _CHUNK].tolist(), a + 1):
                 if token is cur.token:
                     cur.pos = j
+                    if not cur.used and (j - start >= 2 or start):
+                        cur.use(token)
                 yield v
         cur.end(token)
 
@@ -355,6 +372,8 @@ class OrderBatchSampler(Sampler[list[int]]):
             b = min(a + self.batch_size, n)
             if token is cur.token:
                 cur.pos = b
+                if not cur.used and (a > start or start):
+                    cur.use(token)
             yield idx[a:b].tolist()
         cur.end(token)
 

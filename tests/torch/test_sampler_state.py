@@ -36,13 +36,43 @@ def test_epochs_advance_by_themselves_and_set_epoch_wins():
     for e in range(3):
         s.set_epoch(e)
         assert list(s) == s.order.epoch(e).tolist()
-    # an epoch left early is run again from its start
+    # an epoch left early, past its first batch, is used: the next iteration moves on
     s.set_epoch(5)
     it = iter(s)
     [next(it) for _ in range(10)]
     del it
-    assert list(s) == s.order.epoch(5).tolist()
     assert list(s) == s.order.epoch(6).tolist()
+    # a peek (one index) does not use the epoch up
+    it = iter(s)
+    next(it)
+    del it
+    assert list(s) == s.order.epoch(7).tolist()
+    assert list(s) == s.order.epoch(8).tolist()
+    # a set_epoch made while an epoch runs is kept when that epoch ends
+    it = iter(s)
+    next(it), next(it)
+    s.set_epoch(2)
+    list(it)
+    assert list(s) == s.order.epoch(2).tolist()
+
+
+def test_batch_sampler_peek_and_break_follow_the_loader_rule():
+    s = OrderSampler(40, seed=4)
+    bs = OrderBatchSampler(s, 8)
+    it = iter(bs)
+    next(it)  # a peek: one batch
+    del it
+    assert [i for b in bs for i in b] == s.order.epoch(0).tolist()
+    it = iter(bs)
+    next(it), next(it)  # past the first batch, then break
+    del it
+    assert [i for b in bs for i in b] == s.order.epoch(2).tolist()
+    # after a resume, the first batch handed out uses the epoch
+    bs.load_state_dict({**bs.state_dict(), "epoch": 3, "yielded": 8})
+    it = iter(bs)
+    next(it)
+    del it
+    assert [i for b in bs for i in b] == s.order.epoch(4).tolist()
 
 
 def test_batch_sampler_shares_the_epoch_counter():
