@@ -142,6 +142,10 @@ class _EpochCursor:
         self.start = 0  # where the latest iteration started
         self.resume: tuple[int, int] | None = None  # (epoch, position) from load_state_dict
         self.token: object | None = None  # the latest iteration; older ones no longer count
+        # (epoch, start, length) of the latest iteration, once it ran to its end and
+        # until another begins: a DataLoader with workers exhausts the sampler
+        # before the loop has received the last batches (see ``state``)
+        self.ended: tuple[int, int, int] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         epoch = int(epoch)
@@ -150,6 +154,7 @@ class _EpochCursor:
         if self.resume is not None and self.resume[0] != epoch:
             self.resume = None  # set_epoch wins over a loaded state of another epoch
         self.chosen = epoch
+        self.ended = None
 
     def upcoming(self) -> tuple[int, int]:
         """(epoch, position) the next iteration would start at."""
@@ -159,13 +164,14 @@ class _EpochCursor:
 
     def begin(self) -> tuple[int, int, object]:
         epoch, start = self.upcoming()
-        self.resume = None
+        self.resume = self.ended = None
         self.running, self.pos, self.start = epoch, start, start
         self.token = object()
         return epoch, start, self.token
 
-    def end(self, token: object) -> None:
+    def end(self, token: object, length: int) -> None:
         if token is self.token:
+            self.ended = (self.running, self.start, length)  # type: ignore[assignment]
             self.next, self.chosen, self.running, self.pos, self.token = self.running + 1, None, None, 0, None  # type: ignore[operator]
 
     def state(self, consumed: int | None) -> tuple[int, int]:
@@ -173,9 +179,14 @@ class _EpochCursor:
             consumed = int(consumed)
             if consumed < 0:
                 raise ValueError(f"consumed must be >= 0, got {consumed}")
-            if self.running is None:
-                return self.upcoming()[0], self.upcoming()[1] + consumed
-            return self.running, self.start + consumed
+            if self.running is not None:
+                return self.running, self.start + consumed
+            if self.ended is not None and consumed > 0:
+                # the sampler reached the end (a DataLoader's workers read ahead):
+                # ``consumed`` counts in that epoch; all of it received: the next one
+                e, start, length = self.ended
+                return (e, start + consumed) if start + consumed < length else self.upcoming()
+            return self.upcoming()[0], self.upcoming()[1] + consumed
         if self.running is not None:
             return self.running, self.pos
         return self.upcoming()
@@ -185,6 +196,7 @@ class _EpochCursor:
         # ends the epoch, so a loop that resumes with set_epoch(epoch) moves on
         self.resume = (epoch, pos)
         self.chosen, self.next, self.running, self.pos, self.token = None, epoch, None, 0, None
+        self.ended = None
 
 
 def _check_state(state: Any, expect: dict[str, Any], what: str) -> tuple[int, int]:
@@ -279,7 +291,7 @@ class OrderSampler(Sampler[int]):
                 if token is cur.token:
                     cur.pos = j
                 yield v
-        cur.end(token)
+        cur.end(token, len(idx))
 
     def __len__(self) -> int:
         return len(self.order)
@@ -296,7 +308,10 @@ class OrderSampler(Sampler[int]):
             Samples the training loop received from the current iteration;
             default: the indices this sampler handed out (exact with
             ``StatefulDataLoader`` or ``num_workers=0``; a plain DataLoader
-            with workers reads ahead).
+            with workers reads ahead). Counted in the epoch in progress, or,
+            when the workers have already read the sampler to its end, in
+            the epoch just read (its whole length: the state points at the
+            start of the next epoch).
 
         Returns
         -------
@@ -356,7 +371,7 @@ class OrderBatchSampler(Sampler[list[int]]):
             if token is cur.token:
                 cur.pos = b
             yield idx[a:b].tolist()
-        cur.end(token)
+        cur.end(token, n)
 
     def __len__(self) -> int:
         n = len(self.sampler)

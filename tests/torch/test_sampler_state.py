@@ -216,3 +216,47 @@ def test_stateful_dataloader_with_workers(stores):
     nxt = [b["idx"].tolist() for b in r]  # then the next epoch
     assert [i for b in nxt for i in b] == OrderSampler(ds, seed=5).order.epoch(1).tolist()
     assert np.array_equal(np.sort(np.concatenate(nxt)), np.arange(len(ds)))
+
+
+class _Idx:
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i
+
+
+@pytest.mark.parametrize("per_batch", [True, False])
+def test_consumed_counts_in_the_epoch_workers_read_to_its_end(per_batch):
+    # A DataLoader with workers reads the sampler to its end while the loop still
+    # has batches to receive; state_dict(consumed=k) saved at every k must resume
+    # exactly after batch k of that epoch (it pointed at the next epoch, skipping
+    # the tail of this one and the head of the next).
+    n, bs = 42, 4
+
+    def make():
+        s = OrderSampler(n, seed=9)
+        return (OrderBatchSampler(s, bs), s) if per_batch else (s, s)
+
+    src, s = make()
+    list(src)  # epoch 0 to its end: the loop below runs epoch 1 without set_epoch
+    kw = {"batch_sampler": src} if per_batch else {"sampler": src, "batch_size": bs}
+    dl = DataLoader(_Idx(n), num_workers=2, prefetch_factor=4, multiprocessing_context="fork", **kw)
+    got, states = [], []
+    for k, b in enumerate(dl, 1):
+        got.append(b.tolist())
+        states.append(json.loads(json.dumps(src.state_dict(consumed=k if per_batch else k * bs))))
+    e1 = s.order.epoch(1).tolist()
+    assert [i for b in got for i in b] == e1
+    assert (states[-1]["epoch"], states[-1]["yielded"]) == (2, 0)  # all received: the next epoch's start
+    for k, state in enumerate(states, 1):
+        r, rs = make()
+        r.load_state_dict(state)
+        rest = [i for x in r for i in (x if per_batch else [x])]
+        if k < len(got):
+            assert [i for b in got[:k] for i in b] + rest == e1
+            rest = [i for x in r for i in (x if per_batch else [x])]
+        assert rest == rs.order.epoch(2).tolist()  # then the next epoch
