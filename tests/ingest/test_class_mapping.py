@@ -126,3 +126,56 @@ def test_named_list_labels_follow_the_mapping(tmp_path, train_val):
            label_type="names", new_classes="append")
     st = mmstore.open(str(tmp_path / "n"))
     assert st.label_names == ["ant", "bee", "cat", "dog", "3"] and st.column("label").tolist() == [4]
+
+
+def test_names_file_bom_trailing_blanks_and_bytes(tmp_path, train_val, h):
+    # a UTF-8 byte order mark became part of the first name ('\ufeffdog'), trailing blank
+    # lines were refused as unnamed ids, a names file with a non-UTF-8 byte was refused
+    # although such folder names are supported
+    _, val, _ = train_val
+    f = tmp_path / "bom.txt"
+    f.write_bytes(b"\xef\xbb\xbfdog\r\nbee\r\n\r\n\n")
+    ingest(val, str(tmp_path / "a"), (16, 16), workers=0, quiet=True, label_names=str(f))
+    assert _labels_by_class(str(tmp_path / "a")) == ({"bee": 1, "dog": 0}, ["dog", "bee"])
+    odd = tmp_path / "odd"
+    h.make_folder(str(odd), ("x",), per_class=1, sizes=(20, 30))
+    os.rename(str(odd / "x"), os.fsdecode(os.fsencode(str(odd)) + b"/caf\xe9 x"))
+    g = tmp_path / "odd.txt"
+    g.write_bytes(b"zero\ncaf\xe9 x\n")
+    ingest(str(odd), str(tmp_path / "b"), (16, 16), workers=0, quiet=True, label_names=str(g))
+    st = mmstore.open(str(tmp_path / "b"))
+    assert st.label_names == ["zero", os.fsdecode(b"caf\xe9 x")] and st.column("label").tolist() == [1]
+    blank = tmp_path / "blank.txt"
+    blank.write_text("dog\n\nbee\n")
+    with pytest.raises(LabelMappingError, match=r"id\(s\) \[1\] \(line 2.*remove the blank line"):
+        ingest(val, str(tmp_path / "c"), (16, 16), workers=0, quiet=True, label_names=str(blank))
+
+
+def test_dict_mapping_and_near_miss_hint(tmp_path, train_val):
+    _, val, _ = train_val
+    # torchvision's class_to_idx: a dict was iterated as its keys, the ids silently ignored
+    ingest(val, str(tmp_path / "a"), (16, 16), workers=0, quiet=True, label_names={"dog": 0, "bee": 2, "ant": 1})
+    assert _labels_by_class(str(tmp_path / "a")) == ({"bee": 2, "dog": 0}, ["dog", "ant", "bee"])
+    with pytest.raises(LabelMappingError, match=r"labels being 0 \.\. 1 once each; found labels \[0, 5\]"):
+        ingest(val, str(tmp_path / "b"), (16, 16), workers=0, quiet=True, label_names={"dog": 0, "bee": 5})
+    with pytest.raises(LabelMappingError, match=r"'bee' ~ 'bee '"):
+        ingest(val, str(tmp_path / "c"), (16, 16), workers=0, quiet=True, label_names=["dog", "bee "])
+
+
+@pytest.mark.parametrize("what", ["folder", "missing", "damaged", "file"])
+def test_classes_from_not_a_store_names_the_option(tmp_path, train_val, h, capsys, what):
+    train, val, tr = train_val
+    src = {"folder": train, "missing": str(tmp_path / "nope.store"), "file": __file__,
+           "damaged": str(tmp_path / "damaged.store")}[what]
+    if what == "damaged":
+        import shutil
+
+        shutil.copytree(tr, src)
+        with open(os.path.join(src, "manifest.json"), "w") as fh:
+            fh.write('{"format": "mmstore", "version"')
+    rc = h.cli("ingest", val, str(tmp_path / "v"), "--size", "16x16", "--workers", "0", "--classes-from", src)
+    err = capsys.readouterr().err
+    assert rc != 0 and f"--classes-from {src}: expected a finished store made by mmstore ingest" in err
+    assert "--label-names FILE" in err
+    assert not os.path.exists(str(tmp_path / "v")) and not os.path.exists(str(tmp_path / "v.partial"))
+    assert not os.path.exists(str(tmp_path / "v.lock"))
