@@ -118,12 +118,16 @@ def _n_of(data_source: Any) -> int:
 
 
 def _record_bytes(data_source: Any) -> int | None:
+    while hasattr(data_source, "indices") and hasattr(data_source, "dataset"):  # a Subset (nested too)
+        data_source = data_source.dataset
     store = getattr(data_source, "store", data_source)
     schema = getattr(store, "schema", None)
     fields = getattr(data_source, "fields", None)
     if schema is None:
         return None
     names = fields if fields is not None else schema.names
+    if hasattr(store, "stored_record_bytes"):  # on disk, as Loader sizes its blocks (compact stores)
+        return max(1, int(store.stored_record_bytes(list(names))))
     return max(1, sum(schema[f].nbytes for f in names))
 
 
@@ -235,8 +239,9 @@ class OrderSampler(Sampler[int]):
     Parameters
     ----------
     data_source : Dataset, Store or int
-        What to sample from (only its length is used; a ``StoreDataset`` or
-        ``Store`` also gives the record size for ``order="block"``).
+        What to sample from (only its length is used; a ``StoreDataset``, a
+        ``Subset`` of one or a ``Store`` also gives the record size for
+        ``order="block"``).
     order : Order or str, default "permutation"
         An order object, or ``"permutation"`` (a seeded uniform permutation per
         epoch: ``RandomSampler``'s coverage), ``"block"`` (block shuffle for
