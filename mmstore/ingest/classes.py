@@ -68,6 +68,9 @@ def load_class_names(classes_from: Any = None, label_names: Any = None) -> tuple
         lines = [ln.removesuffix("\r") for ln in text.split("\n")]
         while lines and lines[-1] == "":
             lines.pop()  # the final newline ends the last line; blank lines after the last name name no id
+        if not lines:
+            raise LabelMappingError(f"--label-names {path}: the file holds no class name; expected one class name "
+                                    "per line, line k (from 0) naming label k")
         return check_class_names(lines, f"--label-names {path}"), os.path.abspath(path)
     return check_class_names(label_names, "label_names"), "label_names"
 

@@ -145,6 +145,10 @@ def test_names_file_bom_trailing_blanks_and_bytes(tmp_path, train_val, h):
     ingest(str(odd), str(tmp_path / "b"), (16, 16), workers=0, quiet=True, label_names=str(g))
     st = mmstore.open(str(tmp_path / "b"))
     assert st.label_names == ["zero", os.fsdecode(b"caf\xe9 x")] and st.column("label").tolist() == [1]
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"\xef\xbb\xbf\r\n\n")
+    with pytest.raises(LabelMappingError, match="holds no class name"):
+        ingest(val, str(tmp_path / "e"), (16, 16), workers=0, quiet=True, label_names=str(empty))
     blank = tmp_path / "blank.txt"
     blank.write_text("dog\n\nbee\n")
     with pytest.raises(LabelMappingError, match=r"id\(s\) \[1\] \(line 2.*remove the blank line"):
