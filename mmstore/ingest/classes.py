@@ -71,6 +71,11 @@ def load_class_names(classes_from: Any = None, label_names: Any = None) -> tuple
         if not lines:
             raise LabelMappingError(f"--label-names {path}: the file holds no class name; expected one class name "
                                     "per line, line k (from 0) naming label k")
+        blank = [k for k, n in enumerate(lines) if not n]
+        if blank:
+            raise LabelMappingError(f"--label-names {path}: line(s) {[k + 1 for k in blank[:10]]} are blank, so "
+                                    f"label(s) {blank[:10]} would have no name; remove the blank line(s) or name "
+                                    "the label(s)")
         return check_class_names(lines, f"--label-names {path}"), os.path.abspath(path)
     return check_class_names(label_names, "label_names"), "label_names"
 
@@ -98,18 +103,19 @@ def resolve_class_options(src_kw: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_class_names(names: Any, origin: str) -> list[str]:
-    """A class mapping (``names[k]`` has label ``k``) as a list of distinct, non-empty strings."""
+    """A class mapping (``names[k]`` has label ``k``) as a list of distinct one-line strings (``''`` is
+    the class of ``--missing-label class``; a names file refuses blank lines itself)."""
     if isinstance(names, dict):
         names = _names_of_ids(names, origin)
     if isinstance(names, (str, bytes)) or not all(isinstance(n, str) for n in names):
         raise LabelMappingError(f"{origin}: class names must be a list of strings (names[k] is label k) or a "
                                 f"dict name -> label, got {type(names).__name__}")
     names = list(names)
-    bad = [k for k, n in enumerate(names) if not n or n != n.strip("\r\n")]
+    # '' is a name (the class of --missing-label class); a line break is not
+    bad = [k for k, n in enumerate(names) if n != n.replace("\n", "").replace("\r", "")]
     if bad:
-        raise LabelMappingError(f"{origin}: class name(s) at id(s) {bad[:10]} (line {bad[0] + 1} of a names "
-                                "file) are empty or hold a line break; every id needs a name: remove the blank "
-                                "line(s) or name the id(s)")
+        raise LabelMappingError(f"{origin}: class name(s) at id(s) {bad[:10]} hold a line break; a class name "
+                                "is one line")
     seen: dict[str, int] = {}
     dup = [(n, seen[n], k) for k, n in enumerate(names) if seen.setdefault(n, k) != k]
     if dup:

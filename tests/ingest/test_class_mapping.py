@@ -77,7 +77,7 @@ def test_unknown_class_refused_or_appended(tmp_path, train_val, h, capsys):
     assert "'ant', 'cat'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("names,match", [(["a", "a"], "repeated"), (["a", ""], "empty"), ("no/such.txt", "cannot read"),
+@pytest.mark.parametrize("names,match", [(["a", "a"], "repeated"), (["a", "b\nc"], "line break"), ("no/such.txt", "cannot read"),
                                          ([1, 2], "list of strings")])
 def test_bad_mappings(tmp_path, train_val, names, match):
     _, val, _ = train_val
@@ -151,7 +151,7 @@ def test_names_file_bom_trailing_blanks_and_bytes(tmp_path, train_val, h):
         ingest(val, str(tmp_path / "e"), (16, 16), workers=0, quiet=True, label_names=str(empty))
     blank = tmp_path / "blank.txt"
     blank.write_text("dog\n\nbee\n")
-    with pytest.raises(LabelMappingError, match=r"id\(s\) \[1\] \(line 2.*remove the blank line"):
+    with pytest.raises(LabelMappingError, match=r"line\(s\) \[2\] are blank, so label\(s\) \[1\].*remove the blank"):
         ingest(val, str(tmp_path / "c"), (16, 16), workers=0, quiet=True, label_names=str(blank))
 
 
@@ -183,3 +183,20 @@ def test_classes_from_not_a_store_names_the_option(tmp_path, train_val, h, capsy
     assert "--label-names FILE" in err
     assert not os.path.exists(str(tmp_path / "v")) and not os.path.exists(str(tmp_path / "v.partial"))
     assert not os.path.exists(str(tmp_path / "v.lock"))
+
+
+def test_classes_from_a_store_with_the_missing_label_class(tmp_path, train_val, h):
+    # a list ingested with --missing-label class names a class '' (mmstore's own convention);
+    # --classes-from that store was refused ("empty ... remove the blank line(s)")
+    train, val, _ = train_val
+    tl, vl = tmp_path / "t.csv", tmp_path / "v.csv"
+    files = sorted(os.listdir(os.path.join(train, "bee")))
+    tl.write_text(f"path,label\n{train}/bee/{files[0]},bee\n{train}/bee/{files[1]},\n")
+    ingest(str(tl), str(tmp_path / "t"), (16, 16), workers=0, quiet=True, missing_label="class")
+    assert mmstore.open(str(tmp_path / "t")).label_names == ["", "bee"]
+    vfiles = sorted(os.listdir(os.path.join(val, "dog")))
+    vl.write_text(f"path,label\n{val}/dog/{vfiles[0]},\n{val}/dog/{vfiles[1]},dog\n")
+    ingest(str(vl), str(tmp_path / "v"), (16, 16), workers=0, quiet=True, missing_label="class",
+           classes_from=str(tmp_path / "t"), new_classes="append")
+    v = mmstore.open(str(tmp_path / "v"))
+    assert v.label_names == ["", "bee", "dog"] and v.column("label").tolist() == [0, 2]
