@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
+from .._names import printable
 from ..errors import LabelMappingError, MmstoreError
 
 __all__ = ["check_class_names", "class_options", "load_class_names", "map_classes", "resolve_class_options"]
@@ -119,9 +120,14 @@ def check_class_names(names: Any, origin: str) -> list[str]:
     seen: dict[str, int] = {}
     dup = [(n, seen[n], k) for k, n in enumerate(names) if seen.setdefault(n, k) != k]
     if dup:
-        ex = ", ".join(f"{n!r} (ids {a} and {b})" for n, a, b in dup[:5])
+        ex = ", ".join(f"{_q(n)} (ids {a} and {b})" for n, a, b in dup[:5])
         raise LabelMappingError(f"{origin}: class names must be distinct; repeated: {ex}")
     return names
+
+
+def _q(name: str) -> str:
+    """A class name quoted for people: a byte that is not UTF-8 as ``\\xNN`` (README "Names")."""
+    return f"'{printable(name)}'"
 
 
 def _names_of_ids(mapping: dict[Any, Any], origin: str) -> list[Any]:
@@ -155,9 +161,9 @@ def map_classes(
     ids = {n: k for k, n in enumerate(classes)}
     extra = [n for n in found if n not in ids]
     if extra and new_classes != "append":
-        shown = ", ".join(repr(n) for n in extra[:20]) + (f" (and {len(extra) - 20} more)" if len(extra) > 20 else "")
+        shown = ", ".join(_q(n) for n in extra[:20]) + (f" (and {len(extra) - 20} more)" if len(extra) > 20 else "")
         near = {n.strip(): n for n in classes}
-        close = [f"{n!r} ~ {near[n.strip()]!r}" for n in extra if n.strip() in near][:5]
+        close = [f"{_q(n)} ~ {_q(near[n.strip()])}" for n in extra if n.strip() in near][:5]
         if close:
             shown += f" (differing only in surrounding spaces from the mapping's: {', '.join(close)})"
         raise LabelMappingError(
@@ -170,9 +176,9 @@ def map_classes(
         ids[n] = len(ids)
     missing = sorted(set(classes) - set(found))
     if missing:
-        shown = ", ".join(repr(n) for n in missing[:20]) + (" ..." if len(missing) > 20 else "")
+        shown = ", ".join(_q(n) for n in missing[:20]) + (" ..." if len(missing) > 20 else "")
         warnings[f"class(es) of {origin} not found here (their ids stay reserved): {shown}"] = len(missing)
     if extra:
         warnings[f"{what} not in {origin} appended after its ids (--new-classes append): "
-                 + ", ".join(repr(n) for n in extra[:20])] = len(extra)
+                 + ", ".join(_q(n) for n in extra[:20])] = len(extra)
     return names, [ids[n] for n in found]

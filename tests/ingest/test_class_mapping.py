@@ -145,6 +145,10 @@ def test_names_file_bom_trailing_blanks_and_bytes(tmp_path, train_val, h):
     ingest(str(odd), str(tmp_path / "b"), (16, 16), workers=0, quiet=True, label_names=str(g))
     st = mmstore.open(str(tmp_path / "b"))
     assert st.label_names == ["zero", os.fsdecode(b"caf\xe9 x")] and st.column("label").tolist() == [1]
+    # shown for people as the README's names rule says (\xe9, not the surrogate's \udce9)
+    r = ingest(str(odd), str(tmp_path / "b2"), (16, 16), workers=0, quiet=True, label_names=["zero"],
+               new_classes="append")
+    assert any("'caf\\xe9 x'" in k for k in r.warnings), r.warnings
     empty = tmp_path / "empty.txt"
     empty.write_bytes(b"\xef\xbb\xbf\r\n\n")
     with pytest.raises(LabelMappingError, match="holds no class name"):
