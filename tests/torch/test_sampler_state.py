@@ -260,3 +260,43 @@ def test_consumed_counts_in_the_epoch_workers_read_to_its_end(per_batch):
             assert [i for b in got[:k] for i in b] + rest == e1
             rest = [i for x in r for i in (x if per_batch else [x])]
         assert rest == rs.order.epoch(2).tolist()  # then the next epoch
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    n=st.integers(1, 60),
+    world=st.integers(1, 3),
+    bs=st.integers(1, 9),
+    drop_last=st.booleans(),
+    kind=st.sampled_from(["permutation", "block", "sequential"]),
+    data=st.data(),
+)
+def test_consumed_after_read_ahead_to_the_end(n, world, bs, drop_last, kind, data):
+    # the workers read the whole epoch before the loop received it: consumed=k of that epoch
+    # resumes after its k-th batch; k = all of it resumes at the next epoch's start
+    kw = {"block": 4, "window": 2} if kind == "block" else {}
+    rank = data.draw(st.integers(0, world - 1))
+
+    def make():
+        s = OrderSampler(n, kind, seed=7, rank=rank, world_size=world, drop_last=drop_last, **kw)
+        return OrderBatchSampler(s, bs, drop_last=drop_last)
+
+    b = make()
+    epoch = data.draw(st.integers(0, 2))
+    if data.draw(st.booleans()):
+        b.set_epoch(epoch)
+    else:
+        for _ in range(epoch):
+            list(b)
+    batches = list(b)  # read to its end
+    k = data.draw(st.integers(1, max(1, len(batches))))
+    state = json.loads(json.dumps(b.state_dict(consumed=k)))
+    r = make()
+    r.load_state_dict(state)
+    rest = list(r)
+    if k < len(batches):
+        assert batches[:k] + rest == batches
+        rest = list(r)
+    ref = make()
+    ref.set_epoch(epoch + 1)
+    assert rest == list(ref)  # then the next epoch
