@@ -8,6 +8,8 @@ import subprocess
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import mmstore
 from mmstore.errors import LabelMappingError, ResumeMismatchError
@@ -204,3 +206,22 @@ def test_classes_from_a_store_with_the_missing_label_class(tmp_path, train_val, 
            classes_from=str(tmp_path / "t"), new_classes="append")
     v = mmstore.open(str(tmp_path / "v"))
     assert v.label_names == ["", "bee", "dog"] and v.column("label").tolist() == [0, 2]
+
+
+_NAME = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), min_size=1, max_size=12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(names=st.lists(_NAME, min_size=1, max_size=8, unique=True), crlf=st.booleans(), bom=st.booleans(),
+       tail=st.integers(0, 2))
+def test_names_file_round_trip(tmp_path_factory, names, crlf, bom, tail):
+    # one name per line, any line end, optional BOM and blank lines at the end: the same names
+    from mmstore.ingest.classes import load_class_names
+
+    if names[0].startswith("\ufeff"):
+        names[0] = "x" + names[0]
+    nl = "\r\n" if crlf else "\n"
+    f = tmp_path_factory.mktemp("n") / "names.txt"
+    f.write_bytes((("\ufeff" if bom else "") + nl.join(names) + nl * (1 + tail)).encode("utf-8"))
+    got, origin = load_class_names(label_names=str(f))
+    assert got == names and origin == str(f)
