@@ -300,3 +300,43 @@ def test_consumed_after_read_ahead_to_the_end(n, world, bs, drop_last, kind, dat
     ref = make()
     ref.set_epoch(epoch + 1)
     assert rest == list(ref)  # then the next epoch
+
+
+_EVERY_CHILD = r"""
+import json, sys
+from mmstore.torch import OrderBatchSampler, OrderSampler
+out = []
+for kind, st_ in json.loads(sys.stdin.read()):
+    kw = {"block": 5, "window": 3} if kind == "block" else {}
+    b = OrderBatchSampler(OrderSampler(53, kind, seed=2, rank=1, world_size=2, **kw), 4)
+    b.load_state_dict(st_)
+    out.append([list(b), list(b)])
+print(json.dumps(out))
+"""
+
+
+def test_state_at_every_position_in_a_fresh_process():
+    jobs, want = [], []
+    for kind in ("permutation", "block", "sequential"):
+        kw = {"block": 5, "window": 3} if kind == "block" else {}
+        b = OrderBatchSampler(OrderSampler(53, kind, seed=2, rank=1, world_size=2, **kw), 4)
+        b.set_epoch(3)
+        full = list(b)
+        nxt = list(b)
+        b.set_epoch(3)
+        states = [b.state_dict()]
+        for _ in b:
+            states.append(b.state_dict())
+        states.append(b.state_dict())  # after the end
+        for k, st_ in enumerate(states):
+            jobs.append((kind, st_))
+            k = min(k, len(full))
+            want.append([full[k:], nxt] if k < len(full) or st_["epoch"] == 3 else [nxt, None])
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", _EVERY_CHILD], input=json.dumps(jobs), env=env,
+                         capture_output=True, text=True, timeout=120, check=True)
+    got = json.loads(out.stdout)
+    for (kind, st_), g, w in zip(jobs, got, want):
+        assert g[0] == w[0], (kind, st_)
+        if w[1] is not None:
+            assert g[1] == w[1], (kind, st_)
