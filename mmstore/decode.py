@@ -62,7 +62,10 @@ Decoding (how the source image ``S`` is obtained)
     Fully transparent pixels are 255.
   - ``"drop"``: the colour samples as stored, alpha ignored: what Pillow's
     ``Image.convert("RGB")`` gives (and torchvision's ImageFolder loader).
-    Fully transparent pixels keep whatever colour the encoder left there.
+    Fully transparent pixels keep whatever colour the encoder left there;
+    except in a GIF: OpenCV's GIF decoder writes the background colour
+    (logical screen) under transparent pixels where Pillow gives the
+    transparent palette entry's colour (opaque pixels are equal).
 * **First frame only**: animated GIF/WebP/PNG and multi-page TIFF give their
   first frame/page, which is what ``cv2.imdecode`` returns.
 * Floating-point decoder output is ``unsupported``.

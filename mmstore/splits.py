@@ -22,7 +22,8 @@ Rules (the same result on any machine, numpy version or process)
   gives ``floor(fraction * c + 0.5)`` samples to validation, kept in ``[1,
   c - 1]`` (so every class of two or more samples is on both sides); a class
   of one sample goes to training (to validation only with ``fraction >=
-  0.5``). The validation total is the sum over classes, which can differ from
+  0.5``); when every class has one sample one side would be empty, which
+  is a ``ValueError``. The validation total is the sum over classes, which can differ from
   the unstratified ``n_val`` by the per-class rounding.
 """
 
@@ -57,19 +58,29 @@ def _source(store_or_n: Any) -> tuple[int, Any]:
         st = open_store(store_or_n)
         return len(st), st
     if hasattr(store_or_n, "__len__"):
-        return len(store_or_n), getattr(store_or_n, "store", store_or_n)
+        return len(store_or_n), store_or_n
     raise TypeError(f"split: expected a Store, a store path, a dataset or a count, got {type(store_or_n).__name__}")
+
+
+def _field(obj: Any, name: str) -> np.ndarray:
+    """Column ``name`` of a Store, of a dataset over one (``.store``), or of a
+    ``Subset`` of those (``.dataset`` and ``.indices``, nested or not)."""
+    if hasattr(obj, "indices") and hasattr(obj, "dataset"):
+        return _field(obj.dataset, name)[np.asarray(obj.indices, dtype=np.int64)]
+    store = getattr(obj, "store", obj)
+    if store is None or not hasattr(store, "column"):
+        what = "a count" if obj is None else type(obj).__name__
+        raise TypeError(f"split: stratify={name!r} names a field, which needs a Store, a store path, a "
+                        f"StoreDataset or a Subset of one, not {what}; pass the labels as an array instead")
+    if name not in store.fields:
+        raise ValueError(f"split: the store has no field {name!r} to stratify by (fields: "
+                         f"{', '.join(store.fields)})")
+    return np.asarray(store.column(name))
 
 
 def _labels(stratify: Any, n: int, store: Any) -> np.ndarray:
     if isinstance(stratify, str):
-        if store is None or not hasattr(store, "column"):
-            raise TypeError(f"split: stratify={stratify!r} names a field, which needs a Store (or a store path), "
-                            "not a count; pass the labels as an array instead")
-        if stratify not in store.fields:
-            raise ValueError(f"split: the store has no field {stratify!r} to stratify by (fields: "
-                             f"{', '.join(store.fields)})")
-        lab = np.asarray(store.column(stratify))
+        lab = _field(store, stratify)
     else:
         lab = np.asarray(stratify)
     if lab.shape[:1] != (n,) or lab.ndim != 1:
@@ -90,7 +101,8 @@ def split(
     ----------
     store_or_n : Store, str, dataset or int
         What to split: a :class:`mmstore.Store`, a store path, anything with
-        ``len()`` (a ``StoreDataset``), or the number of samples.
+        ``len()`` (a ``StoreDataset``, a ``Subset``: the indices returned are
+        then positions in it), or the number of samples.
     fraction : float, default 0.1
         Share of the samples that go to validation, in ``[0, 1]`` (rounding:
         module docstring).
@@ -99,7 +111,9 @@ def split(
         everywhere.
     stratify : str or array-like, optional
         Keep each class's proportion on both sides: a field name of the
-        store (e.g. ``"label"``) or one label per sample.
+        store (e.g. ``"label"``; also through a ``StoreDataset`` or a
+        ``Subset`` of one) or one label per sample. ValueError when every
+        class has one sample, so one side would be empty.
 
     Returns
     -------
@@ -127,6 +141,13 @@ def split(
         groups = np.split(by_class.astype(np.int64), bounds) if n else []
         counts = [_count(fraction, len(g)) if 0.0 < fraction < 1.0 else round(fraction * len(g))
                   for g in groups]
+    if stratify is not None and 0.0 < fraction < 1.0 and n >= 2 and sum(counts) in (0, n):
+        side = "validation" if sum(counts) == 0 else "training"
+        raise ValueError(
+            f"split: stratified, the {side} side would be empty: all {len(groups)} classes have one sample "
+            f"(n={n}), and a class of one sample goes to one side only; split without stratify, or stratify "
+            "by a coarser label"
+        )
     for g, v in zip(groups, counts):
         if v:
             pick = g[np.lexsort((g, keys[g]))[:v]]

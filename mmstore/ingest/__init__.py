@@ -123,7 +123,8 @@ def ingest(
         Class folders can be labelled by an existing mapping so that stores
         agree: ``classes_from`` (a store path: its ``label_names``) or
         ``label_names`` (a text file, one class name per line, line k = label
-        k, or a list); a class folder not in the mapping raises
+        k, or a list, or a dict name -> label such as torchvision's
+        ``class_to_idx``); a class folder not in the mapping raises
         ``LabelMappingError`` unless ``new_classes="append"`` (ids after the
         mapping's), and the mapping's classes with no folder are listed in
         the result's ``warnings`` (see :mod:`mmstore.ingest.classes`).

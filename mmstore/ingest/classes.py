@@ -3,8 +3,12 @@
 A training store and its validation store must give a class the same label.
 ``ingest(..., classes_from="train.store")`` takes the mapping from an existing
 store's manifest (``label_names``: label ``k`` is ``label_names[k]``);
-``label_names="classes.txt"`` (or a list) gives it directly, one class name per
-line, line ``k`` (from 0) being label ``k``. The class folders of the source
+``label_names="classes.txt"`` (or a list, or a dict ``name -> label`` such as
+torchvision's ``class_to_idx``) gives it directly, one class name per line,
+line ``k`` (from 0) being label ``k`` (UTF-8, a byte that is not UTF-8
+kept as in folder names, see ``mmstore._names``; a byte order mark, ``\r\n``
+line ends and blank lines after the last name are ignored; a blank line
+before it is refused, as id ``k`` would have no name). The class folders of the source
 are then labelled by name through the mapping instead of by their sorted
 position (see :func:`map_classes` for folders the mapping lacks and classes
 the folder lacks). The stored ``label_names`` is the whole mapping, so it is in
@@ -16,7 +20,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..errors import LabelMappingError
+from .._names import printable
+from ..errors import LabelMappingError, MmstoreError
 
 __all__ = ["check_class_names", "class_options", "load_class_names", "map_classes", "resolve_class_options"]
 
@@ -33,7 +38,13 @@ def load_class_names(classes_from: Any = None, label_names: Any = None) -> tuple
         from ..format import read_manifest
 
         path = os.fspath(classes_from)
-        names = read_manifest(path).get("label_names")
+        try:
+            names = read_manifest(path).get("label_names")
+        except MmstoreError as e:
+            # same type, but say which option named it and what it must be
+            raise type(e)(f"--classes-from {path}: expected a finished store made by mmstore ingest (usually the "
+                          f"training store) to take the class names from, found: {e}; or pass --label-names "
+                          "FILE (one class name per line)") from None
         if not names:
             raise LabelMappingError(f"--classes-from {path}: that store has no label names (it was not ingested "
                                     "from class folders or named labels); pass --label-names FILE instead")
@@ -51,15 +62,21 @@ def load_class_names(classes_from: Any = None, label_names: Any = None) -> tuple
         if len(raw) > _MAX_NAMES_FILE:
             raise LabelMappingError(f"--label-names {path}: larger than {_MAX_NAMES_FILE >> 20} MiB; expected one "
                                     "class name per line")
-        try:
-            text = raw.decode("utf-8")
-        except UnicodeDecodeError as e:
-            raise LabelMappingError(f"--label-names {path}: not UTF-8 text ({e}); expected one class name per "
-                                    "line") from None
-        lines = text.split("\n")
-        if lines and lines[-1] == "":
-            lines.pop()  # the final newline ends the last line
-        lines = [ln.removesuffix("\r") for ln in lines]
+        # a byte that is not UTF-8 is kept as os.fsdecode keeps it in a folder name,
+        # so a names file listing such folders (ls > classes.txt) matches them
+        text = raw.decode("utf-8", "surrogateescape")
+        text = text.removeprefix("\ufeff")  # a byte order mark (Windows editors) is not part of the first name
+        lines = [ln.removesuffix("\r") for ln in text.split("\n")]
+        while lines and lines[-1] == "":
+            lines.pop()  # the final newline ends the last line; blank lines after the last name name no id
+        if not lines:
+            raise LabelMappingError(f"--label-names {path}: the file holds no class name; expected one class name "
+                                    "per line, line k (from 0) naming label k")
+        blank = [k for k, n in enumerate(lines) if not n]
+        if blank:
+            raise LabelMappingError(f"--label-names {path}: line(s) {[k + 1 for k in blank[:10]]} are blank, so "
+                                    f"label(s) {blank[:10]} would have no name; remove the blank line(s) or name "
+                                    "the label(s)")
         return check_class_names(lines, f"--label-names {path}"), os.path.abspath(path)
     return check_class_names(label_names, "label_names"), "label_names"
 
@@ -87,19 +104,44 @@ def resolve_class_options(src_kw: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_class_names(names: Any, origin: str) -> list[str]:
-    """A class mapping (``names[k]`` has label ``k``) as a list of distinct, non-empty strings."""
+    """A class mapping (``names[k]`` has label ``k``) as a list of distinct one-line strings (``''`` is
+    the class of ``--missing-label class``; a names file refuses blank lines itself)."""
+    if isinstance(names, dict):
+        names = _names_of_ids(names, origin)
     if isinstance(names, (str, bytes)) or not all(isinstance(n, str) for n in names):
-        raise LabelMappingError(f"{origin}: class names must be a list of strings, got {type(names).__name__}")
+        raise LabelMappingError(f"{origin}: class names must be a list of strings (names[k] is label k) or a "
+                                f"dict name -> label, got {type(names).__name__}")
     names = list(names)
-    bad = [k for k, n in enumerate(names) if not n or n != n.strip("\r\n")]
+    # '' is a name (the class of --missing-label class); a line break is not
+    bad = [k for k, n in enumerate(names) if n != n.replace("\n", "").replace("\r", "")]
     if bad:
-        raise LabelMappingError(f"{origin}: class name(s) at id(s) {bad[:10]} are empty or hold a line break; "
-                                "every id needs a name")
+        raise LabelMappingError(f"{origin}: class name(s) at id(s) {bad[:10]} hold a line break; a class name "
+                                "is one line")
     seen: dict[str, int] = {}
     dup = [(n, seen[n], k) for k, n in enumerate(names) if seen.setdefault(n, k) != k]
     if dup:
-        ex = ", ".join(f"{n!r} (ids {a} and {b})" for n, a, b in dup[:5])
+        ex = ", ".join(f"{_q(n)} (ids {a} and {b})" for n, a, b in dup[:5])
         raise LabelMappingError(f"{origin}: class names must be distinct; repeated: {ex}")
+    return names
+
+
+def _q(name: str) -> str:
+    """A class name quoted for people: a byte that is not UTF-8 as ``\\xNN`` (README "Names")."""
+    return f"'{printable(name)}'"
+
+
+def _names_of_ids(mapping: dict[Any, Any], origin: str) -> list[Any]:
+    """The list ``names[k]`` of a dict ``name -> label k`` (torchvision's
+    ``class_to_idx``), whose labels must be exactly ``0 .. n - 1``."""
+    ids = list(mapping.values())
+    if not all(isinstance(k, int) and not isinstance(k, bool) for k in ids) or sorted(ids) != list(range(len(ids))):
+        shown = sorted(ids, key=repr)[:10]
+        raise LabelMappingError(f"{origin}: a dict of class names must map each name to its label, the labels being "
+                                f"0 .. {len(ids) - 1} once each; found labels {shown}; pass a list (names[k] is "
+                                "label k) instead")
+    names: list[Any] = [None] * len(ids)
+    for n, k in mapping.items():
+        names[k] = n
     return names
 
 
@@ -119,7 +161,11 @@ def map_classes(
     ids = {n: k for k, n in enumerate(classes)}
     extra = [n for n in found if n not in ids]
     if extra and new_classes != "append":
-        shown = ", ".join(repr(n) for n in extra[:20]) + (f" (and {len(extra) - 20} more)" if len(extra) > 20 else "")
+        shown = ", ".join(_q(n) for n in extra[:20]) + (f" (and {len(extra) - 20} more)" if len(extra) > 20 else "")
+        near = {n.strip(): n for n in classes}
+        close = [f"{_q(n)} ~ {_q(near[n.strip()])}" for n in extra if n.strip() in near][:5]
+        if close:
+            shown += f" (differing only in surrounding spaces from the mapping's: {', '.join(close)})"
         raise LabelMappingError(
             f"{path}: {len(extra)} {what} not in {origin} ({len(classes)} classes): {shown}; nothing was "
             "created. Fix the names, add the classes to the mapping, or pass --new-classes append "
@@ -130,9 +176,9 @@ def map_classes(
         ids[n] = len(ids)
     missing = sorted(set(classes) - set(found))
     if missing:
-        shown = ", ".join(repr(n) for n in missing[:20]) + (" ..." if len(missing) > 20 else "")
+        shown = ", ".join(_q(n) for n in missing[:20]) + (" ..." if len(missing) > 20 else "")
         warnings[f"class(es) of {origin} not found here (their ids stay reserved): {shown}"] = len(missing)
     if extra:
         warnings[f"{what} not in {origin} appended after its ids (--new-classes append): "
-                 + ", ".join(repr(n) for n in extra[:20])] = len(extra)
+                 + ", ".join(_q(n) for n in extra[:20])] = len(extra)
     return names, [ids[n] for n in found]

@@ -113,8 +113,12 @@ def shard_from_env(env: Any = None) -> tuple[int, int]:
     ``RANK`` / ``WORLD_SIZE`` (torchrun, ``torch.distributed.run``) first;
     else a SLURM job array: ``K = (SLURM_ARRAY_TASK_ID - SLURM_ARRAY_TASK_MIN)
     // SLURM_ARRAY_TASK_STEP`` (MIN 0 and STEP 1 when unset) and ``N =
-    SLURM_ARRAY_TASK_COUNT``. ValueError when neither is set or the values do
-    not make a shard (an array with gaps: pass ``--shard K/N``).
+    SLURM_ARRAY_TASK_COUNT``. ValueError when neither is set, when the values
+    do not make a shard (an array with gaps, seen from
+    ``SLURM_ARRAY_TASK_MAX``: pass ``--shard K/N``), or when torchrun of
+    several processes runs inside an array of several tasks (both set: each
+    array task would ingest the same parts; with one torchrun process per
+    task the array numbers the parts).
     """
     env = os.environ if env is None else env
 
@@ -122,14 +126,27 @@ def shard_from_env(env: Any = None) -> tuple[int, int]:
         v = env.get(name)
         if v is None or v == "":
             if default is None:
-                raise ValueError(f"--shard auto: {name} is not set")
+                pair = "RANK and WORLD_SIZE" if name in ("RANK", "WORLD_SIZE") else "SLURM_ARRAY_TASK_ID and _COUNT"
+                raise ValueError(f"--shard auto: {name} is not set (a launcher sets {pair} together); pass "
+                                 "--shard K/N explicitly")
             return default
         try:
             return int(v)
         except ValueError:
-            raise ValueError(f"--shard auto: {name}={v!r} is not an integer") from None
+            raise ValueError(f"--shard auto: {name}={v!r} is not an integer; pass --shard K/N explicitly") from None
 
-    if env.get("RANK") not in (None, "") or env.get("WORLD_SIZE") not in (None, ""):
+    torchrun = env.get("RANK") not in (None, "") or env.get("WORLD_SIZE") not in (None, "")
+    array = env.get("SLURM_ARRAY_TASK_ID") not in (None, "") and num("SLURM_ARRAY_TASK_COUNT", 1) > 1
+    if torchrun and array and (num("RANK"), num("WORLD_SIZE")) == (0, 1):
+        torchrun = False  # torchrun of one process in each array task: the array numbers the parts
+    if torchrun and array:
+        raise ValueError(
+            f"--shard auto: both RANK/WORLD_SIZE (torchrun, {env.get('RANK')}/{env.get('WORLD_SIZE')}) and a SLURM "
+            f"array (task {env.get('SLURM_ARRAY_TASK_ID')} of {env.get('SLURM_ARRAY_TASK_COUNT')}) are set: taking "
+            "either alone would make every array task ingest the same parts; pass --shard K/N explicitly (e.g. "
+            "K = array_index * WORLD_SIZE + RANK, N = array_count * WORLD_SIZE)"
+        )
+    if torchrun:
         k, n, src = num("RANK"), num("WORLD_SIZE"), "RANK/WORLD_SIZE"
     elif env.get("SLURM_ARRAY_TASK_ID") not in (None, ""):
         tid, lo, step = num("SLURM_ARRAY_TASK_ID"), num("SLURM_ARRAY_TASK_MIN", 0), num("SLURM_ARRAY_TASK_STEP", 1)
@@ -137,6 +154,11 @@ def shard_from_env(env: Any = None) -> tuple[int, int]:
         if step < 1 or (tid - lo) % step:
             raise ValueError(f"--shard auto: SLURM_ARRAY_TASK_ID={tid} is not SLURM_ARRAY_TASK_MIN={lo} plus a "
                              f"multiple of SLURM_ARRAY_TASK_STEP={step}; pass --shard K/N explicitly")
+        hi = num("SLURM_ARRAY_TASK_MAX", -1)
+        if hi >= lo and (hi - lo) // step + 1 != n:
+            raise ValueError(f"--shard auto: the SLURM array {lo}-{hi}:{step} has gaps ({n} tasks, not "
+                             f"{(hi - lo) // step + 1}; an index list such as --array=1,3,5?), so its task ids do "
+                             "not number the parts; pass --shard K/N explicitly")
         k = (tid - lo) // step
     else:
         raise ValueError(
@@ -144,8 +166,9 @@ def shard_from_env(env: Any = None) -> tuple[int, int]:
             "SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT (sbatch --array) is set; pass --shard K/N (K from 0)"
         )
     if not (n >= 1 and 0 <= k < n):
-        raise ValueError(f"--shard auto: {src} give part {k} of {n}, which is not in [0, {n}) (an array with "
-                         "gaps or an offset without SLURM_ARRAY_TASK_MIN?); pass --shard K/N explicitly")
+        why = "" if torchrun else " (an array with gaps or an offset without SLURM_ARRAY_TASK_MIN?)"
+        raise ValueError(f"--shard auto: {src} give part {k} of {n}, which is not in [0, {n}){why}; pass "
+                         "--shard K/N explicitly")
     return k, n
 
 

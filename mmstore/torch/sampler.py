@@ -123,12 +123,16 @@ def _n_of(data_source: Any) -> int:
 
 
 def _record_bytes(data_source: Any) -> int | None:
+    while hasattr(data_source, "indices") and hasattr(data_source, "dataset"):  # a Subset (nested too)
+        data_source = data_source.dataset
     store = getattr(data_source, "store", data_source)
     schema = getattr(store, "schema", None)
     fields = getattr(data_source, "fields", None)
     if schema is None:
         return None
     names = fields if fields is not None else schema.names
+    if hasattr(store, "stored_record_bytes"):  # on disk, as Loader sizes its blocks (compact stores)
+        return max(1, int(store.stored_record_bytes(list(names))))
     return max(1, sum(schema[f].nbytes for f in names))
 
 
@@ -148,6 +152,10 @@ class _EpochCursor:
         self.resume: tuple[int, int] | None = None  # (epoch, position) from load_state_dict
         self.token: object | None = None  # the latest iteration; older ones no longer count
         self.used = False  # the latest iteration went past its first batch: ``next`` moved on
+        # (epoch, start, length) of the latest iteration, once it ran to its end and
+        # until another begins: a DataLoader with workers exhausts the sampler
+        # before the loop has received the last batches (see ``state``)
+        self.ended: tuple[int, int, int] | None = None
 
     def set_epoch(self, epoch: int) -> None:
         epoch = int(epoch)
@@ -156,6 +164,7 @@ class _EpochCursor:
         if self.resume is not None and self.resume[0] != epoch:
             self.resume = None  # set_epoch wins over a loaded state of another epoch
         self.chosen = epoch
+        self.ended = None
 
     def upcoming(self) -> tuple[int, int]:
         """(epoch, position) the next iteration would start at."""
@@ -165,7 +174,7 @@ class _EpochCursor:
 
     def begin(self) -> tuple[int, int, object]:
         epoch, start = self.upcoming()
-        self.resume = None
+        self.resume = self.ended = None
         self.running, self.pos, self.start = epoch, start, start
         self.token, self.used = object(), False
         return epoch, start, self.token
@@ -178,9 +187,10 @@ class _EpochCursor:
             self.used = True
             self.next, self.chosen = self.running + 1, None  # type: ignore[operator]
 
-    def end(self, token: object) -> None:
+    def end(self, token: object, length: int) -> None:
         if token is self.token:
             self.use(token)
+            self.ended = (self.running, self.start, length)  # type: ignore[assignment]
             self.running, self.pos, self.token = None, 0, None
 
     def state(self, consumed: int | None) -> tuple[int, int]:
@@ -188,9 +198,14 @@ class _EpochCursor:
             consumed = int(consumed)
             if consumed < 0:
                 raise ValueError(f"consumed must be >= 0, got {consumed}")
-            if self.running is None:
-                return self.upcoming()[0], self.upcoming()[1] + consumed
-            return self.running, self.start + consumed
+            if self.running is not None:
+                return self.running, self.start + consumed
+            if self.ended is not None and consumed > 0:
+                # the sampler reached the end (a DataLoader's workers read ahead):
+                # ``consumed`` counts in that epoch; all of it received: the next one
+                e, start, length = self.ended
+                return (e, start + consumed) if start + consumed < length else self.upcoming()
+            return self.upcoming()[0], self.upcoming()[1] + consumed
         if self.running is not None:
             return self.running, self.pos
         return self.upcoming()
@@ -200,6 +215,7 @@ class _EpochCursor:
         # ends the epoch, so a loop that resumes with set_epoch(epoch) moves on
         self.resume = (epoch, pos)
         self.chosen, self.next, self.running, self.pos, self.token = None, epoch, None, 0, None
+        self.ended = None
 
 
 def _check_state(state: Any, expect: dict[str, Any], what: str) -> tuple[int, int]:
@@ -238,8 +254,9 @@ class OrderSampler(Sampler[int]):
     Parameters
     ----------
     data_source : Dataset, Store or int
-        What to sample from (only its length is used; a ``StoreDataset`` or
-        ``Store`` also gives the record size for ``order="block"``).
+        What to sample from (only its length is used; a ``StoreDataset``, a
+        ``Subset`` of one or a ``Store`` also gives the record size for
+        ``order="block"``).
     order : Order or str, default "permutation"
         An order object, or ``"permutation"`` (a seeded uniform permutation per
         epoch: ``RandomSampler``'s coverage), ``"block"`` (block shuffle for
@@ -296,7 +313,7 @@ class OrderSampler(Sampler[int]):
                     if not cur.used and (j - start >= 2 or start):
                         cur.use(token)
                 yield v
-        cur.end(token)
+        cur.end(token, len(idx))
 
     def __len__(self) -> int:
         return len(self.order)
@@ -313,7 +330,10 @@ class OrderSampler(Sampler[int]):
             Samples the training loop received from the current iteration;
             default: the indices this sampler handed out (exact with
             ``StatefulDataLoader`` or ``num_workers=0``; a plain DataLoader
-            with workers reads ahead).
+            with workers reads ahead). Counted in the epoch in progress, or,
+            when the workers have already read the sampler to its end, in
+            the epoch just read (its whole length: the state points at the
+            start of the next epoch).
 
         Returns
         -------
@@ -375,7 +395,7 @@ class OrderBatchSampler(Sampler[list[int]]):
                 if not cur.used and (a > start or start):
                     cur.use(token)
             yield idx[a:b].tolist()
-        cur.end(token)
+        cur.end(token, n)
 
     def __len__(self) -> int:
         n = len(self.sampler)

@@ -43,6 +43,10 @@ def test_plain_split_sizes_and_partition(n, fraction, seed):
 def test_stratified_keeps_class_proportions(labels, fraction, seed):
     lab = np.array(labels, dtype=np.int64)
     n = len(lab)
+    if n >= 2 and len(np.unique(lab)) == n:  # every class one sample: one side would be empty
+        with pytest.raises(ValueError, match="side would be empty"):
+            mmstore.split(n, fraction, seed=seed, stratify=lab)
+        return
     train, val = mmstore.split(n, fraction, seed=seed, stratify=lab)
     _check_partition(train, val, n)
     for c in np.unique(lab):
@@ -102,3 +106,32 @@ def test_store_field_and_both_reading_paths(tmp_path):
         mmstore.split(60, 0.1, stratify=labels[:10])
     with pytest.raises(ValueError, match=r"\[0, 1\]"):
         mmstore.split(60, 1.5)
+
+
+def test_stratified_singletons_and_subsets(tmp_path):
+    # every class one sample: the validation side was silently empty (fraction < 0.5) or the
+    # training side (fraction >= 0.5); a Subset with stratify="label" was refused as "a count"
+    torch = pytest.importorskip("torch")
+    from torch.utils.data import Subset
+
+    from mmstore.torch import StoreDataset
+
+    for f, side in ((0.1, "validation"), (0.5, "training")):
+        with pytest.raises(ValueError, match=f"the {side} side would be empty: all 5 classes have one sample"):
+            mmstore.split(5, f, stratify=np.arange(5))
+    p = str(tmp_path / "s")
+    labels = np.array([0, 0, 1, 1, 1, 2, 2, 3, 3, 3, 3, 4])
+    with mmstore.StoreWriter(p, {"label": ("<i8", ())}, slots=len(labels)) as w:
+        for i, v in enumerate(labels):
+            w.write(i, {"label": v})
+    ds = StoreDataset(mmstore.open(p))
+    pos = [1, 2, 3, 4, 6, 7, 8, 9, 10, 11]
+    inner = Subset(Subset(ds, list(range(12))), pos)  # nested, as a second split would be
+    tr, va = mmstore.split(inner, 0.5, seed=4, stratify="label")
+    want = mmstore.split(len(pos), 0.5, seed=4, stratify=labels[pos])
+    assert np.array_equal(tr, want[0]) and np.array_equal(va, want[1])
+    _check_partition(tr, va, len(pos))
+    assert sorted(labels[pos][va].tolist()) == [0, 1, 1, 2, 3, 3, 4]  # positions in the subset, per class
+    with pytest.raises(TypeError, match="not list"):
+        mmstore.split([1, 2, 3], 0.5, stratify="label")
+    assert torch is not None

@@ -99,6 +99,31 @@ def test_palette_with_transparency_and_16bit(mode):
     assert np.array_equal(got, ref_flatten(a8[..., :3], a8[..., 3], mode))
 
 
+@pytest.mark.parametrize("mode", MODES)
+def test_gif_with_transparency(mode):
+    # the documented exception of "drop": OpenCV's GIF decoder leaves the background colour
+    # (palette entry 5 here) under transparent pixels, Pillow's convert("RGB") the transparent
+    # entry's colour; the docstring claimed Pillow's result for every format
+    rng = np.random.default_rng(2)
+    idx = rng.integers(0, 8, (30, 40), dtype=np.uint8)
+    pal = rng.integers(0, 256, (8, 3), dtype=np.uint8)
+    im = Image.fromarray(idx, "P")
+    im.putpalette(pal.tobytes())
+    buf = io.BytesIO()
+    im.save(buf, "GIF", transparency=3, background=5)
+    got = decode_image(buf.getvalue(), DecodeSpec((30, 40), resize="none", alpha=mode)).image
+    clear = idx == 3
+    assert clear.any() and (~clear).any()
+    assert np.array_equal(got[~clear], pal[idx[~clear]])  # opaque pixels: the palette colour
+    under = {"black": 0, "white": 255}.get(mode)
+    if under is None:
+        assert np.array_equal(got[clear], np.broadcast_to(pal[5], got[clear].shape))  # background colour
+        pil = np.asarray(Image.open(io.BytesIO(buf.getvalue())).convert("RGB"))
+        assert np.array_equal(got[~clear], pil[~clear]) and not np.array_equal(got[clear], pil[clear])
+    else:
+        assert (got[clear] == under).all()
+
+
 def test_spec_round_trip_and_default():
     assert DecodeSpec((8, 8)).alpha == "black"
     assert "alpha" not in DecodeSpec((8, 8)).to_dict()  # old stores' fingerprints unchanged

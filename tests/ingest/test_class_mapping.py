@@ -8,6 +8,8 @@ import subprocess
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import mmstore
 from mmstore.errors import LabelMappingError, ResumeMismatchError
@@ -77,7 +79,7 @@ def test_unknown_class_refused_or_appended(tmp_path, train_val, h, capsys):
     assert "'ant', 'cat'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("names,match", [(["a", "a"], "repeated"), (["a", ""], "empty"), ("no/such.txt", "cannot read"),
+@pytest.mark.parametrize("names,match", [(["a", "a"], "repeated"), (["a", "b\nc"], "line break"), ("no/such.txt", "cannot read"),
                                          ([1, 2], "list of strings")])
 def test_bad_mappings(tmp_path, train_val, names, match):
     _, val, _ = train_val
@@ -126,3 +128,100 @@ def test_named_list_labels_follow_the_mapping(tmp_path, train_val):
            label_type="names", new_classes="append")
     st = mmstore.open(str(tmp_path / "n"))
     assert st.label_names == ["ant", "bee", "cat", "dog", "3"] and st.column("label").tolist() == [4]
+
+
+def test_names_file_bom_trailing_blanks_and_bytes(tmp_path, train_val, h):
+    # a UTF-8 byte order mark became part of the first name ('\ufeffdog'), trailing blank
+    # lines were refused as unnamed ids, a names file with a non-UTF-8 byte was refused
+    # although such folder names are supported
+    _, val, _ = train_val
+    f = tmp_path / "bom.txt"
+    f.write_bytes(b"\xef\xbb\xbfdog\r\nbee\r\n\r\n\n")
+    ingest(val, str(tmp_path / "a"), (16, 16), workers=0, quiet=True, label_names=str(f))
+    assert _labels_by_class(str(tmp_path / "a")) == ({"bee": 1, "dog": 0}, ["dog", "bee"])
+    odd = tmp_path / "odd"
+    h.make_folder(str(odd), ("x",), per_class=1, sizes=(20, 30))
+    os.rename(str(odd / "x"), os.fsdecode(os.fsencode(str(odd)) + b"/caf\xe9 x"))
+    g = tmp_path / "odd.txt"
+    g.write_bytes(b"zero\ncaf\xe9 x\n")
+    ingest(str(odd), str(tmp_path / "b"), (16, 16), workers=0, quiet=True, label_names=str(g))
+    st = mmstore.open(str(tmp_path / "b"))
+    assert st.label_names == ["zero", os.fsdecode(b"caf\xe9 x")] and st.column("label").tolist() == [1]
+    # shown for people as the README's names rule says (\xe9, not the surrogate's \udce9)
+    r = ingest(str(odd), str(tmp_path / "b2"), (16, 16), workers=0, quiet=True, label_names=["zero"],
+               new_classes="append")
+    assert any("'caf\\xe9 x'" in k for k in r.warnings), r.warnings
+    empty = tmp_path / "empty.txt"
+    empty.write_bytes(b"\xef\xbb\xbf\r\n\n")
+    with pytest.raises(LabelMappingError, match="holds no class name"):
+        ingest(val, str(tmp_path / "e"), (16, 16), workers=0, quiet=True, label_names=str(empty))
+    blank = tmp_path / "blank.txt"
+    blank.write_text("dog\n\nbee\n")
+    with pytest.raises(LabelMappingError, match=r"line\(s\) \[2\] are blank, so label\(s\) \[1\].*remove the blank"):
+        ingest(val, str(tmp_path / "c"), (16, 16), workers=0, quiet=True, label_names=str(blank))
+
+
+def test_dict_mapping_and_near_miss_hint(tmp_path, train_val):
+    _, val, _ = train_val
+    # torchvision's class_to_idx: a dict was iterated as its keys, the ids silently ignored
+    ingest(val, str(tmp_path / "a"), (16, 16), workers=0, quiet=True, label_names={"dog": 0, "bee": 2, "ant": 1})
+    assert _labels_by_class(str(tmp_path / "a")) == ({"bee": 2, "dog": 0}, ["dog", "ant", "bee"])
+    with pytest.raises(LabelMappingError, match=r"labels being 0 \.\. 1 once each; found labels \[0, 5\]"):
+        ingest(val, str(tmp_path / "b"), (16, 16), workers=0, quiet=True, label_names={"dog": 0, "bee": 5})
+    with pytest.raises(LabelMappingError, match=r"'bee' ~ 'bee '"):
+        ingest(val, str(tmp_path / "c"), (16, 16), workers=0, quiet=True, label_names=["dog", "bee "])
+
+
+@pytest.mark.parametrize("what", ["folder", "missing", "damaged", "file"])
+def test_classes_from_not_a_store_names_the_option(tmp_path, train_val, h, capsys, what):
+    train, val, tr = train_val
+    src = {"folder": train, "missing": str(tmp_path / "nope.store"), "file": __file__,
+           "damaged": str(tmp_path / "damaged.store")}[what]
+    if what == "damaged":
+        import shutil
+
+        shutil.copytree(tr, src)
+        with open(os.path.join(src, "manifest.json"), "w") as fh:
+            fh.write('{"format": "mmstore", "version"')
+    rc = h.cli("ingest", val, str(tmp_path / "v"), "--size", "16x16", "--workers", "0", "--classes-from", src)
+    err = capsys.readouterr().err
+    assert rc != 0 and f"--classes-from {src}: expected a finished store made by mmstore ingest" in err
+    assert "--label-names FILE" in err
+    assert not os.path.exists(str(tmp_path / "v")) and not os.path.exists(str(tmp_path / "v.partial"))
+    assert not os.path.exists(str(tmp_path / "v.lock"))
+
+
+def test_classes_from_a_store_with_the_missing_label_class(tmp_path, train_val, h):
+    # a list ingested with --missing-label class names a class '' (mmstore's own convention);
+    # --classes-from that store was refused ("empty ... remove the blank line(s)")
+    train, val, _ = train_val
+    tl, vl = tmp_path / "t.csv", tmp_path / "v.csv"
+    files = sorted(os.listdir(os.path.join(train, "bee")))
+    tl.write_text(f"path,label\n{train}/bee/{files[0]},bee\n{train}/bee/{files[1]},\n")
+    ingest(str(tl), str(tmp_path / "t"), (16, 16), workers=0, quiet=True, missing_label="class")
+    assert mmstore.open(str(tmp_path / "t")).label_names == ["", "bee"]
+    vfiles = sorted(os.listdir(os.path.join(val, "dog")))
+    vl.write_text(f"path,label\n{val}/dog/{vfiles[0]},\n{val}/dog/{vfiles[1]},dog\n")
+    ingest(str(vl), str(tmp_path / "v"), (16, 16), workers=0, quiet=True, missing_label="class",
+           classes_from=str(tmp_path / "t"), new_classes="append")
+    v = mmstore.open(str(tmp_path / "v"))
+    assert v.label_names == ["", "bee", "dog"] and v.column("label").tolist() == [0, 2]
+
+
+_NAME = st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\r\n"), min_size=1, max_size=12)
+
+
+@settings(max_examples=100, deadline=None)
+@given(names=st.lists(_NAME, min_size=1, max_size=8, unique=True), crlf=st.booleans(), bom=st.booleans(),
+       tail=st.integers(0, 2))
+def test_names_file_round_trip(tmp_path_factory, names, crlf, bom, tail):
+    # one name per line, any line end, optional BOM and blank lines at the end: the same names
+    from mmstore.ingest.classes import load_class_names
+
+    if names[0].startswith("\ufeff"):
+        names[0] = "x" + names[0]
+    nl = "\r\n" if crlf else "\n"
+    f = tmp_path_factory.mktemp("n") / "names.txt"
+    f.write_bytes((("\ufeff" if bom else "") + nl.join(names) + nl * (1 + tail)).encode("utf-8"))
+    got, origin = load_class_names(label_names=str(f))
+    assert got == names and origin == str(f)

@@ -19,7 +19,14 @@ from mmstore.ingest.options import parse_shard, shard_from_env
     "env,want",
     [
         ({"RANK": "1", "WORLD_SIZE": "4"}, (1, 4)),
-        ({"RANK": "0", "WORLD_SIZE": "1", "SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "4"}, (0, 1)),
+        # torchrun of one process per array task: the array numbers the parts (each array task got
+        # part 0 of 1, the whole input, before)
+        ({"RANK": "0", "WORLD_SIZE": "1", "SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "4"}, (3, 4)),
+        ({"RANK": "1", "WORLD_SIZE": "2", "SLURM_ARRAY_TASK_ID": "0", "SLURM_ARRAY_TASK_COUNT": "1"}, (1, 2)),
+        ({"SLURM_ARRAY_TASK_ID": "8", "SLURM_ARRAY_TASK_COUNT": "8", "SLURM_ARRAY_TASK_MIN": "1",
+          "SLURM_ARRAY_TASK_MAX": "8"}, (7, 8)),
+        ({"SLURM_ARRAY_TASK_ID": "4", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "0",
+          "SLURM_ARRAY_TASK_MAX": "6", "SLURM_ARRAY_TASK_STEP": "2"}, (2, 4)),
         ({"SLURM_ARRAY_TASK_ID": "2", "SLURM_ARRAY_TASK_COUNT": "4"}, (2, 4)),
         ({"SLURM_ARRAY_TASK_ID": "7", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_MIN": "5"}, (2, 4)),
         ({"SLURM_ARRAY_TASK_ID": "9", "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_MIN": "1",
@@ -39,6 +46,14 @@ def test_shard_from_env(env, want):
         ({"SLURM_ARRAY_TASK_ID": "5", "SLURM_ARRAY_TASK_COUNT": "4"}, "SLURM_ARRAY_TASK_MIN"),
         ({"SLURM_ARRAY_TASK_ID": "x", "SLURM_ARRAY_TASK_COUNT": "4"}, "not an integer"),
         ({"SLURM_ARRAY_TASK_ID": "4", "SLURM_ARRAY_TASK_COUNT": "4", "SLURM_ARRAY_TASK_STEP": "3"}, "STEP"),
+        # torchrun of several processes inside an array of several tasks: RANK/WORLD_SIZE alone made
+        # every array task ingest the same parts
+        ({"RANK": "1", "WORLD_SIZE": "4", "SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "8"},
+         r"both RANK/WORLD_SIZE .* K = array_index \* WORLD_SIZE \+ RANK"),
+        # an index list (--array=1,3,5): task 3 took part 2 of 3 and part 1 was never made
+        ({"SLURM_ARRAY_TASK_ID": "3", "SLURM_ARRAY_TASK_COUNT": "3", "SLURM_ARRAY_TASK_MIN": "1",
+          "SLURM_ARRAY_TASK_MAX": "5"}, r"has gaps \(3 tasks, not 5"),
+        ({"WORLD_SIZE": "4"}, r"RANK is not set .*pass --shard K/N"),
     ],
 )
 def test_shard_from_env_errors(env, match):

@@ -91,3 +91,20 @@ def test_batch_sampler_equals_batchsampler():
         ref = list(BatchSampler(s, 8, drop_last=dl))
         assert ours == ref
         assert len(OrderBatchSampler(s, 8, drop_last=dl)) == len(ref)
+
+
+def test_block_sampler_over_a_subset(stores):
+    # order="block" sized automatically: a Subset of a StoreDataset was refused ("needs block= and
+    # window=, or a store"), although it is the documented way to read a split
+    from torch.utils.data import Subset
+
+    from mmstore.torch.sampler import build_order
+
+    ds = StoreDataset(mmstore.open(stores["big"]))
+    train, _val = mmstore.split(ds, 0.2, seed=1)
+    sub = Subset(Subset(ds, list(range(len(ds)))), train.tolist())
+    s = OrderSampler(sub, "block", seed=4)
+    ref = build_order("block", len(train), seed=4, record_bytes=ds.store.stored_record_bytes())
+    assert s.order.describe() == ref.describe()
+    e = s.order.epoch(0)
+    assert np.array_equal(np.sort(e), np.arange(len(train)))  # positions in the subset, each once

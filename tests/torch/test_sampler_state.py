@@ -246,3 +246,127 @@ def test_stateful_dataloader_with_workers(stores):
     nxt = [b["idx"].tolist() for b in r]  # then the next epoch
     assert [i for b in nxt for i in b] == OrderSampler(ds, seed=5).order.epoch(1).tolist()
     assert np.array_equal(np.sort(np.concatenate(nxt)), np.arange(len(ds)))
+
+
+class _Idx:
+    def __init__(self, n):
+        self.n = n
+
+    def __len__(self):
+        return self.n
+
+    def __getitem__(self, i):
+        return i
+
+
+@pytest.mark.parametrize("per_batch", [True, False])
+def test_consumed_counts_in_the_epoch_workers_read_to_its_end(per_batch):
+    # A DataLoader with workers reads the sampler to its end while the loop still
+    # has batches to receive; state_dict(consumed=k) saved at every k must resume
+    # exactly after batch k of that epoch (it pointed at the next epoch, skipping
+    # the tail of this one and the head of the next).
+    n, bs = 42, 4
+
+    def make():
+        s = OrderSampler(n, seed=9)
+        return (OrderBatchSampler(s, bs), s) if per_batch else (s, s)
+
+    src, s = make()
+    list(src)  # epoch 0 to its end: the loop below runs epoch 1 without set_epoch
+    kw = {"batch_sampler": src} if per_batch else {"sampler": src, "batch_size": bs}
+    dl = DataLoader(_Idx(n), num_workers=2, prefetch_factor=4, multiprocessing_context="fork", **kw)
+    got, states = [], []
+    for k, b in enumerate(dl, 1):
+        got.append(b.tolist())
+        states.append(json.loads(json.dumps(src.state_dict(consumed=k if per_batch else k * bs))))
+    e1 = s.order.epoch(1).tolist()
+    assert [i for b in got for i in b] == e1
+    assert (states[-1]["epoch"], states[-1]["yielded"]) == (2, 0)  # all received: the next epoch's start
+    for k, state in enumerate(states, 1):
+        r, rs = make()
+        r.load_state_dict(state)
+        rest = [i for x in r for i in (x if per_batch else [x])]
+        if k < len(got):
+            assert [i for b in got[:k] for i in b] + rest == e1
+            rest = [i for x in r for i in (x if per_batch else [x])]
+        assert rest == rs.order.epoch(2).tolist()  # then the next epoch
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    n=st.integers(1, 60),
+    world=st.integers(1, 3),
+    bs=st.integers(1, 9),
+    drop_last=st.booleans(),
+    kind=st.sampled_from(["permutation", "block", "sequential"]),
+    data=st.data(),
+)
+def test_consumed_after_read_ahead_to_the_end(n, world, bs, drop_last, kind, data):
+    # the workers read the whole epoch before the loop received it: consumed=k of that epoch
+    # resumes after its k-th batch; k = all of it resumes at the next epoch's start
+    kw = {"block": 4, "window": 2} if kind == "block" else {}
+    rank = data.draw(st.integers(0, world - 1))
+
+    def make():
+        s = OrderSampler(n, kind, seed=7, rank=rank, world_size=world, drop_last=drop_last, **kw)
+        return OrderBatchSampler(s, bs, drop_last=drop_last)
+
+    b = make()
+    epoch = data.draw(st.integers(0, 2))
+    if data.draw(st.booleans()):
+        b.set_epoch(epoch)
+    else:
+        for _ in range(epoch):
+            list(b)
+    batches = list(b)  # read to its end
+    k = data.draw(st.integers(1, max(1, len(batches))))
+    state = json.loads(json.dumps(b.state_dict(consumed=k)))
+    r = make()
+    r.load_state_dict(state)
+    rest = list(r)
+    if k < len(batches):
+        assert batches[:k] + rest == batches
+        rest = list(r)
+    ref = make()
+    ref.set_epoch(epoch + 1)
+    assert rest == list(ref)  # then the next epoch
+
+
+_EVERY_CHILD = r"""
+import json, sys
+from mmstore.torch import OrderBatchSampler, OrderSampler
+out = []
+for kind, st_ in json.loads(sys.stdin.read()):
+    kw = {"block": 5, "window": 3} if kind == "block" else {}
+    b = OrderBatchSampler(OrderSampler(53, kind, seed=2, rank=1, world_size=2, **kw), 4)
+    b.load_state_dict(st_)
+    out.append([list(b), list(b)])
+print(json.dumps(out))
+"""
+
+
+def test_state_at_every_position_in_a_fresh_process():
+    jobs, want = [], []
+    for kind in ("permutation", "block", "sequential"):
+        kw = {"block": 5, "window": 3} if kind == "block" else {}
+        b = OrderBatchSampler(OrderSampler(53, kind, seed=2, rank=1, world_size=2, **kw), 4)
+        b.set_epoch(3)
+        full = list(b)
+        nxt = list(b)
+        b.set_epoch(3)
+        states = [b.state_dict()]
+        for _ in b:
+            states.append(b.state_dict())
+        states.append(b.state_dict())  # after the end
+        for k, st_ in enumerate(states):
+            jobs.append((kind, st_))
+            k = min(k, len(full))
+            want.append([full[k:], nxt] if k < len(full) or st_["epoch"] == 3 else [nxt, None])
+    env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", _EVERY_CHILD], input=json.dumps(jobs), env=env,
+                         capture_output=True, text=True, timeout=120, check=True)
+    got = json.loads(out.stdout)
+    for (kind, st_), g, w in zip(jobs, got, want):
+        assert g[0] == w[0], (kind, st_)
+        if w[1] is not None:
+            assert g[1] == w[1], (kind, st_)
