@@ -11,8 +11,10 @@ reused. See "Buffer lifetime" and "Lifetime" in ``loader.py``'s docstring.
 
 from __future__ import annotations
 
+import atexit
 import os
 import threading
+import weakref
 from collections.abc import Mapping
 from concurrent.futures import Future
 from concurrent.futures import wait as _wait
@@ -184,6 +186,7 @@ class WindowPass:
     def start(self) -> None:
         t = threading.Thread(target=self._loop, name="mmstore-window", daemon=True)
         self.inflight.win_thread = t  # the epoch's wait() joins it
+        _WINDOW_PASSES.add(self.inflight)
         t.start()
 
     def window_of(self, pos: int) -> int:
@@ -204,3 +207,33 @@ class WindowPass:
         with cv:
             while self.done < w and not self.inflight.cancelled:
                 cv.wait()
+
+
+# NOTE [window threads at exit]: a window thread is a daemon (an epoch the
+# user abandons must not keep the process alive), but a daemon thread still
+# running when the interpreter finalizes is killed by pthread_exit the next
+# time it takes the GIL; if that happens inside a C++ call (torch, with
+# noexcept frames on the stack) the forced unwind ends in std::terminate
+# ("terminate called without an active exception", exit status 134). So the
+# passes still running when the interpreter exits (a loop that raised, a
+# script that ends mid-epoch) are cancelled and joined first: from
+# threading's exit hooks, which run before the reader pools are shut down
+# (those hooks run last-registered first) and before finalization.
+_WINDOW_PASSES: weakref.WeakSet[InFlight] = weakref.WeakSet()
+
+
+def _stop_window_passes() -> None:
+    passes = list(_WINDOW_PASSES)
+    for inflight in passes:
+        inflight.cancel("interpreter exit")
+    for inflight in passes:
+        t = inflight.win_thread
+        if t is not None and t is not threading.current_thread():
+            t.join(timeout=30)
+
+
+_register = getattr(threading, "_register_atexit", None)  # CPython >= 3.9: before pools shut down
+try:
+    (_register or atexit.register)(_stop_window_passes)
+except RuntimeError:  # imported while the interpreter is already shutting down
+    pass
