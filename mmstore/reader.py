@@ -36,6 +36,7 @@ from .format import (
     read_manifest,
     variable_files,
 )
+from .ragged import Ragged, decode_entries
 from .schema import Schema
 
 __all__ = ["Store", "open_store"]
@@ -373,7 +374,10 @@ class Store:
         Returns
         -------
         dict
-            ``{field: array of shape (len(indices), *shape)}``.
+            ``{field: array of shape (len(indices), *shape)}``; a ragged
+            field (variable length, ``str``, ``bytes``) as a
+            :class:`~mmstore.ragged.Ragged`: one flat array of every record's
+            rows plus their offsets (``.split()`` gives the list).
 
         Notes
         -----
@@ -391,7 +395,13 @@ class Store:
         names = self.field_list(fields)
         slots = self.slots_of(indices)
         n = len(slots)
-        result: dict[str, np.ndarray] = {}
+        result: dict[str, Any] = {}
+        ragged = [name for name in names if self.schema[name].ragged]
+        if ragged:
+            if out is not None and any(name in out for name in ragged):
+                raise TypeError(f"out= takes fixed-shape fields only; ragged field(s) "
+                                f"{[r for r in ragged if r in out]} are returned as Ragged (leave them out of out)")
+            names = [name for name in names if name not in ragged]
         for name in names:
             f = self.schema[name]
             if out is not None and name in out:
@@ -415,8 +425,39 @@ class Store:
             else:
                 rows = np.arange(n)
                 sorted_slots = slots
-            self._read_into(sorted_slots, rows, names, result)
-        return result
+            if names:
+                self._read_into(sorted_slots, rows, names, result)
+        else:
+            rows = sorted_slots = slots
+        for name in ragged:
+            result[name] = self._read_ragged(name, sorted_slots, rows)
+        return {name: result[name] for name in self.field_list(fields)}
+
+    def _read_ragged(self, name: str, sorted_slots: np.ndarray, rows: np.ndarray) -> Ragged:
+        """Ragged field ``name`` of ``sorted_slots`` (ascending), put back in
+        the caller's order (``rows[j]``: where slot ``j`` goes), decoded."""
+        f = self.schema[name]
+        try:
+            flat, sizes = self._b().gather_entries(name, sorted_slots)
+            n = len(sizes)
+            if n > 1 and not np.array_equal(rows, np.arange(n)):
+                order = np.empty(n, np.int64)
+                order[rows] = np.arange(n)
+                starts = np.zeros(n, np.int64)
+                np.cumsum(sizes[:-1], out=starts[1:])
+                sizes = sizes[order]
+                new = np.zeros(n, np.int64)
+                np.cumsum(sizes[:-1], out=new[1:])
+                idx = np.repeat(starts[order] - new, sizes)
+                idx += np.arange(int(sizes.sum()), dtype=np.int64)
+                flat = flat[idx]
+                sorted_slots = sorted_slots[order]
+            return decode_entries(f, flat, sizes, sorted_slots)
+        except EntryDecodeError as exc:
+            located = self._located(exc)
+            if located is exc:
+                raise
+            raise located from None
 
     def _read_into(self, slots: np.ndarray, rows: np.ndarray, names: Sequence[str],
                    out: dict[str, np.ndarray]) -> None:

@@ -433,6 +433,20 @@ class LmdbBackend(Backend):
                 except EntryDecodeError as exc:
                     raise entry_error(self, name, int(slots[j]), str(exc)) from None
 
+    def gather_entries(self, name: str, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """See ``BackendReader.gather_entries``: one lookup per slot, each
+        value's size checked against its layout first."""
+        k = [f.name for f in self.schema.variable_fields].index(name)
+        s = np.asarray(slots, np.int64)
+        sizes = np.zeros(len(s), np.int64)
+        parts = []
+        if len(s):
+            for j, buf, _, lay in self._values(s, lambda b: value_layout(self.schema, b)):
+                a, n = lay[k]
+                parts.append(bytes(buf[a : a + n]))
+                sizes[j] = n
+        return np.frombuffer(b"".join(parts), np.uint8).copy(), sizes
+
     def prepare(self, fields: Sequence[str] | None = None) -> None:
         self.env()
 
