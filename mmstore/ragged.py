@@ -16,7 +16,7 @@ import numpy as np
 from .errors import EntryDecodeError
 from .format import RAGGED_ZSTD_MAX_BYTES
 
-__all__ = ["Ragged", "decode_entries", "decode_entry", "entry_bytes"]
+__all__ = ["Ragged", "check_entry", "decode_entries", "decode_entry", "entry_bytes"]
 
 
 class Ragged:
@@ -186,3 +186,17 @@ def _check_utf8(field: Any, flat: np.ndarray, offsets: np.ndarray, slots: np.nda
     except UnicodeDecodeError as exc:
         reason = f"the text is not valid UTF-8 ({exc})"
     raise _bad(field, int(slots[bad]), reason)
+
+
+def check_entry(field: Any, data: Any, scratch: np.ndarray | None = None) -> None:
+    """Decode one stored entry of variable-size ``field`` only to prove it
+    valid (``verify --decode``, ``convert``): a ragged field's by its rules,
+    another's with its codec into ``scratch`` (the field's dtype and shape).
+    Raises ``EntryDecodeError`` with the reason alone."""
+    if not field.ragged:
+        field.codec.decode_into(data, scratch)
+        return
+    try:
+        decode_entry(field, data)
+    except EntryDecodeError as exc:
+        raise EntryDecodeError(getattr(exc, "reason", str(exc))) from None
