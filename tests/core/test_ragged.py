@@ -391,3 +391,28 @@ def test_from_dataset_stores_ragged_fields_the_same_for_any_worker_count(tmp_pat
             assert same(rec[f], make(slot)[f], f)
     b = s.read_batch(np.arange(len(s)))
     assert b["boxes"].lengths.tolist() == [x % 4 for x in range(12) if x != 4]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), dtype=st.sampled_from(["<f4", "<i8", "|u1", "<u2", "|b1", "<c8"]),
+       row=st.sampled_from([(), (2,), (3, 2)]), codec=st.sampled_from([None, "zstd:1"]),
+       backend=st.sampled_from(["memmap", "lmdb"]))
+def test_property_ragged_round_trip_in_any_order(tmp_path_factory, data, dtype, row, codec, backend):
+    n = data.draw(st.integers(1, 12))
+    lengths = data.draw(st.lists(st.integers(0, 5), min_size=n, max_size=n))
+    texts = data.draw(st.lists(st.text(max_size=6), min_size=n, max_size=n))
+    rng = np.random.default_rng(n)
+    vals = [(rng.standard_normal((k, *row)) * 50).astype(dtype) for k in lengths]
+    path = tmp_path_factory.mktemp("prop") / "s"
+    with mmstore.StoreWriter(path, {"v": (dtype, (None, *row), codec), "t": "str"}, slots=n, backend=backend) as w:
+        for s in reversed(range(n)):
+            w.write(s, {"v": vals[s], "t": texts[s]})
+    st_ = mmstore.open(path)
+    idx = data.draw(st.lists(st.integers(0, n - 1), max_size=20))
+    b = st_.read_batch(idx)
+    assert b["v"].lengths.tolist() == [lengths[i] for i in idx] and b["t"].split() == [texts[i] for i in idx]
+    for j, i in enumerate(idx):
+        got = b["v"][j]
+        assert got.dtype == np.dtype(dtype) and got.shape == vals[i].shape and got.tobytes() == vals[i].tobytes()
+    for i in range(n):
+        assert st_[i]["v"].tobytes() == vals[i].tobytes() and st_[i]["t"] == texts[i]
