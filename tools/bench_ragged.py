@@ -28,7 +28,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-import mmstore  # noqa: E402
+import mmstore
 
 
 def _write(path: str, n: int, boxes: bool, backend: str) -> None:
