@@ -416,3 +416,25 @@ def test_property_ragged_round_trip_in_any_order(tmp_path_factory, data, dtype, 
         assert got.dtype == np.dtype(dtype) and got.shape == vals[i].shape and got.tobytes() == vals[i].tobytes()
     for i in range(n):
         assert st_[i]["v"].tobytes() == vals[i].tobytes() and st_[i]["t"] == texts[i]
+
+
+@pytest.mark.parametrize("backend", ["memmap", "lmdb"])
+def test_shards_merged_read_like_one_run_and_verify(tmp_path, backend):
+    from mmstore.ingest.merge import merge
+
+    ref = str(tmp_path / "ref")
+    from_dataset(_Items(14, bad=9), ref, workers=0, fields=FIELDS, backend=backend)
+    parts = []
+    for k in range(3):
+        parts.append(str(tmp_path / f"p{k}"))
+        from_dataset(_Items(14, bad=9), parts[-1], workers=0, fields=FIELDS, backend=backend, shard=(k, 3))
+    out = merge([parts[2], parts[0], parts[1]], tmp_path / "m")
+    a, m = mmstore.open(ref), mmstore.open(out)
+    assert m.segments is not None and len(m) == len(a) == 13 and m.manifest["version"] == (2, 1)
+    idx = np.random.default_rng(0).permutation(len(a))
+    x, y = a.read_batch(idx), m.read_batch(idx)
+    for f in FIELDS:
+        assert np.array_equal(x[f].values, y[f].values) and np.array_equal(x[f].offsets, y[f].offsets)
+    assert all(same(m[i]["boxes"], a[i]["boxes"], "boxes") for i in range(len(a)))
+    assert verify_store(out, decode=True).ok
+    assert np.array_equal(m.checksums(), a.checksums())
