@@ -397,11 +397,14 @@ class Store:
         n = len(slots)
         result: dict[str, Any] = {}
         ragged = [name for name in names if self.schema[name].ragged]
+        lists: dict[str, list[Any]] = {}
         if ragged:
             if out is not None and any(name in out for name in ragged):
                 raise TypeError(f"out= takes fixed-shape fields only; ragged field(s) "
                                 f"{[r for r in ragged if r in out]} are returned as Ragged (leave them out of out)")
             names = [name for name in names if name not in ragged]
+            if n and self._b().ragged_lists:  # one pass: entries collected with the fixed fields
+                lists = {name: [b""] * n for name in ragged}
         for name in names:
             f = self.schema[name]
             if out is not None and name in out:
@@ -425,18 +428,22 @@ class Store:
             else:
                 rows = np.arange(n)
                 sorted_slots = slots
-            if names:
-                self._read_into(sorted_slots, rows, names, result)
+            if names or lists:
+                self._read_into(sorted_slots, rows, names + list(lists), {**result, **lists})
         else:
             rows = sorted_slots = slots
         for name in ragged:
-            result[name] = self._read_ragged(name, sorted_slots, rows)
+            if name in lists:  # already in the caller's order
+                entries = lists[name]
+                sizes = np.fromiter(map(len, entries), np.int64, len(entries))
+                result[name] = self._decode_ragged(name, np.frombuffer(b"".join(entries), np.uint8), sizes, slots)
+            else:
+                result[name] = self._read_ragged(name, sorted_slots, rows)
         return {name: result[name] for name in self.field_list(fields)}
 
     def _read_ragged(self, name: str, sorted_slots: np.ndarray, rows: np.ndarray) -> Ragged:
         """Ragged field ``name`` of ``sorted_slots`` (ascending), put back in
         the caller's order (``rows[j]``: where slot ``j`` goes), decoded."""
-        f = self.schema[name]
         try:
             flat, sizes = self._b().gather_entries(name, sorted_slots)
             n = len(sizes)
@@ -452,7 +459,16 @@ class Store:
                 idx += np.arange(int(sizes.sum()), dtype=np.int64)
                 flat = flat[idx]
                 sorted_slots = sorted_slots[order]
-            return decode_entries(f, flat, sizes, sorted_slots)
+        except EntryDecodeError as exc:
+            located = self._located(exc)
+            if located is exc:
+                raise
+            raise located from None
+        return self._decode_ragged(name, flat, sizes, sorted_slots)
+
+    def _decode_ragged(self, name: str, flat: np.ndarray, sizes: np.ndarray, slots: np.ndarray) -> Ragged:
+        try:
+            return decode_entries(self.schema[name], flat, sizes, slots)
         except EntryDecodeError as exc:
             located = self._located(exc)
             if located is exc:

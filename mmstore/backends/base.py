@@ -91,6 +91,10 @@ class BackendReader(ABC):
     """
 
     name: ClassVar[str]
+    ragged_lists: ClassVar[bool] = False
+    """:meth:`read_into` also takes ragged fields, whose ``out`` is a list
+    (it sets item ``rows[j]`` to slot ``slots[j]``'s stored entry, bytes): one
+    pass for a backend that looks each record up once (lmdb)."""
     positional: ClassVar[bool] = False
     crashes_on_damage: ClassVar[bool] = False
     segmented: ClassVar[bool] = False

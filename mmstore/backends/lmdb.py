@@ -127,6 +127,7 @@ class LmdbBackend(Backend):
 
     name = "lmdb"
     crashes_on_damage = True  # see NOTE [lmdb meta pages] and mmstore.tools.verify_lmdb
+    ragged_lists = True  # ragged entries come out of the same lookup as the rest of the record
 
     def __init__(
         self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | None = None,
@@ -420,12 +421,17 @@ class LmdbBackend(Backend):
         fixed = [(out[n].ctypes.data, self.schema.offset(n), self.schema[n].nbytes)
                  for n in fields if not self.schema[n].variable and self.schema[n].nbytes]
         var_ix = {f.name: k for k, f in enumerate(self.schema.variable_fields)}
-        var = [(n, var_ix[n], self.schema[n].codec.decode_into, out[n]) for n in fields if n in var_ix]
+        var = [(n, var_ix[n], self.schema[n].codec.decode_into, out[n]) for n in fields
+               if n in var_ix and not self.schema[n].ragged]
+        ragged = [(var_ix[n], out[n]) for n in fields if self.schema[n].ragged]
         r_list = rows.tolist()
         for j, buf, addr, lay in self._values(slots, lambda b: value_layout(self.schema, b)):
             r = r_list[j]
             for dbase, off, nb in fixed:
                 _memmove(dbase + r * nb, addr + off, nb)
+            for k, lst in ragged:
+                a, n = lay[k]
+                lst[r] = bytes(buf[a : a + n])
             for name, k, decode, dst in var:
                 a, n = lay[k]
                 try:
