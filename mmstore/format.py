@@ -207,7 +207,8 @@ order. Its size MUST equal the raw bytes plus ``8 x`` the number of
 variable-size fields plus the sum of the lengths.
 
 Version: a writer writes ``[2, 0]`` for a store with at least one
-variable-size field (segmented or not) and 1.x otherwise, so a 1.x reader,
+variable-size field (segmented or not; ``[2, 1]`` when one is ragged, see
+"Ragged fields") and 1.x otherwise, so a 1.x reader,
 which refuses major version 2, never misreads an encoded store and every
 reader still reads the raw stores it could read before. A 2.0 reader reads
 1.0, 1.1 and 2.0, and refuses (``FormatError``) a codec name it does not know.

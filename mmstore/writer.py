@@ -330,7 +330,9 @@ class StoreWriter:
     path
         Destination directory; work happens in ``PATH.partial``.
     schema
-        A :class:`Schema` or ``{name: (dtype, shape)}``.
+        A :class:`Schema` or ``{name: (dtype, shape)}``; ``(dtype, (None,
+        *row))`` for a ragged field (each record its own number of rows),
+        ``"str"`` / ``"bytes"`` for text / bytes (format.py, "Ragged fields").
     slots
         Number of slots, or ``None`` to grow with :meth:`append`.
     backend
