@@ -438,3 +438,34 @@ def test_shards_merged_read_like_one_run_and_verify(tmp_path, backend):
     assert all(same(m[i]["boxes"], a[i]["boxes"], "boxes") for i in range(len(a)))
     assert verify_store(out, decode=True).ok
     assert np.array_equal(m.checksums(), a.checksums())
+
+
+@pytest.mark.parametrize(("ent", "match"), [
+    ({"name": "b", "dtype": "<f4", "shape": [4, None]}, "shape must be a list of ints"),
+    ({"name": "b", "dtype": "<f4", "shape": [None, None]}, "shape must be \\[null, ints >= 0"),
+    ({"name": "b", "dtype": "str", "shape": [None, 2]}, "a str field has shape \\[null\\]"),
+    ({"name": "b", "dtype": "bytes", "shape": [3]}, "a ragged field's shape must be \\[null"),
+    ({"name": "b", "dtype": "<f4", "shape": [None, 0]}, "at least one byte"),
+    ({"name": "b", "dtype": "<f4", "shape": [None, 4], "codec": {"name": "png", "level": 1}}, "raw or with zstd"),
+    ({"name": "b", "dtype": "f4", "shape": [None, 4]}, "is not explicit"),
+])
+def test_manifest_schema_of_ragged_fields_is_checked(tmp_path, ent, match):
+    from mmstore import format as fmt
+
+    path = write(tmp_path / "s", n=2, holes=())
+    with open(os.path.join(path, "manifest.json")) as fh:
+        m = json.load(fh)
+    m["schema"][1] = ent
+    with pytest.raises(FormatError, match=match):
+        fmt.parse_manifest(json.dumps(m).encode())
+
+
+def test_inspect_cli_prints_lengths(store, capsys):
+    from mmstore.cli import main
+
+    assert main(["inspect", store]) == 0
+    out = capsys.readouterr().out
+    n0 = sum(1 for s in RECORDS if s % 4 == 0)
+    assert f"ragged       boxes: 0 to 3 rows per record, mean {round(np.mean([s % 4 for s in RECORDS]), 2)}" in out
+    assert f"{sum(s % 4 for s in RECORDS)} in all, {n0} records with none" in out
+    assert [ln.split()[:3] for ln in out.splitlines() if ln.split()[:1] == ["boxes"]] == [["boxes", "<f4", "nx4"]]
