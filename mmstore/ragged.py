@@ -16,7 +16,7 @@ import numpy as np
 from .errors import EntryDecodeError
 from .format import RAGGED_ZSTD_MAX_BYTES
 
-__all__ = ["Ragged", "check_entry", "decode_entries", "decode_entry", "entry_bytes"]
+__all__ = ["Ragged", "check_entry", "decode_entries", "decode_entry", "entry_bytes", "read_ragged"]
 
 
 class Ragged:
@@ -200,3 +200,38 @@ def check_entry(field: Any, data: Any, scratch: np.ndarray | None = None) -> Non
         decode_entry(field, data)
     except EntryDecodeError as exc:
         raise EntryDecodeError(getattr(exc, "reason", str(exc))) from None
+
+
+def read_ragged(store: Any, name: str, slots: np.ndarray, sorted_slots: np.ndarray, rows: np.ndarray,
+                entries: list[bytes] | None = None) -> Ragged:
+    """``Store.read_batch``'s ragged field ``name``: records ``slots`` (the
+    caller's order) as a :class:`Ragged`. ``entries``: their stored entries,
+    already read in the caller's order (a backend with ``ragged_lists``);
+    else they are gathered in ascending slot order (``sorted_slots``, where
+    ``rows[j]`` says where slot ``sorted_slots[j]`` goes) and put back in the
+    caller's order with one vectorised gather. A bad entry's error names the
+    record, its slot and key (``Store._located``)."""
+    try:
+        if entries is not None:
+            sizes = np.fromiter(map(len, entries), np.int64, len(entries))
+            return decode_entries(store.schema[name], np.frombuffer(b"".join(entries), np.uint8), sizes, slots)
+        flat, sizes = store.backend.gather_entries(name, sorted_slots)
+        n = len(sizes)
+        if n > 1 and not np.array_equal(rows, np.arange(n)):
+            order = np.empty(n, np.int64)
+            order[rows] = np.arange(n)  # caller's position p holds sorted entry order[p]
+            starts = np.zeros(n, np.int64)
+            np.cumsum(sizes[:-1], out=starts[1:])
+            sizes = sizes[order]
+            new = np.zeros(n, np.int64)
+            np.cumsum(sizes[:-1], out=new[1:])
+            idx = np.repeat(starts[order] - new, sizes)
+            idx += np.arange(int(sizes.sum()), dtype=np.int64)
+            flat = flat[idx]
+            sorted_slots = sorted_slots[order]
+        return decode_entries(store.schema[name], flat, sizes, sorted_slots)
+    except EntryDecodeError as exc:
+        located = store._located(exc)
+        if located is exc:
+            raise
+        raise located from None

@@ -36,7 +36,7 @@ from .format import (
     read_manifest,
     variable_files,
 )
-from .ragged import Ragged, decode_entries
+from .ragged import read_ragged
 from .schema import Schema
 
 __all__ = ["Store", "open_store"]
@@ -433,47 +433,8 @@ class Store:
         else:
             rows = sorted_slots = slots
         for name in ragged:
-            if name in lists:  # already in the caller's order
-                entries = lists[name]
-                sizes = np.fromiter(map(len, entries), np.int64, len(entries))
-                result[name] = self._decode_ragged(name, np.frombuffer(b"".join(entries), np.uint8), sizes, slots)
-            else:
-                result[name] = self._read_ragged(name, sorted_slots, rows)
+            result[name] = read_ragged(self, name, slots, sorted_slots, rows, lists.get(name))
         return {name: result[name] for name in self.field_list(fields)}
-
-    def _read_ragged(self, name: str, sorted_slots: np.ndarray, rows: np.ndarray) -> Ragged:
-        """Ragged field ``name`` of ``sorted_slots`` (ascending), put back in
-        the caller's order (``rows[j]``: where slot ``j`` goes), decoded."""
-        try:
-            flat, sizes = self._b().gather_entries(name, sorted_slots)
-            n = len(sizes)
-            if n > 1 and not np.array_equal(rows, np.arange(n)):
-                order = np.empty(n, np.int64)
-                order[rows] = np.arange(n)
-                starts = np.zeros(n, np.int64)
-                np.cumsum(sizes[:-1], out=starts[1:])
-                sizes = sizes[order]
-                new = np.zeros(n, np.int64)
-                np.cumsum(sizes[:-1], out=new[1:])
-                idx = np.repeat(starts[order] - new, sizes)
-                idx += np.arange(int(sizes.sum()), dtype=np.int64)
-                flat = flat[idx]
-                sorted_slots = sorted_slots[order]
-        except EntryDecodeError as exc:
-            located = self._located(exc)
-            if located is exc:
-                raise
-            raise located from None
-        return self._decode_ragged(name, flat, sizes, sorted_slots)
-
-    def _decode_ragged(self, name: str, flat: np.ndarray, sizes: np.ndarray, slots: np.ndarray) -> Ragged:
-        try:
-            return decode_entries(self.schema[name], flat, sizes, slots)
-        except EntryDecodeError as exc:
-            located = self._located(exc)
-            if located is exc:
-                raise
-            raise located from None
 
     def _read_into(self, slots: np.ndarray, rows: np.ndarray, names: Sequence[str],
                    out: dict[str, np.ndarray]) -> None:
