@@ -1,4 +1,4 @@
-"""The mmstore on-disk format, version 2.0: the one place it is specified.
+"""The mmstore on-disk format, version 2.1: the one place it is specified.
 
 This docstring is the contract. Code elsewhere imports the constants and the
 ``parse_*`` / ``npy_*`` helpers below and never repeats a literal. "MUST" and
@@ -61,9 +61,10 @@ the size before parsing). Keys (readers MUST ignore unknown keys of the same
 major version):
 
 ``format``       the string ``"mmstore"`` (``FORMAT_NAME``).
-``version``      ``[major, minor]``. This document is ``[2, 0]``. Writers
-                 write ``[2, 0]`` for a store with a variable-size field
-                 (see "Encoded fields"), else ``[1, 0]`` for a store
+``version``      ``[major, minor]``. This document is ``[2, 1]``. Writers
+                 write ``[2, 1]`` for a store with a ragged field (see
+                 "Ragged fields"), ``[2, 0]`` for one with another
+                 variable-size field (see "Encoded fields"), else ``[1, 0]`` for a store
                  without ``segments`` (every 1.x reader reads it) and
                  ``[1, 1]`` for one with them. Readers MUST refuse a major
                  version they do not know (``VersionError``); a new minor
@@ -80,6 +81,8 @@ major version):
                  complex type, e.g. ``"|u1"``, ``"<i8"``, ``"<f2"``, ``"|b1"``;
                  ``shape`` a list of ints >= 0 (``[]`` for a scalar); and
                  ``"codec"`` for an encoded field (2.0, see "Encoded fields").
+                 A ragged field (2.1) has ``null`` as its first dimension, or
+                 ``"dtype": "str"`` / ``"bytes"`` (see "Ragged fields").
 ``checksum``     ``{"algorithm": "xxh3_64", "digest": HEX16}``: the algorithm of
                  the per-slot checksums and the xxh3_64 (hex, 16 digits) of the
                  data bytes of ``_checksums.npy`` (after its header), so a
@@ -93,6 +96,8 @@ major version):
                  data is covered by the per-slot checksums instead).
 ``segments``     optional (1.1): list of ints >= 0 summing to ``slots``; see
                  "Segments". Absent: the store is one segment.
+``requires``     optional (2.1): list of feature names a reader MUST know to
+                 read the store (``["ragged"]``); see "Ragged fields".
 ``label_names``  list of strings (label ``k`` is ``label_names[k]``) or null.
 ``provenance``   free-form JSON object: source, parameters, tool version,
                  time. Nothing else in the store may depend on it.
@@ -202,10 +207,43 @@ order. Its size MUST equal the raw bytes plus ``8 x`` the number of
 variable-size fields plus the sum of the lengths.
 
 Version: a writer writes ``[2, 0]`` for a store with at least one
-variable-size field (segmented or not) and 1.x otherwise, so a 1.x reader,
+variable-size field (segmented or not; ``[2, 1]`` when one is ragged, see
+"Ragged fields") and 1.x otherwise, so a 1.x reader,
 which refuses major version 2, never misreads an encoded store and every
 reader still reads the raw stores it could read before. A 2.0 reader reads
 1.0, 1.1 and 2.0, and refuses (``FormatError``) a codec name it does not know.
+
+Ragged fields (version 2.1)
+---------------------------
+
+A schema entry may describe a *ragged* field, whose entries have their own
+lengths: ``"shape"`` starting with ``null`` (one variable leading dimension,
+the rest fixed: ``{"name": "boxes", "dtype": "<f4", "shape": [null, 4]}``,
+token ids ``{"dtype": "<i8", "shape": [null]}``), or ``"dtype": "str"``
+(UTF-8 text) or ``"dtype": "bytes"`` (bytes as they are), both with
+``"shape": [null]``. Only the first dimension may be ``null``; a row (``dtype
+x shape[1:]``) has at least one byte. A ragged field is variable-size and is
+stored with the offsets index of "Encoded fields", one layout for both (the
+``.bin`` + ``.offsets.npy`` pair, the lmdb value layout, the checksum rule).
+Its entry is, with no ``codec`` (raw): the C-ordered little-endian bytes of
+its ``n x shape[1:]`` elements, where ``n`` = entry size / row bytes (the
+entry size MUST be a multiple of the row bytes; readers refuse others with
+``EntryDecodeError``); for ``str`` the text's UTF-8 bytes (readers MUST refuse
+invalid UTF-8, naming the record and field); for ``bytes`` the bytes. An entry
+of zero rows (no boxes, empty text) is empty, and valid. A ragged field may
+carry the codec ``zstd`` (``{"name": "zstd", "level": L}``): its entry is then
+one zstd frame with its content size, which decompresses to those bytes
+(content sizes above ``RAGGED_ZSTD_MAX_BYTES`` are refused). Other codecs are
+refused for ragged fields. A hole's entry is empty, as for any
+variable-size field.
+
+Version: a writer writes ``[2, 1]`` and ``"requires": ["ragged"]`` for a
+store with a ragged field. ``requires`` lists the features a reader MUST
+know to read the store; a reader refuses (``VersionError``) a store that
+requires a feature it does not know (``KNOWN_FEATURES``). A 2.0 reader, which
+knows neither, still refuses such a store rather than misread it: its schema
+check rejects a ``null`` dimension and the dtypes ``str`` / ``bytes``
+(``FormatError``). 1.x readers refuse major version 2.
 
 Checksums
 ---------
@@ -297,6 +335,7 @@ __all__ = [
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "INDEX_FILE",
+    "KNOWN_FEATURES",
     "KEYS_BLOB_FILE",
     "KEYS_OFFSETS_FILE",
     "KEY_DTYPE",
@@ -307,6 +346,9 @@ __all__ = [
     "MANIFEST_MAX_BYTES",
     "PARTIAL_SUFFIX",
     "PLAIN_VERSION",
+    "RAGGED_FEATURE",
+    "RAGGED_VERSION",
+    "RAGGED_ZSTD_MAX_BYTES",
     "READ_MAJORS",
     "SEGMENTED_VERSION",
     "VARIABLE_VERSION",
@@ -330,10 +372,14 @@ __all__ = [
 ]
 
 FORMAT_NAME = "mmstore"
-FORMAT_VERSION = (2, 0)  # this document
+FORMAT_VERSION = (2, 1)  # this document
 PLAIN_VERSION = (1, 0)  # what a store without segments or variable-size fields is written as
 SEGMENTED_VERSION = (1, 1)  # ... with segments, without variable-size fields
 VARIABLE_VERSION = (2, 0)  # ... with a variable-size field (segmented or not)
+RAGGED_VERSION = (2, 1)  # ... with a ragged field (see "Ragged fields")
+RAGGED_FEATURE = "ragged"  # what such a store's "requires" lists
+KNOWN_FEATURES = (RAGGED_FEATURE,)  # the "requires" entries this reader knows
+RAGGED_ZSTD_MAX_BYTES = 1 << 31  # a zstd entry of a ragged field decompresses to at most this
 READ_MAJORS = (1, 2)  # the major versions this reader reads
 MANIFEST_FILE = "manifest.json"
 MANIFEST_MAX_BYTES = 64 * 1024 * 1024
@@ -385,9 +431,11 @@ def variable_files(name: str, segment: int | None = None) -> tuple[str, str]:
     return f"{name}{tag}.bin", f"{name}{tag}.offsets.npy"
 
 
-def manifest_version(variable: bool, segmented: bool) -> tuple[int, int]:
-    """The version a writer writes (see ``version``): 2.0 with a variable-size
-    field, else 1.1 with segments, else 1.0."""
+def manifest_version(variable: bool, segmented: bool, ragged: bool = False) -> tuple[int, int]:
+    """The version a writer writes (see ``version``): 2.1 with a ragged
+    field, 2.0 with another variable-size field, else 1.1 with segments, else 1.0."""
+    if ragged:
+        return RAGGED_VERSION
     if variable:
         return VARIABLE_VERSION
     return SEGMENTED_VERSION if segmented else PLAIN_VERSION
@@ -529,6 +577,10 @@ def _parse_schema(path: str, raw: object) -> list[tuple[str, np.dtype, tuple[int
         seen.add(name)
         if not isinstance(dts, str):
             raise _fail(path, f"schema[{i}].dtype must be a string, found {dts!r}")
+        codec = codec_from_json(path, ent["codec"], name) if "codec" in ent else RAW
+        if dts in ("str", "bytes") or (isinstance(shape, list) and shape[:1] == [None]):
+            out.append(_parse_ragged(path, name, dts, shape, codec))
+            continue
         try:
             dt = normalize_dtype(dts, where=f"{path}: field {name!r}")
         except FormatError:
@@ -541,13 +593,56 @@ def _parse_schema(path: str, raw: object) -> list[tuple[str, np.dtype, tuple[int
             or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape)
         ):
             raise _fail(path, f"field {name!r} shape must be a list of ints >= 0, found {shape!r}")
-        codec = codec_from_json(path, ent["codec"], name) if "codec" in ent else RAW
         try:
             codec.check(dt, tuple(shape), where=f"{path}: field {name!r}")
         except SchemaError as exc:
             raise _fail(path, str(exc)) from None
         out.append((name, dt, tuple(shape), codec))
     return out
+
+
+def _parse_ragged(path: str, name: str, dts: str, shape: Any, codec: Any) -> tuple[str, Any, tuple[Any, ...], Any]:
+    """A ragged schema entry (see "Ragged fields"): ``(name, dtype or "str" /
+    "bytes", (None, *row), codec)``."""
+    if (
+        not isinstance(shape, list)
+        or not 1 <= len(shape) <= 32
+        or shape[0] is not None
+        or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape[1:])
+    ):
+        raise _fail(path, f"field {name!r}: a ragged field's shape must be [null, ints >= 0...], found {shape!r}")
+    if codec.name not in ("raw", "zstd"):
+        raise _fail(path, f"field {name!r}: a ragged field is stored raw or with zstd, not {codec}")
+    if dts in ("str", "bytes"):
+        if shape != [None]:
+            raise _fail(path, f"field {name!r}: a {dts} field has shape [null], found {shape!r}")
+        return (name, dts, (None,), codec)
+    dt = normalize_dtype(dts, where=f"{path}: field {name!r}")
+    if dt.str != dts:
+        raise _fail(path, f"field {name!r} dtype {dts!r} is not explicit; expected {dt.str!r}")
+    if dt.itemsize * math.prod(shape[1:]) == 0:
+        raise _fail(path, f"field {name!r}: a ragged field's rows must have at least one byte, found {shape!r}")
+    if dt.itemsize * math.prod(shape[1:]) > MAX_STORE_BYTES:
+        raise _fail(path, f"field {name!r} rows of shape {shape[1:]} are larger than any store can hold")
+    return (name, dt, (None, *shape[1:]), codec)
+
+
+def _parse_requires(path: str, obj: dict[str, Any], ver: list[int], schema: list[Any]) -> list[str]:
+    """``requires``: features this reader must know (see "Ragged fields")."""
+    req = obj.get("requires", [])
+    if not isinstance(req, list) or not all(isinstance(r, str) for r in req):
+        raise _fail(path, f"'requires' must be a list of feature names, found {req!r}")
+    unknown = [r for r in req if r not in KNOWN_FEATURES]
+    if unknown:
+        raise VersionError(
+            f"{path}: the store requires feature(s) {unknown}, which this mmstore does not know (it knows "
+            f"{', '.join(KNOWN_FEATURES)}); upgrade mmstore (pip install -U mmstore) to read it"
+        )
+    ragged = [f[0] for f in schema if f[2][:1] == (None,)]
+    if ragged and (RAGGED_FEATURE not in req or tuple(ver) < RAGGED_VERSION):
+        raise _fail(path, f"ragged field(s) {ragged} need format version {RAGGED_VERSION[0]}.{RAGGED_VERSION[1]} "
+                    f"and 'requires': [{RAGGED_FEATURE!r}]; the manifest says {ver[0]}.{ver[1]}, requires {req}")
+    return req
 
 
 def _parse_version(path: str, ver: Any) -> list[int]:
@@ -569,6 +664,10 @@ def _parse_version(path: str, ver: Any) -> list[int]:
 def _check_field_sizes(path: str, schema: list[Any], slots: int, ver: list[int]) -> None:
     """Every field's data is representable (``MAX_STORE_BYTES``); codecs need 2.x."""
     for name, dt, shape, codec in schema:
+        if shape[:1] == (None,):  # ragged: checked by _parse_ragged; its offsets must be representable
+            if 8 * (slots + 1) > MAX_STORE_BYTES:
+                raise _fail(path, f"field {name!r} over {slots} slots is larger than any store can hold")
+            continue
         entry = dt.itemsize * math.prod(shape)
         if not codec.raw:
             if ver[0] < VARIABLE_VERSION[0]:
@@ -654,8 +753,10 @@ def parse_manifest(raw: bytes, path: str = MANIFEST_FILE) -> dict[str, Any]:
     slots = _parse_int(path, obj, "slots")
     if records > slots:
         raise _fail(path, f"'records' ({records}) exceeds 'slots' ({slots})")
+    _parse_requires(path, obj, ver, [])  # an unknown feature first: the schema may use it
     schema = _parse_schema(path, obj.get("schema"))
     _check_field_sizes(path, schema, slots, ver)
+    requires = _parse_requires(path, obj, ver, schema)
     ck = obj.get("checksum")
     if (
         not isinstance(ck, dict)
@@ -689,6 +790,7 @@ def parse_manifest(raw: bytes, path: str = MANIFEST_FILE) -> dict[str, Any]:
         label_names=labels,
         provenance=prov,
         segments=list(segments) if segments is not None else None,
+        requires=list(requires),
     )
     return out
 

@@ -36,6 +36,7 @@ from .format import (
     read_manifest,
     variable_files,
 )
+from .ragged import read_ragged
 from .schema import Schema
 
 __all__ = ["Store", "open_store"]
@@ -373,7 +374,10 @@ class Store:
         Returns
         -------
         dict
-            ``{field: array of shape (len(indices), *shape)}``.
+            ``{field: array of shape (len(indices), *shape)}``; a ragged
+            field (variable length, ``str``, ``bytes``) as a
+            :class:`~mmstore.ragged.Ragged`: one flat array of every record's
+            rows plus their offsets (``.split()`` gives the list).
 
         Notes
         -----
@@ -391,7 +395,16 @@ class Store:
         names = self.field_list(fields)
         slots = self.slots_of(indices)
         n = len(slots)
-        result: dict[str, np.ndarray] = {}
+        result: dict[str, Any] = {}
+        ragged = [name for name in names if self.schema[name].ragged]
+        lists: dict[str, list[Any]] = {}
+        if ragged:
+            if out is not None and any(name in out for name in ragged):
+                raise TypeError(f"out= takes fixed-shape fields only; ragged field(s) "
+                                f"{[r for r in ragged if r in out]} are returned as Ragged (leave them out of out)")
+            names = [name for name in names if name not in ragged]
+            if n and self._b().ragged_lists:  # one pass: entries collected with the fixed fields
+                lists = {name: [b""] * n for name in ragged}
         for name in names:
             f = self.schema[name]
             if out is not None and name in out:
@@ -415,8 +428,13 @@ class Store:
             else:
                 rows = np.arange(n)
                 sorted_slots = slots
-            self._read_into(sorted_slots, rows, names, result)
-        return result
+            if names or lists:
+                self._read_into(sorted_slots, rows, names + list(lists), {**result, **lists})
+        else:
+            rows = sorted_slots = slots
+        for name in ragged:
+            result[name] = read_ragged(self, name, slots, sorted_slots, rows, lists.get(name))
+        return {name: result[name] for name in self.field_list(fields)}
 
     def _read_into(self, slots: np.ndarray, rows: np.ndarray, names: Sequence[str],
                    out: dict[str, np.ndarray]) -> None:

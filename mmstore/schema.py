@@ -1,9 +1,12 @@
-"""Schemas: named fixed-shape fields, their codecs, sample validation, record packing.
+"""Schemas: named fields, their codecs, sample validation, record packing.
 
 A field is *fixed* (codec ``raw``: fixed-size entries at fixed offsets, format
 1.x) or *variable-size* (any other codec: each entry is its encoded bytes,
-found through an offsets index; format.py, "Encoded fields"). Every field
-decodes to exactly its dtype and shape. ``record_bytes`` and ``offsets`` are
+found through an offsets index; format.py, "Encoded fields"). A fixed-shape
+field decodes to exactly its dtype and shape. A *ragged* field (format.py,
+"Ragged fields") has a variable leading dimension, shape ``(None, *row)``,
+or is ``str`` (UTF-8 text) or ``bytes``: always variable-size, each entry
+its own number of rows. ``record_bytes`` and ``offsets`` are
 about the fixed fields only (:attr:`Schema.fixed_fields`): the packed part of
 a record that sits at fixed positions.
 """
@@ -23,24 +26,56 @@ from .format import FIELD_NAME_RE, normalize_dtype
 __all__ = ["Field", "Schema"]
 
 
+TEXT_KINDS = ("str", "bytes")  # ragged fields of bytes: UTF-8 text, or bytes as they are
+
+
 class Field(NamedTuple):
     """One field of a record: its name, the dtype and shape every entry
-    decodes to, and how an entry is stored (``codec``, default raw)."""
+    decodes to, and how an entry is stored (``codec``, default raw).
+
+    A ragged field's shape starts with ``None`` (any number of rows);
+    ``kind`` is ``"str"`` or ``"bytes"`` for text and byte fields (dtype
+    ``|u1``, shape ``(None,)``), else ``"array"``."""
 
     name: str
     dtype: np.dtype
-    shape: tuple[int, ...]
+    shape: tuple[Any, ...]
     codec: Codec = RAW
+    kind: str = "array"
+
+    @property
+    def ragged(self) -> bool:
+        """True for a variable leading dimension (also ``str`` / ``bytes``)."""
+        return self.shape[:1] == (None,)
+
+    @property
+    def row_shape(self) -> tuple[int, ...]:
+        """Shape of one row of a ragged field (``shape[1:]``)."""
+        return tuple(self.shape[1:]) if self.ragged else tuple(self.shape)
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one row of a ragged field (of the whole entry otherwise)."""
+        return int(self.dtype.itemsize * math.prod(self.row_shape))
 
     @property
     def nbytes(self) -> int:
-        """Bytes of one decoded entry of this field (``dtype x shape``)."""
+        """Bytes of one decoded entry of this field (``dtype x shape``); 0 for
+        a ragged field, whose entries have no one size."""
+        if self.ragged:
+            return 0
         return int(self.dtype.itemsize * math.prod(self.shape))
 
     @property
     def variable(self) -> bool:
-        """True when entries are stored encoded, each of its own size (not raw)."""
-        return not self.codec.raw
+        """True when entries are stored behind an offsets index, each of its
+        own size (an encoded or a ragged field)."""
+        return not self.codec.raw or self.ragged
+
+    @property
+    def dtype_name(self) -> str:
+        """The manifest's ``dtype``: ``"str"``, ``"bytes"`` or e.g. ``"<f4"``."""
+        return self.kind if self.kind in TEXT_KINDS else self.dtype.str
 
 
 class Schema:
@@ -68,12 +103,16 @@ class Schema:
     def __init__(self, fields: Mapping[str, Any] | Iterable[Any], *, codecs: Mapping[str, Any] | None = None) -> None:
         items: list[tuple[Any, Any, Any, Any]] = []
         if isinstance(fields, Schema):
-            items = [tuple(f) for f in fields.fields]
+            items = [(f.name, f.kind if f.kind in TEXT_KINDS else f.dtype, f.shape, f.codec)
+                     for f in fields.fields]
         elif isinstance(fields, Mapping):
             for name, spec in fields.items():
                 if isinstance(spec, Field):
-                    items.append((name, spec.dtype, spec.shape, spec.codec))
+                    items.append((name, spec.kind if spec.kind in TEXT_KINDS else spec.dtype, spec.shape,
+                                  spec.codec))
                     continue
+                if spec in (str, bytes, "str", "bytes"):
+                    spec = (spec, None)
                 if not isinstance(spec, (tuple, list)) or len(spec) not in (2, 3):
                     raise SchemaError(
                         f"field {name!r}: expected (dtype, shape) or (dtype, shape, codec), found {spec!r}"
@@ -105,19 +144,34 @@ class Schema:
             if name in seen:
                 raise SchemaError(f"field {name!r} appears twice")
             seen.add(name)
+            kind = {str: "str", bytes: "bytes"}.get(dtype, dtype) if isinstance(dtype, (type, str)) else None
+            cod = extra.get(name, None) or parse_codec(codec, where=f"field {name!r}")
+            if kind in TEXT_KINDS:
+                if shape not in (None, (), [], (None,), [None]):
+                    raise SchemaError(f"field {name!r}: a {kind} field has no shape (or (None,)), found {shape!r}")
+                _check_ragged_codec(name, cod)
+                out.append(Field(name, np.dtype("|u1"), (None,), cod, str(kind)))
+                continue
             try:
                 dt = normalize_dtype(dtype, where=f"field {name!r}")
             except FormatError as exc:
                 raise SchemaError(str(exc)) from None
-            if isinstance(shape, (int, np.integer)):
-                shape = (int(shape),)
+            if isinstance(shape, (int, np.integer)) or shape is None:
+                shape = (shape,)
             try:
-                shp = tuple(int(d) for d in shape)
+                shp = tuple(None if (k == 0 and d is None) else int(d) for k, d in enumerate(shape))
             except TypeError:
-                raise SchemaError(f"field {name!r}: shape must be a tuple of ints, found {shape!r}") from None
-            if any(d < 0 for d in shp):
+                raise SchemaError(f"field {name!r}: shape must be a tuple of ints (the first may be None), "
+                                  f"found {shape!r}") from None
+            if any(d is not None and d < 0 for d in shp):
                 raise SchemaError(f"field {name!r}: negative dimension in shape {shp}")
-            cod = extra.get(name, None) or parse_codec(codec, where=f"field {name!r}")
+            if shp[:1] == (None,):
+                _check_ragged_codec(name, cod)
+                if dt.itemsize * math.prod(shp[1:]) == 0:
+                    raise SchemaError(f"field {name!r}: the rows of a ragged field must have at least one byte, "
+                                      f"found shape {shp} of {dt.str}")
+                out.append(Field(name, dt, shp, cod))
+                continue
             cod.check(dt, shp, where=f"field {name!r}")
             out.append(Field(name, dt, shp, cod))
         self.fields: tuple[Field, ...] = tuple(out)
@@ -125,7 +179,9 @@ class Schema:
         self.fixed_fields: tuple[Field, ...] = tuple(f for f in out if not f.variable)
         """The raw fields, in schema order: stored at fixed offsets (``offsets``)."""
         self.variable_fields: tuple[Field, ...] = tuple(f for f in out if f.variable)
-        """The encoded fields, in schema order: entries of any size, behind an offsets index."""
+        """The encoded and ragged fields, in schema order: entries of any size, behind an offsets index."""
+        self.ragged_fields: tuple[Field, ...] = tuple(f for f in out if f.ragged)
+        """The ragged fields (a variable leading dimension, ``str``, ``bytes``), in schema order."""
         offs = [0]
         for f in self.fixed_fields:
             offs.append(offs[-1] + f.nbytes)
@@ -137,13 +193,18 @@ class Schema:
     @classmethod
     def from_json(cls, raw: list[dict[str, Any]], path: str = "schema") -> Schema:
         """The schema of a manifest's (or a writer state's) ``schema`` list."""
-        return cls([(f["name"], f["dtype"], tuple(f["shape"]),
+        return cls([(f["name"], f["dtype"], tuple(f["shape"]) if f.get("shape") is not None else None,
                      codec_from_json(path, f["codec"], f["name"]) if "codec" in f else RAW) for f in raw])
 
     @property
     def has_variable(self) -> bool:
-        """True when some field is variable-size (the store is format 2.0)."""
+        """True when some field is variable-size (the store is format 2.x)."""
         return bool(self.variable_fields)
+
+    @property
+    def has_ragged(self) -> bool:
+        """True when some field is ragged (the store is format 2.1)."""
+        return bool(self.ragged_fields)
 
     # -- container protocol -------------------------------------------------
     @property
@@ -172,7 +233,7 @@ class Schema:
         return hash(self.fields)
 
     def __repr__(self) -> str:
-        inner = ", ".join(f"{f.name}: {f.dtype.str}{list(f.shape)}" + ("" if f.codec.raw else f" {f.codec}")
+        inner = ", ".join(f"{f.name}: {f.dtype_name}{list(f.shape)}" + ("" if f.codec.raw else f" {f.codec}")
                           for f in self.fields)
         return f"Schema({inner})"
 
@@ -181,8 +242,8 @@ class Schema:
         """The manifest's ``schema`` list."""
         out: list[dict[str, Any]] = []
         for f in self.fields:
-            ent: dict[str, Any] = {"name": f.name, "dtype": f.dtype.str, "shape": list(f.shape)}
-            if f.variable:
+            ent: dict[str, Any] = {"name": f.name, "dtype": f.dtype_name, "shape": list(f.shape)}
+            if not f.codec.raw:
                 ent["codec"] = f.codec.to_json()
             out.append(ent)
         return out
@@ -219,8 +280,55 @@ class Schema:
         for f in self.fields:
             if f.name not in sample:
                 raise SchemaError(f"sample lacks field {f.name!r}; the schema has {list(self.names)}")
-            out[f.name] = _coerce(f, sample[f.name])
+            out[f.name] = coerce_ragged(f, sample[f.name]) if f.ragged else _coerce(f, sample[f.name])
         return out
+
+
+def _check_ragged_codec(name: str, codec: Codec) -> None:
+    if codec.name not in ("raw", "zstd"):
+        raise SchemaError(f"field {name!r}: a ragged (variable-length, str or bytes) field is stored raw or with "
+                          f"zstd, not {codec.spec}")
+
+
+def coerce_ragged(f: Field, value: Any) -> np.ndarray:
+    """One entry of ragged field ``f`` as a C-contiguous array of ``(n,
+    *row)`` of its dtype (``|u1`` bytes for ``str``, UTF-8, and ``bytes``).
+    An empty list or array is an entry of zero rows. Casts as ``_coerce``.
+
+    Raises
+    ------
+    SchemaError
+        Another row shape, a lossy cast, a ``str`` field given bytes (or a
+        ``bytes`` field given text), text that is not encodable as UTF-8.
+    """
+    if f.kind == "str":
+        if not isinstance(value, str):
+            raise SchemaError(f"field {f.name!r}: expected str, found {type(value).__name__}")
+        try:
+            raw = value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise SchemaError(f"field {f.name!r}: text is not encodable as UTF-8 ({exc})") from None
+        return np.frombuffer(raw, np.uint8)
+    if f.kind == "bytes":
+        if not isinstance(value, (bytes, bytearray, memoryview)):
+            raise SchemaError(f"field {f.name!r}: expected bytes, found {type(value).__name__}")
+        return np.frombuffer(bytes(value), np.uint8)
+    if isinstance(value, (str, bytes)):
+        raise SchemaError(f"field {f.name!r}: expected rows of {list(f.row_shape)} numbers, found "
+                          f"{type(value).__name__}")
+    if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch.Tensor, without importing torch
+        value = value.detach().cpu().numpy()
+    try:
+        arr = np.asarray(value)
+    except (TypeError, ValueError) as exc:
+        raise SchemaError(f"field {f.name!r}: cannot make an array of {type(value).__name__} ({exc}); rows of "
+                          f"a ragged field must all have shape {f.row_shape}") from None
+    if arr.size == 0 and arr.ndim <= 1 + len(f.row_shape) and arr.dtype.kind in "biufc":
+        arr = arr.reshape((0, *f.row_shape))  # [] or np.zeros((0, 4)): zero rows
+    if arr.ndim != len(f.shape) or arr.shape[1:] != f.row_shape:
+        raise SchemaError(f"field {f.name!r}: expected rows of shape {f.row_shape} (an array of shape "
+                          f"(n, {', '.join(map(str, f.row_shape))})), found an array of shape {arr.shape}")
+    return _coerce(Field(f.name, f.dtype, arr.shape), arr)
 
 
 def _coerce(f: Field, value: Any) -> np.ndarray:
@@ -253,7 +361,10 @@ def _coerce(f: Field, value: Any) -> np.ndarray:
 
 
 def coerce_rows(f: Field, value: Any) -> np.ndarray:
-    """Like ``_coerce`` for a block of rows: shape ``(n, *f.shape)``."""
+    """Like ``_coerce`` for a block of rows: shape ``(n, *f.shape)``; a
+    ragged field's block is a list of entries."""
+    if f.ragged:
+        return [coerce_ragged(f, v) for v in value]  # type: ignore[return-value]
     arr = np.asarray(value)
     if arr.shape[1:] != f.shape:
         raise SchemaError(f"field {f.name!r}: expected rows of shape {f.shape}, found {arr.shape[1:]}")

@@ -43,6 +43,7 @@ from .format import (
     KEYS_OFFSETS_FILE,
     MANIFEST_FILE,
     PARTIAL_SUFFIX,
+    RAGGED_FEATURE,
     SUPPORTED_BACKENDS,
     decode_key,
     encode_key,
@@ -178,7 +179,10 @@ class SlotWriter:
 
     def write(self, slot: int, sample: Mapping[str, Any]) -> int:
         """Validate ``sample`` and write it at ``slot``; return its checksum."""
-        arrays = self.schema.validate(sample)
+        try:
+            arrays = self.schema.validate(sample)
+        except SchemaError as exc:
+            raise SchemaError(f"record at slot {slot}: {exc}") from None
         return self.write_arrays(slot, arrays)
 
     def write_arrays(self, slot: int, arrays: Mapping[str, np.ndarray]) -> int:
@@ -217,11 +221,12 @@ class SlotWriter:
         missing = [k for k in names if k not in arrays]
         if missing:
             raise SchemaError(f"batch lacks field(s) {missing}")
-        cols = {k: np.asarray(arrays[k]) for k in names}
-        n = len(cols[names[0]]) if cols[names[0]].ndim else -1
+        cols = {k: list(arrays[k]) if self.schema[k].ragged else np.asarray(arrays[k]) for k in names}
+        first = cols[names[0]]
+        n = len(first) if isinstance(first, list) or first.ndim else -1
         for f in self.schema:
             a = cols[f.name]
-            if a.ndim == 0 or len(a) != n:
+            if (not f.ragged and a.ndim == 0) or len(a) != n:
                 raise SchemaError(f"field {f.name!r}: every field needs the same number of rows ({n})")
         if n == 0:
             return np.zeros(0, np.uint64)
@@ -259,7 +264,10 @@ class SlotWriter:
         step = max(1, (64 << 20) // max(1, sum(f.nbytes for f in self.schema)))
         for a in range(0, n, step):
             b = min(n, a + step)
-            block = {f.name: coerce_rows(f, cols[f.name][a:b]) for f in self.schema}
+            try:
+                block = {f.name: coerce_rows(f, cols[f.name][a:b]) for f in self.schema}
+            except SchemaError as exc:
+                raise SchemaError(f"records at slots {start + a}..{start + b - 1}: {exc}") from None
             for j in range(b - a):
                 sums[a + j] = self.write_arrays(start + a + j, {k: v[j] for k, v in block.items()})
         return sums
@@ -322,7 +330,9 @@ class StoreWriter:
     path
         Destination directory; work happens in ``PATH.partial``.
     schema
-        A :class:`Schema` or ``{name: (dtype, shape)}``.
+        A :class:`Schema` or ``{name: (dtype, shape)}``; ``(dtype, (None,
+        *row))`` for a ragged field (each record its own number of rows),
+        ``"str"`` / ``"bytes"`` for text / bytes (format.py, "Ragged fields").
     slots
         Number of slots, or ``None`` to grow with :meth:`append`.
     backend
@@ -731,7 +741,7 @@ def write_manifest(
     }
     manifest: dict[str, Any] = {
         "format": FORMAT_NAME,
-        "version": list(manifest_version(schema.has_variable, segments is not None)),
+        "version": list(manifest_version(schema.has_variable, segments is not None, schema.has_ragged)),
         "store_id": uuid.uuid4().hex,
         "backend": backend,
         "records": records,
@@ -748,6 +758,8 @@ def write_manifest(
     }
     if segments is not None:
         manifest["segments"] = list(segments)
+    if schema.has_ragged:
+        manifest["requires"] = [RAGGED_FEATURE]
     atomic_write(
         os.path.join(partial, MANIFEST_FILE),
         json_bytes(manifest, indent=1) + b"\n",

@@ -91,6 +91,10 @@ class BackendReader(ABC):
     """
 
     name: ClassVar[str]
+    ragged_lists: ClassVar[bool] = False
+    """:meth:`read_into` also takes ragged fields, whose ``out`` is a list
+    (it sets item ``rows[j]`` to slot ``slots[j]``'s stored entry, bytes): one
+    pass for a backend that looks each record up once (lmdb)."""
     positional: ClassVar[bool] = False
     crashes_on_damage: ClassVar[bool] = False
     segmented: ClassVar[bool] = False
@@ -155,8 +159,9 @@ class BackendReader(ABC):
         stays: the slot is proven in range, and the files read are the ones
         the store was opened with. Default: :meth:`read_into` with one slot;
         the caller must drop the function when it closes the backend."""
-        names = self.schema.names
-        shapes = [(f.name, (1, *f.shape), f.dtype) for f in self.schema]
+        names = [f.name for f in self.schema if not f.ragged]
+        shapes = [(f.name, (1, *f.shape), f.dtype) for f in self.schema if not f.ragged]
+        ragged = self.schema.ragged_fields
         rows = np.zeros(1, np.int64)
         slots = self.slots
 
@@ -164,8 +169,13 @@ class BackendReader(ABC):
             if not 0 <= slot < slots:
                 raise IndexError(f"slot {slot} is out of range for {slots} slots")
             out = {name: np.empty(shape, dtype) for name, shape, dtype in shapes}
-            self.read_into(np.array([slot], np.int64), rows, names, out)
-            return {name: v[0] for name, v in out.items()}
+            at = np.array([slot], np.int64)
+            if names:
+                self.read_into(at, rows, names, out)
+            got = {name: v[0] for name, v in out.items()}
+            for f in ragged:
+                got[f.name] = self.ragged_entry(f, slot)
+            return {name: got[name] for name in self.schema.names}
 
         return read
 
@@ -177,6 +187,22 @@ class BackendReader(ABC):
         """Release handles (mappings, environments)."""
 
     # -- variable-size fields ----------------------------------------------
+    def gather_entries(self, name: str, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The stored entries of variable-size field ``name`` at ``slots``
+        (ascending), back to back: ``(uint8 array, int64 sizes)``, a copy.
+        Each entry's offsets are proven in range first (``EntryDecodeError``
+        naming the slot otherwise). What a ragged field's batch is read with
+        (``mmstore/ragged.py``)."""
+        raise NotImplementedError(f"gather_entries: not implemented by the {self.name} backend")
+
+    def ragged_entry(self, field: Any, slot: int) -> Any:
+        """One decoded entry of ragged ``field`` (``store[i]``)."""
+        from ..ragged import decode_entry
+
+        flat, _ = self.gather_entries(field.name, np.array([slot], np.int64))
+        glob = slot if self.first is None else self.first + slot
+        return decode_entry(field, flat, glob)
+
     def entry_sizes(self, name: str, slots: np.ndarray) -> np.ndarray:
         """Stored (encoded) sizes in bytes of variable-size field ``name`` at
         ``slots`` (int64; holes 0). Default: from :meth:`entry_offsets`."""

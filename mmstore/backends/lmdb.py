@@ -127,6 +127,7 @@ class LmdbBackend(Backend):
 
     name = "lmdb"
     crashes_on_damage = True  # see NOTE [lmdb meta pages] and mmstore.tools.verify_lmdb
+    ragged_lists = True  # ragged entries come out of the same lookup as the rest of the record
 
     def __init__(
         self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | None = None,
@@ -420,18 +421,37 @@ class LmdbBackend(Backend):
         fixed = [(out[n].ctypes.data, self.schema.offset(n), self.schema[n].nbytes)
                  for n in fields if not self.schema[n].variable and self.schema[n].nbytes]
         var_ix = {f.name: k for k, f in enumerate(self.schema.variable_fields)}
-        var = [(n, var_ix[n], self.schema[n].codec.decode_into, out[n]) for n in fields if n in var_ix]
+        var = [(n, var_ix[n], self.schema[n].codec.decode_into, out[n]) for n in fields
+               if n in var_ix and not self.schema[n].ragged]
+        ragged = [(var_ix[n], out[n]) for n in fields if self.schema[n].ragged]
         r_list = rows.tolist()
         for j, buf, addr, lay in self._values(slots, lambda b: value_layout(self.schema, b)):
             r = r_list[j]
             for dbase, off, nb in fixed:
                 _memmove(dbase + r * nb, addr + off, nb)
+            for k, lst in ragged:
+                a, n = lay[k]
+                lst[r] = bytes(buf[a : a + n])
             for name, k, decode, dst in var:
                 a, n = lay[k]
                 try:
                     decode(buf[a : a + n], dst[r : r + 1].reshape(dst.shape[1:]))  # a view, also of a scalar
                 except EntryDecodeError as exc:
                     raise entry_error(self, name, int(slots[j]), str(exc)) from None
+
+    def gather_entries(self, name: str, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """See ``BackendReader.gather_entries``: one lookup per slot, each
+        value's size checked against its layout first."""
+        k = [f.name for f in self.schema.variable_fields].index(name)
+        s = np.asarray(slots, np.int64)
+        sizes = np.zeros(len(s), np.int64)
+        parts = []
+        if len(s):
+            for j, buf, _, lay in self._values(s, lambda b: value_layout(self.schema, b)):
+                a, n = lay[k]
+                parts.append(bytes(buf[a : a + n]))
+                sizes[j] = n
+        return np.frombuffer(b"".join(parts), np.uint8).copy(), sizes
 
     def prepare(self, fields: Sequence[str] | None = None) -> None:
         self.env()

@@ -211,7 +211,9 @@ class MemmapBackend(Backend):
             self.check()
         plan: list[tuple[str, Any, int, int, int, Any]] = []
         for f in self.schema:
-            if f.variable:
+            if f.ragged:
+                plan.append((f.name, f, -1, 0, -2, None))
+            elif f.variable:
                 plan.append((f.name, (f.shape, f.dtype), -1, 0, -1, None))
             elif f.nbytes >= SMALL_RECORD_BYTES:
                 fd = self._fds.get(f.name, -1)
@@ -243,6 +245,8 @@ class MemmapBackend(Backend):
                     a = arr[slot]
                     if how:
                         a = a.copy()
+                elif nb == -2:  # ragged: its own number of rows
+                    a = self.ragged_entry(how, slot)
                 else:  # variable-size: decoded into a one-row array
                     a = empty((1, *how[0]), how[1])
                     self._read_entries(name, np.array([slot], np.int64), np.zeros(1, np.int64), a)
@@ -348,6 +352,35 @@ class MemmapBackend(Backend):
                 decode(data[lo:hi], dst[r : r + 1].reshape(shape))  # a view, also of a scalar
             except EntryDecodeError as exc:
                 raise entry_error(self, name, int(slots[j]), str(exc)) from None
+
+    def gather_entries(self, name: str, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """See ``BackendReader.gather_entries``: vectorised over the slots
+        (no Python object per entry), out of the checked mapping."""
+        s = np.asarray(slots, np.int64)
+        if len(s) and not (0 <= int(s.min()) and int(s.max()) < self.slots):
+            raise IndexError(f"slots {int(s.min())}..{int(s.max())} are out of range for {self.slots} slots")
+        offs = self.entry_offsets(name)
+        size = self.entry_data_size(name)
+        a, b = offs[s], offs[s + 1]
+        bad = np.flatnonzero((a > b) | (b > size))
+        if len(bad):
+            j = int(bad[0])
+            raise entry_error(self, name, int(s[j]), f"its offsets {int(a[j])}..{int(b[j])} are not an increasing "
+                              f"pair within the {size}-byte data file (the offsets index is damaged)")
+        a = a.astype(np.int64)
+        sizes = b.astype(np.int64) - a
+        total = int(sizes.sum())
+        if total == 0:
+            return np.zeros(0, np.uint8), sizes
+        data = np.frombuffer(self._entry_data(name), np.uint8)
+        self.check_mapped(name)  # see NOTE [truncated under a mapping]
+        if len(s) == 1:
+            return data[int(a[0]) : int(a[0]) + total].copy(), sizes
+        starts = np.zeros(len(s), np.int64)
+        np.cumsum(sizes[:-1], out=starts[1:])
+        idx = np.repeat(a - starts, sizes)
+        idx += np.arange(total, dtype=np.int64)
+        return data[idx], sizes
 
     def read_into(
         self, slots: np.ndarray, rows: np.ndarray, fields: Sequence[str], out: dict[str, np.ndarray]

@@ -118,6 +118,22 @@ class SegmentedBackend(BackendReader):
 
         return read
 
+    def gather_entries(self, name: str, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """See ``BackendReader.gather_entries``: each touched segment's
+        entries, joined (``slots`` ascending)."""
+        s = np.asarray(slots, np.int64)
+        if len(s) == 0:
+            return np.zeros(0, np.uint8), np.zeros(0, np.int64)
+        self._make_room()
+        cuts = np.searchsorted(s, self.first, side="left")
+        flats, sizes = [], []
+        for k in np.flatnonzero(np.diff(cuts)).tolist():
+            a, b = int(cuts[k]), int(cuts[k + 1])
+            f, z = self.parts[k].gather_entries(name, s[a:b] - self.first[k])
+            flats.append(f)
+            sizes.append(z)
+        return np.concatenate(flats), np.concatenate(sizes)
+
     def _limit(self, exc: OSError) -> ResourceLimitError:
         return limit_error(self.root, len(self.parts), self.files_per_segment, exc)
 

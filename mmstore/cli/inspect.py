@@ -59,7 +59,7 @@ def render(rep) -> str:  # noqa: ANN001
     rows = []
     for f in rep.schema:
         r = sizes.get(f["name"])
-        row = [f["name"], f["dtype"], "x".join(map(str, f["shape"])) or "scalar"]
+        row = [f["name"], f["dtype"], "x".join("n" if d is None else str(d) for d in f["shape"]) or "scalar"]
         if r is not None and any(x["codec"] != "raw" for x in rep.field_sizes):
             row += [r["codec"], f"{fmt_bytes(r['stored_mean'])}/record (min {fmt_bytes(r['stored_min'])}, max "
                     f"{fmt_bytes(r['stored_max'])})", f"{r['ratio']:.1f}x smaller" if r["ratio"] else "-"]
@@ -70,6 +70,10 @@ def render(rep) -> str:  # noqa: ANN001
         out.append(f"compact      records hold {fmt_bytes(rep.data_bytes)}, {rep.compression:.1f}x less than raw "
                    f"({fmt_bytes(rep.raw_data_bytes)}); the store is {fmt_bytes(rep.bytes_on_disk)}, as raw it "
                    f"would be about {fmt_bytes(rep.raw_equivalent_bytes)}{what}")
+    for r in rep.ragged_lengths:
+        what = f" (from a sample of {rep.sizes_sampled:,} records)" if rep.sizes_sampled else ""
+        out.append(f"ragged       {r['name']}: {r['min']:,} to {r['max']:,} {r['unit']} per record, mean "
+                   f"{r['mean']:,}, {r['total']:,} in all, {r['empty']:,} records with none{what}")
     out.append(f"files        {fmt_bytes(rep.bytes_on_disk)} in all")
     if rep.segments is not None:
         parts = (rep.provenance or {}).get("merged_from") or []

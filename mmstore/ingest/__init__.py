@@ -173,6 +173,7 @@ def from_dataset(
     *,
     label_names: list[str] | None = None,
     workers: int | None = None,
+    fields: Any = None,
     **kwargs: Any,
 ) -> IngestResult:
     """Freeze a map-style dataset into a store at ``dest``.
@@ -185,9 +186,15 @@ def from_dataset(
     file (``resize`` policy etc.) and ``orig_size``/``box`` are stored too.
     ``label_names`` defaults to ``ds.classes`` when present.
 
+    ``fields``: more fields of dict items, stored as they are, as a schema
+    (``{"boxes": ("<f4", (None, 4)), "tokens": ("<i8", (None,)), "caption":
+    "str"}``; ragged fields take lists or arrays of any length, also empty).
+    An item lacking one, or whose value does not fit (another row shape, a
+    lossy cast), becomes a hole whose reason names the field.
+
     Workers are forked processes that inherit ``ds`` (nothing is pickled);
     pass ``workers=0`` for a dataset that must stay in this process. Other
     keyword arguments are those of :func:`ingest`.
     """
-    src = DatasetSource(ds, label_names=label_names)
+    src = DatasetSource(ds, label_names=label_names, fields=fields)
     return ingest(src, dest, size, workers=workers, **kwargs)

@@ -35,6 +35,9 @@ def schema_for(source: Source, spec: Any, first_item: Any) -> Schema:
     if spec is not None:
         fields["orig_size"] = (ORIG_SIZE_DTYPE, (2,))
         fields["box"] = (BOX_DTYPE, (4,))
+    extra = getattr(source, "fields", None)
+    for f in extra or ():
+        fields[f.name] = f
     return Schema(fields)
 
 
@@ -51,6 +54,7 @@ class RecordJob:
         self.label_errors = source.listing.label_errors  # input -> hole reason (a list's bad label cells)
         self.has_label = "label" in schema
         self.full = "box" in schema  # image fields with orig_size / box
+        self.extra = isinstance(source, DatasetSource) and source.fields is not None  # from_dataset(fields=)
 
     def checked(self, rec: dict[str, Any]) -> dict[str, np.ndarray]:
         """``rec`` as the schema's arrays: a cheap exact check when every value
@@ -71,7 +75,7 @@ class RecordJob:
         i = self.lo + slot
         if i in self.label_errors:
             raise InputError(self.label_errors[i])
-        img, label = self._load(reader, i)
+        img, label, extras = self._load(reader, i)
         out: dict[str, Any] = {}
         d = None
         if not self.source.decoded:
@@ -84,15 +88,17 @@ class RecordJob:
         if self.full:
             out["orig_size"] = np.array(d.orig_size, ORIG_SIZE_DTYPE)
             out["box"] = np.array(d.box, BOX_DTYPE)
+        out.update(extras)
         return out
 
-    def _load(self, reader: Any, i: int) -> tuple[Any, Any]:
+    def _load(self, reader: Any, i: int) -> tuple[Any, Any, dict[str, Any]]:
         if not isinstance(self.source, DatasetSource):
-            return reader.load(i), None
-        img, label = self.source.split(reader.load(i))
+            return reader.load(i), None, {}
+        item = reader.load(i)
+        img, label = self.source.split(item)
         if img is None:
             raise InputError("wrong-shape: dataset item has no image")
-        return to_array(img), label
+        return to_array(img), label, self.source.extras(item) if self.extra else {}
 
     def _label(self, i: int, label: Any) -> Any:
         if label is None:

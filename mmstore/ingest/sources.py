@@ -50,7 +50,7 @@ import xxhash
 
 from ..decode import read_bytes, sniff_image
 from ..errors import DecodeError as _CoreDecodeError
-from ..errors import IngestError, LabelMappingError
+from ..errors import IngestError, LabelMappingError, SchemaError
 from ..format import decode_key, encode_key
 from .classes import class_options, map_classes
 
@@ -830,21 +830,36 @@ class DatasetSource(Source):
 
     Items may be numpy arrays, torch tensors, PIL images, or ``(image,
     label)`` tuples/lists; ``dict`` items use their ``image`` and ``label``
-    entries. Keys are the dataset indices (``"0"``, ``"1"`` ...).
+    entries, and the entries named by ``fields`` (a schema of more fields,
+    e.g. ragged ``{"boxes": ("<f4", (None, 4)), "caption": "str"}``). Keys
+    are the dataset indices (``"0"``, ``"1"`` ...).
     """
 
     kind = "dataset"
     decoded = True
 
-    def __init__(self, ds: Any, label_names: list[str] | None = None) -> None:
+    def __init__(self, ds: Any, label_names: list[str] | None = None, fields: Any = None) -> None:
         super().__init__("")
         self.ds = ds
+        self.fields = None
+        if fields:
+            from ..schema import Schema
+
+            self.fields = fields if isinstance(fields, Schema) else Schema(fields)
+            taken = [n for n in self.fields.names if n in ("image", "label", "orig_size", "box")]
+            if taken:
+                raise SchemaError(f"fields={list(self.fields.names)}: {taken} are the ingest's own fields; "
+                                  "name the extra fields otherwise")
         self.has_labels: bool | None = None
         names = label_names if label_names is not None else getattr(ds, "classes", None)
         self.label_names = [str(c) for c in names] if names is not None else None
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "type": f"{type(self.ds).__module__}.{type(self.ds).__qualname__}", "len": len(self.ds)}
+        out = {"kind": self.kind, "type": f"{type(self.ds).__module__}.{type(self.ds).__qualname__}",
+               "len": len(self.ds)}
+        if self.fields is not None:
+            out["fields"] = self.fields.to_json()
+        return out
 
     def scan(self) -> Listing:
         n = len(self.ds)
@@ -853,6 +868,18 @@ class DatasetSource(Source):
             b.add(str(i).encode())
         self.listing = b.finish(self.label_names, extra=repr(self.describe()))
         return self.listing
+
+    def extras(self, item: Any) -> dict[str, Any]:
+        """The values of ``fields`` in a dict item (``InputError`` when one is missing)."""
+        if self.fields is None:
+            return {}
+        if not isinstance(item, dict):
+            raise InputError(f"wrong-shape: dataset item is a {type(item).__name__}; fields "
+                             f"{list(self.fields.names)} need dict items")
+        missing = [n for n in self.fields.names if n not in item]
+        if missing:
+            raise InputError(f"wrong-shape: dataset item has no field(s) {missing}")
+        return {n: item[n] for n in self.fields.names}
 
     def split(self, item: Any) -> tuple[Any, Any]:
         if isinstance(item, dict):

@@ -191,7 +191,7 @@ def _copy_records(store: Store, w: StoreWriter, progress: Callable[[int], Any] |
     w.set_keys(np.array(offsets), bytes(blob))
     sw = w.slot_writer
     recode = [f for f in dst if f.codec != src[f.name].codec]
-    scratch = {f.name: np.empty(f.shape, f.dtype) for f in recode}
+    scratch = {f.name: np.empty(f.shape, f.dtype) for f in recode if not f.ragged}
     written: list[int] = []
     step = 1024
     for a in range(0, store.slots, step):
@@ -206,7 +206,10 @@ def _copy_records(store: Store, w: StoreWriter, progress: Callable[[int], Any] |
                 raise ChecksumError(_damaged(store, s, packed, stored))
             fixed, entries = parts
             for f in recode:
-                _recode(store, s, f.name, src[f.name].codec, f.codec, fixed, entries, scratch[f.name])
+                if f.ragged:
+                    _recode_ragged(store, s, src[f.name], f.codec, entries)
+                else:
+                    _recode(store, s, f.name, src[f.name].codec, f.codec, fixed, entries, scratch[f.name])
             sw.write_encoded(s, {f.name: fixed[f.name] for f in dst.fixed_fields},
                              {f.name: entries[f.name] for f in dst.variable_fields})
             written.append(s)
@@ -235,6 +238,20 @@ def _recode(store: Store, slot: int, name: str, old: Codec, new: Codec, fixed: d
         fixed[name] = arr
     else:
         entries[name] = new.encode(arr)
+
+
+def _recode_ragged(store: Store, slot: int, old: Any, new: Codec, entries: dict[str, Any]) -> None:
+    """Ragged field ``old`` of one record to codec ``new`` (raw <-> zstd), in
+    place in ``entries``; the entry is proven valid first."""
+    from ..ragged import check_entry, entry_bytes
+
+    try:
+        check_entry(old, entries[old.name])
+        raw = entry_bytes(old, entries.pop(old.name))
+    except EntryDecodeError as exc:  # name the record, slot and key
+        exc.field = old.name  # type: ignore[attr-defined]
+        raise store._entry_error(exc, slot) from None
+    entries[old.name] = new.encode(np.frombuffer(raw, np.uint8))
 
 
 def _damaged(store: Store, slot: int, packed: Any, stored: np.ndarray) -> str:

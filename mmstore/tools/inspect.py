@@ -51,6 +51,9 @@ class InspectReport:
     raw_data_bytes: int = 0
     raw_equivalent_bytes: int = 0
     sizes_sampled: int | None = None
+    ragged_lengths: list[dict[str, Any]] = field(default_factory=list)
+    """Per ragged field: rows (str/bytes: bytes) per record, min/mean/max, the
+    total, and how many records have none (over ``sizes_sampled`` when set)."""
     notes: list[str] = field(default_factory=list)
 
     _json_extra = ("cache_fraction", "fits_in_memory", "compression")
@@ -93,8 +96,9 @@ def _field_sizes(store: Any, rep: InspectReport, sample: int, seed: int) -> None
         idx = sample_indices(n, SIZES_SAMPLE_LMDB, seed)
         rep.sizes_sampled = len(idx)
     stored = {}
+    ragged_raw = _ragged_lengths(store, rep, idx)
     for f in store.schema:
-        raw = f.nbytes
+        raw = f.nbytes if not f.ragged else ragged_raw.get(f.name, 0)
         if f.variable and n:
             sizes = store.entry_sizes(f.name, idx)
             mean, lo, hi = float(sizes.mean()), int(sizes.min()), int(sizes.max())
@@ -107,18 +111,49 @@ def _field_sizes(store: Any, rep: InspectReport, sample: int, seed: int) -> None
             "stored_min": lo, "stored_max": hi, "ratio": round(raw / mean, 2) if mean else None,
         })
     rep.data_bytes = sum(stored.values())
-    rep.raw_data_bytes = n * sum(f.nbytes for f in store.schema)
+    rep.raw_data_bytes = n * sum(f.nbytes for f in store.schema) + round(n * sum(ragged_raw.values()))
     # a raw store of the same records: every file as it is but the encoded
     # fields' data, which would be slots x raw bytes (memmap: in .npy files
     # with their headers, without offsets files)
     rep.raw_equivalent_bytes = rep.bytes_on_disk
     segments = len(store.segments or [0])
     for f in store.schema.variable_fields:
+        if f.ragged:  # a ragged field has no fixed-size form: as it is
+            continue
         rep.raw_equivalent_bytes += store.slots * f.nbytes - stored[f.name]
         if store.backend.positional:
             rep.raw_equivalent_bytes += segments * len(npy_header(f.dtype, (store.slots, *f.shape)))
     if store.backend.positional:
-        rep.raw_equivalent_bytes -= sum(v for k, v in rep.files.items() if k.endswith(".offsets.npy"))
+        ragged = tuple(f"{f.name}." for f in store.schema.ragged_fields)
+        rep.raw_equivalent_bytes -= sum(v for k, v in rep.files.items()
+                                        if k.endswith(".offsets.npy") and not k.startswith(ragged))
+
+
+def _ragged_lengths(store: Any, rep: InspectReport, idx: Any) -> dict[str, float]:
+    """Fill ``rep.ragged_lengths``; return each ragged field's mean decoded
+    bytes per record. Raw entries' lengths come from the offsets index alone
+    (entry size / row bytes); zstd entries are read and decoded."""
+    out: dict[str, float] = {}
+    n = store.records
+    for f in store.schema.ragged_fields:
+        if not n:
+            lengths = np.zeros(0, np.int64)
+        elif f.codec.raw:
+            lengths = store.entry_sizes(f.name, idx) // f.row_bytes
+        else:
+            which = np.arange(n) if idx is None else np.asarray(idx)
+            lengths = np.concatenate([store.read_batch(which[a : a + 4096], fields=f.name)[f.name].lengths
+                                      for a in range(0, len(which), 4096)])
+        k = len(lengths)
+        rep.ragged_lengths.append({
+            "name": f.name, "kind": f.kind, "unit": "bytes" if f.kind != "array" else "rows",
+            "min": int(lengths.min()) if k else 0, "mean": round(float(lengths.mean()), 2) if k else 0.0,
+            "max": int(lengths.max()) if k else 0,
+            "total": int(lengths.sum()) if idx is None else round(float(lengths.mean()) * n) if k else 0,
+            "empty": int((lengths == 0).sum()) if idx is None else round(float((lengths == 0).mean()) * n) if k else 0,
+        })
+        out[f.name] = float(lengths.mean()) * f.row_bytes if k else 0.0
+    return out
 
 
 def inspect_store(

@@ -29,6 +29,7 @@ import numpy as np
 
 from ..errors import EntryDecodeError
 from ..format import KEY_DTYPE, variable_files
+from ..ragged import check_entry
 from .verify_report import Problem, VerifyReport
 
 if TYPE_CHECKING:
@@ -159,8 +160,8 @@ def content_variable(ctx: Ctx, col: Any, threads: int, progress: Callable[[int],
     def scratch(name: str) -> np.ndarray:
         bufs = getattr(local, "bufs", None)
         if bufs is None:
-            bufs = local.bufs = {f.name: np.empty(f.shape, f.dtype) for f in schema.variable_fields}
-        return bufs[name]
+            bufs = local.bufs = {f.name: np.empty(f.shape, f.dtype) for f in schema.variable_fields if not f.ragged}
+        return bufs.get(name)
 
     def run(files: _Segment, seg: int | None, first: int, a: int, b: int) -> int:
         n = b - a
@@ -199,7 +200,7 @@ def content_variable(ctx: Ctx, col: Any, threads: int, progress: Callable[[int],
             if decode:
                 for f in schema.variable_fields:
                     try:
-                        f.codec.decode_into(rec[f.name], scratch(f.name))
+                        check_entry(f, rec[f.name], scratch(f.name))
                     except EntryDecodeError as exc:
                         col.bad(s, "decode", f"field {f.name!r}: a {f.codec.spec} entry of {f.dtype.str} "
                                 f"{list(f.shape)}", str(exc))
@@ -255,7 +256,7 @@ def decode_packed(ctx: Ctx, col: Any, skip: set[int]) -> None:
     ``decode`` bad record, and a record the backend refuses to read is one
     too (named with the backend's reason)."""
     schema = ctx.schema
-    scratch = {f.name: np.empty(f.shape, f.dtype) for f in schema.variable_fields}
+    scratch = {f.name: np.empty(f.shape, f.dtype) for f in schema.variable_fields if not f.ragged}
     skip_all = skip | _holes(ctx)
     for seg, first, count in ctx.segments:
         part = ctx.cls(ctx.path, schema, count, ctx.m["files"], segment=seg)
@@ -293,7 +294,7 @@ def _decode_range(part: Any, a: int, b: int, first: int, skip: set[int], scratch
             parts = unpack_record(schema, packed)
             for f in schema.variable_fields if parts is not None else ():
                 try:
-                    f.codec.decode_into(parts[1][f.name], scratch[f.name])
+                    check_entry(f, parts[1][f.name], scratch.get(f.name))
                 except EntryDecodeError as exc:
                     col.bad(g, "decode", f"field {f.name!r}: a {f.codec.spec} entry of {f.dtype.str} "
                             f"{list(f.shape)}", str(exc))

@@ -25,6 +25,7 @@ from support import fuzz
 
 CASES = 60
 COMPACT_CASES = 30
+RAGGED_CASES = 30
 
 
 @pytest.fixture(scope="module")
@@ -40,6 +41,14 @@ def compact_bases(tmp_path_factory):
     pytest.importorskip("zstandard")
     root = str(tmp_path_factory.mktemp("fuzz-compact"))
     paths = fuzz.make_compact_bases(root)
+    return paths, {k: fuzz.reference(p) for k, p in paths.items()}
+
+
+@pytest.fixture(scope="module")
+def ragged_bases(tmp_path_factory):
+    pytest.importorskip("zstandard")
+    root = str(tmp_path_factory.mktemp("fuzz-ragged"))
+    paths = fuzz.make_ragged_bases(root)
     return paths, {k: fuzz.reference(p) for k, p in paths.items()}
 
 
@@ -76,6 +85,14 @@ def test_compact_store_fuzzer_no_crash_no_hang_only_typed_errors(compact_bases, 
     _assert_sound(outcomes, COMPACT_CASES)
     kinds = {m.split("(")[0] for o in outcomes for m in o.case.split(": ", 1)[1].split(" + ")}
     assert {"offsets", "entry-flip", "codec"} <= kinds, kinds  # the new files are reached
+
+
+def test_ragged_store_fuzzer_no_crash_no_hang_only_typed_errors(ragged_bases, tmp_path):
+    paths, refs = ragged_bases
+    outcomes = _run_cases(paths, refs, tmp_path, RAGGED_CASES, compact=True)
+    _assert_sound(outcomes, RAGGED_CASES)
+    kinds = {m.split("(")[0] for o in outcomes for m in o.case.split(": ", 1)[1].split(" + ")}
+    assert {"offsets", "entry-flip"} <= kinds, kinds  # the ragged fields' files are reached
 
 
 def test_store_fuzzer_no_crash_no_hang_only_typed_errors(bases, tmp_path):
