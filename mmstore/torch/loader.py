@@ -212,9 +212,10 @@ class Loader(Resumable):
         the tuple with ``as_tuple``); its result is yielded. When it takes
         the keywords ``epoch`` and ``batch_index`` (as
         :class:`mmstore.torch.augment.Pipeline` does) it is called as
-        ``transform(batch, epoch=e, batch_index=k)`` with batch ``k`` of
-        epoch ``e`` (this rank's numbering), the same after a resume; else
-        ``transform(batch)``.
+        ``transform(batch, epoch=e, batch_index=k)``, ``k`` numbering the
+        batches of epoch ``e`` across ranks (this rank's batch ``j`` is
+        ``j * world_size + rank``, so ranks draw different parameters), the
+        same after a resume; else ``transform(batch)``.
     seed, rank, world_size, rank_drop_last
         For building ``order`` from a kind (``rank_drop_last`` is
         ``DistributedSampler``'s ``drop_last``).
@@ -603,7 +604,10 @@ class Loader(Resumable):
         if self.as_tuple:
             out = tuple(out[f] for f in self.fields)
         if self._transform is not None:
-            out = self._transform(out, epoch, k)
+            # batches are numbered across ranks (batch k of rank r is k * world + r), so
+            # ranks draw different augmentation parameters, the same after a resume
+            world, rank = getattr(self.order, "world_size", 1), getattr(self.order, "rank", 0)
+            out = self._transform(out, epoch, k * world + rank)
         return out
 
 

@@ -60,6 +60,20 @@ def test_transform_protocol(stores):
         Loader(stores["big"], 50, transform=3)
 
 
+def test_transform_batch_numbers_are_distinct_across_ranks(stores):
+    """Under DDP each rank's batches get their own numbers (j * world + rank),
+    so ranks sharing one pipeline seed draw different parameters."""
+    seen = {}
+    for rank in (0, 1, 2):
+        got = []
+        L = Loader(stores["big"], 20, "permutation", rank=rank, world_size=3, fields=("idx",),
+                   transform=lambda b, *, epoch, batch_index, got=got: got.append(batch_index) or b)
+        list(L)
+        seen[rank] = got
+    assert seen[0] == [0, 3, 6, 9, 12, 15] and seen[1] == [1, 4, 7, 10, 13, 16] and seen[2][:2] == [2, 5]
+    assert len(set(sum(seen.values(), []))) == sum(len(v) for v in seen.values())
+
+
 def test_transform_draws_follow_epoch_and_batch(stores):
     """A Pipeline as transform draws from (seed, epoch, batch index): the
     same batch is augmented the same way in another loader."""
