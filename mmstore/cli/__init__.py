@@ -86,7 +86,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def _describe(exc: BaseException) -> tuple[int, str]:
     """Exit code and one-line message of an exception that ended a command."""
-    text = " ".join(str(exc).split()) or type(exc).__name__
+    # one line: line breaks go, runs of spaces inside a line stay (a name quoted
+    # in the message may differ from another only by its spaces)
+    text = " ".join(ln.strip() for ln in str(exc).splitlines() if ln.strip()) or type(exc).__name__
     if isinstance(exc, IncompleteStoreError):
         return EXIT_USAGE, text
     if getattr(exc, "usage_error", False):  # a bad argument found by the library (an unknown field ...)

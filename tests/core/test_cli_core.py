@@ -36,3 +36,14 @@ def test_every_command_has_help_with_an_example(capsys):
         assert e.value.code == 0, name
         out = capsys.readouterr().out
         assert "example" in out.lower(), name
+
+
+def test_cli_message_keeps_spaces_inside_a_line():
+    """An error message becomes one line, but runs of spaces inside it stay:
+    a folder 'dog  two' must not be shown as 'dog two'."""
+    from mmstore.cli import _describe
+    from mmstore.errors import LabelMappingError
+
+    code, text = _describe(LabelMappingError("classes not in the mapping:\n  'dog  two'\nuse --new-classes append"))
+    assert text == "classes not in the mapping: 'dog  two' use --new-classes append"
+    assert code != 0
