@@ -93,19 +93,23 @@ def test_describe_follows_the_cgroup_budget(stores, monkeypatch):
         assert d["budget_source"] == "MemAvailable" and d["prefetch"] == 1 and not d["fits"]
         assert d["readahead"] == "windows" and not d["window_direct"] and d["drop_behind"]  # too small for buffers
         assert d["window_records"] == max(16, (6 * 16 * REC - 3 * 16 * REC) // 4 // REC)
+    _mock_memory(monkeypatch, 8 * 16 * REC, None)
+    with Loader(path, 16, "sequential") as L:  # a quarter of the budget: 2 buffers, prefetch at least 1
+        assert L.prefetch == 1 and L.ring_size == 3
     with Loader(path, 16, "permutation") as L:
         # read per batch, and the page cache gains it nothing: the ring may take half the budget
+        # (4 buffers: 2 prefetch + hold 1 + 1 for the loop variable's batch)
         d = L.describe()
         assert d["readahead"] == "per batch" and d["willneed"] == 2 and not d["fits"]
-        assert d["prefetch"] == L.prefetch == 2 and L.ring_size == 3 and d["ring_bytes"] == 3 * 16 * REC
-        assert d["cache_bytes"] == 6 * 16 * REC - d["ring_bytes"]
-        assert "ring: 2 prefetch + 1 hold" in str(d)
+        assert d["prefetch"] == L.prefetch == 2 and L.ring_size == 4 and d["ring_bytes"] == 4 * 16 * REC
+        assert d["cache_bytes"] == 8 * 16 * REC - d["ring_bytes"]
+        assert "ring: 2 prefetch + 2 hold" in str(d)
     with Loader(path, 16, "permutation", prefetch=1) as L:
         assert L.describe()["prefetch"] == 1  # a prefetch the user gave is kept
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two ranks share the cgroup
     with Loader(path, 16, "permutation", prefetch=2) as L:
         d = L.describe()
-        assert d["budget"] == 3 * 16 * REC and "2 local ranks" in d["budget_source"] and d["prefetch"] == 2
+        assert d["budget"] == 4 * 16 * REC and "2 local ranks" in d["budget_source"] and d["prefetch"] == 2
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
     _mock_memory(monkeypatch, 10 * n * REC, None)  # the store fits: the quarter rule
     with Loader(path, 16, "permutation") as L:
