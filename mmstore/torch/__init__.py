@@ -21,8 +21,8 @@
 from __future__ import annotations
 
 from . import augment, gpu
-from ._tuning import LoaderTuning
 from ._ragged import Padded
+from ._tuning import LoaderTuning
 from .dataset import StoreBatch, StoreDataset, collate
 from .loader import Loader
 from .presets import ClassificationTransform, classification_loader

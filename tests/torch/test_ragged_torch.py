@@ -12,11 +12,11 @@ import os
 import numpy as np
 import pytest
 import torch
+from support.stores import write_merged, write_store
 from torch.utils.data import DataLoader, default_collate
 
 import mmstore
 from mmstore.torch import Loader, Padded, StoreDataset, collate
-from support.stores import write_merged, write_store
 
 SCHEMA = {"image": ("|u1", (6, 5, 3)), "idx": ("<i8", ()), "boxes": ("<f4", (None, 4)),
           "tokens": ("<i8", (None,)), "cap": "str", "blob": "bytes"}
@@ -36,7 +36,7 @@ def make(slot: int) -> dict:
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory):
     root = tmp_path_factory.mktemp("raggedtorch")
-    kw = dict(holes=HOLES, schema=SCHEMA, make=make, keys="k{}", reason="hole")
+    kw = {"holes": HOLES, "schema": SCHEMA, "make": make, "keys": "k{}", "reason": "hole"}
     return {
         "memmap": write_store(os.path.join(root, "m"), N, **kw),
         "lmdb": write_store(os.path.join(root, "l"), N, backend="lmdb", **kw),
@@ -244,7 +244,7 @@ def test_loader_resume_mid_epoch(store, mode):
     M.load_state_dict(state)
     rest = run(M)
     assert len(first) + len(rest) == len(full)
-    assert sorted(sum(first + rest, [])) == live_idx()
+    assert sorted(i for b in first + rest for i in b) == live_idx()
     N2 = Loader(store, 6, seed=4, ragged=mode)
     N2.set_epoch(1)
     assert first + rest == run(N2)  # the same epoch's batches, in order
