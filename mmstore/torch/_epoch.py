@@ -27,7 +27,7 @@ import torch
 
 from ..errors import LoaderStateError
 from ._direct import DirectWindows
-from ._ragged import tensors_of, to_device
+from ._ragged import RaggedReader, concat, tensors_of, to_device
 from ._reads import EpochReads, WindowPrefetch
 from ._ring import InFlight, Ring
 
@@ -56,7 +56,9 @@ class EpochBatches:
     ``ragged``: reads a batch's ragged fields (the record indices -> a dict
     of their torch forms); one more pool task per batch, its future kept
     with the batch's pieces (``ragged_futs``), its result merged into the
-    batch by :meth:`host_batch`.
+    batch by :meth:`host_batch`. When ``reads.ragged`` (lmdb: one lookup
+    per record gives every field) the pieces read them with the fixed
+    fields instead, and :meth:`host_batch` joins the pieces' results.
 
     ``owner`` (the loader) is only kept alive, never used: while a read of
     this epoch is queued or running, its loader is not garbage, so the
@@ -67,7 +69,7 @@ class EpochBatches:
         pool: ThreadPoolExecutor, reads: EpochReads, inflight: InFlight,
         window: WindowPrefetch | DirectWindows | None,
         device: torch.device | None, guard_pinned: bool, owner: object, check_kept: bool = False,
-        ragged: Callable[[np.ndarray], dict[str, Any]] | None = None,
+        ragged: RaggedReader | None = None,
     ) -> None:
         self._owner = owner
         self.idx = idx
@@ -127,12 +129,14 @@ class EpochBatches:
         views = self.ring.claim(s) if self.check_kept else self.ring.views[s]
         futs: list[Any] = []
         try:
-            if self.ragged is not None:
+            if self.ragged is not None and not self.reads.ragged:
                 self.ragged_futs[s] = fut = self.pool.submit(self._ragged_task, idx)
                 futs.append(fut)
             for lo in range(0, len(idx) if self.reads.fields else 0, self.reads.piece_rows):
                 hi = min(lo + self.reads.piece_rows, len(idx))
                 futs.append(self.pool.submit(self._task, idx, views, lo, hi, ev, wait_win, a))
+            if self.ragged is not None and self.reads.ragged:
+                self.ragged_futs[s] = list(futs)  # the pieces, in row order
             self.inflight.futs[s] = futs
             self._submit_hint(k + self.reads.willneed)
         except RuntimeError:  # the pool was shut down: Loader.close() from another thread
@@ -147,7 +151,7 @@ class EpochBatches:
             self.pool.submit(self._hint_task, self.idx[a:b])
 
     def _task(self, idx: np.ndarray, slot: dict[str, np.ndarray], lo: int, hi: int, ev: Any, wait_win: int,
-              a: int) -> None:
+              a: int) -> Any:
         if self.cancelled:
             raise Cancelled()
         if ev is not None:
@@ -156,11 +160,10 @@ class EpochBatches:
             self.window.wait_for(wait_win)  # type: ignore[union-attr]
         copy_rows = getattr(self.window, "copy_rows", None)
         if copy_rows is None:
-            self.reads.read(idx, slot, lo, hi)
-            return
+            return self.reads.read(idx, slot, lo, hi)
         # window buffers (_direct.py): the positional fields come out of them
         copy_rows(a + lo, self.reads.store.slots_of(idx[lo:hi]), {f: slot[f][lo:hi] for f in self.reads.files})
-        self.reads.read(idx, slot, lo, hi, files=False)
+        return self.reads.read(idx, slot, lo, hi, files=False)
 
     def _ragged_task(self, idx: np.ndarray) -> dict[str, Any]:
         if self.cancelled:
@@ -191,7 +194,11 @@ class EpochBatches:
         out = self.ring.batch(self.slot(k), b - a)
         if self.ragged is not None:  # done: wait_batch(k) waited for it
             fut, self.ragged_futs[self.slot(k)] = self.ragged_futs[self.slot(k)], None
-            out.update(fut.result())
+            if isinstance(fut, list):  # read by the pieces (reads.ragged)
+                parts = [f.result() for f in fut]
+                out.update(self.ragged.form({n: concat([p[n] for p in parts]) for n in self.reads.ragged}))
+            else:
+                out.update(fut.result())
         return out
 
     def to_gpu(self, k: int) -> tuple[dict[str, torch.Tensor], Any]:

@@ -25,7 +25,7 @@ import torch
 
 from ..ragged import Ragged
 
-__all__ = ["RAGGED_MODES", "Padded", "RaggedReader", "check_mode", "pad_list", "ragged_batch", "sample_of", "split_fields",
+__all__ = ["RAGGED_MODES", "Padded", "RaggedReader", "check_mode", "concat", "pad_list", "ragged_batch", "sample_of", "split_fields",
            "tensors_of", "to_device"]
 
 RAGGED_MODES = ("list", "pad")
@@ -87,8 +87,21 @@ class RaggedReader:
         self.store, self.fields, self.mode, self.pad_value = store, tuple(fields), mode, pad_value
 
     def __call__(self, idx: np.ndarray) -> dict[str, Any]:
-        got = self.store.read_batch(idx, fields=self.fields)
+        return self.form(self.store.read_batch(idx, fields=self.fields))
+
+    def form(self, got: dict[str, Ragged]) -> dict[str, Any]:
+        """Each field's :class:`~mmstore.ragged.Ragged` in this reader's torch form."""
         return {f: ragged_batch(got[f], self.mode, self.pad_value) for f in self.fields}
+
+
+def concat(parts: Sequence[Ragged]) -> Ragged:
+    """Consecutive pieces of a batch's ragged field as one :class:`~mmstore.ragged.Ragged`."""
+    if len(parts) == 1:
+        return parts[0]
+    lengths = np.concatenate([p.lengths for p in parts])
+    offsets = np.zeros(len(lengths) + 1, np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return Ragged(np.concatenate([p.values for p in parts]), offsets, parts[0].kind)
 
 
 def pad_list(items: Sequence[torch.Tensor], pad_value: Any = 0) -> Padded:

@@ -557,7 +557,7 @@ class Loader(Resumable):
             if bounds is not None:
                 bounds = np.unique(np.clip(bounds - a0, 0, None))
         reads = EpochReads(
-            self.store, self._fixed, res.files, t, batch_size=self.batch_size,
+            self.store, self._fixed, res.files, t, batch_size=self.batch_size, ragged=self._ragged,
             shuffled=not isinstance(self.order, Sequential), block=bounds is not None,
         )
         inflight = InFlight(self.ring_size)

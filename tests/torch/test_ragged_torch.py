@@ -188,6 +188,17 @@ def test_loader_every_order_every_record_once_exact(store, order, mode):
             assert sorted(seen) == live_idx(), epoch
 
 
+@pytest.mark.parametrize("mode", ["list", "pad"])
+def test_loader_batches_cut_in_pieces(store, mode):
+    # tiny pieces: a batch is read by several tasks (lmdb: the ragged fields come with
+    # each piece's fixed ones and are joined per batch)
+    L = Loader(store, 9, ragged=mode, piece_bytes=64, seed=2)
+    seen = []
+    for batch in L:
+        seen += check_batch(store, batch, mode)
+    assert sorted(seen) == live_idx()
+
+
 def test_loader_as_tuple_fields_indices_transform_copy(store):
     fields = ("boxes", "idx", "cap")
     want = [0, 2, 5, 9, 12, 30, 44]
