@@ -27,7 +27,7 @@ import torch
 
 from ..errors import LoaderStateError
 from ._direct import DirectWindows
-from ._ragged import RaggedReader, concat, tensors_of, to_device
+from ._ragged import RaggedReader, tensors_of, to_device
 from ._reads import EpochReads, WindowPrefetch
 from ._ring import InFlight, Ring
 
@@ -160,10 +160,12 @@ class EpochBatches:
             self.window.wait_for(wait_win)  # type: ignore[union-attr]
         copy_rows = getattr(self.window, "copy_rows", None)
         if copy_rows is None:
-            return self.reads.read(idx, slot, lo, hi)
-        # window buffers (_direct.py): the positional fields come out of them
-        copy_rows(a + lo, self.reads.store.slots_of(idx[lo:hi]), {f: slot[f][lo:hi] for f in self.reads.files})
-        return self.reads.read(idx, slot, lo, hi, files=False)
+            got = self.reads.read(idx, slot, lo, hi)
+        else:
+            # window buffers (_direct.py): the positional fields come out of them
+            copy_rows(a + lo, self.reads.store.slots_of(idx[lo:hi]), {f: slot[f][lo:hi] for f in self.reads.files})
+            got = self.reads.read(idx, slot, lo, hi, files=False)
+        return None if got is None else self.ragged.piece(got)  # type: ignore[union-attr]
 
     def _ragged_task(self, idx: np.ndarray) -> dict[str, Any]:
         if self.cancelled:
@@ -195,8 +197,7 @@ class EpochBatches:
         if self.ragged is not None:  # done: wait_batch(k) waited for it
             fut, self.ragged_futs[self.slot(k)] = self.ragged_futs[self.slot(k)], None
             if isinstance(fut, list):  # read by the pieces (reads.ragged)
-                parts = [f.result() for f in fut]
-                out.update(self.ragged.form({n: concat([p[n] for p in parts]) for n in self.reads.ragged}))
+                out.update(self.ragged.join([f.result() for f in fut]))
             else:
                 out.update(fut.result())
         return out

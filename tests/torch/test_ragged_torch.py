@@ -171,6 +171,11 @@ def test_module_collate_keeps_ragged_values_as_lists(store):
     check_batch(store, p, "pad", -1)
     with pytest.raises(ValueError, match="ragged="):
         StoreDataset(store, ragged="nested")
+    with pytest.raises(ValueError, match="pad_value=0.5 is not a value of .* int64"):
+        StoreDataset(store, fields=("tokens",), ragged="pad", pad_value=0.5).__getitems__([1, 2])
+    with pytest.raises(ValueError, match="pad_value=300"):
+        collate([{"b": torch.zeros(1, dtype=torch.uint8)}, {"b": torch.zeros(2, dtype=torch.uint8)}],
+                ragged_fields=("b",), ragged="pad", pad_value=300)
 
 
 # -- Loader -----------------------------------------------------------------------------------
