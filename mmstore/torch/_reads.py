@@ -25,6 +25,7 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as _wait
+from typing import Any
 
 import numpy as np
 
