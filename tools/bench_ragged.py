@@ -12,6 +12,13 @@ boxes per record, uniformly drawn). Each is read warm (every file read once firs
 reads every record once. Rounds alternate between the two stores in one process, and the
 figure is the ratio of the medians of the per-round times (with boxes / without), so the
 machine's noise hits both sides alike. Issue 14's target: at most 1.3x.
+
+Loader row (``--loader``, default on): ``mmstore.torch.Loader(store, --batch, order="permutation")``
+epochs over each store (image + label vs image + label + boxes, boxes yielded as a list of
+tensors; ``--ragged pad`` for padded + lengths), epochs alternating, ratio of the median epoch
+times. Item row: ``StoreDataset(store)[i]`` over every record of the boxes store, through
+``store[i]`` (the one-record path, what ``__getitem__`` uses when every field is read) vs
+``read_batch([i])`` (what it used before), rounds alternating, ratio of the medians.
 """
 
 from __future__ import annotations
@@ -53,6 +60,63 @@ def _round(store: mmstore.Store, order: np.ndarray, batch: int, out: dict[str, n
     return time.perf_counter() - t
 
 
+def _torch_rows(stores: dict[str, mmstore.Store], args: argparse.Namespace) -> dict[str, object]:
+    """The Loader row and the StoreDataset item row (module docstring)."""
+    import torch  # noqa: F401 - only here: the read_batch row needs numpy alone
+
+    from mmstore.torch import Loader, StoreDataset
+
+    loaders = {k: Loader(s, args.batch, order="permutation", ragged=args.ragged) for k, s in stores.items()}
+
+    def epoch(k: str) -> float:
+        t = time.perf_counter()
+        for b in loaders[k]:
+            got = b["boxes"].lengths if k == "boxes" and args.ragged == "pad" else b.get("boxes", b["label"])
+            if len(got) != len(b["label"]):
+                raise SystemExit(f"a batch of {len(b['label'])} records gave {len(got)} boxes entries")
+        return time.perf_counter() - t
+
+    for k in loaders:  # warm: threads, ring, pages
+        epoch(k)
+    lt: dict[str, list[float]] = {k: [] for k in loaders}
+    for r in range(args.rounds):
+        for k in ("plain", "boxes") if r % 2 == 0 else ("boxes", "plain"):
+            lt[k].append(epoch(k))
+    for ld in loaders.values():
+        ld.close()
+    nb = -(-args.records // args.batch)
+    lmed = {k: statistics.median(v) for k, v in lt.items()}
+    out: dict[str, object] = {
+        "loader_ms_per_batch": {k: round(1000 * v / nb, 3) for k, v in lmed.items()},
+        "loader_ratio_boxes_over_plain": round(lmed["boxes"] / lmed["plain"], 3), "loader_ragged": args.ragged,
+    }
+    print(f"Loader batch {args.batch} ({args.backend}, permutation, ragged={args.ragged!r}): "
+          f"{out['loader_ms_per_batch']['plain']} ms a batch without boxes, "  # type: ignore[index]
+          f"{out['loader_ms_per_batch']['boxes']} ms with: ratio {out['loader_ratio_boxes_over_plain']}x "  # type: ignore[index]
+          f"(target <= 1.3x; medians of {args.rounds} alternating epochs)")
+    ds = StoreDataset(stores["boxes"])
+    n = min(len(ds), 1024)
+
+    def items(whole: bool) -> float:
+        ds._whole = whole  # the path __getitem__ takes: store[i] (True) or read_batch([i])
+        t = time.perf_counter()
+        for i in range(n):
+            ds[i]
+        return (time.perf_counter() - t) / n
+
+    it: dict[bool, list[float]] = {True: [], False: []}
+    for r in range(args.rounds):
+        for w in (True, False) if r % 2 == 0 else (False, True):
+            it[w].append(items(w))
+    imed = {w: statistics.median(v) for w, v in it.items()}
+    out["item_us"] = {"store_getitem": round(1e6 * imed[True], 1), "read_batch_one": round(1e6 * imed[False], 1)}
+    out["item_speedup"] = round(imed[False] / imed[True], 2)
+    print(f"StoreDataset[i] (image + label + boxes, {n} records): {out['item_us']['store_getitem']} us through "  # type: ignore[index]
+          f"store[i], {out['item_us']['read_batch_one']} us through read_batch([i]): "  # type: ignore[index]
+          f"{out['item_speedup']}x faster")
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--dir", default="/var/tmp/bench_ragged")
@@ -61,6 +125,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=7)
     ap.add_argument("--backend", default="memmap", choices=("memmap", "lmdb"))
     ap.add_argument("--keep", action="store_true", help="keep the stores")
+    ap.add_argument("--no-loader", action="store_true", help="skip the torch Loader and StoreDataset rows")
+    ap.add_argument("--ragged", default="list", choices=("list", "pad"), help="the Loader's ragged= (default list)")
     ap.add_argument("--json")
     args = ap.parse_args()
     os.makedirs(args.dir, exist_ok=True)
@@ -92,6 +158,8 @@ def main() -> int:
               f"{res['ms_per_batch']['plain']} ms without boxes, {res['ms_per_batch']['boxes']} ms with "
               f"(mean {res['boxes_per_record_mean']} boxes/record): ratio {res['ratio_boxes_over_plain']}x "
               f"(target <= 1.3x; medians of {args.rounds} alternating rounds of {batches} batches)")
+        if not args.no_loader:
+            res.update(_torch_rows(stores, args))
         if args.json:
             with open(args.json, "w") as fh:
                 json.dump(res, fh, indent=1)

@@ -2,6 +2,8 @@
 
 - :class:`StoreDataset`: a map-style Dataset (``__getitems__`` reads a whole
   batch in one call; ``default_collate`` passes it through without copies).
+- :class:`Padded`: a ragged field's batch as padded values + lengths
+  (``ragged="pad"``; the default is a list of tensors).
 - :class:`OrderSampler`, :class:`OrderBatchSampler`: Samplers over the
   torch-free orders of :mod:`mmstore.order` (``set_epoch``, DDP split).
 - :class:`Loader`: batches read by threads into a ring of reusable (pinned)
@@ -19,6 +21,7 @@
 from __future__ import annotations
 
 from . import augment, gpu
+from ._ragged import Padded
 from ._tuning import LoaderTuning
 from .dataset import StoreBatch, StoreDataset, collate
 from .loader import Loader
@@ -31,6 +34,7 @@ __all__ = [
     "LoaderTuning",
     "OrderBatchSampler",
     "OrderSampler",
+    "Padded",
     "StoreBatch",
     "StoreDataset",
     "augment",

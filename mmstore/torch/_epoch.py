@@ -27,6 +27,7 @@ import torch
 
 from ..errors import LoaderStateError
 from ._direct import DirectWindows
+from ._ragged import RaggedReader, tensors_of, to_device
 from ._reads import EpochReads, WindowPrefetch
 from ._ring import InFlight, Ring
 
@@ -52,6 +53,13 @@ class EpochBatches:
     copy); a buffer whose batch is still referenced is not refilled but
     replaced by a fresh one (``Ring.claim``, NOTE [kept batches]).
 
+    ``ragged``: reads a batch's ragged fields (the record indices -> a dict
+    of their torch forms); one more pool task per batch, its future kept
+    with the batch's pieces (``ragged_futs``), its result merged into the
+    batch by :meth:`host_batch`. When ``reads.ragged`` (lmdb: one lookup
+    per record gives every field) the pieces read them with the fixed
+    fields instead, and :meth:`host_batch` joins the pieces' results.
+
     ``owner`` (the loader) is only kept alive, never used: while a read of
     this epoch is queued or running, its loader is not garbage, so the
     loader's finalizer cannot close the files under a running read."""
@@ -61,6 +69,7 @@ class EpochBatches:
         pool: ThreadPoolExecutor, reads: EpochReads, inflight: InFlight,
         window: WindowPrefetch | DirectWindows | None,
         device: torch.device | None, guard_pinned: bool, owner: object, check_kept: bool = False,
+        ragged: RaggedReader | None = None,
     ) -> None:
         self._owner = owner
         self.idx = idx
@@ -74,6 +83,8 @@ class EpochBatches:
         self.guard_pinned = guard_pinned
         self.check_kept = check_kept
         self.events: list[Any] = [None] * self.R
+        self.ragged = ragged
+        self.ragged_futs: list[Any] = [None] * self.R
         self.stream = None
         if device is not None:
             self.stream = inflight.stream = torch.cuda.Stream(device=device)
@@ -118,9 +129,14 @@ class EpochBatches:
         views = self.ring.claim(s) if self.check_kept else self.ring.views[s]
         futs: list[Any] = []
         try:
-            for lo in range(0, len(idx), self.reads.piece_rows):
+            if self.ragged is not None and not self.reads.ragged:
+                self.ragged_futs[s] = fut = self.pool.submit(self._ragged_task, idx)
+                futs.append(fut)
+            for lo in range(0, len(idx) if self.reads.fields else 0, self.reads.piece_rows):
                 hi = min(lo + self.reads.piece_rows, len(idx))
                 futs.append(self.pool.submit(self._task, idx, views, lo, hi, ev, wait_win, a))
+            if self.ragged is not None and self.reads.ragged:
+                self.ragged_futs[s] = list(futs)  # the pieces, in row order
             self.inflight.futs[s] = futs
             self._submit_hint(k + self.reads.willneed)
         except RuntimeError:  # the pool was shut down: Loader.close() from another thread
@@ -135,7 +151,7 @@ class EpochBatches:
             self.pool.submit(self._hint_task, self.idx[a:b])
 
     def _task(self, idx: np.ndarray, slot: dict[str, np.ndarray], lo: int, hi: int, ev: Any, wait_win: int,
-              a: int) -> None:
+              a: int) -> Any:
         if self.cancelled:
             raise Cancelled()
         if ev is not None:
@@ -144,11 +160,17 @@ class EpochBatches:
             self.window.wait_for(wait_win)  # type: ignore[union-attr]
         copy_rows = getattr(self.window, "copy_rows", None)
         if copy_rows is None:
-            self.reads.read(idx, slot, lo, hi)
-            return
-        # window buffers (_direct.py): the positional fields come out of them
-        copy_rows(a + lo, self.reads.store.slots_of(idx[lo:hi]), {f: slot[f][lo:hi] for f in self.reads.files})
-        self.reads.read(idx, slot, lo, hi, files=False)
+            got = self.reads.read(idx, slot, lo, hi)
+        else:
+            # window buffers (_direct.py): the positional fields come out of them
+            copy_rows(a + lo, self.reads.store.slots_of(idx[lo:hi]), {f: slot[f][lo:hi] for f in self.reads.files})
+            got = self.reads.read(idx, slot, lo, hi, files=False)
+        return None if got is None else self.ragged.piece(got)  # type: ignore[union-attr]
+
+    def _ragged_task(self, idx: np.ndarray) -> dict[str, Any]:
+        if self.cancelled:
+            raise Cancelled()
+        return self.ragged(idx)  # type: ignore[misc]
 
     def _hint_task(self, idx: np.ndarray) -> None:
         if not self.cancelled:
@@ -171,7 +193,14 @@ class EpochBatches:
 
     def host_batch(self, k: int) -> dict[str, torch.Tensor]:
         a, b = self.bounds(k)
-        return self.ring.batch(self.slot(k), b - a)
+        out = self.ring.batch(self.slot(k), b - a)
+        if self.ragged is not None:  # done: wait_batch(k) waited for it
+            fut, self.ragged_futs[self.slot(k)] = self.ragged_futs[self.slot(k)], None
+            if isinstance(fut, list):  # read by the pieces (reads.ragged)
+                out.update(self.ragged.join([f.result() for f in fut]))
+            else:
+                out.update(fut.result())
+        return out
 
     def to_gpu(self, k: int) -> tuple[dict[str, torch.Tensor], Any]:
         """Issue the copy of host batch ``k`` on the side stream; return the
@@ -179,7 +208,7 @@ class EpochBatches:
         self.wait_batch(k)
         host = self.host_batch(k)
         with torch.cuda.stream(self.stream):
-            gpu = {f: t.to(self.device, non_blocking=True) for f, t in host.items()}
+            gpu = {f: to_device(t, self.device) for f, t in host.items()}
             ev = torch.cuda.Event()
             ev.record(self.stream)
         self.events[self.slot(k)] = ev  # the reader of this buffer's next batch waits for it
@@ -287,7 +316,9 @@ class EpochIterator:
         out = ep.host_batch(k)
         if self._copy:  # a numpy copy: no torch intra-op (OpenMP) threads, which hang
             # in a forked child once the parent used them
-            out = {f: torch.from_numpy(t.numpy().copy()) for f, t in out.items()}
+            # (ragged fields are fresh for every batch already)
+            out = {f: torch.from_numpy(t.numpy().copy()) if isinstance(t, torch.Tensor) else t
+                   for f, t in out.items()}
         return out
 
     def _next_gpu(self, k: int) -> dict[str, torch.Tensor]:
@@ -304,8 +335,9 @@ class EpochIterator:
         gpu, ev = cur
         stream = torch.cuda.current_stream(ep.device)
         stream.wait_event(ev)
-        for t in gpu.values():
-            t.record_stream(stream)
+        for v in gpu.values():
+            for t in tensors_of(v):
+                t.record_stream(stream)
         return gpu
 
     def _raise_cancelled(self) -> None:

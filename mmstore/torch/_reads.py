@@ -25,6 +25,7 @@ import threading
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as _wait
+from typing import Any
 
 import numpy as np
 
@@ -231,7 +232,7 @@ class EpochReads:
 
     def __init__(
         self, store: Store, fields: Sequence[str], files: dict[str, FieldFiles], tuning: LoaderTuning, *,
-        batch_size: int, shuffled: bool, block: bool,
+        batch_size: int, shuffled: bool, block: bool, ragged: Sequence[str] = (),
     ) -> None:
         self.store = store
         self.fields = tuple(fields)
@@ -239,6 +240,10 @@ class EpochReads:
         self.cached = resident >= 0.99
         self.files = {} if (tuning.method == "auto" and self.cached) else files
         self.rest = [f for f in self.fields if f not in self.files]
+        # ragged fields read with the pieces' fixed ones, in the same read_batch:
+        # a backend whose one lookup per record gives every field (lmdb), where
+        # a read of their own would look every record up again (_ragged.py)
+        self.ragged = tuple(ragged) if (ragged and self.rest and store.backend.ragged_lists) else ()
         rb = sum(store.schema[f].nbytes for f in fields) or 1
         self.piece_rows = max(1, tuning.piece_bytes // rb)
         if not self.files or block:
@@ -274,20 +279,25 @@ class EpochReads:
         fields without one are brought in by ``WindowPrefetch._touch``."""
         return list(self.files.values())
 
-    def read(self, idx: np.ndarray, slot: dict[str, np.ndarray], lo: int, hi: int, files: bool = True) -> None:
+    def read(self, idx: np.ndarray, slot: dict[str, np.ndarray], lo: int, hi: int, files: bool = True) -> Any:
         """Rows ``lo:hi`` of a batch: records ``idx[lo:hi]`` into ``slot[f][lo:hi]``
-        (``files=False``: only the fields not read with ``preadv``)."""
+        (``files=False``: only the fields not read with ``preadv``); returns
+        the piece's ``self.ragged`` fields (``{name: Ragged}``), or None."""
         part = idx[lo:hi]
         if self.files and files:
             slots = self.store.slots_of(part)
             for f, ff in self.files.items():
                 ff.read(slots, slot[f][lo:hi])
         if self.rest:
+            names = [*self.rest, *self.ragged]
             if self.decode_gate is None:
-                self.store.read_batch(part, fields=self.rest, out={f: slot[f][lo:hi] for f in self.rest})
-                return
-            with self.decode_gate[0]:
-                self.store.read_batch(part, fields=self.rest, out={f: slot[f][lo:hi] for f in self.rest})
+                got = self.store.read_batch(part, fields=names, out={f: slot[f][lo:hi] for f in self.rest})
+            else:
+                with self.decode_gate[0]:
+                    got = self.store.read_batch(part, fields=names, out={f: slot[f][lo:hi] for f in self.rest})
+            if self.ragged:
+                return {f: got[f] for f in self.ragged}
+        return None
 
     def hint(self, idx: np.ndarray) -> None:
         """``POSIX_FADV_WILLNEED`` on the records ``idx`` (preadv epochs)."""

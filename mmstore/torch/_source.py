@@ -4,7 +4,7 @@
   :class:`~mmstore.torch.StoreDataset`, a ``torch.utils.data.Subset`` of one,
   nested subsets included) and ``indices=`` as one store, the record indices
   of the subset (or None: every record) and the dataset's own ``fields`` /
-  ``as_tuple`` / ``chw`` (defaults for the loader's).
+  ``as_tuple`` / ``chw`` / ``ragged`` / ``pad_value`` (defaults for the loader's).
 * :func:`transform_call`: how the loader calls a ``transform``.
 
 Subset rule: ``indices`` are record indices of the store (``len(store)``
@@ -54,7 +54,8 @@ def resolve_source(store: Any, indices: Any = None) -> Source:
                 "call (it reads whole batches without the dataset); build the dataset without it and pass "
                 "Loader(..., transform=f), which is called on every batch"
             )
-        defaults = {"fields": obj.fields, "as_tuple": obj.as_tuple, "chw": obj.chw}
+        defaults = {"fields": obj.fields, "as_tuple": obj.as_tuple, "chw": obj.chw, "ragged": obj.ragged,
+                    "pad_value": obj.pad_value}
         st, own = obj.store, False
     elif isinstance(obj, (Store, str, os.PathLike)):
         st, own = open_store_arg(obj), not isinstance(obj, Store)

@@ -45,8 +45,9 @@ from torch.utils.data import Dataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate, default_collate_fn_map
 
 from ..reader import Store
+from ._ragged import Padded, check_mode, pad_list, ragged_batch, sample_of, split_fields
 
-__all__ = ["StoreBatch", "StoreDataset", "collate", "open_store_arg"]
+__all__ = ["Padded", "StoreBatch", "StoreDataset", "collate", "open_store_arg"]
 
 
 def open_store_arg(store: Store | str | os.PathLike[str]) -> Store:
@@ -59,8 +60,9 @@ def open_store_arg(store: Store | str | os.PathLike[str]) -> Store:
 
 
 def image_fields(store: Store, fields: Sequence[str]) -> set[str]:
-    """Fields that look like HWC images (3-D, last dim 1, 3 or 4)."""
-    return {f for f in fields if len(store.schema[f].shape) == 3 and store.schema[f].shape[-1] in (1, 3, 4)}
+    """Fixed-shape fields that look like HWC images (3-D, last dim 1, 3 or 4)."""
+    return {f for f in fields if not store.schema[f].ragged and len(store.schema[f].shape) == 3
+            and store.schema[f].shape[-1] in (1, 3, 4)}
 
 
 def _alloc(shape: tuple[int, ...], dtype: torch.dtype, shared: bool) -> torch.Tensor:
@@ -106,9 +108,9 @@ class StoreBatch(Sequence):
         if not 0 <= i < self._n:
             raise IndexError(f"sample {i} out of range for a batch of {self._n}")
         if self._as_tuple:
-            s = _SampleTuple(t[i] for t in self.data)
+            s = _SampleTuple(sample_of(t, i) for t in self.data)
         else:
-            s = _SampleDict((k, v[i]) for k, v in self.data.items())  # type: ignore[union-attr]
+            s = _SampleDict((k, sample_of(v, i)) for k, v in self.data.items())  # type: ignore[union-attr]
         s._batch = self
         return s
 
@@ -153,9 +155,12 @@ def _in_order(samples: Sequence[Any]) -> bool:
     if b is None:
         return False
     # the samples are the batch's own, in order, iff each row views row i
-    if b._as_tuple:
-        return all(s[0].data_ptr() == b.data[0][i].data_ptr() for i, s in enumerate(samples))
-    k = next(iter(b.data))
+    # (of a batched tensor; list entries, str / bytes included, are the batch's own objects)
+    keys = range(len(b.data)) if b._as_tuple else list(b.data)
+    k = next((k for k in keys if isinstance(b.data[k], torch.Tensor)), None)
+    if k is None:
+        k = next(iter(keys))
+        return all(isinstance(b.data[k], list) and s[k] is b.data[k][i] for i, s in enumerate(samples))
     return all(s[k].data_ptr() == b.data[k][i].data_ptr() for i, s in enumerate(samples))
 
 
@@ -165,12 +170,50 @@ default_collate_fn_map[_SampleDict] = _collate_samples
 default_collate_fn_map[_SampleTuple] = _collate_samples
 
 
-def collate(batch: Any) -> Any:
+def collate(batch: Any, *, ragged_fields: Sequence[Any] | None = None, ragged: str = "list",
+            pad_value: Any = 0) -> Any:
     """``collate_fn`` for :class:`StoreDataset`: a :class:`StoreBatch` passes
-    through as its batched tensors; anything else goes to ``default_collate``."""
+    through as its batched tensors (ragged fields as the dataset gives them);
+    a list of samples (dicts or tuples: a dataset with a per-sample
+    ``transform``, or ``ds[i]`` samples) is collated field by field: ragged
+    ones as a list (``ragged="pad"``: a :class:`Padded` values + lengths;
+    ``str`` / ``bytes``: a list either way), the others by ``default_collate``
+    (stacked). ``ragged_fields``: the ragged keys (names; positions for
+    tuples); default: ``str`` / ``bytes`` values and tensors whose shapes
+    differ within the batch, so a batch whose entries happen to have one
+    length is stacked: give the keys, or use :meth:`StoreDataset.collate`,
+    which knows them."""
     if isinstance(batch, StoreBatch):
         return batch.data
-    return default_collate(batch)
+    check_mode(ragged)
+    if not isinstance(batch, Sequence) or not batch:
+        return default_collate(batch)
+    first = batch[0]
+    if isinstance(first, Mapping):
+        keys: Sequence[Any] = list(first)
+    elif isinstance(first, tuple):
+        keys = range(len(first))
+    else:
+        return default_collate(batch)
+    out = {}
+    for k in keys:
+        col = [s[k] for s in batch]
+        if _is_ragged(col, k, ragged_fields):
+            tensors = all(isinstance(x, torch.Tensor) for x in col)
+            out[k] = pad_list(col, pad_value) if ragged == "pad" and tensors else col
+        else:
+            out[k] = default_collate(col)
+    if isinstance(first, Mapping):
+        return out
+    return tuple(out[k] for k in keys)
+
+
+def _is_ragged(col: list[Any], key: Any, ragged_fields: Sequence[Any] | None) -> bool:
+    if ragged_fields is not None:
+        return key in ragged_fields
+    if isinstance(col[0], (str, bytes)):
+        return True
+    return all(isinstance(x, torch.Tensor) for x in col) and len({tuple(x.shape) for x in col}) > 1
 
 
 class StoreDataset(Dataset):
@@ -198,11 +241,24 @@ class StoreDataset(Dataset):
         Return image fields (3-D with 1, 3 or 4 channels last) as CHW
         (a permuted view, no copy: ``(N, C, H, W)`` batches with
         channels-last strides). Default: the store's layout (HWC).
+    ragged : {"list", "pad"}, default "list"
+        How a batch (``__getitems__``) gives a ragged field (a variable
+        leading dimension): a list of tensors, one per record at its own
+        length, or a :class:`Padded` ``(values, lengths)`` with ``values``
+        ``(batch, longest, *row)`` filled with ``pad_value`` past each
+        record's rows. ``str`` / ``bytes`` fields: a list of ``str`` /
+        ``bytes`` either way. ``ds[i]`` gives the record's own tensor (or
+        ``str`` / ``bytes``).
+    pad_value : number, default 0
+        The padding of ``ragged="pad"``.
 
     Notes
     -----
     Tensors have the store's dtypes (images stay uint8: convert on the GPU
-    with :mod:`mmstore.torch.gpu`).
+    with :mod:`mmstore.torch.gpu`). With ragged fields and a per-sample
+    ``transform``, pass ``collate_fn=ds.collate`` to the ``DataLoader``
+    (``default_collate`` would try to stack them); without a transform the
+    default collate works.
     """
 
     def __init__(
@@ -214,9 +270,16 @@ class StoreDataset(Dataset):
         batch_transform: Callable[[Any], Any] | None = None,
         as_tuple: bool = False,
         chw: bool = False,
+        ragged: str = "list",
+        pad_value: Any = 0,
     ) -> None:
         self.store = open_store_arg(store)
         self.fields = tuple(self.store.field_list(fields))
+        self.ragged = check_mode(ragged)
+        self.pad_value = pad_value
+        self._fixed, self._ragged = split_fields(self.store, self.fields)
+        # store[i] (the one-record path) reads every field: used when all are asked for
+        self._whole = set(self.fields) == set(self.store.schema.names)
         self.transform = transform
         self.batch_transform = batch_transform
         self.as_tuple = bool(as_tuple)
@@ -224,7 +287,7 @@ class StoreDataset(Dataset):
         self._images = image_fields(self.store, self.fields) if self.chw else set()
         self._pid = os.getpid()
         self._tdtypes = {
-            f: torch.from_numpy(np.empty(0, self.store.schema[f].dtype)).dtype for f in self.fields
+            f: torch.from_numpy(np.empty(0, self.store.schema[f].dtype)).dtype for f in self._fixed
         }
 
     def __len__(self) -> int:
@@ -259,8 +322,12 @@ class StoreDataset(Dataset):
         if not isinstance(index, int) or isinstance(index, bool):
             raise TypeError(f"a StoreDataset index must be an int, got {type(index).__name__}")
         self._check_pid()
-        arrays = self.store.read_batch([index], fields=self.fields)
-        sample = self._wrap({k: torch.from_numpy(v)[0] for k, v in arrays.items()}, batched=False)
+        if self._whole:  # NOTE [one-record path] (backends/base.py)
+            rec = self.store[index]
+        else:
+            got = self.store.read_batch([index], fields=self.fields)
+            rec = {f: got[f][0] for f in self.fields}
+        sample = self._wrap({f: _one(rec[f]) for f in self.fields}, batched=False)
         if self.transform is not None:
             sample = self.transform(sample)
         return sample
@@ -272,11 +339,13 @@ class StoreDataset(Dataset):
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         shared = get_worker_info() is not None
         n = len(idx)
-        tensors = {
-            f: _alloc((n, *self.store.schema[f].shape), self._tdtypes[f], shared) for f in self.fields
+        tensors: dict[str, Any] = {
+            f: _alloc((n, *self.store.schema[f].shape), self._tdtypes[f], shared) for f in self._fixed
         }
-        self.store.read_batch(idx, fields=self.fields, out={f: t.numpy() for f, t in tensors.items()})
-        return tensors
+        got = self.store.read_batch(idx, fields=self.fields, out={f: t.numpy() for f, t in tensors.items()})
+        for f in self._ragged:  # Ragged (values + offsets): a list of tensors, or Padded
+            tensors[f] = ragged_batch(got[f], self.ragged, self.pad_value)
+        return {f: tensors[f] for f in self.fields}
 
     def __getitems__(self, indices: Sequence[int]) -> Any:
         tensors = self.read_batch_tensors(indices)
@@ -292,8 +361,25 @@ class StoreDataset(Dataset):
                 raise TypeError("batch_transform must return a dict or a tuple of batched tensors")
         return StoreBatch(data, n, isinstance(data, tuple))
 
+    def collate(self, batch: Any) -> Any:
+        """:func:`collate` with this dataset's ragged fields and ``ragged`` /
+        ``pad_value`` (``DataLoader(ds, collate_fn=ds.collate)``)."""
+        keys = [i for i, f in enumerate(self.fields) if f in self._ragged] if self.as_tuple else self._ragged
+        return collate(batch, ragged_fields=keys, ragged=self.ragged, pad_value=self.pad_value)
+
     def __repr__(self) -> str:
         return f"StoreDataset({self.store.path!r}, fields={list(self.fields)}, as_tuple={self.as_tuple}, chw={self.chw})"
+
+
+def _one(v: Any) -> Any:
+    """One record's value as torch gives it: a tensor (0-d for a scalar
+    field), ``str`` / ``bytes`` as they are."""
+    if isinstance(v, (str, bytes)):
+        return v
+    v = np.asarray(v)
+    if not v.flags.writeable:  # a view of immutable bytes: the record's own copy
+        v = v.copy()
+    return torch.from_numpy(v)
 
 
 def _plain(sample: Any) -> Any:

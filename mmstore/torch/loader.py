@@ -152,6 +152,7 @@ from ..order import BlockShuffle, Order, Sequential
 from ._direct import DirectWindows
 from ._epoch import EpochBatches, EpochIterator
 from ._plan import LoaderPlan, plan_memory, widen_ring
+from ._ragged import RaggedReader, check_mode, split_fields
 from ._reads import EpochReads, WindowPrefetch, data_paths, open_field_files, prepare_store
 from ._resources import Resources, check_device, check_pin_memory, torch_dtype
 from ._ring import InFlight, Ring
@@ -198,6 +199,22 @@ class Loader(Resumable):
         "Kept batches" in the module docstring).
     as_tuple, chw : bool
         As for :class:`StoreDataset` (default: the dataset's, else False).
+    ragged : {"list", "pad"}, optional
+        How a ragged field (a variable leading dimension: boxes, token ids)
+        is yielded: ``"list"`` (default), a list of tensors, record ``j``'s
+        of shape ``(n_j, *row)``; ``"pad"``, a
+        :class:`~mmstore.torch.Padded` ``(values, lengths)``: ``values``
+        ``(batch, longest, *row)`` filled with ``pad_value`` past each
+        record's rows, ``lengths`` int64. ``str`` / ``bytes`` fields: a list
+        of ``str`` / ``bytes`` in both modes. Ragged fields are not in the
+        ring: one more pool task per batch reads them with
+        ``Store.read_batch`` (values + offsets, no Python object per record)
+        and builds the tensors, which are fresh for every batch (the
+        kept-batch check does not concern them; ``copy=True`` does not copy
+        them again); with ``device`` they are moved there too. Default: the
+        dataset's, else ``"list"``.
+    pad_value : number, optional
+        The padding of ``ragged="pad"`` (default: the dataset's, else 0).
     indices : array of int, optional
         Read only these records (record indices of the store; negative ones
         from the end; out of range: :class:`~mmstore.errors.RecordIndexError`).
@@ -263,6 +280,8 @@ class Loader(Resumable):
         copy: bool = False,
         as_tuple: bool | None = None,
         chw: bool | None = None,
+        ragged: str | None = None,
+        pad_value: Any = None,
         indices: Any = None,
         transform: Any = None,
         seed: int = 0,
@@ -280,6 +299,10 @@ class Loader(Resumable):
         self.tuning, order_kw = split_tuning(tuning, kw)
         self.batch_size = int(batch_size)
         self.fields = tuple(self.store.field_list(src.defaults.get("fields") if fields is None else fields))
+        # ragged fields are read per batch beside the ring (_ragged.py), the others into it
+        self._fixed, self._ragged = split_fields(self.store, self.fields)
+        self.ragged = check_mode(src.defaults.get("ragged", "list") if ragged is None else ragged)
+        self.pad_value = src.defaults.get("pad_value", 0) if pad_value is None else pad_value
         self.device, self._cuda = check_device(device)
         self.copy = bool(copy)
         # batches yielded straight from the ring are checked for references
@@ -317,7 +340,7 @@ class Loader(Resumable):
             "batch_size": self.batch_size, "fields": self.fields, "drop_last": self.drop_last,
             "device": None if self.device is None else str(self.device), "pin_memory": self.pin_memory,
             "copy": self.copy, "as_tuple": self.as_tuple, "chw": self.chw, "tuning": self.tuning,
-            "transform": self.transform,
+            "transform": self.transform, "ragged": self.ragged, "pad_value": self.pad_value,
         }
         self._epoch: int | None = None
         self._next_epoch = 0
@@ -535,7 +558,7 @@ class Loader(Resumable):
             if bounds is not None:
                 bounds = np.unique(np.clip(bounds - a0, 0, None))
         reads = EpochReads(
-            self.store, self.fields, res.files, t, batch_size=self.batch_size,
+            self.store, self._fixed, res.files, t, batch_size=self.batch_size, ragged=self._ragged,
             shuffled=not isinstance(self.order, Sequential), block=bounds is not None,
         )
         inflight = InFlight(self.ring_size)
@@ -551,7 +574,7 @@ class Loader(Resumable):
             idx, batch_size=self.batch_size, drop_last=self.drop_last, prefetch=self.prefetch,
             ring=res.ring, pool=res.pool, reads=reads, inflight=inflight, window=window,  # type: ignore[arg-type]
             device=self.device if self._cuda else None, guard_pinned=self.pin_memory and not self._cuda,
-            owner=self, check_kept=self._check,
+            owner=self, check_kept=self._check, ragged=RaggedReader(self.store, self._ragged, self.ragged, self.pad_value) if self._ragged else None,
         )
         return EpochIterator(
             batches, epoch, prefetch=self.prefetch, copy=self.copy, on_used=self._commit, wrap=self._wrap,
@@ -575,9 +598,9 @@ class Loader(Resumable):
             res.pool = ThreadPoolExecutor(self.tuning.threads, thread_name_prefix="mmstore-loader")
         prepare_store(self.store, self.fields)  # in this thread, before the readers
         if not res.files:
-            res.files = open_field_files(self.store, self.fields, self.tuning.method)
+            res.files = open_field_files(self.store, self._fixed, self.tuning.method)
         if res.ring is None:
-            shapes = {f: (self.store.schema[f].shape, torch_dtype(self.store.schema[f].dtype)) for f in self.fields}
+            shapes = {f: (self.store.schema[f].shape, torch_dtype(self.store.schema[f].dtype)) for f in self._fixed}
             res.ring = Ring(self.ring_size, self.batch_size, shapes, self.pin_memory)
 
     def _do_warm(self) -> None:
