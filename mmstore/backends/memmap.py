@@ -70,17 +70,23 @@ class MemmapBackend(Backend):
                               {f.name: variable_files(f.name) for f in schema.variable_fields})
 
     def check(self) -> None:
+        # built aside and published at once: readers test ``if not self._offsets``
+        # (threads' first reads race here), so it is empty or complete, never partial
+        offsets: dict[str, int] = {}
+        sizes: dict[str, int] = {}
         for f in self.schema:
             if f.variable:
-                self._check_variable(f.name)
+                self._check_variable(f.name, offsets, sizes)
                 continue
             name = field_file(f.name, self.segment)
-            self._offsets[f.name] = off = check_npy(
+            offsets[f.name] = off = check_npy(
                 os.path.join(self.root, name), f.dtype, (self.slots, *f.shape), self.files.get(name), self.ident
             )
-            self._sizes[f.name] = off + self.slots * f.nbytes
+            sizes[f.name] = off + self.slots * f.nbytes
+        self._sizes.update(sizes)
+        self._offsets = offsets
 
-    def _check_variable(self, name: str) -> None:
+    def _check_variable(self, name: str, offsets: dict[str, int], sizes: dict[str, int]) -> None:
         """O(1): the offsets file's header and size, the ``.bin``'s size, the
         first offset 0 and the last one the ``.bin``'s size (format.py)."""
         bin_name, off_name = variable_files(name, self.segment)
@@ -109,9 +115,9 @@ class MemmapBackend(Backend):
                 f"{opath}: offsets run from {first} to {last}, expected 0 to {st.st_size} (the size of "
                 f"{bin_name}); the two files are damaged or from different stores: run `mmstore verify`"
             )
-        self._offsets[name] = off
-        self._sizes[name] = st.st_size
-        self._sizes[off_name] = off + 8 * (self.slots + 1)
+        offsets[name] = off
+        sizes[name] = st.st_size
+        sizes[off_name] = off + 8 * (self.slots + 1)
 
     def array(self, name: str) -> np.ndarray:
         """The whole field as a read-only array over the mapping, shape (slots, *shape)."""

@@ -185,3 +185,34 @@ def test_threads_read_exactly(tmp_path):
         with ThreadPoolExecutor(4) as ex:
             got = list(ex.map(lambda i: s[i]["image"].tobytes(), order * 3))
         assert got == [big(i)["image"].tobytes() for i in order * 3]
+
+
+def test_first_reads_racing_the_lazy_check(tmp_path, monkeypatch):
+    """Threads whose first reads race into a segment's lazy header check all
+    see it complete (it was published field by field, and a thread that saw
+    the first field skipped the check: KeyError for the next field)."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import mmstore.backends.memmap as mm
+
+    real = mm.check_npy
+
+    def slow(*a, **kw):
+        time.sleep(0.02)  # widen the window between the fields' checks
+        return real(*a, **kw)
+
+    monkeypatch.setattr(mm, "check_npy", slow)
+    p = write_merged(os.path.join(tmp_path, "m"), 60, [20, 40], schema=BIG, make=big)
+    with mmstore.open(p) as s:
+        go = threading.Barrier(4)
+
+        def first(i):
+            go.wait()
+            time.sleep(0.015 * (i - 41))  # later threads arrive while the first one checks
+            return s[i]["image"].tobytes()
+
+        with ThreadPoolExecutor(4) as ex:
+            got = list(ex.map(first, [41, 42, 43, 44]))  # a segment no read touched yet
+        assert got == [big(i)["image"].tobytes() for i in (41, 42, 43, 44)]
