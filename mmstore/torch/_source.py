@@ -87,9 +87,13 @@ def _as_index_array(indices: Any, n: int, what: str) -> np.ndarray:
     idx = idx.reshape(-1)
     if idx.size and idx.dtype.kind not in "iu":
         raise RecordIndexError(f"{what} must be integers, got dtype {idx.dtype}")
-    idx = idx.astype(np.int64, copy=True)
-    idx[idx < 0] += n
-    bad = (idx < 0) | (idx >= n)
+    if idx.dtype.kind == "u":  # compare before the cast: 2**64 - 1 as int64 is -1, the last record
+        bad = idx >= n
+        idx = np.where(bad, 0, idx).astype(np.int64)
+    else:
+        idx = idx.astype(np.int64, copy=True)
+        idx[idx < 0] += n
+        bad = (idx < 0) | (idx >= n)
     if bad.any():
         first = int(np.asarray(indices).reshape(-1)[np.flatnonzero(bad)[0]])
         raise RecordIndexError(

@@ -120,3 +120,14 @@ def test_subset_loader_pickles(stores):
     L = Loader(stores["big"], 8, "permutation", seed=1, indices=np.arange(0, 301, 3), fields=("idx",))
     M = pickle.loads(pickle.dumps(L))
     assert np.array_equal(_ids(L), _ids(M))
+
+
+def test_unsigned_indices_do_not_wrap_around(stores):
+    """A uint64 index past int64's range is refused, not cast to a negative
+    index that counts from the end (2**64 - 1 as int64 is -1: the last record)."""
+    path = stores["big"]
+    for big in (2**64 - 1, 2**63 + 5, 301):
+        with pytest.raises(RecordIndexError, match=f"index {big} is out of range for 301 records"):
+            Loader(path, 4, indices=np.array([0, big], dtype=np.uint64))
+    loader = Loader(path, 4, order="sequential", indices=np.array([300, 2], dtype=np.uint32))
+    assert _ids(loader).tolist() == [300, 2]
