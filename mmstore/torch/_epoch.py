@@ -219,7 +219,8 @@ class EpochIterator:
     """The iterator ``iter(loader)`` returns: one pass over one epoch.
 
     ``on_used(epoch)`` is called once the epoch counts as used (its second
-    batch, or its end; the first batch of an epoch resumed mid-way);
+    batch, or its end; for an epoch resumed mid-way, the second batch this
+    iterator yields, so a peek after ``load_state_dict`` keeps the resume);
     ``wrap(tensors, epoch, batch_index)`` turns a batch of tensors into what
     is yielded. ``offset``: the batches of the epoch before the first one
     read (a resume, ``Loader.load_state_dict``); batch ``k`` of
@@ -301,7 +302,8 @@ class EpochIterator:
             self._end()
             raise
         self.k = k + 1
-        if k == 1 or (k == 0 and self.offset):  # a second batch (not a peek), or a resume: the epoch is used
+        if k == 1:  # a second batch (not a peek): the epoch is used. A resumed epoch too: a peek
+            # at its first remaining batch (next(iter(loader)) after load_state_dict) keeps the resume
             self._on_used(self.epoch)
         return self._wrap(out, self.epoch, self.offset + k)
 

@@ -286,3 +286,34 @@ def test_resume_with_the_window_pass(stores, monkeypatch, mode):
             assert np.array_equal(g["image"].numpy(), want["image"])
         M.close()
         L.close()
+
+
+def test_peek_after_load_keeps_the_resume(stores):
+    """``next(iter(loader))`` after ``load_state_dict`` (a shape check before
+    the training loop) is a peek like any other: the loop after it still
+    yields every remaining batch of the resumed epoch, then the next epoch;
+    a loop that took two batches used the epoch (the next loop moves on)."""
+    path = stores["big"]
+    ref = _loader(path)
+    e0, e1 = _run(ref)[0], _run(ref)[0]
+    L = _loader(path)
+    it = iter(L)
+    _run(it, 5)
+    state = L.state_dict()
+    del it
+    assert (state["epoch"], state["batches"]) == (0, 5)
+    R = _loader(path)
+    R.load_state_dict(state)
+    peek = next(iter(R))
+    assert torch.equal(peek["idx"], e0[5])
+    assert (R.state_dict()["epoch"], R.state_dict()["batches"]) == (0, 5)
+    rest = _run(R)[0]
+    assert len(rest) == len(e0) - 5 and all(torch.equal(a, b) for a, b in zip(rest, e0[5:]))
+    nxt = _run(R)[0]
+    assert len(nxt) == len(e1) and all(torch.equal(a, b) for a, b in zip(nxt, e1))
+    R = _loader(path)
+    R.load_state_dict(state)
+    _run(R, 2)  # two batches of the resumed epoch: used
+    assert (R.state_dict()["epoch"], R.state_dict()["batches"]) == (1, 0)
+    nxt = _run(R)[0]
+    assert all(torch.equal(a, b) for a, b in zip(nxt, e1)) and len(nxt) == len(e1)
