@@ -22,8 +22,9 @@ NOTE [epoch rules] (shared with :class:`mmstore.torch.Loader`)
 * An epoch that was used moves the counter on: the next iteration runs
   ``e + 1`` unless ``set_epoch`` is called again. An epoch is used once its
   iteration went past its first batch (``OrderBatchSampler``: a second batch
-  handed out; ``OrderSampler``: a second index) or, after
-  ``load_state_dict``, once it handed out anything. So a loop that stops
+  handed out; ``OrderSampler``: a second index), an epoch resumed by
+  ``load_state_dict`` too (a peek at its first remaining batch keeps the
+  resume: the next iteration starts there again). So a loop that stops
   early (``break``, a fixed number of steps per epoch) still gets a new
   order next time, while a peek (``next(iter(loader))``) does not use up an
   epoch. This is ``Loader``'s rule too (it counts delivered batches). A
@@ -174,17 +175,18 @@ class _EpochCursor:
 
     def begin(self) -> tuple[int, int, object]:
         epoch, start = self.upcoming()
-        self.resume = self.ended = None
+        self.ended = None  # a resume is kept until the iteration is used (a peek keeps it)
         self.running, self.pos, self.start = epoch, start, start
         self.token, self.used = object(), False
         return epoch, start, self.token
 
     def use(self, token: object) -> None:
-        """The iteration ``token`` went past its first batch (or resumed):
+        """The iteration ``token`` went past its first batch (or ended):
         the next iteration runs the next epoch unless ``set_epoch`` says
         otherwise (NOTE [epoch rules])."""
         if token is self.token and not self.used:
             self.used = True
+            self.resume = None
             self.next, self.chosen = self.running + 1, None  # type: ignore[operator]
 
     def end(self, token: object, length: int) -> None:
@@ -310,7 +312,7 @@ class OrderSampler(Sampler[int]):
             for j, v in enumerate(idx[a : a + _CHUNK].tolist(), a + 1):
                 if token is cur.token:
                     cur.pos = j
-                    if not cur.used and (j - start >= 2 or start):
+                    if not cur.used and j - start >= 2:
                         cur.use(token)
                 yield v
         cur.end(token, len(idx))
@@ -392,7 +394,7 @@ class OrderBatchSampler(Sampler[list[int]]):
             b = min(a + self.batch_size, n)
             if token is cur.token:
                 cur.pos = b
-                if not cur.used and (a > start or start):
+                if not cur.used and a > start:
                     cur.use(token)
             yield idx[a:b].tolist()
         cur.end(token, n)

@@ -67,12 +67,24 @@ def test_batch_sampler_peek_and_break_follow_the_loader_rule():
     next(it), next(it)  # past the first batch, then break
     del it
     assert [i for b in bs for i in b] == s.order.epoch(2).tolist()
-    # after a resume, the first batch handed out uses the epoch
+    # after a resume, a peek keeps the resume (the Loader's rule): the next loop yields the
+    # rest of the resumed epoch; two batches handed out use it
     bs.load_state_dict({**bs.state_dict(), "epoch": 3, "yielded": 8})
     it = iter(bs)
-    next(it)
+    assert next(it) == s.order.epoch(3).tolist()[8:16]
+    del it
+    assert [i for b in bs for i in b] == s.order.epoch(3).tolist()[8:]
+    assert [i for b in bs for i in b] == s.order.epoch(4).tolist()
+    bs.load_state_dict({**bs.state_dict(), "epoch": 3, "yielded": 8})
+    it = iter(bs)
+    next(it), next(it)
     del it
     assert [i for b in bs for i in b] == s.order.epoch(4).tolist()
+    s.load_state_dict({**s.state_dict(), "epoch": 3, "yielded": 5})
+    it = iter(s)
+    assert next(it) == s.order.epoch(3).tolist()[5]
+    del it
+    assert list(s) == s.order.epoch(3).tolist()[5:]
 
 
 def test_batch_sampler_shares_the_epoch_counter():
