@@ -42,7 +42,13 @@ class Ring:
     refilled: more than the base means something outside the loader still
     holds a batch of that buffer, so the buffer is left to it and the slot
     gets a fresh one (``renewed`` counts them). A copy (``.clone()``,
-    ``.cuda()``, ``.float()``) holds nothing of the buffer. A fresh buffer is
+    ``.cuda()``, ``.float()``) holds nothing of the buffer. A batch's
+    ``share_memory_()`` (a ``torch.multiprocessing`` queue's ``put``) moves
+    the memory of the storage the ring's tensor shares and frees the old
+    one: :meth:`claim` also renews a buffer whose memory is no longer where
+    its numpy views point (:meth:`moved`). Not
+    seen: a bare ``untyped_storage()`` object kept without any tensor of it
+    (torch does not count it in the use count). A fresh buffer is
     pinned when the ring is; the pinned-memory guard (a CUDA event per
     buffer, ``_epoch.EpochBatches``) applies to it as to the old one. The
     window pass's buffers (``_reads``, ``_direct``) are never yielded: rows
@@ -83,10 +89,19 @@ class Ring:
         base = self._base[s]
         return any(_uses(t) != base[f] for f, t in self.slots[s].items())
 
+    def moved(self, s: int) -> bool:
+        """Whether buffer ``s``'s memory is no longer where its numpy views
+        point: a yielded batch's ``share_memory_()`` (what a
+        ``torch.multiprocessing`` queue's ``put`` does) replaced the storage's memory and freed the old one, so
+        the views would write into freed memory and the batches read stale rows."""
+        views = self.views[s]
+        return any(t.data_ptr() != views[f].ctypes.data for f, t in self.slots[s].items())
+
     def claim(self, s: int) -> dict[str, np.ndarray]:
         """Buffer ``s``'s numpy views, to be refilled: a fresh buffer when a
-        yielded batch of the old one is still referenced (the caller keeps it)."""
-        if self.referenced(s):
+        yielded batch of the old one is still referenced (the caller keeps it)
+        or its memory was moved (:meth:`moved`: the storage is the user's now)."""
+        if self.referenced(s) or self.moved(s):
             self._alloc(s)
             self.renewed += 1
         return self.views[s]

@@ -125,3 +125,21 @@ def test_any_keep_pattern(stores, keep, prefetch, hold, seed):
     del kept, b
     gc.collect()
     L.close()
+
+
+def test_shared_memory_batch_gets_a_fresh_buffer(stores):
+    """A yielded batch's ``share_memory_()`` (what ``torch.multiprocessing``'s
+    ``Queue.put`` does) moves the memory of the storage the ring's tensors
+    share into shared memory and frees the old one: the ring must not keep
+    writing into the freed memory (heap corruption) nor yield the moved
+    storage's stale rows."""
+    path = stores["big"]
+    L = Loader(path, 16, Sequential(301), prefetch=2, threads=2, fields=("idx", "label"))
+    for b in L:
+        b["idx"].share_memory_()
+        del b
+    for _ in range(2):
+        ids = np.concatenate([b["idx"].numpy().copy() for b in L])
+        assert np.array_equal(ids, np.arange(301))
+    assert L.fresh_buffers >= L.ring_size
+    L.close()
