@@ -65,10 +65,12 @@ class Ring:
         self.slots: list[dict[str, torch.Tensor]] = []
         self.views: list[dict[str, np.ndarray]] = []
         self._base: list[dict[str, int]] = []
+        self._ptr: list[dict[str, int]] = []  # where the numpy views of each buffer point
         for _ in range(size):
             self.slots.append({})
             self.views.append({})
             self._base.append({})
+            self._ptr.append({})
             self._alloc(len(self.slots) - 1)
         self.renewed = 0  # buffers replaced because a yielded batch was still referenced
         self.cursor = 0  # the buffer of the next epoch's first batch
@@ -79,6 +81,7 @@ class Ring:
         self.slots[s] = slot
         self.views[s] = {f: t.numpy() for f, t in slot.items()}
         self._base[s] = {f: _uses(t) for f, t in slot.items()}
+        self._ptr[s] = {f: t.data_ptr() for f, t in slot.items()}
 
     def __len__(self) -> int:
         return len(self.slots)
@@ -94,8 +97,8 @@ class Ring:
         point: a yielded batch's ``share_memory_()`` (what a
         ``torch.multiprocessing`` queue's ``put`` does) replaced the storage's memory and freed the old one, so
         the views would write into freed memory and the batches read stale rows."""
-        views = self.views[s]
-        return any(t.data_ptr() != views[f].ctypes.data for f, t in self.slots[s].items())
+        ptr = self._ptr[s]
+        return any(t.data_ptr() != ptr[f] for f, t in self.slots[s].items())
 
     def claim(self, s: int) -> dict[str, np.ndarray]:
         """Buffer ``s``'s numpy views, to be refilled: a fresh buffer when a
