@@ -60,9 +60,11 @@ def resolve_source(store: Any, indices: Any = None) -> Source:
     elif isinstance(obj, (Store, str, os.PathLike)):
         st, own = open_store_arg(obj), not isinstance(obj, Store)
     else:
+        got = type(obj).__name__ if obj is store else f"a Subset of {type(obj).__name__}"
         raise TypeError(
             f"mmstore.torch.Loader reads an mmstore.Store, a store path, a StoreDataset or a "
-            f"torch.utils.data.Subset of one; got {type(store).__name__}"
+            f"torch.utils.data.Subset of one; got {got} (a Loader reads whole batches from the store, "
+            "without the dataset's __getitem__: use a DataLoader for another dataset)"
         )
     for layer in reversed(layers):  # innermost first
         pos = _as_index_array(layer, len(st) if sub is None else len(sub), "Subset indices")
@@ -75,7 +77,8 @@ def resolve_source(store: Any, indices: Any = None) -> Source:
             )
         sub = _as_index_array(indices, len(st), "indices")
     if sub is not None and len(sub) == 0:
-        raise ValueError("mmstore.torch.Loader: the subset is empty (indices= has no entries); nothing to read")
+        given = "indices= has" if indices is not None else "the Subset has"
+        raise ValueError(f"mmstore.torch.Loader: the subset is empty ({given} no entries); nothing to read")
     return Source(st, sub, own, defaults)
 
 

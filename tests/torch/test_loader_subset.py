@@ -112,6 +112,10 @@ def test_store_dataset_and_subsets(stores):
         Loader(Subset(ds, [400]), 4)
     with pytest.raises(TypeError, match="StoreDataset"):
         Loader(torch.zeros(3), 4)
+    with pytest.raises(TypeError, match="got a Subset of list .*use a DataLoader"):
+        Loader(Subset(list(range(5)), [1]), 4)
+    with pytest.raises(ValueError, match=r"the Subset has no entries"):
+        Loader(Subset(ds, []), 4)
 
 
 def test_subset_loader_pickles(stores):
