@@ -362,10 +362,18 @@ class Loader(Resumable):
     def set_epoch(self, epoch: int) -> None:
         """Use ``epoch``'s order for the next iteration (it always wins; a
         resume loaded with :meth:`load_state_dict` is kept when ``epoch`` is
-        its epoch, dropped otherwise)."""
+        its epoch, dropped otherwise, with a warning: the rest of the resumed
+        epoch is then never delivered)."""
         self._epoch = int(epoch)
         if self._resume is not None and self._resume[0] != self._epoch:
+            e, done = self._resume
             self._resume = None
+            warnings.warn(
+                f"mmstore.torch.Loader.set_epoch({self._epoch}) drops the resume loaded by load_state_dict "
+                f"(epoch {e}, {done} of {len(self)} batches delivered): the rest of epoch {e} will not be "
+                f"delivered; to finish it, start the epoch loop at the state's epoch (set_epoch({e}))",
+                UserWarning, stacklevel=2,
+            )
 
     @property
     def fresh_buffers(self) -> int:

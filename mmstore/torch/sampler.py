@@ -51,6 +51,7 @@ from another dataset length, order, seed, rank split or batch size raises
 from __future__ import annotations
 
 import dataclasses
+import warnings
 from collections.abc import Iterator
 from typing import Any
 
@@ -163,7 +164,15 @@ class _EpochCursor:
         if epoch < 0:
             raise ValueError(f"epoch must be >= 0, got {epoch}")
         if self.resume is not None and self.resume[0] != epoch:
+            e, pos = self.resume
             self.resume = None  # set_epoch wins over a loaded state of another epoch
+            if pos:
+                warnings.warn(
+                    f"mmstore.torch sampler set_epoch({epoch}) drops the resume loaded by load_state_dict "
+                    f"(epoch {e}, {pos} indices handed out): the rest of epoch {e} will not be sampled; to "
+                    f"finish it, start the epoch loop at the state's epoch (set_epoch({e}))",
+                    UserWarning, stacklevel=3,
+                )
         self.chosen = epoch
         self.ended = None
 
