@@ -152,6 +152,7 @@ class _EpochCursor:
         self.pos = 0  # indices of ``running`` handed out (counted from the epoch's start)
         self.start = 0  # where the latest iteration started
         self.resume: tuple[int, int] | None = None  # (epoch, position) from load_state_dict
+        self.resume_left = 0  # indices of the resumed epoch after that position
         self.token: object | None = None  # the latest iteration; older ones no longer count
         self.used = False  # the latest iteration went past its first batch: ``next`` moved on
         # (epoch, start, length) of the latest iteration, once it ran to its end and
@@ -166,7 +167,7 @@ class _EpochCursor:
         if self.resume is not None and self.resume[0] != epoch:
             e, pos = self.resume
             self.resume = None  # set_epoch wins over a loaded state of another epoch
-            if pos:
+            if pos and self.resume_left > 0:
                 warnings.warn(
                     f"mmstore.torch sampler set_epoch({epoch}) drops the resume loaded by load_state_dict "
                     f"(epoch {e}, {pos} indices handed out): the rest of epoch {e} will not be sampled; to "
@@ -221,10 +222,11 @@ class _EpochCursor:
             return self.running, self.pos
         return self.upcoming()
 
-    def load(self, epoch: int, pos: int) -> None:
+    def load(self, epoch: int, pos: int, length: int) -> None:
         # a position at the end is kept: the next iteration yields nothing and
         # ends the epoch, so a loop that resumes with set_epoch(epoch) moves on
         self.resume = (epoch, pos)
+        self.resume_left = length - pos  # indices of the resumed epoch not yet handed out
         self.chosen, self.next, self.running, self.pos, self.token = None, epoch, None, 0, None
         self.ended = None
 
@@ -365,7 +367,7 @@ class OrderSampler(Sampler[int]):
             seed, rank split or ``drop_last`` (nothing is changed).
         """
         epoch, pos = _check_state(state, self._expect(), type(self).__name__)
-        self._cursor.load(epoch, min(pos, len(self)))
+        self._cursor.load(epoch, min(pos, len(self)), len(self))
 
 
 class OrderBatchSampler(Sampler[list[int]]):
@@ -427,4 +429,5 @@ class OrderBatchSampler(Sampler[list[int]]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """As :meth:`OrderSampler.load_state_dict`; the batch size must match."""
         epoch, pos = _check_state(state, self._expect(), type(self).__name__)
-        self.sampler._cursor.load(epoch, min(pos, len(self.sampler)))
+        n = len(self.sampler)
+        self.sampler._cursor.load(epoch, min(pos, n), n - (n % self.batch_size if self.drop_last else 0))

@@ -7,6 +7,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
@@ -171,6 +172,21 @@ def test_state_between_epochs_points_at_the_next_one():
     with pytest.warns(UserWarning, match=r"set_epoch\(2\) drops the resume .*epoch 4, 11 indices.*set_epoch\(4\)"):
         r.set_epoch(2)
     assert list(r) == r.order.epoch(2).tolist()
+    # a state taken at the very end of an epoch (the last index handed out, the iterator not yet
+    # exhausted) has nothing left to resume: set_epoch of the next epoch drops nothing, no warning
+    makers = (lambda: OrderSampler(30, seed=1), lambda: OrderBatchSampler(OrderSampler(30, seed=1), 8, drop_last=True))
+    for make in makers:
+        src = make()
+        it = iter(src)
+        [next(it) for _ in range(len(src))]
+        end = src.state_dict()
+        assert end["epoch"] == 0 and end["yielded"] == (30 if len(src) == 30 else 24)
+        del it
+        r = make()
+        r.load_state_dict(end)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            r.set_epoch(end["epoch"] + 1)
 
 
 @pytest.mark.parametrize(
