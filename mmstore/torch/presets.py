@@ -57,7 +57,9 @@ def classification_fields(store: Store, image: str | None = None, label: str | N
     if len(shape) != 3 or shape[-1] not in (1, 3):
         raise SchemaError(
             f"{store.path}: field {image!r} has shape {shape}; classification_loader reads (H, W, 1) or "
-            "(H, W, 3) images (an RGBA store: ingest it again with RGB output)"
+            "(H, W, 3) images. For RGBA images: ingest the image files again (`mmstore ingest` writes RGB; "
+            "--alpha black|white|drop), or keep this store and pass Loader(store, batch_size, "
+            f"fields=({image!r}, label), as_tuple=True, transform=f) with f dropping the 4th channel"
         )
     if label is None:
         ints = [n for n in names if schema[n].shape == () and np.dtype(schema[n].dtype).kind in "iu"]

@@ -80,6 +80,10 @@ def test_one_channel_and_field_errors(tmp_path):
         classification_loader(nolabel, 2)
     with pytest.raises(TypeError, match="sets fields"):
         classification_loader(path, 2, fields=("image",))
+    rgba = write_store(tmp_path / "rgba", 4, schema={"image": ("|u1", (4, 4, 4)), "label": ("<i8", ())},
+                       make=lambda i: {"image": np.zeros((4, 4, 4), np.uint8), "label": np.int64(0)})
+    with pytest.raises(SchemaError, match=r"\(4, 4, 4\).*--alpha black\|white\|drop.*transform=f"):
+        classification_loader(rgba, 2)
 
 
 def _image_folder(root, n_per_class, seed):
