@@ -109,7 +109,8 @@ def _as_index_array(indices: Any, n: int, what: str) -> np.ndarray:
 def transform_call(transform: Callable[..., Any] | None) -> Callable[[Any, int, int], Any] | None:
     """How the loader calls ``transform``: ``transform(batch, epoch=e,
     batch_index=k)`` when it takes those keywords (or ``**kwargs``), as
-    :class:`mmstore.torch.augment.Pipeline` does, else ``transform(batch)``."""
+    :class:`mmstore.torch.augment.Pipeline` does, with the one it takes when
+    it takes one of them, else ``transform(batch)``."""
     if transform is None:
         return None
     if not callable(transform):
@@ -121,4 +122,8 @@ def transform_call(transform: Callable[..., Any] | None) -> Callable[[Any, int, 
     names = {p.name for p in params if p.kind in (p.KEYWORD_ONLY, p.POSITIONAL_OR_KEYWORD)}
     if any(p.kind is p.VAR_KEYWORD for p in params) or {"epoch", "batch_index"} <= names:
         return lambda batch, e, k: transform(batch, epoch=e, batch_index=k)
+    if "epoch" in names:  # one of the two: it gets the one it takes
+        return lambda batch, e, k: transform(batch, epoch=e)
+    if "batch_index" in names:
+        return lambda batch, e, k: transform(batch, batch_index=k)
     return lambda batch, e, k: transform(batch)

@@ -58,6 +58,15 @@ def test_transform_protocol(stores):
     assert np.array_equal(torch.cat(list(plain)).numpy(), np.arange(1, 302))
     with pytest.raises(TypeError, match="callable"):
         Loader(stores["big"], 50, transform=3)
+    # a transform taking one of the two keywords gets that one (it was called f(batch): TypeError)
+    got = []
+    only_epoch = Loader(stores["big"], 50, "sequential", fields=("idx",),
+                        transform=lambda b, epoch: got.append(("e", epoch)) or b)
+    only_index = Loader(stores["big"], 50, "sequential", fields=("idx",),
+                        transform=lambda b, batch_index: got.append(("k", batch_index)) or b)
+    only_epoch.set_epoch(3)
+    assert len(list(only_epoch)) == 7 and len(list(only_index)) == 7
+    assert got == [("e", 3)] * 7 + [("k", k) for k in range(7)]
 
 
 def test_transform_batch_numbers_are_distinct_across_ranks(stores):
