@@ -95,8 +95,9 @@ class Ring:
     def moved(self, s: int) -> bool:
         """Whether buffer ``s``'s memory is no longer where its numpy views
         point: a yielded batch's ``share_memory_()`` (what a
-        ``torch.multiprocessing`` queue's ``put`` does) replaced the storage's memory and freed the old one, so
-        the views would write into freed memory and the batches read stale rows."""
+        ``torch.multiprocessing`` queue's ``put`` does) replaced the storage's
+        memory and freed the old one, so the views would write into freed
+        memory and the batches read stale rows."""
         ptr = self._ptr[s]
         return any(t.data_ptr() != ptr[f] for f, t in self.slots[s].items())
 

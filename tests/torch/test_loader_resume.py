@@ -177,7 +177,8 @@ def test_state_between_epochs_and_set_epoch(stores):
     M.set_epoch(1)  # the state's epoch: the resume holds
     assert len(_run(M)[0]) == 19 - 3
     M.load_state_dict(s)
-    with pytest.warns(UserWarning, match=r"set_epoch\(4\) drops the resume .*epoch 1, 3 of 19 batches.*set_epoch\(1\)"):
+    warned = r"set_epoch\(4\) drops the resume .*epoch 1, 3 of 19 batches.*set_epoch\(1\)"
+    with pytest.warns(UserWarning, match=warned):
         M.set_epoch(4)  # another epoch wins (with a warning): a whole epoch 4
     ids, _ = _run(M)
     assert np.array_equal(torch.cat(ids).numpy(), M.order.epoch(4))

@@ -169,12 +169,14 @@ def test_state_between_epochs_points_at_the_next_one():
     r.set_epoch(4)
     assert list(r) == r.order.epoch(4).tolist()[11:]
     r.load_state_dict(sd)
-    with pytest.warns(UserWarning, match=r"set_epoch\(2\) drops the resume .*epoch 4, 11 indices.*set_epoch\(4\)"):
+    warned = r"set_epoch\(2\) drops the resume .*epoch 4, 11 indices.*set_epoch\(4\)"
+    with pytest.warns(UserWarning, match=warned):
         r.set_epoch(2)
     assert list(r) == r.order.epoch(2).tolist()
     # a state taken at the very end of an epoch (the last index handed out, the iterator not yet
     # exhausted) has nothing left to resume: set_epoch of the next epoch drops nothing, no warning
-    makers = (lambda: OrderSampler(30, seed=1), lambda: OrderBatchSampler(OrderSampler(30, seed=1), 8, drop_last=True))
+    makers = (lambda: OrderSampler(30, seed=1),
+              lambda: OrderBatchSampler(OrderSampler(30, seed=1), 8, drop_last=True))
     for make in makers:
         src = make()
         it = iter(src)
