@@ -266,8 +266,10 @@ class Store:
             idx = idx.reshape(-1)
         if idx.size and idx.dtype.kind not in "iu":
             raise TypeError(f"indices must be integers, got dtype {idx.dtype}")
-        idx = idx.astype(np.int64, copy=True)
         n = self.records
+        if idx.size and idx.dtype.kind == "u" and int(idx.max()) >= n:  # before the cast wraps 2**64-1 to -1
+            raise IndexError(f"index {int(idx.max())} is out of range for a store of {n} records")
+        idx = idx.astype(np.int64, copy=True)
         neg = idx < 0
         if neg.any():
             idx[neg] += n

@@ -216,3 +216,14 @@ def test_first_reads_racing_the_lazy_check(tmp_path, monkeypatch):
         with ThreadPoolExecutor(4) as ex:
             got = list(ex.map(first, [41, 42, 43, 44]))  # a segment no read touched yet
         assert got == [big(i)["image"].tobytes() for i in (41, 42, 43, 44)]
+
+
+def test_unsigned_indices_do_not_wrap_around(tmp_path):
+    """A uint64 index past the end is out of range, not -1 (the last record)."""
+    p = write_store(os.path.join(tmp_path, "s"), 10, schema=BIG, make=big)
+    with mmstore.open(p) as s:
+        for bad in (np.array([2**64 - 1], np.uint64), np.array([0, 10], np.uint32)):
+            with pytest.raises(IndexError, match="out of range"):
+                s.read_batch(bad)
+        got = s.read_batch(np.array([9, 0], np.uint64))
+        assert np.array_equal(got["label"], [big(9)["label"], big(0)["label"]])
