@@ -120,10 +120,18 @@ class Ring:
         return {f: t[:rows] for f, t in self.slots[s].items()}
 
 
+_USE_COUNT = getattr(torch._C, "_storage_Use_Count", None)  # private; present in the torch releases tested
+_unknown = iter(range(1, 1 << 62))  # where it is missing: a new count each call
+
+
 def _uses(t: torch.Tensor) -> int:
     """References to ``t``'s storage (tensors and views of it). The count
-    includes the temporary storage object of this call, the same in every call."""
-    return int(torch._C._storage_Use_Count(t.untyped_storage()._cdata))
+    includes the temporary storage object of this call, the same in every call.
+    Without torch's use count, a different number every call: every buffer
+    then counts as still referenced and is renewed (always correct, slower)."""
+    if _USE_COUNT is None:
+        return -next(_unknown)
+    return int(_USE_COUNT(t.untyped_storage()._cdata))
 
 
 class InFlight:
