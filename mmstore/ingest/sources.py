@@ -785,6 +785,7 @@ class ArraySource(Source):
     def scan(self) -> Listing:
         st = os.stat(self.path)
         labels = None
+        warnings: dict[str, int] = {}
         if self.path.lower().endswith(".npz"):
             z = np.load(self.path, allow_pickle=False)
             names = list(z.files)
@@ -801,6 +802,11 @@ class ArraySource(Source):
                     raise IngestError(f"{self.path}: label array {lk!r} holds {int(lab.max())}, which does not fit "
                                       "the store's int64 labels (it would wrap around); relabel it first")
                 labels = lab.astype(np.int64)
+            rest = [n for n in names if n not in (ik, lk)]
+            if rest:  # said, not silently dropped
+                read = f"{ik!r}" + (f" and {lk!r}" if lk is not None else "")
+                warnings[f"array(s) of the .npz not stored (only {read} are read): "
+                         + ", ".join(repr(n) for n in rest)] = len(rest)
         else:
             try:
                 arr = np.load(self.path, mmap_mode="r", allow_pickle=False)
@@ -815,7 +821,8 @@ class ArraySource(Source):
         b = _Builder("arrays", False)
         for i in range(n):
             b.add(str(i).encode())
-        self.listing = b.finish(None, extra=f"{st.st_size}:{st.st_mtime_ns}:{arr.shape}:{arr.dtype.str}")
+        self.listing = b.finish(None, extra=f"{st.st_size}:{st.st_mtime_ns}:{arr.shape}:{arr.dtype.str}",
+                                warnings=warnings)
         if labels is not None:
             self.listing.labels = labels
             self.listing.fingerprint = xxhash.xxh3_128(self.listing.fingerprint.encode() + labels.tobytes()).hexdigest()

@@ -289,3 +289,20 @@ def test_headerless_txt_list(tmp_path, h):
     d2 = str(tmp_path / "t.store")
     assert h.cli("ingest", str(tmp_path / "ids.csv"), d2, "--size", "8x8", "-q", "--no-header") == 0
     assert mmstore.open(d2).slots == 2
+
+
+def test_npz_arrays_not_stored_are_named(tmp_path):
+    """Arrays of a .npz other than the image and label ones are not stored;
+    the result says which, instead of dropping them silently."""
+    from mmstore.ingest import ingest
+
+    imgs = np.random.default_rng(1).integers(0, 255, (4, 8, 8, 3), dtype=np.uint8)
+    np.savez(tmp_path / "c.npz", images=imgs, labels=np.arange(4), thumb=imgs[:, :2, :2], meta=np.arange(3))
+    res = ingest(str(tmp_path / "c.npz"), str(tmp_path / "c.store"), quiet=True)
+    notes = [k for k in res.warnings if "not stored" in k]
+    assert notes == ["array(s) of the .npz not stored (only 'images' and 'labels' are read): 'thumb', 'meta'"]
+    assert res.warnings[notes[0]] == 2
+    assert "note: 2 array(s) of the .npz not stored" in res.summary()
+    np.savez(tmp_path / "d.npz", images=imgs, labels=np.arange(4))
+    res = ingest(str(tmp_path / "d.npz"), str(tmp_path / "d.store"), quiet=True)
+    assert not [k for k in res.warnings if "not stored" in k]
