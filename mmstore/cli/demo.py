@@ -25,10 +25,10 @@ from ..reader import open_store
 # measured with `mmstore demo` (the defaults) on this project's 2-vCPU VM:
 # 204 s while other sessions loaded it (load average 5-7), 90 s of it
 # generating the JPEGs; the README states the same figure (a test checks)
-DEMO_TIME = "about 3.5 minutes on a shared 2-core VM"
+DEMO_TIME = "about 1 minute on an idle 2-core VM, 3.5 when it is shared"
 
 EXAMPLE = f"""example:
-  mmstore demo                        # {DEMO_TIME} (less when idle)
+  mmstore demo                        # {DEMO_TIME}
   mmstore demo --images 400 --quick   # a fast smoke run
   mmstore demo --keep --workdir /tmp/mm-demo
 """
