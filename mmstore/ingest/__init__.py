@@ -42,8 +42,8 @@ from .sources import (
     ArraySource,
     DatasetSource,
     FolderSource,
-    LmdbSource,
     ListSource,
+    LmdbSource,
     Source,
     detect_source,
 )

@@ -10,7 +10,8 @@ from ..decode import decode_image, fit_array
 from ..errors import SchemaError
 from ..schema import Schema
 from ..writer import SlotWriter
-from .sources import DatasetSource, InputError, Source, reason_of, to_array
+from ._listing import InputError, Source, reason_of
+from .sources import DatasetSource, to_array
 
 __all__ = ["BOX_DTYPE", "LABEL_DTYPE", "ORIG_SIZE_DTYPE", "RecordJob", "process_range", "schema_for"]
 

@@ -1,0 +1,347 @@
+"""List sources: a ``.csv``/``.tsv``/``.tab``/``.txt`` file naming one input
+per row (a path column, an optional label column), and the rules for its
+label cells (integers stay the integers they are, names become classes,
+blank or bad cells are that row's error; see :class:`ListSource`)."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import os
+from array import array
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from ..errors import IngestError, LabelMappingError
+from ..format import decode_key, encode_key
+from ._listing import Listing, Source, _Builder, _stat_key, read_file
+from .classes import class_options, map_classes
+
+_BLANK = frozenset({"", "nan", "na", "<na>", "null", "none"})  # what a blank cell of an integer column may read
+_INT64 = (-(1 << 63), (1 << 63) - 1)
+
+
+def _int_cell(s: str) -> int | None:
+    """The integer a label cell holds (``7``, ``-3``, ``7.0``, ``7.``), else None."""
+    t = s.strip()
+    head, dot, tail = t.partition(".")
+    if not head.lstrip("+-").isdigit() or head.count("-") + head.count("+") > 1 or (dot and tail.strip("0")):
+        return None
+    if not head.isascii():
+        return None
+    return int(head)
+
+
+def _label_values(
+    ids: dict[str, int], label_type: str, missing: str, column: str, path: str
+) -> tuple[np.ndarray, list[str] | None, dict[int, str]]:
+    """Stored label of each distinct cell (``remap[cell]``), the label names
+    (None for an integer column) and the cells that make their rows holes."""
+    ints = {c: _int_cell(c) for c in ids}
+    is_int = {c for c, v in ints.items() if v is not None}
+    blank_int = {c for c in ids if c.lower() in _BLANK and c not in is_int}
+    other = [c for c in ids if c not in is_int and c not in blank_int and c != ""]
+    kind = label_type
+    if kind == "auto":
+        if is_int and other:
+            ex_i, ex_o = sorted(is_int)[:3], sorted(other)[:3]
+            raise IngestError(
+                f"{path}: label column {column!r} mixes integers ({len(is_int)} distinct, e.g. {ex_i}) and other "
+                f"values ({len(other)} distinct, e.g. {ex_o}); nothing is renumbered silently: pass --label-type int "
+                "(values that are not integers become holes listed in errors.jsonl) or --label-type names (every "
+                "distinct value becomes a named class)"
+            )
+        kind = "int" if is_int else "names"
+    remap = np.full(max(len(ids), 1), -1, np.int64)
+    bad: dict[int, str] = {}
+    names: list[str] | None = None
+    blank = blank_int if kind == "int" else {""}
+    if kind == "int" and missing == "class" and blank and any(ints[c] == -1 for c in is_int):
+        raise IngestError(
+            f"{path}: label column {column!r} already uses -1 as a label, and --missing-label class would give the "
+            "blank cells that label too, merging them with it: pass --missing-label error (blank rows become "
+            "holes listed in errors.jsonl), or give the blank rows a label of their own in the list"
+        )
+    if kind == "int":
+        for c, k in ids.items():
+            v = ints[c]
+            if v is not None and _INT64[0] <= v <= _INT64[1]:
+                remap[k] = v
+            elif c in blank or c == "":
+                if missing == "error":
+                    bad[k] = f"bad-label: blank label cell ({c!r}) in integer column {column!r}"
+            elif v is not None:
+                bad[k] = f"bad-label: label {c!r} in column {column!r} does not fit a 64-bit integer"
+            else:
+                bad[k] = f"bad-label: label {c!r} in integer column {column!r} is not an integer"
+    else:
+        keep = sorted(c for c in ids if c not in blank or missing == "class")
+        pos = {c: i for i, c in enumerate(keep)}
+        names = keep
+        for c, k in ids.items():
+            if c in pos:
+                remap[k] = pos[c]
+            else:
+                bad[k] = f"bad-label: blank label cell in column {column!r}"
+    return remap, names, bad
+
+
+def _label_notes(ids: dict[str, int], cells: np.ndarray, bad: dict[int, str], missing: str, is_int: bool) -> dict[str, int]:
+    """Summary lines (``note: N ...``) saying what happened to odd label cells."""
+    notes: dict[str, int] = {}
+    if bad:
+        n = int(np.isin(cells, np.fromiter(bad, np.int64, len(bad))).sum())
+        notes["inputs skipped for a blank or invalid label (reason bad-label in errors.jsonl; "
+              "--missing-label class keeps blank ones as a class)"] = n
+    if missing == "class":
+        blank = [k for c, k in ids.items() if (c.lower() in _BLANK if is_int else c == "") and _int_cell(c) is None]
+        n = int(np.isin(cells, np.array(blank, np.int64)).sum()) if blank else 0
+        if n:
+            notes["inputs with a blank label kept as a class of their own (--missing-label class: "
+                  + ("label -1)" if is_int else "the class named '')")] = n
+    return notes
+
+
+def _csv_rows(reader: Any, path: str) -> Iterator[list[str]]:
+    """The rows of ``reader``; a row the csv module cannot parse (a field over
+    its 128 KiB limit, a NUL byte, a quote left open to the end of the file)
+    is an ``IngestError`` naming its line."""
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as e:
+            raise IngestError(
+                f"{path}:{reader.line_num}: not a CSV row the reader can parse ({e}); a field over 128 KiB "
+                "usually means a quote (\") opened and never closed: fix the list"
+            ) from None
+        yield row
+
+
+class ListSource(Source):
+    """A CSV/TSV list of paths or ids, with an optional label column.
+
+    Parameters
+    ----------
+    path
+        The list file (``.tsv`` and ``.tab`` are tab-separated, anything else
+        comma-separated unless ``delimiter`` is given).
+    header
+        Whether the first row is a header. ``None`` (default): yes, unless the
+        path column is not named and the first row's path cell is an existing
+        file (a plain list of paths, e.g. a ``.txt``), in which case columns
+        are numbered from 0 and there are no labels unless ``label_column``
+        names one by index.
+    root
+        Directory relative paths are resolved against (default: the list
+        file's directory).
+    path_column
+        Column name or 0-based index of the path/id (default: the first of
+        ``path, file, filename, filepath, image, image_path, id, image_id``
+        present, else column 0).
+    label_column
+        Column name or index of the label; default ``label`` if present, else
+        none. ``""`` means no labels.
+    label_type
+        ``"auto"`` (default): a column whose every non-blank cell is an
+        integer (``7``, ``-3``, or a pandas float export such as ``7.0``) is
+        an *integer* column and its labels stay the integers they are (no
+        names); a column with no integer cell is a *named* column: its
+        distinct values are sorted (by code point) and numbered from 0, and
+        the names saved as ``label_names``. A column that mixes both is
+        refused with counts and examples (no guessing): choose ``"int"``
+        (cells that are not integers become holes, reason ``bad-label``) or
+        ``"names"`` (every distinct value is a named class).
+    missing_label
+        What a blank cell (empty; in an integer column also ``nan``, ``NA``,
+        ``<NA>``, ``null``, ``None``) means: ``"error"`` (default): that
+        input becomes a hole with reason ``bad-label``, listed in
+        ``errors.jsonl`` and counted in the summary; ``"class"``: a class of
+        its own: label ``-1`` in an integer column, the class named ``""``
+        in a named column.
+    path_template
+        ``str.format`` template turning the id into a relative path, with the
+        id as ``{id}`` (``{id[0]}`` is its first character), e.g.
+        ``"{id[0]}/{id[1]}/{id[2]}/{id}.jpg"`` for Google Landmarks 2020.
+
+    The key of each record is the path column's value as written in the list.
+    """
+
+    kind = "list"
+    _PATH_NAMES = ("path", "file", "filename", "filepath", "image", "image_path", "id", "image_id")
+
+    def __init__(
+        self,
+        path: str,
+        root: str | None = None,
+        path_column: str | int | None = None,
+        label_column: str | int | None = None,
+        path_template: str | None = None,
+        delimiter: str | None = None,
+        header: bool | None = None,
+        label_type: str = "auto",
+        missing_label: str = "error",
+        classes: list[str] | None = None,
+        new_classes: str | None = None,
+        classes_from: str | None = None,
+    ) -> None:
+        super().__init__(path)
+        self.classes, self.new_classes = class_options(classes, new_classes, classes_from)
+        self.classes_from = classes_from
+        if label_type not in ("auto", "int", "names"):
+            raise ValueError(f"label_type must be auto, int or names, got {label_type!r}")
+        if missing_label not in ("error", "class"):
+            raise ValueError(f"missing_label must be error or class, got {missing_label!r}")
+        self.label_type = label_type
+        self.missing_label = missing_label
+        self.header = header
+        self.root = os.path.abspath(root if root is not None else (os.path.dirname(path) or "."))
+        self.path_column = path_column
+        self.label_column = label_column
+        self.path_template = path_template
+        if delimiter is None:
+            delimiter = "\t" if path.lower().endswith((".tsv", ".tab")) else ","
+        self.delimiter = delimiter
+        if path_template is not None:
+            try:
+                path_template.format("x" * 64, id="x" * 64)
+            except (KeyError, IndexError, ValueError, AttributeError) as exc:
+                raise ValueError(f"--path-template {path_template!r}: {exc!r}; use {{id}}, {{id[0]}}, ...") from None
+
+    def describe(self) -> dict[str, Any]:
+        d = super().describe()
+        d.update(
+            root=self.root,
+            path_column=self.path_column,
+            label_column=self.label_column,
+            path_template=self.path_template,
+            delimiter=self.delimiter,
+            header=self.header,
+            label_type=self.label_type,
+            missing_label=self.missing_label,
+        )
+        if self.classes is not None:
+            d.update(classes_from=self.classes_from, new_classes=self.new_classes)
+        return d
+
+    def _mapped(
+        self, names: list[str] | None, remap: np.ndarray, column: str, notes: dict[str, int]
+    ) -> tuple[list[str], np.ndarray]:
+        """The named classes of the label column relabelled by the given mapping (``map_classes``)."""
+        if names is None:
+            raise LabelMappingError(
+                f"{self.path}: label column {column!r} holds integer labels, which stay as they are; a class mapping "
+                "(--classes-from/--label-names) applies to named classes: pass --label-type names"
+            )
+        names, ids = map_classes(names, self.classes or [], self.new_classes, self.classes_from or "the label names",
+                                 self.path, notes, what="class name(s) in the list")
+        ids_a = np.asarray(ids, np.int64)
+        return names, np.where(remap >= 0, ids_a[np.maximum(remap, 0)] if len(ids_a) else -1, -1)
+
+    @staticmethod
+    def _col(header: list[str], want: str | int | None, what: str) -> int:
+        if isinstance(want, int) or (isinstance(want, str) and want.isdigit() and want not in header):
+            k = int(want)
+            if not 0 <= k < len(header):
+                raise IngestError(f"{what} {k} is out of range: the header has {len(header)} columns")
+            return k
+        if want not in header:
+            raise IngestError(f"{what} {want!r} not found; the header is {header}")
+        return header.index(want)
+
+    def _has_header(self, row: list[str]) -> bool:
+        """Header rule: a row is data (no header) when ``header=False``, or, with
+        ``header=None`` (auto), when the path column is not given by name and
+        the first row's path cell names an existing file."""
+        if self.header is not None:
+            return bool(self.header)
+        pc = self.path_column
+        if isinstance(pc, str) and not pc.isdigit():
+            return True
+        k = int(pc) if pc is not None else 0
+        if k >= len(row) or not row[k]:
+            return True
+        try:
+            return not os.path.exists(self._resolve(encode_key(row[k])))
+        except (ValueError, KeyError, IndexError):
+            return True
+
+    def scan(self) -> Listing:
+        try:
+            fh = open(self.path, encoding="utf-8", errors="surrogateescape", newline="")
+        except OSError as e:
+            raise IngestError(f"{self.path}: cannot read the list ({e.strerror})") from None
+        with fh:
+            reader = _csv_rows(csv.reader(fh, delimiter=self.delimiter), self.path)
+            header = next(reader, None)
+            if header is None:
+                raise IngestError(f"{self.path}: the list is empty (no header row)")
+            header = [h.strip().lstrip("\ufeff") for h in header]
+            first_data: list[list[str]] = []
+            if not self._has_header(header):
+                # a plain list of paths: the first row is data; columns are numbered
+                first_data = [header]
+                header = [str(k) for k in range(len(header))]
+                if self.label_column is None:
+                    self.label_column = ""
+            if self.path_column is None:
+                pc = next((header.index(n) for n in self._PATH_NAMES if n in header), 0)
+            else:
+                pc = self._col(header, self.path_column, "--path-column")
+            if self.label_column is None:
+                lc = header.index("label") if "label" in header else None
+            elif self.label_column == "":
+                lc = None
+            else:
+                lc = self._col(header, self.label_column, "--label-column")
+            self.path_column_name = header[pc]
+            b = _Builder("list", lc is not None)
+            ids: dict[str, int] = {}
+            for lineno, row in enumerate(itertools.chain(first_data, reader), 1 if first_data else 2):
+                if not row or (len(row) == 1 and not row[0].strip()):
+                    continue
+                if pc >= len(row) or (lc is not None and lc >= len(row)):
+                    raise IngestError(f"{self.path}:{lineno}: row has {len(row)} columns, expected {len(header)}")
+                key = row[pc]
+                lab = -1
+                if lc is not None:
+                    lab = ids.setdefault(row[lc].strip(), len(ids))
+                kb = encode_key(key)
+                size, mtime = _stat_key(self._resolve(kb))
+                b.add(kb, size, mtime, lab)
+        label_names = None
+        bad: dict[int, str] = {}  # distinct cell number -> hole reason
+        notes: dict[str, int] = {}
+        if lc is None and self.classes is not None:
+            raise LabelMappingError(f"{self.path}: a class mapping (--classes-from/--label-names) was given but the "
+                                    "list has no label column; pass --label-column")
+        if lc is not None:
+            cells = np.frombuffer(b.labels, dtype=np.int64)  # distinct cell number of each row
+            remap, label_names, bad = _label_values(ids, self.label_type, self.missing_label, header[lc], self.path)
+            if self.classes is not None:
+                label_names, remap = self._mapped(label_names, remap, header[lc], notes)
+            labels = remap[cells] if len(cells) else np.zeros(0, np.int64)
+            b.labels = array("q", labels.tobytes())
+            notes.update(_label_notes(ids, cells, bad, self.missing_label, label_names is None))
+        extra = repr((pc, lc, self.path_template, label_names, self.label_type, self.missing_label))
+        self.listing = b.finish(label_names, extra=extra, warnings=notes)
+        if lc is not None:
+            errs = np.flatnonzero(np.isin(cells, np.fromiter(bad, np.int64, len(bad)))) if bad else []
+            self.listing.label_errors = {int(i): bad[int(cells[i])] for i in errs}
+            # the labels as stored (and which rows are holes) are part of the inputs
+            self.listing.fingerprint = xxhash.xxh3_128(
+                self.listing.fingerprint.encode() + labels.tobytes() + repr(sorted(bad.items())).encode("utf-8", "surrogateescape")
+            ).hexdigest()
+        return self.listing
+
+    def _resolve(self, key: bytes) -> bytes:
+        k = decode_key(key)
+        rel = self.path_template.format(k, id=k) if self.path_template else k
+        return os.path.join(os.fsencode(self.root), os.fsencode(rel))
+
+    def load(self, i: int) -> Any:
+        return read_file(self._resolve(self.listing.key(i)))
