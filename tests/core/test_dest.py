@@ -10,14 +10,15 @@ import textwrap
 
 import numpy as np
 import pytest
+from support.proc import cli, cli_env
+from support.stores import SMALL_SCHEMA, sample, write_store
 
 import mmstore
+from mmstore import _lock as _lock_mod
 from mmstore import writer as writer_mod
 from mmstore._dest import check_dest, is_own_partial, is_store
 from mmstore.errors import DestinationError, LockedError, StoreExistsError
-from mmstore.writer import release_lock, acquire_lock, publish
-from support.proc import cli, cli_env
-from support.stores import SMALL_SCHEMA, sample, write_store
+from mmstore.writer import acquire_lock, publish, release_lock
 
 
 def _user_folder(root) -> dict[str, bytes]:
@@ -233,7 +234,7 @@ def test_lock_unlink_race_is_safe(tmp_path, monkeypatch):
     that B and C never both hold the lock."""
     dest = str(tmp_path / "s")
     a = acquire_lock(dest)
-    real_flock = writer_mod.fcntl.flock
+    real_flock = _lock_mod.fcntl.flock
     state = {"released": False}
 
     def interleaved(fd, op):
@@ -242,9 +243,9 @@ def test_lock_unlink_race_is_safe(tmp_path, monkeypatch):
             release_lock(dest, a)
         return real_flock(fd, op)
 
-    monkeypatch.setattr(writer_mod.fcntl, "flock", interleaved)
+    monkeypatch.setattr(_lock_mod.fcntl, "flock", interleaved)
     b = acquire_lock(dest)
-    monkeypatch.setattr(writer_mod.fcntl, "flock", real_flock)
+    monkeypatch.setattr(_lock_mod.fcntl, "flock", real_flock)
     assert state["released"]
     st_b, st_name = os.fstat(b), os.stat(dest + ".lock")
     assert (st_b.st_dev, st_b.st_ino) == (st_name.st_dev, st_name.st_ino)
