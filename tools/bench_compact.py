@@ -248,6 +248,17 @@ def _child_ltr(path: str) -> dict[str, Any]:
     return {"samples_per_s": rate, "rss_anon_mib": anon / 1024}
 
 
+
+def _raw_vs_jpeg(res: dict[str, Any], raw_bytes: int, jpg_bytes: int, bytes_header: str) -> None:
+    """The medians of a raw-vs-jpeg:90 comparison's runs into ``res``, and its table."""
+    med = {k: statistics.median(r["samples_per_s"] for r in res["runs"] if r["kind"] == k) for k in ("raw", "jpeg:90")}
+    res["raw_samples_per_s"], res["jpeg90_samples_per_s"] = med["raw"], med["jpeg:90"]
+    res["ratio"] = med["jpeg:90"] / med["raw"]
+    say(table([["raw", f"{raw_bytes:,}", f"{med['raw']:,.0f}", "1.0x"],
+               ["jpeg:90", f"{jpg_bytes:,}", f"{med['jpeg:90']:,.0f}", f"{res['ratio']:.2f}x"]],
+              header=["store", bytes_header, "samples/s (median of 2)", "vs raw"]))
+
+
 def part_ltr(work: str, n: int, seed: int) -> dict[str, Any]:
     if not os.path.isdir(CG_ROOT) or os.geteuid() != 0:
         say(f"ltr: skipped (needs root and cgroup v1 at {CG_ROOT})")
@@ -275,12 +286,7 @@ def part_ltr(work: str, n: int, seed: int) -> dict[str, Any]:
             res["cgroup_max_usage_bytes"] = int(fh.read())
     finally:
         os.rmdir(cg)
-    med = {k: statistics.median(r["samples_per_s"] for r in res["runs"] if r["kind"] == k) for k in ("raw", "jpeg:90")}
-    res["raw_samples_per_s"], res["jpeg90_samples_per_s"] = med["raw"], med["jpeg:90"]
-    res["ratio"] = med["jpeg:90"] / med["raw"]
-    say(table([["raw", f"{raw_bytes:,}", f"{med['raw']:,.0f}", "1.0x"],
-               ["jpeg:90", f"{jpg_bytes:,}", f"{med['jpeg:90']:,.0f}", f"{res['ratio']:.2f}x"]],
-              header=["store", f"data bytes (limit {limit:,})", "samples/s (median of 2)", "vs raw"]))
+    _raw_vs_jpeg(res, raw_bytes, jpg_bytes, f"data bytes (limit {limit:,})")
     for p in (raw, jpg):
         shutil.rmtree(p)
     return res
@@ -347,13 +353,7 @@ def part_hdd(work: str, n: int, seed: int, iops: int = 120, mbps: int = 150, mem
                 os.rmdir(cg)
         _sh("umount", mnt)
         os.remove(img)
-    med = {k: statistics.median(r["samples_per_s"] for r in res["runs"] if r["kind"] == k) for k in ("raw", "jpeg:90")}
-    res["raw_samples_per_s"], res["jpeg90_samples_per_s"] = med["raw"], med["jpeg:90"]
-    res["ratio"] = med["jpeg:90"] / med["raw"]
-    say(table([["raw", f"{res['raw_bytes']:,}", f"{med['raw']:,.0f}", "1.0x"],
-               ["jpeg:90", f"{res['jpeg90_bytes']:,}", f"{med['jpeg:90']:,.0f}", f"{res['ratio']:.2f}x"]],
-              header=["store", f"data bytes ({iops} IO/s, {mbps} MB/s, {mem_mb} MB)", "samples/s (median of 2)",
-                      "vs raw"]))
+    _raw_vs_jpeg(res, res["raw_bytes"], res["jpeg90_bytes"], f"data bytes ({iops} IO/s, {mbps} MB/s, {mem_mb} MB)")
     return res
 
 
