@@ -77,6 +77,30 @@ def _parse_schema(path: str, raw: object) -> list[tuple[str, np.dtype, tuple[int
     return out
 
 
+def _parse_classes(path: str, raw: object, schema: list[tuple[str, Any, tuple[Any, ...], Any]]) -> dict[str, Any]:
+    """The schema entries' optional ``classes`` (see "Class names of a field"),
+    checked, as ``{field: ((id, name), ...)}``."""
+    from .schema import Field, normalize_classes  # schema imports format: at call time
+
+    out: dict[str, Any] = {}
+    for ent, (name, dt, shape, codec) in zip(raw, schema):  # type: ignore[call-overload]
+        if "classes" not in ent:
+            continue
+        kind = dt if isinstance(dt, str) else "array"
+        fld = Field(name, np.dtype("|u1") if isinstance(dt, str) else dt, shape, codec, kind)
+        cls = ent["classes"]
+        if not isinstance(cls, list) or not all(isinstance(p, list) and len(p) == 2 for p in cls):
+            raise _fail(path, f"field {name!r}: 'classes' must be a list of [id, name] pairs")
+        try:
+            norm = normalize_classes(fld, cls)
+        except SchemaError as exc:
+            raise _fail(path, str(exc)) from None
+        if [list(p) for p in norm] != cls:
+            raise _fail(path, f"field {name!r}: 'classes' must be sorted by id")
+        out[name] = norm
+    return out
+
+
 def _parse_ragged(path: str, name: str, dts: str, shape: Any, codec: Any) -> tuple[str, Any, tuple[Any, ...], Any]:
     """A ragged schema entry (see "Ragged fields"): ``(name, dtype or "str" /
     "bytes", (None, *row), codec)``."""
@@ -219,6 +243,7 @@ def parse_manifest(raw: bytes, path: str) -> dict[str, Any]:
         raise _fail(path, f"'records' ({records}) exceeds 'slots' ({slots})")
     _parse_requires(path, obj, ver, [])  # an unknown feature first: the schema may use it
     schema = _parse_schema(path, obj.get("schema"))
+    classes = _parse_classes(path, obj["schema"], schema)
     _check_field_sizes(path, schema, slots, ver)
     requires = _parse_requires(path, obj, ver, schema)
     ck = obj.get("checksum")
@@ -248,6 +273,7 @@ def parse_manifest(raw: bytes, path: str) -> dict[str, Any]:
         records=records,
         slots=slots,
         schema=schema,
+        classes=classes,
         checksum_digest=ck["digest"],
         files=dict(files),
         digests=dict(digests),

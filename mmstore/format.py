@@ -83,6 +83,8 @@ major version):
                  ``"codec"`` for an encoded field (2.0, see "Encoded fields").
                  A ragged field (2.1) has ``null`` as its first dimension, or
                  ``"dtype": "str"`` / ``"bytes"`` (see "Ragged fields").
+                 An integer field may carry ``"classes"`` (see "Class names
+                 of a field").
 ``checksum``     ``{"algorithm": "xxh3_64", "digest": HEX16}``: the algorithm of
                  the per-slot checksums and the xxh3_64 (hex, 16 digits) of the
                  data bytes of ``_checksums.npy`` (after its header), so a
@@ -244,6 +246,23 @@ requires a feature it does not know (``KNOWN_FEATURES``). A 2.0 reader, which
 knows neither, still refuses such a store rather than misread it: its schema
 check rejects a ``null`` dimension and the dtypes ``str`` / ``bytes``
 (``FormatError``). 1.x readers refuse major version 2.
+
+Class names of a field
+----------------------
+
+A schema entry of an integer field (fixed or ragged, ``int`` or ``uint``
+dtype) may carry ``"classes"``: a list of ``[id, name]`` pairs, sorted by id,
+each id an integer that fits the dtype and appears once, each name a string
+(``{"name": "category", "dtype": "<i8", "shape": [null], "classes": [[1,
+"person"], [3, "car"]]}``). It says that the field's values are class ids and
+what they are called: a detection store's category per box (COCO ids, which
+need not be contiguous), a tag list's tags (ids 0, 1, ...). It is
+descriptive: values without a name are valid, and the record data does not
+depend on it; but two stores whose fields name their classes differently have
+different schemas (``merge`` refuses to join them). A reader that does not
+know the key ignores it (an optional key, any 1.x or 2.x version). The
+top-level ``label_names`` stays the names of the ``label`` field of
+classification stores.
 
 Checksums
 ---------

@@ -35,13 +35,22 @@ class Field(NamedTuple):
 
     A ragged field's shape starts with ``None`` (any number of rows);
     ``kind`` is ``"str"`` or ``"bytes"`` for text and byte fields (dtype
-    ``|u1``, shape ``(None,)``), else ``"array"``."""
+    ``|u1``, shape ``(None,)``), else ``"array"``. ``classes`` names the
+    values of an integer field that holds class ids (a detection field's
+    category per box, a tag list): ``((id, name), ...)`` sorted by id, or
+    None (format.py, "Class names of a field")."""
 
     name: str
     dtype: np.dtype
     shape: tuple[Any, ...]
     codec: Codec = RAW
     kind: str = "array"
+    classes: tuple[tuple[int, str], ...] | None = None
+
+    @property
+    def class_names(self) -> dict[int, str]:
+        """``{id: name}`` of ``classes`` (empty when the field has none)."""
+        return dict(self.classes or ())
 
     @property
     def ragged(self) -> bool:
@@ -92,6 +101,10 @@ class Schema:
     codecs
         ``{field: codec spec}`` (or ``["image=jpeg:90", ...]``): sets the
         codecs of the named fields, overriding the ones in ``fields``.
+    classes
+        ``{field: names}``: the class names of integer fields that hold class
+        ids, as ``{id: name}`` or a list of names (ids 0, 1, ...); overrides
+        the ones the fields carry. Kept in the manifest, compared by merge.
 
     Raises
     ------
@@ -100,16 +113,26 @@ class Schema:
         that does not fit its field (e.g. jpeg on a float field).
     """
 
-    def __init__(self, fields: Mapping[str, Any] | Iterable[Any], *, codecs: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        fields: Mapping[str, Any] | Iterable[Any],
+        *,
+        codecs: Mapping[str, Any] | None = None,
+        classes: Mapping[str, Any] | None = None,
+    ) -> None:
         items: list[tuple[Any, Any, Any, Any]] = []
+        given: dict[str, Any] = {}  # field -> classes carried by the fields given
         if isinstance(fields, Schema):
             items = [(f.name, f.kind if f.kind in TEXT_KINDS else f.dtype, f.shape, f.codec)
                      for f in fields.fields]
+            given = {f.name: f.classes for f in fields.fields if f.classes is not None}
         elif isinstance(fields, Mapping):
             for name, spec in fields.items():
                 if isinstance(spec, Field):
                     items.append((name, spec.kind if spec.kind in TEXT_KINDS else spec.dtype, spec.shape,
                                   spec.codec))
+                    if spec.classes is not None:
+                        given[name] = spec.classes
                     continue
                 if spec in (str, bytes, "str", "bytes"):
                     spec = (spec, None)
@@ -120,9 +143,14 @@ class Schema:
                 items.append((name, spec[0], spec[1], spec[2] if len(spec) == 3 else None))
         else:
             for ent in fields:
-                if not isinstance(ent, (tuple, list)) or len(ent) not in (3, 4):
-                    raise SchemaError(f"expected (name, dtype, shape) or (name, dtype, shape, codec), found {ent!r}")
-                items.append((ent[0], ent[1], ent[2], ent[3] if len(ent) == 4 else None))
+                if isinstance(ent, Field):
+                    ent = (ent.name, ent.kind if ent.kind in TEXT_KINDS else ent.dtype, ent.shape, ent.codec,
+                           ent.classes)
+                if not isinstance(ent, (tuple, list)) or len(ent) not in (3, 4, 5):
+                    raise SchemaError(f"expected (name, dtype, shape[, codec[, classes]]), found {ent!r}")
+                items.append((ent[0], ent[1], ent[2], ent[3] if len(ent) >= 4 else None))
+                if len(ent) == 5 and ent[4] is not None:
+                    given[ent[0]] = ent[4]
         if not items:
             raise SchemaError("a schema needs at least one field")
         extra = {}
@@ -174,6 +202,11 @@ class Schema:
                 continue
             cod.check(dt, shp, where=f"field {name!r}")
             out.append(Field(name, dt, shp, cod))
+        given.update(classes or {})
+        unknown = [k for k in given if k not in seen]
+        if unknown:
+            raise SchemaError(f"classes name unknown field(s) {unknown}; the schema has {[f.name for f in out]}")
+        out = [f._replace(classes=normalize_classes(f, given[f.name])) if f.name in given else f for f in out]
         self.fields: tuple[Field, ...] = tuple(out)
         self._by_name = {f.name: f for f in out}
         self.fixed_fields: tuple[Field, ...] = tuple(f for f in out if not f.variable)
@@ -194,7 +227,8 @@ class Schema:
     def from_json(cls, raw: list[dict[str, Any]], path: str = "schema") -> Schema:
         """The schema of a manifest's (or a writer state's) ``schema`` list."""
         return cls([(f["name"], f["dtype"], tuple(f["shape"]) if f.get("shape") is not None else None,
-                     codec_from_json(path, f["codec"], f["name"]) if "codec" in f else RAW) for f in raw])
+                     codec_from_json(path, f["codec"], f["name"]) if "codec" in f else RAW,
+                     f.get("classes")) for f in raw])
 
     @property
     def has_variable(self) -> bool:
@@ -234,7 +268,7 @@ class Schema:
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{f.name}: {f.dtype_name}{list(f.shape)}" + ("" if f.codec.raw else f" {f.codec}")
-                          for f in self.fields)
+                          + ("" if f.classes is None else f" ({len(f.classes)} classes)") for f in self.fields)
         return f"Schema({inner})"
 
     # -- serialisation --------------------------------------------------------
@@ -245,6 +279,8 @@ class Schema:
             ent: dict[str, Any] = {"name": f.name, "dtype": f.dtype_name, "shape": list(f.shape)}
             if not f.codec.raw:
                 ent["codec"] = f.codec.to_json()
+            if f.classes is not None:
+                ent["classes"] = [[i, n] for i, n in f.classes]
             out.append(ent)
         return out
 
@@ -282,6 +318,46 @@ class Schema:
                 raise SchemaError(f"sample lacks field {f.name!r}; the schema has {list(self.names)}")
             out[f.name] = coerce_ragged(f, sample[f.name]) if f.ragged else _coerce(f, sample[f.name])
         return out
+
+
+MAX_CLASSES = 1 << 20  # class names one field may carry (the manifest holds them)
+
+
+def normalize_classes(f: Field, classes: Any) -> tuple[tuple[int, str], ...]:
+    """``classes`` (``{id: name}``, a list of names, or ``[[id, name], ...]``
+    as in a manifest) as ``((id, name), ...)`` sorted by id, checked: the
+    field holds integers, each id fits its dtype and appears once, each
+    name is a string.
+
+    Raises
+    ------
+    SchemaError
+        Another kind of field, or bad ids or names.
+    """
+    where = f"field {f.name!r}: classes"
+    if f.kind != "array" or f.dtype.kind not in "iu":
+        raise SchemaError(f"{where} name the values of an integer field, but {f.name!r} is {f.dtype_name}")
+    if isinstance(classes, Mapping):
+        pairs = list(classes.items())
+    elif isinstance(classes, (list, tuple)) and all(isinstance(c, str) for c in classes):
+        pairs = list(enumerate(classes))
+    elif isinstance(classes, (list, tuple)):
+        pairs = [tuple(p) if isinstance(p, (list, tuple)) and len(p) == 2 else (None, None) for p in classes]
+    else:
+        raise SchemaError(f"{where} must be {{id: name}} or a list of names, found {type(classes).__name__}")
+    if len(pairs) > MAX_CLASSES:
+        raise SchemaError(f"{where}: {len(pairs)} names, more than the {MAX_CLASSES} a field may carry")
+    info = np.iinfo(f.dtype)
+    out: dict[int, str] = {}
+    for i, n in pairs:
+        if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not info.min <= int(i) <= info.max:
+            raise SchemaError(f"{where}: id {i!r} is not an integer that fits {f.dtype.str}")
+        if not isinstance(n, str):
+            raise SchemaError(f"{where}: the name of id {i} must be a string, found {n!r}")
+        if int(i) in out:
+            raise SchemaError(f"{where}: id {int(i)} appears twice ({out[int(i)]!r} and {n!r})")
+        out[int(i)] = n
+    return tuple(sorted(out.items()))
 
 
 def _check_ragged_codec(name: str, codec: Codec) -> None:

@@ -42,7 +42,7 @@ class Ctx:
     def __init__(self, path: str, manifest: dict[str, Any]) -> None:
         self.path = path
         self.m = manifest
-        self.schema = Schema(manifest["schema"])
+        self.schema = Schema(manifest["schema"], classes=manifest["classes"])
         self.slots: int = manifest["slots"]
         self.records: int = manifest["records"]
         self.backend: str = manifest["backend"]
