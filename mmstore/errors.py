@@ -17,6 +17,7 @@ __all__ = [
     "DestinationError",
     "EntryDecodeError",
     "FormatError",
+    "GeometryError",
     "IncompleteStoreError",
     "IngestError",
     "LabelMappingError",
@@ -115,6 +116,12 @@ class DecodeError(MmstoreError, ValueError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+
+class GeometryError(MmstoreError, ValueError):
+    """Points or boxes cannot be mapped between source and stored pixels: a
+    transform that is not one, or a store whose records lack ``dst`` and whose
+    provenance cannot derive it (see :mod:`mmstore.geometry`)."""
 
 
 class IngestError(MmstoreError, RuntimeError):

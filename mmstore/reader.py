@@ -97,6 +97,8 @@ class Store:
         holes = self.records < self.slots
         if holes:
             needed += [INDEX_FILE, ERRORS_FILE]
+        elif ERRORS_FILE in files:  # no holes, but skipped annotations (format.py: errors.jsonl)
+            needed += [ERRORS_FILE]
         for name in needed:
             if name not in files:
                 raise FormatError(f"{self.path}/manifest.json: 'files' does not list {name}, which a {self.backend_name} store needs")
@@ -128,9 +130,10 @@ class Store:
             )
         if holes:
             self._ix_offset = self._check_npy(INDEX_FILE, (self.records,))
+        if ERRORS_FILE in needed:
             if self._stat(ERRORS_FILE) != files[ERRORS_FILE]:
                 raise FormatError(f"{j(ERRORS_FILE)}: size differs from the manifest's {files[ERRORS_FILE]} bytes")
-        elif os.path.lexists(j(INDEX_FILE)):
+        if not holes and os.path.lexists(j(INDEX_FILE)):
             raise FormatError(f"{j(INDEX_FILE)}: present, but the manifest says the store has no holes")
 
     def _check_npy(self, name: str, shape: tuple[int, ...]) -> int:
@@ -561,6 +564,8 @@ class Store:
                 ent = json.loads(line.decode("utf-8", "surrogateescape"))
             except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, or a > 4,300-digit integer
                 raise FormatError(f"{where} is not JSON ({exc}); the file is damaged") from None
+            if isinstance(ent, dict) and "annotation" in ent:
+                continue  # a skipped annotation, not a hole (format.py)
             if not (
                 isinstance(ent, dict)
                 and isinstance(ent.get("slot"), int) and not isinstance(ent["slot"], bool)

@@ -322,6 +322,8 @@ class StoreWriter:
         self._keys: dict[int, bytes] = {}
         self._bulk_keys: tuple[np.ndarray, bytes | np.ndarray] | None = None
         self._skips: dict[int, tuple[bytes, str]] = {}
+        # skipped annotations of an annotated source (COCO): errors.jsonl lines after the holes' (format.py)
+        self.annotation_errors: list[dict[str, Any]] = []
         self._next = 0
         self._closed = False
         check_dest(self.path, overwrite=overwrite, sources=inputs)  # fail fast, before the lock
@@ -554,9 +556,11 @@ class StoreWriter:
         if records < slots:
             index = np.flatnonzero(~holes).astype(KEY_DTYPE)
             self._write_npy(INDEX_FILE, index)
+            names += [INDEX_FILE]
+        if records < slots or self.annotation_errors:
             skips = [(s, k, r) for s, (k, r) in sorted(self._skips.items()) if s < slots]
-            self._write_file(ERRORS_FILE, errors_jsonl(skips))
-            names += [INDEX_FILE, ERRORS_FILE]
+            self._write_file(ERRORS_FILE, errors_jsonl(skips, self.annotation_errors))
+            names += [ERRORS_FILE]
         prov = dict(self.provenance)
         prov.setdefault("tool", f"mmstore {__version__}")
         prov.setdefault("time", time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
@@ -634,10 +638,14 @@ def write_durable(path: str, head: Any, body: Any = None) -> None:
         os.close(fd)
 
 
-def errors_jsonl(skips: Any) -> bytes:
+def errors_jsonl(skips: Any, annotations: Any = ()) -> bytes:
     """The ``errors.jsonl`` bytes of ``(slot, key bytes, reason)`` sorted by slot
-    (UTF-8; a key byte that is not UTF-8 is a ``\\udcXX`` escape, see ``_names``)."""
+    (UTF-8; a key byte that is not UTF-8 is a ``\\udcXX`` escape, see ``_names``),
+    then the skipped ``annotations`` (dicts ``slot``, ``key`` bytes or None,
+    ``annotation``, ``id``, ``reason``) in their order, see ``format.py``."""
     lines = [json_text({"slot": s, "key": decode_key(k), "reason": r}) for s, k, r in skips]
+    lines += [json_text({"slot": a["slot"], "key": None if a["key"] is None else decode_key(a["key"]),
+                         "annotation": a["annotation"], "id": a["id"], "reason": a["reason"]}) for a in annotations]
     return ("\n".join(lines) + "\n").encode("utf-8")
 
 

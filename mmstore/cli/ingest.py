@@ -19,6 +19,7 @@ EXAMPLE = """examples:
       --path-column id --label-column landmark_id --path-template '{id[0]}/{id[1]}/{id[2]}/{id}.jpg'
   mmstore ingest bedroom_train_lmdb/ lsun.store --size 128x128 --resize center-crop
   mmstore ingest features.npy feats.store
+  mmstore ingest instances_val2017.json coco.store --root val2017/ --size 512x512 --resize pad
   mmstore ingest photos/ part0.store --size 224x224 --shard 0/4 --resume   # one of 4 jobs; then
   mmstore merge part0.store part1.store part2.store part3.store photos.store
   sbatch --array=0-3 --wrap 'mmstore ingest photos/ part$SLURM_ARRAY_TASK_ID.store --size 224x224 --shard auto --resume'
@@ -36,10 +37,11 @@ included only when their content is an image; directories are always walked.
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "ingest",
-        help="decode images (folder, csv/tsv list, LMDB, .npy/.npz) once into a store",
+        help="decode images (folder, csv/tsv list, LMDB, .npy/.npz, COCO .json) once into a store",
         description="Decode SOURCE once into fixed-shape records at DEST. SOURCE is recognised from "
         "what it is: a directory of images (ImageFolder layout gives labels), a .csv/.tsv list, an "
-        "LMDB directory of encoded images, or a .npy/.npz file.",
+        "LMDB directory of encoded images, a .npy/.npz file, or a COCO instances .json (boxes, categories, "
+        "polygons; images under --root).",
         epilog=EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -65,7 +67,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s = p.add_argument_group("source")
     s.add_argument("--labels", choices=["auto", "folders", "none"], default=None,
                    help="folders: class sub-folders give labels; auto (default) decides from the layout")
-    s.add_argument("--root", help="list: directory that relative paths start from (default: the list's directory)")
+    s.add_argument("--root", help="list or COCO .json: directory that relative paths start from (default: the "
+                   "list's directory)")
     s.add_argument("--path-column", help="list: column name or 0-based index of the path/id")
     s.add_argument("--label-column", help="list: column of the label (default: 'label' if present; '' for none)")
     s.add_argument("--path-template", help="list: id -> relative path, e.g. '{id[0]}/{id[1]}/{id[2]}/{id}.jpg'")
@@ -88,6 +91,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--new-classes", choices=["error", "append"], default=None,
                    help="with --classes-from/--label-names: a class not in the mapping is an error "
                    "(default) or gets the next ids after the mapping's (append)")
+    s.add_argument("--min-box-size", type=float, default=None, metavar="PX",
+                   help="COCO .json: drop a box narrower or lower than PX stored pixels once clipped to the "
+                   "picture area (default 1)")
     s.add_argument("--image-key", help=".npz: name of the image array")
     s.add_argument("--label-key", help=".npz: name of the label array")
     r = p.add_argument_group("run")

@@ -29,6 +29,7 @@ SPEC_OPTIONS = ("resize", "channels", "layout", "bgr", "interp_up", "pad_value",
 SOURCE_OPTIONS = ("labels", "root", "path_column", "label_column", "path_template", "delimiter", "header",
                   "label_type", "missing_label", "image_key", "label_key", "classes_from", "label_names",
                   "new_classes")
+SOURCE_OPTIONS += ("min_box_size",)  # COCO (mmstore.ingest.coco)
 
 DEFAULT_RESUME_HINT = "rerun the same ingest with resume=True (CLI: --resume)"
 

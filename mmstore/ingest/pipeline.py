@@ -152,11 +152,46 @@ def _run(source: Source, dest: str, spec: Any, o: RunOptions) -> IngestResult:
     writer = StoreWriter(dest, plan.schema, slots=plan.slots, backend=o.backend, overwrite=overwrite,
                          resume=resuming, label_names=plan.listing.label_names, provenance=plan.provenance,
                          inputs=sources)
+    writer.annotation_errors = _annotation_errors(source, plan)
     run = _Run(dest, source, spec, plan, writer, o)
     tally = run.execute(resuming, nworkers, limit)
     m = read_manifest(dest)
+    warnings = dict(plan.listing.warnings)
+    if hasattr(source, "geometry_counts") and "dst" in plan.schema:
+        warnings.update(_geometry_counts(source, dest, plan.lo))
     return IngestResult(dest, m["slots"], m["records"], m["slots"] - m["records"], tally.reasons,
-                        time.monotonic() - t_start, run.already, plan.listing.warnings)
+                        time.monotonic() - t_start, run.already, warnings)
+
+
+def _annotation_errors(source: Source, plan: Plan) -> list[dict[str, Any]]:
+    """The skipped annotations of an annotated source (COCO) that belong in
+    this store's ``errors.jsonl``: those of its slots (renumbered from the
+    shard's first input), and those of no image in the first shard only."""
+    out = []
+    for e in getattr(source, "ann_errors", ()):
+        s = e["slot"]
+        if s is None:
+            if plan.lo == 0:
+                out.append(e)
+        elif plan.lo <= s < plan.hi:
+            out.append({**e, "slot": s - plan.lo})
+    return out
+
+
+def _geometry_counts(source: Any, dest: str, lo: int) -> dict[str, int]:
+    """The boxes clipped and dropped by the stored records' transforms (read
+    back from the store, so a resumed or parallel run counts them all)."""
+    from ..reader import Store
+
+    with Store(dest) as st:
+        slots = st.index if st.index is not None else np.arange(st.records)
+        counts: Counter = Counter()
+        step = 1 << 16
+        for a in range(0, st.records, step):
+            idx = np.arange(a, min(st.records, a + step))
+            got = st.read_batch(idx, fields=["box", "dst"])
+            counts.update(source.geometry_counts(got["box"], got["dst"], np.asarray(slots[idx], np.int64) + lo))
+    return dict(counts)
 
 
 def _publish_pending(dest: str, o: RunOptions) -> bool:

@@ -13,17 +13,19 @@ from ..writer import SlotWriter
 from ._listing import InputError, Source, reason_of
 from .sources import DatasetSource, to_array
 
-__all__ = ["BOX_DTYPE", "LABEL_DTYPE", "ORIG_SIZE_DTYPE", "RecordJob", "process_range", "schema_for"]
+__all__ = ["BOX_DTYPE", "DST_DTYPE", "LABEL_DTYPE", "ORIG_SIZE_DTYPE", "RecordJob", "process_range", "schema_for"]
 
 LABEL_DTYPE = "<i8"
 ORIG_SIZE_DTYPE = "<i4"
 BOX_DTYPE = "<i4"
+DST_DTYPE = "<i4"
 
 
 def schema_for(source: Source, spec: Any, first_item: Any) -> Schema:
     """The store's schema: ``image`` (the spec's record shape, or the first
-    item's dtype and shape), ``label`` when there are labels, and ``orig_size``
-    / ``box`` when images are fitted to a target size."""
+    item's dtype and shape), ``label`` when there are labels, ``orig_size`` /
+    ``box`` / ``dst`` when images are fitted to a target size (the transform
+    of :mod:`mmstore.geometry`), then the source's own fields (``fields``)."""
     fields: dict[str, Any] = {}
     if spec is not None:
         fields["image"] = ("|u1", spec.record_shape())
@@ -36,6 +38,7 @@ def schema_for(source: Source, spec: Any, first_item: Any) -> Schema:
     if spec is not None:
         fields["orig_size"] = (ORIG_SIZE_DTYPE, (2,))
         fields["box"] = (BOX_DTYPE, (4,))
+        fields["dst"] = (DST_DTYPE, (4,))
     extra = getattr(source, "fields", None)
     for f in extra or ():
         fields[f.name] = f
@@ -54,7 +57,8 @@ class RecordJob:
         self.labels = source.listing.labels
         self.label_errors = source.listing.label_errors  # input -> hole reason (a list's bad label cells)
         self.has_label = "label" in schema
-        self.full = "box" in schema  # image fields with orig_size / box
+        self.full = "box" in schema  # image fields with orig_size / box / dst
+        self.annotated = hasattr(source, "record_fields")  # a source with per-record fields of its own (COCO)
         self.extra = isinstance(source, DatasetSource) and source.fields is not None  # from_dataset(fields=)
 
     def checked(self, rec: dict[str, Any]) -> dict[str, np.ndarray]:
@@ -89,6 +93,10 @@ class RecordJob:
         if self.full:
             out["orig_size"] = np.array(d.orig_size, ORIG_SIZE_DTYPE)
             out["box"] = np.array(d.box, BOX_DTYPE)
+            out["dst"] = np.array(d.dst, DST_DTYPE)
+        if self.annotated:
+            self.source.check_size(i, d.orig_size)
+            out.update(self.source.record_fields(i, (d.box, d.dst)))
         out.update(extras)
         return out
 

@@ -47,11 +47,13 @@ from ..decode import sniff_image
 from ..errors import IngestError, SchemaError
 from ._listing import InputError, Listing, Source, _Builder, _stat_key, read_file
 from .classes import class_options, map_classes
+from .coco import CocoSource, is_coco_json
 from .lists import ListSource
 
 __all__ = [
     "IMAGE_EXTENSIONS",
     "ArraySource",
+    "CocoSource",
     "DatasetSource",
     "FolderSource",
     "InputError",
@@ -394,7 +396,7 @@ class DatasetSource(Source):
             from ..schema import Schema
 
             self.fields = fields if isinstance(fields, Schema) else Schema(fields)
-            taken = [n for n in self.fields.names if n in ("image", "label", "orig_size", "box")]
+            taken = [n for n in self.fields.names if n in ("image", "label", "orig_size", "box", "dst")]
             if taken:
                 raise SchemaError(f"fields={list(self.fields.names)}: {taken} are the ingest's own fields; "
                                   "name the extra fields otherwise")
@@ -469,13 +471,15 @@ def detect_source(path: str, **opts: Any) -> Source:
 
     A directory with ``data.mdb`` is an LMDB; another directory an image
     folder; ``.csv``/``.tsv``/``.tab``/``.txt`` a list; ``.npy``/``.npz``
-    arrays. Unknown options for the kind found are an error.
+    arrays; ``.json`` a COCO instances file (:mod:`mmstore.ingest.coco`).
+    Unknown options for the kind found are an error.
     """
     mapping = {"classes", "new_classes", "classes_from"}
     folder_opts = {"labels", *mapping}
     list_opts = {"root", "path_column", "label_column", "path_template", "delimiter", "header", "label_type",
                  "missing_label", *mapping}
     array_opts = {"image_key", "label_key"}
+    coco_opts = {"root", "min_box_size"}
     given = {k for k, v in opts.items() if v is not None}
 
     def only(kind: str, allowed: set[str]) -> dict[str, Any]:
@@ -496,11 +500,13 @@ def detect_source(path: str, **opts: Any) -> Source:
         return ListSource(path, **only("a list", list_opts))
     if low.endswith((".npy", ".npz")):
         return ArraySource(path, **only("an array file", array_opts))
+    if is_coco_json(path):
+        return CocoSource(path, **only("a COCO annotation file", coco_opts))
     with io.open(path, "rb") as fh:
         head = fh.read(8)
     if head.startswith(b"\x93NUMPY"):
         return ArraySource(path, **only("an array file", array_opts))
     raise IngestError(
         f"{path}: cannot tell what kind of source this is; expected a directory of images, an LMDB "
-        "directory (with data.mdb), a .csv/.tsv list, or a .npy/.npz file"
+        "directory (with data.mdb), a .csv/.tsv list, a .npy/.npz file or a COCO .json annotation file"
     )

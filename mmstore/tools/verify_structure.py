@@ -150,6 +150,8 @@ def _check_listing(ctx: Ctx, rep: VerifyReport) -> tuple[list[str], set[str], se
     needed = data_names + [CHECKSUMS_FILE, KEYS_OFFSETS_FILE, KEYS_BLOB_FILE]
     if ctx.records < ctx.slots:
         needed += [INDEX_FILE, ERRORS_FILE]
+    elif ERRORS_FILE in files:  # no holes, skipped annotations only (format.py)
+        needed += [ERRORS_FILE]
     for n in needed:
         if n not in files:
             prob.append(Problem("manifest", f"the manifest's 'files' does not list {n}, which this store needs", n))
@@ -342,11 +344,21 @@ def _check_index(ctx: Ctx, rep: VerifyReport, bad_files: set[str], npy: Callable
     except OSError as exc:
         prob.append(Problem("errors", f"{ERRORS_FILE}: cannot read ({exc})", ERRORS_FILE))
         return
+    annotations = 0
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             obj = json.loads(line.decode("utf-8", "surrogateescape"))
+            if isinstance(obj, dict) and "annotation" in obj:
+                why = _annotation_line_problem(obj, ctx)
+                if why:
+                    prob.append(Problem("errors", f"{ERRORS_FILE}: line {lineno}: {why}", ERRORS_FILE))
+                    return
+                annotations += 1
+                continue
+            if annotations:
+                raise TypeError("a hole's line after a skipped annotation's (holes come first)")
             s, k = obj["slot"], obj["key"]
             if not isinstance(s, int) or not isinstance(k, str) or not isinstance(obj["reason"], str):
                 raise TypeError("slot must be an int, key and reason strings")
@@ -359,6 +371,9 @@ def _check_index(ctx: Ctx, rep: VerifyReport, bad_files: set[str], npy: Callable
         err_slots.append(s)
     if err_slots != sorted(set(err_slots)):
         prob.append(Problem("errors", f"{ERRORS_FILE}: entries are not sorted by slot or repeat a slot", ERRORS_FILE))
+    if not err_slots and not annotations:
+        prob.append(Problem("errors", f"{ERRORS_FILE}: present but empty (it lists holes and skipped "
+                            "annotations only)", ERRORS_FILE))
     if len(err_slots) != ctx.slots - ctx.records:
         prob.append(Problem("errors", f"{ERRORS_FILE}: {len(err_slots)} entries, but the store has "
                             f"{ctx.slots - ctx.records} holes (slots - records)", ERRORS_FILE))
@@ -368,6 +383,24 @@ def _check_index(ctx: Ctx, rep: VerifyReport, bad_files: set[str], npy: Callable
             diff = sorted(set(err_slots) ^ set(holes))[:10]
             prob.append(Problem("index", f"{INDEX_FILE} and {ERRORS_FILE} disagree on which slots are holes "
                                 f"(e.g. slots {diff})", INDEX_FILE))
+
+
+def _annotation_line_problem(obj: dict[str, Any], ctx: Ctx) -> str | None:
+    """What is wrong with a skipped annotation's ``errors.jsonl`` line (format.py), or None."""
+    s, k, a, i, r = (obj.get(n, "?") for n in ("slot", "key", "annotation", "id", "reason"))
+
+    def is_int(v: Any) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if not (is_int(a) and a >= 0 and (i is None or is_int(i)) and isinstance(r, str)):
+        return "not a valid skipped-annotation entry (annotation: int >= 0, id: int or null, reason: str)"
+    if s is None:
+        return None if k is None else "a skipped annotation without a slot has a key (expected null)"
+    if not (is_int(s) and 0 <= s < ctx.slots and isinstance(k, str)):
+        return f"not a valid skipped-annotation entry (slot: null or 0..{ctx.slots - 1}, key: str)"
+    if ctx.key_offsets is not None and ctx.key_of(s) != k:
+        return f"key {k!r} differs from slot {s}'s key {ctx.key_of(s)!r}"
+    return None
 
 
 def _check_lmdb_quick(ctx: Ctx, rep: VerifyReport) -> None:
