@@ -5,8 +5,10 @@ ingest writes (``provenance.source``: kind, path and options;
 ``provenance.ingest.params.decode``: the :class:`mmstore.decode.DecodeSpec`).
 A bad slot's key leads back to its input the way the ingest's sources read
 it (folder: ``root/key``; list: ``root/path_template(key)``; lmdb: the
-value of ``key``; arrays: item ``int(key)``), which is decoded again with the
-same spec. Fields the decoder does not produce (the label) keep their stored
+value of ``key``; arrays: item ``int(key)``; coco: ``root/key``), which is
+decoded again with the same spec. A COCO record's annotation fields are
+derived again from the annotation file the provenance names (parsed once),
+exactly as the ingest did. Fields the decoder does not produce (the label) keep their stored
 bytes, and when those are damaged too every label value is tried.
 
 The re-decoded record is written only when its xxh3_64 equals the checksum
@@ -142,13 +144,16 @@ class _Source:
         if self.kind == "dataset":
             raise SourceGone(f"the records came from a Python dataset ({src.get('type')}), which cannot be "
                              "re-read from here; re-create the store with from_dataset()")
-        if self.kind not in ("folder", "list", "lmdb", "arrays"):
+        if self.kind not in ("folder", "list", "lmdb", "arrays", "coco"):
             raise SourceGone(f"unknown source kind {self.kind!r} in the provenance")
         if not self.path or not os.path.exists(self.path):
             raise SourceGone(f"the source {self.path!r} ({self.kind}) is gone; restore it, or restore the store "
                              "from a copy")
         self._env: Any = None
         self._arr: Any = None
+        self._coco: Any = None  # the COCO source, scanned at its first record
+        rng = ing.get("range") if isinstance(ing, dict) else None
+        self.lo = int(rng[0]) if isinstance(rng, list) and rng and isinstance(rng[0], int) else 0
         if self.kind == "lmdb":
             import lmdb
 
@@ -168,6 +173,9 @@ class _Source:
 
         if self.kind == "folder":
             return read_bytes(_inside(os.fsencode(self.path), bytes(key)))
+        if self.kind == "coco":
+            root = self.src.get("root") or os.path.dirname(self.path)
+            return read_bytes(_inside(os.fsencode(root), bytes(key)))
         if self.kind == "list":
             k = decode_key(key)
             try:
@@ -193,7 +201,23 @@ class _Source:
                 self._arr = np.load(self.path, mmap_mode="r", allow_pickle=False)
         return np.asarray(self._arr[int(decode_key(key))])
 
-    def decode(self, key: bytes) -> dict[str, np.ndarray]:
+    def _coco_source(self) -> Any:
+        """The COCO source of the provenance, its JSON parsed once (the
+        annotation fields are derived from it as the ingest did)."""
+        if self._coco is None:
+            from ..errors import IngestError
+            from ..ingest.coco import CocoSource
+
+            mbs = self.src.get("min_box_size")
+            try:
+                self._coco = CocoSource(self.path, root=self.src.get("root"),
+                                        min_box_size=mbs if isinstance(mbs, (int, float)) else None)
+                self._coco.scan()
+            except (IngestError, ValueError) as exc:
+                raise SourceGone(f"the source annotation file cannot be read again ({exc})") from None
+        return self._coco
+
+    def decode(self, key: bytes, slot: int | None = None) -> dict[str, np.ndarray]:
         raw = self.load(key)
         out: dict[str, np.ndarray] = {}
         if self.kind == "arrays":
@@ -213,6 +237,16 @@ class _Source:
             out["orig_size"] = np.asarray(d.orig_size)
         if getattr(d, "box", None) is not None:
             out["box"] = np.asarray(d.box)
+        if getattr(d, "dst", None) is not None:
+            out["dst"] = np.asarray(d.dst)
+        if self.kind == "coco":
+            coco = self._coco_source()
+            i = self.lo + int(slot if slot is not None else -1)
+            if slot is None or not 0 <= i < len(coco.listing) or coco.listing.key(i) != bytes(key):
+                raise ValueError("the annotation file no longer lists this record's image at its place (the "
+                                 "file changed since the ingest)")
+            coco.check_size(i, d.orig_size)
+            out.update(coco.record_fields(i, (d.box, d.dst)))
         return out
 
     def close(self) -> None:
@@ -250,8 +284,8 @@ def _packed(store: Store, arrays: dict[str, np.ndarray]) -> bytes:
         entries = {}
         for f in store.schema.variable_fields:
             v = arrays[f.name]
-            entries[f.name] = v if isinstance(v, bytes) else f.codec.encode(
-                np.ascontiguousarray(np.asarray(v), dtype=f.dtype).reshape(f.shape))
+            a = v if isinstance(v, bytes) else np.ascontiguousarray(np.asarray(v), dtype=f.dtype)
+            entries[f.name] = a if isinstance(a, bytes) else f.codec.encode(a if f.ragged else a.reshape(f.shape))
         return bytes(packed_record(store.schema, fixed, entries))
     parts = []
     for f in store.schema:
@@ -296,7 +330,7 @@ def _rebuild(store: Store, src: _Source, slot: int, want: int, label_range: int,
     if not key:
         raise ValueError("the slot has no source key")
     try:
-        fresh = src.decode(key)
+        fresh = src.decode(key, slot)
     except SourceGone:
         raise
     except (OSError, ValueError) as exc:
@@ -335,7 +369,8 @@ def _encoded(store: Store, rec: dict[str, Any]) -> dict[str, Any]:
     for f in store.schema.variable_fields:
         v = out[f.name]
         if not isinstance(v, bytes):
-            out[f.name] = f.codec.encode(np.ascontiguousarray(np.asarray(v), dtype=f.dtype).reshape(f.shape))
+            a = np.ascontiguousarray(np.asarray(v), dtype=f.dtype)
+            out[f.name] = f.codec.encode(a if f.ragged else a.reshape(f.shape))
     return out
 
 
