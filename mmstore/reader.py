@@ -130,9 +130,8 @@ class Store:
             )
         if holes:
             self._ix_offset = self._check_npy(INDEX_FILE, (self.records,))
-        if ERRORS_FILE in needed:
-            if self._stat(ERRORS_FILE) != files[ERRORS_FILE]:
-                raise FormatError(f"{j(ERRORS_FILE)}: size differs from the manifest's {files[ERRORS_FILE]} bytes")
+        if ERRORS_FILE in needed and self._stat(ERRORS_FILE) != files[ERRORS_FILE]:
+            raise FormatError(f"{j(ERRORS_FILE)}: size differs from the manifest's {files[ERRORS_FILE]} bytes")
         if not holes and os.path.lexists(j(INDEX_FILE)):
             raise FormatError(f"{j(INDEX_FILE)}: present, but the manifest says the store has no holes")
 

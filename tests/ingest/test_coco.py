@@ -162,9 +162,9 @@ def test_cli_pad_boxes_polygons_errors_summary(tmp_path, coco, capsys):
         (13, None, None, None, "malformed"),
     ]
     assert "no 'bbox'" in ann[4]["reason"] and "not finite" in ann[3]["reason"]
-    for want in ("4 records, 2 skipped", "note: 2 annotations skipped, bad-box", "note: 3 annotations skipped, "
-                 "malformed", "note: 1 annotations skipped, unknown-category", "note: 1 annotations skipped, "
-                 "unknown-image", "note: 1 crowd annotations whose RLE mask is not stored"):
+    for want in ("4 records, 2 skipped", "note: 2 annotations skipped, bad-box",
+                 "note: 3 annotations skipped, malformed", "note: 1 annotations skipped, unknown-category",
+                 "note: 1 annotations skipped, unknown-image", "note: 1 crowd annotations whose RLE mask is not stored"):
         assert want in err, err
     assert "clipped" not in err and "dropped" not in err  # pad keeps every box whole
     rc, rep = run_json(["verify", dest], capsys)

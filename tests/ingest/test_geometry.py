@@ -99,8 +99,8 @@ def _png(img):
 def test_box_lands_where_the_rectangle_pixels_land(h, w, th, tw, policy, fx, fy):
     """A filled rectangle drawn in a source lands, after the real decode, where
     to_stored + clip says (within the resampling blur: 1 stored pixel)."""
-    x0, x1 = sorted(int(round(f * w)) for f in fx)
-    y0, y1 = sorted(int(round(f * h)) for f in fy)
+    x0, x1 = sorted(round(f * w) for f in fx)
+    y0, y1 = sorted(round(f * h) for f in fy)
     if x1 - x0 < 1 or y1 - y0 < 1:
         return
     src = np.zeros((h, w), np.uint8)
