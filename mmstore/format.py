@@ -19,7 +19,8 @@ A store is a directory
       _keys_offsets.npy    <u8, shape (slots + 1,): offsets into _keys.bin
       _keys.bin            the source keys, concatenated raw bytes
       _index.npy           <u8, shape (records,): dataset index -> slot (only with holes)
-      errors.jsonl         one JSON object per skipped input (only with holes)
+      errors.jsonl         one JSON object per skipped input or skipped annotation
+                           (only with holes or skipped annotations)
 
 A *segmented* store (version 1.1, written by ``mmstore merge``) keeps its
 record data in several consecutive segments instead: ``<field>.00000.npy``,
@@ -45,9 +46,30 @@ the slots that are not holes, in slot order: dataset index ``i`` maps to
 ``records == slots``). ``_index.npy`` MUST be absent when there are no holes
 and present (strictly increasing slots) when there are.
 
-``errors.jsonl``: UTF-8, one object per line, sorted by slot:
-``{"slot": int, "key": str, "reason": str}``; ``key`` decoded as described
-under "Source keys". Present only when ``records < slots``.
+``errors.jsonl``: UTF-8, one object per line. First the holes, sorted by
+slot, one line each: ``{"slot": int, "key": str, "reason": str}``; ``key``
+decoded as described under "Source keys". Then, for an ingest of annotations
+(COCO, ``mmstore/ingest/coco.py``), one line per *skipped annotation*, in the
+order of the annotation file: ``{"slot": int | null, "key": str | null,
+"annotation": int, "id": int | null, "reason": str}``: ``annotation`` is its
+position (from 0) in the file's ``annotations`` list, ``id`` its own ``id``
+when that is an integer, ``slot``/``key`` the record of its image, both null
+when its image is not a record (an ``image_id`` not in ``images``, or a
+malformed annotation); the ``reason``'s first word is its category
+(``malformed``, ``unknown-image``, ``unknown-category``, ``bad-box``). A line
+with an ``annotation`` key never describes a hole: the number of hole lines
+is ``slots - records``. Present exactly when ``records < slots`` or an
+annotation was skipped (then listed in the manifest's ``files`` with its
+digest, as always; ``_index.npy`` still only with holes). A store with
+skipped annotations and no holes is refused by readers older than this rule
+(they see an unexpected file).
+
+Stored geometry (an ingest that resizes): ``orig_size`` ``<i4 (2,)`` the
+source ``(h, w)`` after EXIF orientation, ``box`` ``<i4 (4,)`` the source
+region that was resampled and ``dst`` ``<i4 (4,)`` the record rectangle it
+landed in (edges, xyxy; see ``mmstore/decode.py`` "Box convention" and
+``mmstore/geometry.py``). Stores written before ``dst`` was stored lack it;
+it is a function of ``orig_size`` and the decode spec in the provenance.
 
 The same records written in any order, by any number of writers, MUST give
 byte-identical data files, checksums, keys and index: nothing time- or

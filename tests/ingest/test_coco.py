@@ -325,3 +325,25 @@ def test_repair_rederives_the_record(tmp_path, coco, backend, capsys):
     rc, rep = run_json(["verify", dest, "--repair"], capsys)
     assert rc == 0 and rep["repair"]["repaired"] == [slot], rep
     assert_same_files(dest, fresh)
+
+
+def test_readme_snippet_runs(tmp_path, coco, monkeypatch):
+    """The README's "Detection data (COCO layout)" snippet, unchanged, on the synthetic COCO."""
+    pytest.importorskip("torch")
+    import re
+
+    readme = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "README.md")
+    with open(readme, encoding="utf-8") as fh:
+        m = re.search(r"<!-- test: coco -->\n```python\n(.*?)```", fh.read(), re.DOTALL)
+    assert m, "the README's COCO snippet is missing"
+    path, imgs, rects = coco
+    monkeypatch.chdir(tmp_path)
+    ingest(path, "coco_val.store", size=(48, 64), resize="pad", root=imgs, workers=0, quiet=True)
+    ns: dict = {}
+    exec(compile(m.group(1), "README.md", "exec"), ns)  # noqa: S102 - the README snippet is the test
+    assert ns["names"] == {1: "person", 3: "car", 7: "unused"}
+    got = {(r["image_id"], r["category_id"]): r["bbox"] for r in ns["results"]}
+    assert len(ns["results"]) == 5
+    # the stored boxes mapped back are the JSON's boxes (to float32 rounding)
+    assert np.allclose(got[(11, 1)], [10, 5, 30, 20], atol=1e-3) and np.allclose(got[(14, 3)], [40, 10, 20, 20],
+                                                                                   atol=1e-3)
