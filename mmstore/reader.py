@@ -578,6 +578,27 @@ class Store:
             out.append(ent)
         return out
 
+    def skipped_annotations(self) -> list[dict[str, Any]]:
+        """The skipped annotations of an annotated ingest (COCO): the
+        ``errors.jsonl`` lines with an ``annotation`` key (format.py), in
+        file order; ``[]`` for other stores."""
+        if ERRORS_FILE not in self.manifest["files"]:
+            return []
+        mm = self._map_file(ERRORS_FILE)
+        self._check_mapped(ERRORS_FILE)
+        out = []
+        for lineno, line in enumerate((bytes(mm) if mm is not None else b"").split(b"\n"), 1):
+            if b'"annotation"' not in line:
+                continue
+            try:
+                ent = json.loads(line.decode("utf-8", "surrogateescape"))
+            except (ValueError, RecursionError) as exc:
+                raise FormatError(f"{self.path}/{ERRORS_FILE}: line {lineno} is not JSON ({exc}); the file is "
+                                  "damaged") from None
+            if isinstance(ent, dict) and "annotation" in ent:
+                out.append(ent)
+        return out
+
     def checksums(self) -> np.ndarray:
         """The stored per-slot checksums (a mapped ``<u8`` array)."""
         return self._map_npy(CHECKSUMS_FILE, self._ck_offset, self.slots)

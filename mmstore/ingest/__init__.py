@@ -5,7 +5,8 @@ Library API
 ``ingest(source, dest, size=(224, 224), ...)``
     SOURCE is recognised from what it is (see :func:`detect_source`): an image
     folder (flat or ImageFolder), a ``.csv``/``.tsv`` list, an LMDB directory
-    of encoded images, a ``.npy``/``.npz`` file.
+    of encoded images, a ``.npy``/``.npz`` file, a COCO instances ``.json``
+    (images under ``root=``; boxes, categories, polygons: see ``coco.py``).
 ``from_dataset(ds, dest, size=None, ...)``
     Freeze any map-style dataset (items: arrays, tensors, PIL images or
     ``(image, label)``) into a store in one call.
@@ -14,9 +15,10 @@ Library API
 
 Stored fields: ``image`` (``|u1``, ``spec.record_shape()``), ``label``
 (``<i8``, when there are labels), ``orig_size`` (``<i4`` ``(2,)``: source
-``(h, w)`` after EXIF orientation) and ``box`` (``<i4`` ``(4,)``: source
+``(h, w)`` after EXIF orientation), ``box`` (``<i4`` ``(4,)``: source
 region ``(x0, y0, x1, y1)``, end exclusive, that was resampled; see
-``mmstore.decode``). Arrays stored without a target size keep their own
+``mmstore.decode``) and ``dst`` (``<i4`` ``(4,)``: the record rectangle it
+landed in; ``mmstore.geometry`` maps points and boxes with the two). Arrays stored without a target size keep their own
 dtype and shape and have only ``image`` (and ``label``).
 
 Crash safety and resume: see ``resume.py`` (commit log) and ``pipeline.py``
@@ -40,6 +42,7 @@ from .pipeline import IngestResult, run_ingest
 from .sources import (
     IMAGE_EXTENSIONS,
     ArraySource,
+    CocoSource,
     DatasetSource,
     FolderSource,
     ListSource,
@@ -51,6 +54,7 @@ from .sources import (
 __all__ = [
     "IMAGE_EXTENSIONS",
     "ArraySource",
+    "CocoSource",
     "DatasetSource",
     "FolderSource",
     "IngestResult",
@@ -119,7 +123,9 @@ def ingest(
         ``"drop"``, see :mod:`mmstore.decode`) and source options (``labels`` for folders; ``root``,
         ``path_column``, ``label_column``, ``path_template``, ``delimiter``,
         ``header``, ``label_type``, ``missing_label`` for lists, see
-        :class:`ListSource`; ``image_key``, ``label_key`` for .npz).
+        :class:`ListSource`; ``image_key``, ``label_key`` for .npz;
+        ``root``, ``min_box_size`` for a COCO .json, see
+        :mod:`mmstore.ingest.coco`).
         Class folders can be labelled by an existing mapping so that stores
         agree: ``classes_from`` (a store path: its ``label_names``) or
         ``label_names`` (a text file, one class name per line, line k = label

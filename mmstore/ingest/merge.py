@@ -314,10 +314,14 @@ def _fill(stores: list[Store], paths: list[str], dest: str, partial: str,
     total = sum(s.slots for s in stores)
     records = sum(s.records for s in stores)
     counts, linked = _link_data(stores, dest, partial, copy)
-    names = data_file_names(backend, schema, counts) + [CHECKSUMS_FILE, KEYS_OFFSETS_FILE, KEYS_BLOB_FILE]
+    book = [CHECKSUMS_FILE, KEYS_OFFSETS_FILE, KEYS_BLOB_FILE]
+    notes = _skipped_annotations(stores)
     if records < total:
-        names += [INDEX_FILE, ERRORS_FILE]
-    _write_bookkeeping(stores, partial, names[len(names) - (5 if records < total else 3):], total, records)
+        book += [INDEX_FILE]
+    if records < total or notes:
+        book += [ERRORS_FILE]
+    names = data_file_names(backend, schema, counts) + book
+    _write_bookkeeping(stores, partial, book, total, records, notes)
     fsync_dir(partial)
     crash_point("merge")
     _check_unchanged(stores, ids, linked, partial)
@@ -388,9 +392,25 @@ class _Appender:
                 os.close(fd)
 
 
-def _write_bookkeeping(stores: list[Store], partial: str, names: list[str], total: int, records: int) -> None:
+def _skipped_annotations(stores: list[Store]) -> list[dict[str, Any]]:
+    """The parts' skipped-annotation lines (COCO), slots renumbered, in the
+    annotation file's order (as one ingest of all parts lists them)."""
+    out, base = [], 0
+    for s in stores:
+        for e in s.skipped_annotations():
+            slot = e.get("slot")
+            out.append({**e, "slot": None if slot is None else base + int(slot),
+                        "key": None if e.get("key") is None else encode_key(e["key"])})
+        base += s.slots
+    out.sort(key=lambda e: (e.get("annotation") if isinstance(e.get("annotation"), int) else -1))
+    return out
+
+
+def _write_bookkeeping(stores: list[Store], partial: str, names: list[str], total: int, records: int,
+                       notes: list[dict[str, Any]] | None = None) -> None:
     """The parts' checksums, keys, index and errors laid end to end, slots and
-    key offsets renumbered, streamed in chunks (memory does not grow with the store)."""
+    key offsets renumbered, streamed in chunks (memory does not grow with the store);
+    then the skipped annotations ``notes``."""
     out = _Appender(partial, names)
     ok = False
     try:
@@ -404,6 +424,8 @@ def _write_bookkeeping(stores: list[Store], partial: str, names: list[str], tota
             blob_len += _append_part(out, s, base, blob_len, records < total)
             base += s.slots
             s.close()
+        if notes:
+            out.put(ERRORS_FILE, errors_jsonl((), notes))
         ok = True
     finally:
         out.close(sync=ok)

@@ -28,7 +28,7 @@ import xxhash
 from .._dest import check_dest
 from ..codecs import Codec, library_versions, parse_codec_specs
 from ..errors import ChecksumError, EntryDecodeError, SchemaError
-from ..format import SUPPORTED_BACKENDS
+from ..format import SUPPORTED_BACKENDS, encode_key
 from ..reader import Store, open_store
 from ..schema import Schema
 from ..writer import StoreWriter
@@ -107,6 +107,8 @@ def convert_store(
         prov = _provenance(store, schema, backend)
         w = StoreWriter(dest, schema, slots=store.slots, backend=backend, overwrite=overwrite,
                         label_names=store.label_names, provenance=prov, inputs=[store.path])
+        w.annotation_errors = [{**e, "key": None if e.get("key") is None else encode_key(e["key"])}
+                               for e in store.skipped_annotations()]  # COCO's skipped annotations stay listed
         try:
             _copy_records(store, w, progress)
             w.close()

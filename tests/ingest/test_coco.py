@@ -347,3 +347,37 @@ def test_readme_snippet_runs(tmp_path, coco, monkeypatch):
     # the stored boxes mapped back are the JSON's boxes (to float32 rounding)
     assert np.allclose(got[(11, 1)], [10, 5, 30, 20], atol=1e-3) and np.allclose(got[(14, 3)], [40, 10, 20, 20],
                                                                                    atol=1e-3)
+
+
+def test_shards_merge_and_convert_keep_the_annotation_lines(tmp_path, coco):
+    path, imgs, _ = coco
+    kw = dict(size=(16, 16), root=imgs, workers=0, quiet=True)
+    one = str(tmp_path / "one")
+    ingest(path, one, **kw)
+    parts = [str(tmp_path / f"p{k}") for k in range(6)]
+    for k, p in enumerate(parts):
+        ingest(path, p, shard=(k, 6), **kw)
+    # each part lists the skipped annotations of its own images; those of no image only part 0
+    counts = []
+    for p in parts:
+        with mmstore.open(p) as st:
+            counts.append(len(st.skipped_annotations()))
+    assert counts == [5, 2, 0, 0, 0, 0]
+    merged = str(tmp_path / "merged")
+    mmstore.ingest.merge(parts, merged)
+    conv = str(tmp_path / "conv")
+    from mmstore.tools.convert import convert_store
+
+    convert_store(one, conv, backend="lmdb")
+
+    def read(d):
+        with open(os.path.join(d, "errors.jsonl"), "rb") as fh:
+            return fh.read()
+
+    for other in (merged, conv):
+        assert read(other) == read(one), other
+        with mmstore.open(one) as a, mmstore.open(other) as b:
+            assert a.skipped() == b.skipped() and len(a) == len(b)
+            assert a.skipped_annotations() == b.skipped_annotations() and len(a.skipped_annotations()) == 7
+            for i in range(len(a)):
+                assert all(np.array_equal(a[i][f], b[i][f]) for f in a.schema.names)
