@@ -86,6 +86,9 @@ def _is_int(v: Any) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+_NUMBER_TYPES = frozenset({int, float})  # JSON numbers (not bool)
+
+
 def _is_num(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -207,13 +210,16 @@ class CocoSource(Source):
         rle = False
         if isinstance(seg, dict):
             rle = True  # a run-length mask: not stored (counted)
-        elif isinstance(seg, list) and all(isinstance(p, list) and all(_is_num(v) for v in p) for p in seg):
-            for p in seg:
-                if len(p) % 2 or not all(math.isfinite(v) for v in p):
+        elif isinstance(seg, list):
+            for p in seg:  # set comprehension and sum: C loops over the (many) coordinates
+                if not (isinstance(p, list) and {type(v) for v in p} <= _NUMBER_TYPES):
+                    raise _Bad("malformed: 'segmentation' must be a list of polygons (lists of numbers) or an "
+                               "RLE object")
+                if len(p) % 2 or not math.isfinite(sum(p)):
                     raise _Bad("malformed: a 'segmentation' polygon must be finite x, y pairs")
             polys = seg
         elif seg is not None:
-            raise _Bad("malformed: 'segmentation' must be a list of polygons or an RLE object")
+            raise _Bad("malformed: 'segmentation' must be a list of polygons (lists of numbers) or an RLE object")
         if a["image_id"] not in slot_of:
             raise _Bad(f"unknown-image: image_id {a['image_id']} is not in 'images'")
         if a["category_id"] not in cats:
@@ -338,18 +344,31 @@ class CocoSource(Source):
             "annotation_id": self.ann_id[a:b][keep].astype("<i8"),
         }
         row = np.cumsum(keep) - 1  # annotation -> its row among the kept boxes
-        pts, sizes, owner = [], [], []
-        for j in np.flatnonzero(keep).tolist():
-            for p in range(int(self.poly_offsets[a + j]), int(self.poly_offsets[a + j + 1])):
-                q = self.points[int(self.pt_offsets[p]): int(self.pt_offsets[p + 1])]
-                c = clip_polygon(to_stored(q, transform), dst)
+        p0, p1 = int(self.poly_offsets[a]), int(self.poly_offsets[b])  # the record's polygons (contiguous)
+        psz = self.poly_size[p0:p1]
+        allpts = to_stored(self.points[int(self.pt_offsets[p0]): int(self.pt_offsets[p1])], transform)
+        owner = np.repeat(np.arange(b - a), self.ann_npoly[a:b])  # polygon -> its annotation in the record
+        kept = keep[owner]
+        inside = np.all((allpts >= dst[:2]) & (allpts <= dst[2:]), axis=1)
+        starts = np.concatenate([[0], np.cumsum(psz)[:-1]]).astype(np.int64)
+        whole = np.logical_and.reduceat(inside, starts) if len(psz) else np.zeros(0, bool)
+        if np.all(whole[kept]):  # the usual case: every kept polygon lies in the picture area
+            pts = allpts[np.repeat(kept, psz)]
+            sizes, own = psz[kept], row[owner[kept]]
+        else:
+            parts, sz, ow = [], [], []
+            for k in np.flatnonzero(kept).tolist():
+                q = allpts[starts[k]: starts[k] + psz[k]]
+                c = q if whole[k] else clip_polygon(q, dst)
                 if len(c) >= 3:
-                    pts.append(c)
-                    sizes.append(len(c))
-                    owner.append(int(row[j]))
-        out["polygon_points"] = (np.concatenate(pts) if pts else np.zeros((0, 2))).astype("<f4")
-        out["polygon_sizes"] = np.array(sizes, "<i4")
-        out["polygon_box"] = np.array(owner, "<i4")
+                    parts.append(c)
+                    sz.append(len(c))
+                    ow.append(int(row[owner[k]]))
+            pts = np.concatenate(parts) if parts else np.zeros((0, 2))
+            sizes, own = np.array(sz, np.int64), np.array(ow, np.int64)
+        out["polygon_points"] = pts.astype("<f4").reshape(-1, 2)
+        out["polygon_sizes"] = np.asarray(sizes).astype("<i4")
+        out["polygon_box"] = np.asarray(own).astype("<i4")
         return out
 
     def geometry_counts(self, box: np.ndarray, dst: np.ndarray, slots: np.ndarray) -> dict[str, int]:
