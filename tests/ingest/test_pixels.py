@@ -69,6 +69,16 @@ def test_resize_policies_pixel_exact(tmp_path, h, policy):
         assert np.array_equal(rec["image"], ref), (policy, shapes[k])
         assert tuple(rec["box"]) == box
         assert tuple(rec["orig_size"]) == shapes[k]
+        x0, y0, x1, y1 = rec["dst"].tolist()
+        if policy != "pad":
+            assert (x0, y0, x1, y1) == (0, 0, 32, 24)
+        else:  # the picture area: the source's aspect, centred; only the letterbox outside it
+            hh, ww = shapes[k]
+            nw, nh = (32, int(hh * 32 / ww + 0.5)) if ww * 24 >= hh * 32 else (int(ww * 24 / hh + 0.5), 24)
+            assert (x1 - x0, y1 - y0) == (nw, nh) and (x0, y0) == ((32 - nw) // 2, (24 - nh) // 2)
+            border = np.ones((24, 32), bool)
+            border[y0:y1, x0:x1] = False
+            assert np.all(ref[border] == 7)
 
 
 def test_none_policy_and_wrong_shape_hole(tmp_path, h):

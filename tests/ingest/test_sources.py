@@ -24,9 +24,12 @@ def test_imagefolder_labels_keys_fields(folder, tmp_path, h):
     assert [s.key(i) for i in range(len(s))] == rels
     assert s.column("label").tolist() == [0] * 6 + [1] * 6
     assert s.schema["image"].shape == (24, 32, 3) and s.schema["image"].dtype == np.uint8
+    assert s.schema.names == ("image", "label", "orig_size", "box", "dst")
     assert s.schema["orig_size"].dtype.str == "<i4" and s.schema["box"].shape == (4,)
+    assert s.schema["dst"].dtype.str == "<i4" and s.schema["dst"].shape == (4,)
     img = cv2.imread(os.path.join(root, rels[0]), cv2.IMREAD_UNCHANGED)
     assert tuple(s[0]["orig_size"]) == img.shape[:2]
+    assert s[0]["dst"].tolist() == [0, 0, 32, 24]  # center-crop fills the record
     prov = s.provenance
     assert prov["resize"] == "center-crop" and prov["size"] == [24, 32]
     assert len(prov["ingest"]["fingerprint"]) == 32
