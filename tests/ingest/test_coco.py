@@ -171,6 +171,30 @@ def test_cli_pad_boxes_polygons_errors_summary(tmp_path, coco, capsys):
     assert rc == 0 and rep["ok"], rep
 
 
+@pytest.mark.parametrize(("policy", "size"), [("stretch", (24, 40)), ("center-crop", (40, 24)),
+                                             ("center-crop", (20, 36)), ("pad", (40, 24))])
+def test_boxes_follow_each_resize(tmp_path, coco, policy, size):
+    """At other sizes and aspects (boxes cut by a crop included) every stored box is where its
+    rectangle's pixels landed, and maps back inside the JSON's box."""
+    path, imgs, rects = coco
+    dest = str(tmp_path / "s")
+    res = ingest(path, dest, size=size, resize=policy, root=imgs, workers=0, quiet=True)
+    s = mmstore.open(dest)
+    n = 0
+    for i in range(len(s)):
+        r = s[i]
+        x0, y0, x1, y1 = r["dst"].tolist()
+        for box, aid in zip(r["boxes"], r["annotation_id"]):
+            assert x0 <= box[0] < box[2] <= x1 and y0 <= box[1] < box[3] <= y1
+            assert np.all(np.abs(_pixel_box(r["image"], box) - box) <= 1.0), (s.key(i), aid, box)
+            back, want = to_source(box.astype(np.float64)[None], r)[0], np.array(rects[int(aid)], float)
+            assert np.all(back[:2] >= want[:2] - 1e-3) and np.all(back[2:] <= want[2:] + 1e-3)
+            n += 1
+    clipped = res.warnings.get("boxes clipped to the picture area", 0)
+    dropped = sum(v for k, v in res.warnings.items() if k.startswith("boxes dropped"))
+    assert n + dropped == 5 and (clipped > 0) == (policy == "center-crop") and (dropped > 0) == (size == (20, 36))
+
+
 def test_malformed_json_and_top_level(tmp_path):
     bad = tmp_path / "broken.json"
     bad.write_text('{"images": [\n  {"id": 1, "file_name": "x.png"},\n  oops\n]}')
@@ -342,16 +366,17 @@ def test_readme_snippet_runs(tmp_path, coco, monkeypatch):
     ns: dict = {}
     exec(compile(m.group(1), "README.md", "exec"), ns)  # noqa: S102 - the README snippet is the test
     assert ns["names"] == {1: "person", 3: "car", 7: "unused"}
-    got = {(r["image_id"], r["category_id"]): r["bbox"] for r in ns["results"]}
     assert len(ns["results"]) == 5
-    # the stored boxes mapped back are the JSON's boxes (to float32 rounding)
-    assert np.allclose(got[(11, 1)], [10, 5, 30, 20], atol=1e-3) and np.allclose(got[(14, 3)], [40, 10, 20, 20],
-                                                                                   atol=1e-3)
+    # the stored boxes mapped back are the JSON's boxes (to float32 rounding), as COCO's [x, y, w, h]
+    ann = {(11, 1): 101, (11, 3): 102, (12, 1): 103, (12, 3): 104, (14, 3): 105}  # (image, category) -> id
+    for r in ns["results"]:
+        x0, y0, x1, y1 = rects[ann[(r["image_id"], r["category_id"])]]
+        assert np.allclose(r["bbox"], [x0, y0, x1 - x0, y1 - y0], atol=1e-3), r
 
 
 def test_shards_merge_and_convert_keep_the_annotation_lines(tmp_path, coco):
     path, imgs, _ = coco
-    kw = dict(size=(16, 16), root=imgs, workers=0, quiet=True)
+    kw = {"size": (16, 16), "root": imgs, "workers": 0, "quiet": True}
     one = str(tmp_path / "one")
     ingest(path, one, **kw)
     parts = [str(tmp_path / f"p{k}") for k in range(6)]
