@@ -35,7 +35,10 @@ JSON is refused).
 
 Record (in the workers)
 -----------------------
-The image is decoded as any image (``orig_size``, ``box``, ``dst``: see
+A target size is needed (records are fixed-shape, as for any encoded
+image); ``resize="none"`` stores images of exactly that size unresampled,
+and then the transform is the identity (the JSON's boxes as they are, made
+xyxy). The image is decoded as any image (``orig_size``, ``box``, ``dst``: see
 :mod:`mmstore.geometry`). An image entry whose ``width``/``height`` differ
 from the decoded (EXIF-oriented) size becomes a hole with reason
 ``wrong-shape`` (its annotations would land in the wrong place), as does a

@@ -247,6 +247,16 @@ def test_center_crop_clip_and_drop_counted(tmp_path):
     assert res.warnings["boxes dropped (under 5 stored pixel(s) wide or high after the clip)"] == 2
 
 
+def test_resize_none_is_the_identity(tmp_path):
+    path, imgs = _crop_coco(str(tmp_path))
+    ingest(path, str(tmp_path / "n"), size=64, resize="none", root=imgs, workers=0, quiet=True)
+    r = mmstore.open(str(tmp_path / "n"))[0]
+    assert r["box"].tolist() == r["dst"].tolist() == [0, 0, 64, 64]
+    assert r["boxes"].tolist() == [[20, 5, 30, 15], [40, 30, 60, 40], [50, 20, 64, 30]]
+    with pytest.raises(IngestError, match="need a target size"):
+        ingest(path, str(tmp_path / "x"), root=imgs, workers=0, quiet=True)
+
+
 def test_workers_resume_and_lmdb_identical(tmp_path, coco, h):
     path, imgs, _ = coco
     one = str(tmp_path / "w1")

@@ -138,3 +138,37 @@ def test_old_store_without_dst_derives_it(tmp_path):
     b = mmstore.open(str(tmp_path / "bare"))
     with pytest.raises(GeometryError, match="decode spec"):
         transform_of(b[0], b)
+
+
+@given(st.lists(st.tuples(st.floats(-50, 150, allow_subnormal=False), st.floats(-50, 150, allow_subnormal=False)),
+                min_size=3, max_size=12),
+       st.tuples(st.integers(0, 40), st.integers(0, 40), st.integers(1, 80), st.integers(1, 80)))
+@settings(max_examples=300, deadline=None)
+def test_clip_polygon_stays_in_the_area(pts, rect):
+    x0, y0, w, h = rect
+    area = (x0, y0, x0 + w, y0 + h)
+    p = np.array(pts, np.float64)
+    c = clip_polygon(p, area)
+    assert c.ndim == 2 and c.shape[1] == 2
+    assert np.all(c[:, 0] >= area[0] - 1e-9) and np.all(c[:, 0] <= area[2] + 1e-9)
+    assert np.all(c[:, 1] >= area[1] - 1e-9) and np.all(c[:, 1] <= area[3] + 1e-9)
+    inside = np.all((p >= area[:2]) & (p <= area[2:]))
+    if inside:
+        assert np.array_equal(c, p)
+
+    def shoelace(q):
+        return 0.0 if len(q) < 3 else 0.5 * abs(np.dot(q[:, 0], np.roll(q[:, 1], -1)) - np.dot(q[:, 1], np.roll(q[:, 0], -1)))
+
+    # a convex input (its hull): the clip's area is the intersection's, measured on a fine grid
+    hull = cv2.convexHull(p.astype(np.float32)).reshape(-1, 2).astype(np.float64)
+    ch = clip_polygon(hull, area)
+    assert shoelace(ch) <= min(shoelace(hull), w * h) + 1e-6
+    if len(hull) >= 3:
+        n = 300
+        gx, gy = np.meshgrid(x0 + (np.arange(n) + 0.5) * w / n, y0 + (np.arange(n) + 0.5) * h / n)
+        q = np.stack([gx.ravel(), gy.ravel()], 1)
+        e0, e1 = hull, np.roll(hull, -1, axis=0)
+        cross = (e1[:, 0] - e0[:, 0]) * (q[:, None, 1] - e0[:, 1]) - (e1[:, 1] - e0[:, 1]) * (q[:, None, 0] - e0[:, 0])
+        inside_q = np.all(cross >= 0, axis=1) | np.all(cross <= 0, axis=1)
+        grid_area = inside_q.mean() * w * h
+        assert abs(shoelace(ch) - grid_area) <= 4 * (w + h) * max(w, h) / n + 1e-6
