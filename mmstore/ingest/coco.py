@@ -194,19 +194,20 @@ class CocoSource(Source):
     @staticmethod
     def _check(a: Any, cats: dict[int, str], slot_of: dict[int, int]) -> tuple[int, list[list[float]], bool]:
         """``(slot, polygons, has_rle)`` of a good annotation; raises ``_Bad`` with the reason."""
-        if not isinstance(a, dict):
+        # exact types (``type(v) is int`` is False for a bool): the JSON parser makes only these
+        if type(a) is not dict:
             raise _Bad(f"malformed: an annotation must be an object, found {type(a).__name__}")
-        for k in ("id", "image_id", "category_id", "bbox"):
-            if k not in a:
-                raise _Bad(f"malformed: no {k!r}")
-        for k in ("id", "image_id", "category_id"):
-            if not _is_int(a[k]):
-                raise _Bad(f"malformed: {k!r} must be an integer, found {json.dumps(a[k])[:60]}")
-        bb = a["bbox"]
-        if not (isinstance(bb, list) and len(bb) == 4 and all(_is_num(v) for v in bb)):
+        try:
+            ids, bb = (a["id"], a["image_id"], a["category_id"]), a["bbox"]
+        except KeyError as e:
+            raise _Bad(f"malformed: no {e.args[0]!r}") from None
+        for k, v in zip(("id", "image_id", "category_id"), ids):
+            if type(v) is not int:
+                raise _Bad(f"malformed: {k!r} must be an integer, found {json.dumps(v)[:60]}")
+        if not (type(bb) is list and len(bb) == 4 and {type(v) for v in bb} <= _NUMBER_TYPES):
             raise _Bad(f"malformed: 'bbox' must be 4 numbers [x, y, w, h], found {json.dumps(bb)[:80]}")
         crowd = a.get("iscrowd", 0)
-        if not (_is_int(crowd) and crowd in (0, 1)):
+        if not (type(crowd) is int and crowd in (0, 1)):
             raise _Bad(f"malformed: 'iscrowd' must be 0 or 1, found {json.dumps(crowd)[:60]}")
         seg = a.get("segmentation", [])
         polys: list[list[float]] = []
@@ -227,7 +228,7 @@ class CocoSource(Source):
             raise _Bad(f"unknown-image: image_id {a['image_id']} is not in 'images'")
         if a["category_id"] not in cats:
             raise _Bad(f"unknown-category: category_id {a['category_id']} is not in 'categories'")
-        if not all(math.isfinite(v) for v in bb):
+        if not math.isfinite(sum(bb)) and not all(math.isfinite(v) for v in bb):
             raise _Bad("bad-box: a 'bbox' coordinate is not finite")
         if not (bb[2] > 0 and bb[3] > 0):
             raise _Bad(f"bad-box: width and height must be positive, found w={bb[2]} h={bb[3]}")
