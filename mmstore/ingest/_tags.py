@@ -46,7 +46,7 @@ import xxhash
 
 from ..errors import LabelMappingError, MmstoreError
 
-__all__ = ["TagColumns", "load_tag_names"]
+__all__ = ["TagColumns", "list_fields_for_repair", "load_tag_names"]
 
 DEFAULT_TAGS_SEP = ";"
 
@@ -234,3 +234,60 @@ class TagColumns:
         if self.xc is not None:
             out["text"] = self.text_blob[int(self.text_offsets[i]) : int(self.text_offsets[i + 1])].decode("utf-8")
         return out
+
+
+def list_fields_for_repair(prov: dict[str, Any], schema: Any) -> Callable[[bytes, int], dict[str, bytes]] | None:
+    """For ``verify --repair``: a function ``(key, slot) -> {field: stored
+    entry}`` giving the tags and text entries of a list record again, read
+    from the list the provenance names (``provenance.source``, scanned once,
+    at the first call) with the store's own tag names (so the ids are the
+    stored ones) and encoded with the store's codecs; None when the list had
+    no tags or text column. Row ``range[0] + slot`` (the shard's first input,
+    ``provenance.ingest.range``) must still hold the key, else ``ValueError``
+    (the list changed); a list that cannot be read again, or now names a tag
+    the store lacks, is a ``ValueError`` for every record. The checksum then
+    proves the re-derived record (``mmstore.tools.repair``)."""
+    from ..schema import coerce_ragged
+
+    src = prov.get("source") if isinstance(prov, dict) else None
+    if not isinstance(src, dict) or src.get("kind") != "list":
+        return None
+    if src.get("tags_column") is None and src.get("text_column") is None:
+        return None
+    ing = prov.get("ingest")
+    rng = ing.get("range") if isinstance(ing, dict) else None
+    lo = rng[0] if isinstance(rng, list) and rng and isinstance(rng[0], int) and rng[0] >= 0 else 0
+    state: dict[str, Any] = {}
+
+    def scanned() -> Any:
+        if "list" not in state:
+            from .lists import ListSource
+
+            names = None
+            if src.get("tags_column") is not None and "tags" in schema and schema["tags"].classes is not None:
+                pairs = schema["tags"].classes
+                names = [n for _, n in pairs] if [i for i, _ in pairs] == list(range(len(pairs))) else None
+            opts = {k: src.get(k) for k in ("root", "path_column", "path_template", "delimiter", "header",
+                                             "tags_column", "tags_sep", "text_column")}
+            try:
+                ls = ListSource(src["path"], label_column="", tag_names=names, **opts)
+                ls.scan()
+                state["list"] = ls
+            except (MmstoreError, OSError, ValueError, TypeError, KeyError, IndexError) as exc:
+                state["list"] = None
+                state["error"] = f"the list's tags/text cannot be derived again ({str(exc)[:300]})"
+        if state["list"] is None:
+            raise ValueError(state["error"])
+        return state["list"]
+
+    def fields(key: bytes, slot: int) -> dict[str, bytes]:
+        ls = scanned()
+        i = lo + int(slot)
+        if not 0 <= i < len(ls.listing) or ls.listing.key(i) != bytes(key):
+            raise ValueError("the list no longer has this record's row at its place (it changed since the ingest)")
+        if i in ls.listing.label_errors:
+            raise ValueError(f"the list's row of this record is now a hole ({ls.listing.label_errors[i]})")
+        return {n: schema[n].codec.encode(coerce_ragged(schema[n], v))
+                for n, v in ls.input_extras(i).items() if n in schema}
+
+    return fields
