@@ -118,7 +118,9 @@ def ingest(
         ``strict_jpeg``, ``alpha``: ``"black"`` (default), ``"white"`` or
         ``"drop"``, see :mod:`mmstore.decode`) and source options (``labels`` for folders; ``root``,
         ``path_column``, ``label_column``, ``path_template``, ``delimiter``,
-        ``header``, ``label_type``, ``missing_label`` for lists, see
+        ``header``, ``label_type``, ``missing_label``, and ``tags_column``,
+        ``tags_sep``, ``tag_names``, ``text_column`` (multi-label tags and
+        captions, see :mod:`mmstore.ingest._tags`) for lists, see
         :class:`ListSource`; ``image_key``, ``label_key`` for .npz).
         Class folders can be labelled by an existing mapping so that stores
         agree: ``classes_from`` (a store path: its ``label_names``) or
