@@ -118,9 +118,7 @@ def ingest(
         ``strict_jpeg``, ``alpha``: ``"black"`` (default), ``"white"`` or
         ``"drop"``, see :mod:`mmstore.decode`) and source options (``labels`` for folders; ``root``,
         ``path_column``, ``label_column``, ``path_template``, ``delimiter``,
-        ``header``, ``label_type``, ``missing_label``, and ``tags_column``,
-        ``tags_sep``, ``tag_names``, ``text_column`` (multi-label tags and
-        captions, see :mod:`mmstore.ingest._tags`) for lists, see
+        ``header``, ``label_type``, ``missing_label`` for lists, see
         :class:`ListSource`; ``image_key``, ``label_key`` for .npz).
         Class folders can be labelled by an existing mapping so that stores
         agree: ``classes_from`` (a store path: its ``label_names``) or
@@ -130,6 +128,9 @@ def ingest(
         ``LabelMappingError`` unless ``new_classes="append"`` (ids after the
         mapping's), and the mapping's classes with no folder are listed in
         the result's ``warnings`` (see :mod:`mmstore.ingest.classes`).
+        A list's ``tags_column`` (``tags_sep``, ``tag_names``) and
+        ``text_column`` give the fields ``tags`` and ``text`` (multi-label
+        tags and captions, see :mod:`mmstore.ingest._tags`).
 
     Returns
     -------

@@ -28,9 +28,10 @@ SPEC_OPTIONS = ("resize", "channels", "layout", "bgr", "interp_up", "pad_value",
 # ... and those that describe the source (see sources.detect_source); the CLI's flags are these names
 SOURCE_OPTIONS = ("labels", "root", "path_column", "label_column", "path_template", "delimiter", "header",
                   "label_type", "missing_label", "image_key", "label_key", "classes_from", "label_names",
-                  "new_classes", "tags_column", "tags_sep", "text_column", "tag_names")
+                  "new_classes")
 
 DEFAULT_RESUME_HINT = "rerun the same ingest with resume=True (CLI: --resume)"
+SOURCE_OPTIONS += ("tags_column", "tags_sep", "text_column", "tag_names")  # a list's tags and captions (_tags.py)
 
 
 def kept_message(partial: str, hint: str | None = None) -> str:
