@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 import mmstore
 from mmstore.errors import LabelMappingError, ResumeMismatchError
-from mmstore.ingest import ingest
+from mmstore.ingest import ingest, merge
 from mmstore.ingest.lists import ListSource
 
 
@@ -127,6 +127,30 @@ def test_same_bytes_whatever_the_workers_and_backend(tmp_path, h):
         h.assert_same_store(ref, other)
         s = mmstore.open(ref)
         assert [s[k]["text"] for k in range(12)] == [r[2] for r in rows]
+
+
+def test_shards_merged_read_as_one_run(tmp_path, h):
+    """Each shard numbers the tags of the whole list: the parts merge, and read as the single run."""
+    rows = [("a", ";".join(f"t{(k * 3 + j) % 7}" for j in range(k % 3)), f"c{k}") for k in range(9)]
+    lst = _list(tmp_path, h, rows)
+    opts = {"tags_column": "tags", "text_column": "caption", "workers": 0, "quiet": True}
+    ref = str(tmp_path / "ref")
+    ingest(lst, ref, (8, 8), **opts)
+    parts = [str(tmp_path / f"part{k}") for k in range(3)]
+    for k, p in enumerate(parts):
+        ingest(lst, p, (8, 8), shard=(k, 3), **opts)
+        # a shard's tag names are the whole list's, though its rows name fewer
+        assert mmstore.open(p).schema["tags"].classes == mmstore.open(ref).schema["tags"].classes
+    out = str(tmp_path / "merged")
+    merge(parts, out)
+    m, r = mmstore.open(out), mmstore.open(ref)
+    assert m.schema == r.schema and np.array_equal(m.checksums(), r.checksums())
+    idx = np.array([4, 0, 8, 3, 3, 7])
+    a, b = m.read_batch(idx), r.read_batch(idx)
+    assert np.array_equal(a["image"], b["image"])
+    for f in ("tags", "text"):
+        assert np.array_equal(a[f].values, b[f].values) and np.array_equal(a[f].offsets, b[f].offsets)
+    assert [m[i]["tags"].tolist() for i in range(9)] == [r[i]["tags"].tolist() for i in range(9)]
 
 
 def test_resume_refuses_changed_tags_or_text(tmp_path, h, capsys):
