@@ -18,7 +18,9 @@ Tags
     line (line k names id k, the format of ``--label-names``). A tag not in
     that mapping is refused unless ``new_classes="append"`` (the ids after
     the mapping's); the mapping's tags that the list lacks keep their ids.
-    ``--classes-from`` / ``--label-names`` apply to the label column only.
+    ``--classes-from`` / ``--label-names`` apply to the label column only;
+    a tags (or text) column named ``label`` is not also read as the default
+    label column.
 
 Captions
     A text cell is stored exactly as written (not trimmed; empty allowed) as

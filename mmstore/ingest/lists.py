@@ -320,6 +320,8 @@ class ListSource(Source):
                 lc = self._col(header, self.label_column, "--label-column")
             self.path_column_name = header[pc]
             tags = self.tags.start(header, self._col)
+            if self.label_column is None and lc is not None and lc in (tags.tc, tags.xc):
+                lc = None  # the default label column is the tags or text column: it is not a label too
             need = max(pc, lc if lc is not None else -1, tags.last_column)
             b = _Builder("list", lc is not None)
             ids: dict[str, int] = {}

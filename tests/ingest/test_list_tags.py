@@ -92,6 +92,11 @@ def test_other_separator_and_tags_only(tmp_path, h):
     assert "label" not in s.schema and "text" not in s.schema
     assert s.schema["tags"].class_names == {0: "animal", 1: "big cat", 2: "cat"}
     assert [s[i]["tags"].tolist() for i in range(2)] == [[2, 1, 0], []]
+    # a tags column named 'label' is not also the default label column
+    lab = _list(tmp_path, h, [("cat|big cat| animal",), ("",)], name="lab.csv", header="path,label")
+    ingest(lab, str(tmp_path / "lab.store"), (8, 8), tags_column="label", tags_sep="|", workers=0, quiet=True)
+    s = mmstore.open(str(tmp_path / "lab.store"))
+    assert "label" not in s.schema and s[0]["tags"].tolist() == [2, 1, 0]
     with pytest.raises(ValueError, match="tags_sep"):
         ingest(lst, str(tmp_path / "x"), (8, 8), tags_sep="|", quiet=True)
     with pytest.raises(ValueError, match="tags_sep"):
