@@ -167,7 +167,8 @@ def test_resume_refuses_changed_tags_or_text(tmp_path, h, capsys):
              "--chunk", "1"]
     assert h.cli("ingest", lst, dest, *flags, "--on-error", "fail") == 1
     assert os.path.isdir(dest + ".partial")
-    capsys.readouterr()
+    err = capsys.readouterr().err  # the resume command it prints repeats the tags and text flags
+    assert "--tags-column tags" in err and "--text-column caption" in err and "--resume" in err
     for changed in ([("a", "cat;dog", "one"), ("b", "dog", "TWO"), ("a", "cat", "three")],
                     [("a", "cat;dog", "one"), ("b", "cat", "two"), ("a", "cat", "three")]):
         _list(tmp_path, h, changed, n_images=0)
