@@ -214,7 +214,9 @@ def read_ragged(store: Any, name: str, slots: np.ndarray, sorted_slots: np.ndarr
     try:
         if entries is not None:
             sizes = np.fromiter(map(len, entries), np.int64, len(entries))
-            return decode_entries(store.schema[name], np.frombuffer(b"".join(entries), np.uint8), sizes, slots)
+            # a bytearray: the values are the batch's own writable memory (torch takes them without a copy)
+            return decode_entries(store.schema[name], np.frombuffer(bytearray().join(entries), np.uint8), sizes,
+                                  slots)
         flat, sizes = store.backend.gather_entries(name, sorted_slots)
         n = len(sizes)
         if n > 1 and not np.array_equal(rows, np.arange(n)):

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import functools
 import math
 import mmap
 import os
 import resource
+import struct
 import sys
 import threading
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -108,18 +110,41 @@ def value_layout(schema: Schema, buf: Any) -> list[tuple[int, int]] | None:
     (format.py, "lmdb backend": raw fields, one ``<u8`` length per variable
     field, the entries), or None when the value's size does not match that
     layout (checked before any slicing)."""
+    return layout_reader(schema)(buf)
+
+
+@functools.lru_cache(maxsize=32)
+def layout_reader(schema: Schema) -> Callable[[Any], list[tuple[int, int]] | None]:
+    """:func:`value_layout` of ``schema`` as a function of the value alone,
+    made once per schema: the batch reads call it for every record, so it
+    reads the lengths with one precompiled ``struct`` (no numpy object per
+    record; a Python int sum cannot overflow)."""
     rb, nvar = schema.record_bytes, len(schema.variable_fields)
     head = rb + 8 * nvar
-    if len(buf) < head:
-        return None
-    lens = np.frombuffer(buf, "<u8", count=nvar, offset=rb).tolist()
-    if head + sum(lens) != len(buf):  # Python ints: no overflow
-        return None
-    out, pos = [], head
-    for n in lens:
-        out.append((pos, n))
-        pos += n
-    return out
+    unpack = struct.Struct(f"<{nvar}Q").unpack_from
+
+    if nvar == 1:
+        def one(buf: Any) -> list[tuple[int, int]] | None:
+            size = len(buf)
+            if size < head:
+                return None
+            (n,) = unpack(buf, rb)
+            return [(head, n)] if head + n == size else None
+        return one
+
+    def many(buf: Any) -> list[tuple[int, int]] | None:
+        size = len(buf)
+        if size < head:
+            return None
+        lens = unpack(buf, rb)
+        if head + sum(lens) != size:
+            return None
+        out, pos = [], head
+        for n in lens:
+            out.append((pos, n))
+            pos += n
+        return out
+    return many
 
 
 class LmdbBackend(Backend):
@@ -425,7 +450,7 @@ class LmdbBackend(Backend):
                if n in var_ix and not self.schema[n].ragged]
         ragged = [(var_ix[n], out[n]) for n in fields if self.schema[n].ragged]
         r_list = rows.tolist()
-        for j, buf, addr, lay in self._values(slots, lambda b: value_layout(self.schema, b)):
+        for j, buf, addr, lay in self._values(slots, self._layout()):
             r = r_list[j]
             for dbase, off, nb in fixed:
                 _memmove(dbase + r * nb, addr + off, nb)
@@ -447,11 +472,15 @@ class LmdbBackend(Backend):
         sizes = np.zeros(len(s), np.int64)
         parts = []
         if len(s):
-            for j, buf, _, lay in self._values(s, lambda b: value_layout(self.schema, b)):
+            for j, buf, _, lay in self._values(s, self._layout()):
                 a, n = lay[k]
                 parts.append(bytes(buf[a : a + n]))
                 sizes[j] = n
         return np.frombuffer(b"".join(parts), np.uint8).copy(), sizes
+
+    def _layout(self) -> Callable[[Any], list[tuple[int, int]] | None]:
+        """This store's :func:`layout_reader` (cached per schema)."""
+        return layout_reader(self.schema)
 
     def prepare(self, fields: Sequence[str] | None = None) -> None:
         self.env()

@@ -82,6 +82,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--missing-label", choices=["error", "class"], default=None,
                    help="list: a blank label cell makes its input a hole listed in errors.jsonl (error, default) "
                    "or a class of its own (class: label -1, or the name '' in a named column)")
+    s.add_argument("--tags-column", metavar="COL",
+                   help="list: column of multi-label tags (cat;animal) -> ragged field 'tags' (tag ids, names kept)")
+    s.add_argument("--tags-sep", metavar="SEP", help="list: separator of the tags in a cell (default ';')")
+    s.add_argument("--tag-names", metavar="STORE|FILE",
+                   help="list: number the tags by a store's tag names (e.g. the training store) or a file of one "
+                   "tag per line, so train and val give a tag the same id")
+    s.add_argument("--text-column", metavar="COL", help="list: column of a caption -> str field 'text'")
     s.add_argument("--classes-from", metavar="STORE",
                    help="folder or list of class names: label the classes with the class -> id mapping of an "
                    "existing store (e.g. the training store), so both stores agree")

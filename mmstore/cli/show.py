@@ -12,6 +12,7 @@ EXAMPLE = """examples:
   mmstore show /data/landmarks.store -o grid.png                 # 16 random records
   mmstore show STORE -o grid.png -n 64 --seed 3
   mmstore show STORE -o grid.png --indices 0,17,4711 --scale 4
+  mmstore show coco.store -o grid.png --no-boxes                  # boxes are drawn unless told not to
 
 exit codes: 0 written, 1 no image field or unreadable records, 2 not a store or bad arguments
 """
@@ -21,8 +22,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = subparser(
         sub, "show", "write a captioned grid image of some records",
         "Write a PNG grid of records (random with --seed, or --indices), each captioned with its "
-        "index, label name and source key; other fields are summarised. Works for 1- and 3-channel "
-        "images in HWC or CHW layout.",
+        "index, label name and source key; other fields are summarised (tag names and captions first). "
+        "A 'boxes' field (x0, y0, x1, y1 in stored pixels) is drawn on the tiles, named by the 'category' "
+        "field's class names. Works for 1- and 3-channel images in HWC or CHW layout.",
         EXAMPLE,
     )
     add_common(p)
@@ -34,6 +36,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--scale", type=int, default=None, help="enlarge tiles by this integer factor (default: auto)")
     p.add_argument("--image-field", help="the image field (default: detected)")
     p.add_argument("--label-field", help="the label field (default: detected)")
+    p.add_argument("--no-boxes", action="store_true",
+                   help="do not draw a 'boxes' field (xyxy, stored pixels) and its 'category' names on the tiles")
     p.set_defaults(func=run)
 
 
@@ -50,7 +54,8 @@ def run(args: argparse.Namespace) -> int:
         return usage_error("show", "-n, --scale and --cols must be >= 1")
     try:
         rep = show_store(args.store, args.output, n=args.n, seed=args.seed, indices=indices, cols=args.cols,
-                         scale=args.scale, image_field=args.image_field, label_field=args.label_field)
+                         scale=args.scale, image_field=args.image_field, label_field=args.label_field,
+                         boxes=not args.no_boxes)
     except (IndexError, UsageError) as exc:
         return usage_error("show", str(exc))
     except (ValueError, KeyError) as exc:
@@ -64,5 +69,6 @@ def run(args: argparse.Namespace) -> int:
         for t in rep.tiles[:64]:
             name = f" ({printable(t.label_name)})" if t.label_name else ""
             lab = "" if t.label is None else f" label {t.label}{name}"
-            print(f"  #{t.index:<8} slot {t.slot:<8}{lab}  {printable(t.key)}")
+            drawn = f"  {len(t.boxes)} box(es)" if t.boxes else ""
+            print(f"  #{t.index:<8} slot {t.slot:<8}{lab}  {printable(t.key)}{drawn}")
     return 0

@@ -134,6 +134,9 @@ def ingest(
         ``LabelMappingError`` unless ``new_classes="append"`` (ids after the
         mapping's), and the mapping's classes with no folder are listed in
         the result's ``warnings`` (see :mod:`mmstore.ingest.classes`).
+        A list's ``tags_column`` (``tags_sep``, ``tag_names``) and
+        ``text_column`` give the fields ``tags`` and ``text`` (multi-label
+        tags and captions, see :mod:`mmstore.ingest._tags`).
 
     Returns
     -------

@@ -1,7 +1,8 @@
 """List sources: a ``.csv``/``.tsv``/``.tab``/``.txt`` file naming one input
-per row (a path column, an optional label column), and the rules for its
-label cells (integers stay the integers they are, names become classes,
-blank or bad cells are that row's error; see :class:`ListSource`)."""
+per row (a path column, an optional label column, optional tags and caption
+columns), and the rules for its label cells (integers stay the integers they
+are, names become classes, blank or bad cells are that row's error), its tag
+cells and its captions (see :class:`ListSource` and :mod:`._tags`)."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import xxhash
 from ..errors import IngestError, LabelMappingError
 from ..format import decode_key, encode_key
 from ._listing import Listing, Source, _Builder, _stat_key, read_file
+from ._tags import TagColumns
 from .classes import class_options, map_classes
 
 _BLANK = frozenset({"", "nan", "na", "<na>", "null", "none"})  # what a blank cell of an integer column may read
@@ -167,6 +169,16 @@ class ListSource(Source):
         ``str.format`` template turning the id into a relative path, with the
         id as ``{id}`` (``{id[0]}`` is its first character), e.g.
         ``"{id[0]}/{id[1]}/{id[2]}/{id}.jpg"`` for Google Landmarks 2020.
+    tags_column, tags_sep, tag_names
+        Column name or index of multi-label tags (``cat;animal``): each row's
+        tags, split at ``tags_sep`` (default ``";"``), become the ragged
+        field ``tags`` (``<i4 (None,)``, the tag ids in the order written)
+        whose ``classes`` are the tag names. See :class:`._tags.TagColumns`
+        for the numbering, blank and repeated tags, and ``tag_names`` (a
+        mapping file or a store, so train and val number tags alike).
+    text_column
+        Column name or index of a caption: each row's text, exactly as
+        written, becomes the ``str`` field ``text``.
 
     The key of each record is the path column's value as written in the list.
     """
@@ -188,8 +200,15 @@ class ListSource(Source):
         classes: list[str] | None = None,
         new_classes: str | None = None,
         classes_from: str | None = None,
+        tags_column: str | int | None = None,
+        tags_sep: str | None = None,
+        text_column: str | int | None = None,
+        tag_names: Any = None,
     ) -> None:
         super().__init__(path)
+        self.tags = TagColumns(tags_column, tags_sep, text_column, tag_names, new_classes)
+        if self.tags.mapping is not None and classes is None:
+            new_classes = None  # --new-classes applies to the tag mapping alone
         self.classes, self.new_classes = class_options(classes, new_classes, classes_from)
         self.classes_from = classes_from
         if label_type not in ("auto", "int", "names"):
@@ -226,6 +245,7 @@ class ListSource(Source):
         )
         if self.classes is not None:
             d.update(classes_from=self.classes_from, new_classes=self.new_classes)
+        d.update(self.tags.describe())
         return d
 
     def _mapped(
@@ -299,13 +319,18 @@ class ListSource(Source):
             else:
                 lc = self._col(header, self.label_column, "--label-column")
             self.path_column_name = header[pc]
+            tags = self.tags.start(header, self._col)
+            if self.label_column is None and lc is not None and lc in (tags.tc, tags.xc):
+                lc = None  # the default label column is the tags or text column: it is not a label too
+            need = max(pc, lc if lc is not None else -1, tags.last_column)
             b = _Builder("list", lc is not None)
             ids: dict[str, int] = {}
             for lineno, row in enumerate(itertools.chain(first_data, reader), 1 if first_data else 2):
                 if not row or (len(row) == 1 and not row[0].strip()):
                     continue
-                if pc >= len(row) or (lc is not None and lc >= len(row)):
+                if need >= len(row):
                     raise IngestError(f"{self.path}:{lineno}: row has {len(row)} columns, expected {len(header)}")
+                tags.add(row)
                 key = row[pc]
                 lab = -1
                 if lc is not None:
@@ -318,7 +343,8 @@ class ListSource(Source):
         notes: dict[str, int] = {}
         if lc is None and self.classes is not None:
             raise LabelMappingError(f"{self.path}: a class mapping (--classes-from/--label-names) was given but the "
-                                    "list has no label column; pass --label-column")
+                                    "list has no label column; pass --label-column"
+                                    + ("; a tags column is numbered by --tag-names" if self.tags.tc is not None else ""))
         if lc is not None:
             cells = np.frombuffer(b.labels, dtype=np.int64)  # distinct cell number of each row
             remap, label_names, bad = _label_values(ids, self.label_type, self.missing_label, header[lc], self.path)
@@ -336,7 +362,13 @@ class ListSource(Source):
             self.listing.fingerprint = xxhash.xxh3_128(
                 self.listing.fingerprint.encode() + labels.tobytes() + repr(sorted(bad.items())).encode("utf-8", "surrogateescape")
             ).hexdigest()
+        self.fields = tags.finish(self.path, self.listing)
         return self.listing
+
+    def input_extras(self, i: int) -> dict[str, Any]:
+        """The fields of input ``i`` beside its image and label (``tags``,
+        ``text``); taken by :class:`mmstore.ingest.records.RecordJob`."""
+        return self.tags.values(i)
 
     def _resolve(self, key: bytes) -> bytes:
         k = decode_key(key)

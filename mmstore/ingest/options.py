@@ -32,6 +32,7 @@ SOURCE_OPTIONS = ("labels", "root", "path_column", "label_column", "path_templat
 SOURCE_OPTIONS += ("min_box_size",)  # COCO (mmstore.ingest.coco)
 
 DEFAULT_RESUME_HINT = "rerun the same ingest with resume=True (CLI: --resume)"
+SOURCE_OPTIONS += ("tags_column", "tags_sep", "text_column", "tag_names")  # a list's tags and captions (_tags.py)
 
 
 def kept_message(partial: str, hint: str | None = None) -> str:

@@ -60,6 +60,8 @@ class RecordJob:
         self.full = "box" in schema  # image fields with orig_size / box / dst
         self.annotated = hasattr(source, "record_fields")  # a source with per-record fields of its own (COCO)
         self.extra = isinstance(source, DatasetSource) and source.fields is not None  # from_dataset(fields=)
+        # a source's per-input fields beside image and label (a list's tags/text): input_extras(i) -> {name: value}
+        self.input_extras = getattr(source, "input_extras", None)
 
     def checked(self, rec: dict[str, Any]) -> dict[str, np.ndarray]:
         """``rec`` as the schema's arrays: a cheap exact check when every value
@@ -102,7 +104,7 @@ class RecordJob:
 
     def _load(self, reader: Any, i: int) -> tuple[Any, Any, dict[str, Any]]:
         if not isinstance(self.source, DatasetSource):
-            return reader.load(i), None, {}
+            return reader.load(i), None, self.input_extras(i) if self.input_extras is not None else {}
         item = reader.load(i)
         img, label = self.source.split(item)
         if img is None:

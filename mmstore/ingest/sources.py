@@ -477,7 +477,7 @@ def detect_source(path: str, **opts: Any) -> Source:
     mapping = {"classes", "new_classes", "classes_from"}
     folder_opts = {"labels", *mapping}
     list_opts = {"root", "path_column", "label_column", "path_template", "delimiter", "header", "label_type",
-                 "missing_label", *mapping}
+                 "missing_label", "tags_column", "tags_sep", "text_column", "tag_names", *mapping}
     array_opts = {"image_key", "label_key"}
     coco_opts = {"root", "min_box_size"}
     given = {k for k, v in opts.items() if v is not None}

@@ -340,6 +340,8 @@ def _rebuild(store: Store, src: _Source, slot: int, want: int, label_range: int,
     for k, v in fresh.items():
         if k in rec:
             rec[k] = v
+    if getattr(src, "list_fields", None) is not None:
+        rec.update(src.list_fields(key, slot))  # entries (bytes), kept as they are below
     if store.schema.has_variable:  # encode once; the label search below only changes raw bytes
         rec = _encoded(store, rec)
     packed = _packed(store, rec)
@@ -428,6 +430,10 @@ def repair_store(path: str | os.PathLike[str], report: VerifyReport) -> RepairRe
             rr.message = f"refused: the provenance's decode spec is not usable here ({exc})"
             return rr
         rr.source = src.describe() if src else None
+        if src is not None:  # a list's tags/text, derived again from the list (mmstore/ingest/_tags.py)
+            from ..ingest._tags import list_fields_for_repair
+
+            src.list_fields = list_fields_for_repair(store.provenance, store.schema)
         ck = np.array(store.checksums())
         names = store.label_names or []
         label_range = min(MAX_LABELS, len(names))

@@ -3,7 +3,8 @@
 - :class:`StoreDataset`: a map-style Dataset (``__getitems__`` reads a whole
   batch in one call; ``default_collate`` passes it through without copies).
 - :class:`Padded`: a ragged field's batch as padded values + lengths
-  (``ragged="pad"``; the default is a list of tensors).
+  (``ragged="pad"``; the default is a list of tensors); :func:`multi_hot`:
+  multi-label targets from a batch of tag ids.
 - :class:`OrderSampler`, :class:`OrderBatchSampler`: Samplers over the
   torch-free orders of :mod:`mmstore.order` (``set_epoch``, DDP split).
 - :class:`Loader`: batches read by threads into a ring of reusable (pinned)
@@ -21,7 +22,7 @@
 from __future__ import annotations
 
 from . import augment, gpu
-from ._ragged import Padded
+from ._ragged import Padded, multi_hot
 from ._tuning import LoaderTuning
 from .dataset import StoreBatch, StoreDataset, collate
 from .loader import Loader
@@ -42,4 +43,5 @@ __all__ = [
     "classification_loader",
     "collate",
     "gpu",
+    "multi_hot",
 ]

@@ -31,6 +31,7 @@ __all__ = [
     "RaggedReader",
     "check_mode",
     "concat",
+    "multi_hot",
     "pad_list",
     "pad_of",
     "ragged_batch",
@@ -140,6 +141,48 @@ def concat(parts: Sequence[Ragged]) -> Ragged:
     offsets = np.zeros(len(lengths) + 1, np.int64)
     np.cumsum(lengths, out=offsets[1:])
     return Ragged(np.concatenate([p.values for p in parts]), offsets, parts[0].kind)
+
+
+def multi_hot(tags: Any, num_classes: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Multi-label targets from a batch of tag ids: ``(batch, num_classes)``
+    of ``dtype``, 1 where record ``j`` has tag ``k``, else 0 (a tag written
+    twice counts once). ``tags`` is a batch of a ragged integer field in any
+    of its forms: a list of tensors or arrays (``ragged="list"``), a
+    :class:`Padded` (``ragged="pad"``), a :class:`~mmstore.ragged.Ragged`
+    (``Store.read_batch``). On the device of the tensors given.
+
+    Raises
+    ------
+    ValueError
+        A tag id outside ``0 .. num_classes - 1`` (named, with its record).
+    """
+    if isinstance(tags, Ragged):
+        values = torch.as_tensor(np.ascontiguousarray(tags.values)).reshape(-1)
+        lengths = torch.as_tensor(tags.lengths)
+    elif isinstance(tags, Padded):
+        width = tags.values.shape[1] if tags.values.dim() > 1 else 0
+        keep = torch.arange(width, device=tags.values.device)[None, :] < tags.lengths.to(tags.values.device)[:, None]
+        values, lengths = tags.values[keep], tags.lengths
+    else:
+        parts = [torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x).reshape(-1) for x in tags]
+        device = parts[0].device if parts else None
+        values = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
+        lengths = torch.tensor([len(x) for x in parts], dtype=torch.int64, device=device)
+    n = len(lengths)
+    lengths = lengths.to(values.device)
+    out = torch.zeros((n, int(num_classes)), dtype=dtype, device=values.device)
+    if len(values):
+        values = values.to(torch.int64)
+        bad = (values < 0) | (values >= num_classes)
+        if bool(bad.any()):
+            k = int(torch.nonzero(bad)[0])
+            row = int(torch.searchsorted(torch.cumsum(lengths, 0), torch.tensor(k, device=lengths.device),
+                                         right=True))
+            raise ValueError(f"tag id {int(values[k])} of record {row} is outside 0 .. {num_classes - 1} "
+                             f"(num_classes={num_classes}): pass the number of tag names")
+        rows = torch.repeat_interleave(torch.arange(n, device=values.device), lengths)
+        out[rows, values] = 1
+    return out
 
 
 def pad_list(items: Sequence[torch.Tensor], pad_value: Any = 0) -> Padded:
