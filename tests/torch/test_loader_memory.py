@@ -215,7 +215,7 @@ def test_sequential_order_is_read_ahead_in_offset_order(stores, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["big", "holes", "merged"])
-@pytest.mark.parametrize("kind", ["block"])
+@pytest.mark.parametrize("kind", ["block", "sequential"])
 def test_direct_window_buffers_give_exact_records(stores, monkeypatch, name, kind):
     """A store larger than the budget is read ahead into O_DIRECT window
     buffers: every batch is byte-exact (holes, merged segments included),
