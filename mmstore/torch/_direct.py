@@ -11,9 +11,10 @@ the page-cache pass's readahead gave up on pages it could not allocate
 
 * the pass reads each window's runs of consecutive records (one per block,
   or per stretch of a sequential order) with ``O_DIRECT`` ``preadv`` into a
-  private, page-aligned window buffer: the disk writes straight into it, no
-  page cache, no reclaim, one request per run of up to the device's size in
-  offset order, ``threads`` in flight;
+  private window buffer on transparent huge pages (:class:`_Buffer`): the
+  disk writes straight into it, no page cache, no reclaim, requests of the
+  device's largest size (NOTE [huge window buffers]) in offset order,
+  ``threads`` in flight;
 * a batch copies its records out of the buffers of the windows it spans
   (``ctypes.memmove``, GIL released), the only copy of a record;
 * a buffer goes back to a free list once every batch that reads its window
