@@ -39,10 +39,12 @@ from typing import Any
 
 import numpy as np
 
+from .._runs import find_runs
+from .._sys import pread_records
 from ..order import contiguous_ranges
 from ._ring import InFlight, WindowPass
 
-__all__ = ["DirectWindows"]
+__all__ = ["DirectWindows", "open_direct", "read_records_direct"]
 
 
 def _close(buf: Any) -> None:
@@ -288,3 +290,79 @@ class DirectWindows(WindowPass):
             done += got
         if done < need and not self.inflight.cancelled:
             raise EOFError(f"window pass: {done:,} of {need:,} bytes at offset {off:,}")
+
+
+# -- records read one by one (a permutation of a store that does not fit) --------------
+
+_DIRECT_RUN_MAX = 16 << 20  # a longer run of consecutive records is read buffered
+_records_tls = threading.local()  # each reader thread's aligned staging buffer
+
+
+def open_direct(path: str) -> int | None:
+    """``path`` opened with ``O_DIRECT``; None where it is refused (tmpfs,
+    some network file systems, no ``O_DIRECT`` on this platform)."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return None
+    try:
+        return os.open(path, os.O_RDONLY | flag | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+
+
+def _staging(size: int) -> Any:
+    """This thread's page-aligned buffer of at least ``size`` bytes (a
+    private anonymous mapping, reused)."""
+    buf = getattr(_records_tls, "buf", None)
+    if buf is None or len(buf[1]) < size:
+        size = -(-size // (1 << 20)) * (1 << 20)
+        flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+        m = mmap.mmap(-1, size, flags=flags) if flags else mmap.mmap(-1, size)
+        buf = _records_tls.buf = (m, memoryview(m), ctypes.addressof(ctypes.c_char.from_buffer(m)))
+    return buf
+
+
+def read_records_direct(dfds: list[int | None], fds: list[int], which: np.ndarray, offsets: np.ndarray, nbytes: int,
+                        out: np.ndarray) -> None:
+    """Record ``i`` (``nbytes`` at ``offsets[i]`` of file ``which[i]``) into
+    row ``i`` of ``out``, read with ``O_DIRECT`` (``dfds[which[i]]``) into
+    this thread's aligned staging buffer and copied into the row: no page
+    cache (NOTE [direct record reads]). Runs of consecutive records of one
+    file are one read. Where ``O_DIRECT`` is not open or refused, and for a
+    read that comes up short (a truncated file: the buffered read raises the
+    typed :class:`~mmstore._sys.TruncatedReadError`), the run is read
+    buffered through ``fds`` instead.
+
+    NOTE [direct record reads]: measured here (a 671 MB memory cgroup, 2.4 GB
+    store, 16 threads reading 8,000 random 150 KB records, load 5-6): 1,141-
+    1,180 MB/s and 0.15-0.2 s of system CPU with ``O_DIRECT``, against
+    689-759 MB/s and 0.93-0.99 s through the page cache (each page inserted,
+    copied once, then reclaimed under the limit), in the same runs."""
+    n = len(offsets)
+    if n == 0:
+        return
+    offl = offsets.tolist()
+    wl = which.tolist()
+    starts, ends = find_runs(nbytes, offl, same=which if len(fds) > 1 else None)
+    base = out.ctypes.data
+    for s0, e0 in zip(starts, ends):
+        k = wl[s0]
+        off, length = offl[s0], (e0 - s0) * nbytes
+        dfd = dfds[k]
+        if dfd is not None and length <= _DIRECT_RUN_MAX:
+            a0 = off - off % _ALIGN
+            a1 = -(-(off + length) // _ALIGN) * _ALIGN
+            _, view, addr = _staging(a1 - a0)
+            done = 0
+            try:
+                while done < off + length - a0:
+                    got = os.preadv(dfd, [view[done : a1 - a0]], a0 + done)
+                    if got <= 0:
+                        break
+                    done += got
+            except OSError:
+                done = -1  # O_DIRECT refused for this read: buffered below
+            if done >= off + length - a0:
+                _memmove(base + s0 * nbytes, addr + off - a0, length)
+                continue
+        pread_records(fds[k], offsets[s0:e0], nbytes, out[s0:e0])

@@ -44,6 +44,13 @@ The sizing rule (NOTE [memory plan]; every figure is in ``describe()``)
     next window in offset order, ahead of the batches); ``"per batch"`` for
     a permutation (every record is a random read at queue depth
     ``threads``; ``WILLNEED`` on the records of later batches).
+``direct_reads``
+    A shuffled order read per batch (a permutation) whose store does not
+    fit, ``method`` not ``"mmap"``: each record (each run of consecutive
+    ones) is read with ``O_DIRECT`` into a reader thread's aligned buffer and
+    copied into its row (``_direct.read_records_direct``), no ``WILLNEED``:
+    no record is read twice in an epoch, so the page cache only costs its
+    inserts and reclaim (NOTE [direct record reads]).
 ``window_direct``
     A block shuffle or a sequential order, the store does not fit,
     ``window_prefetch="read"`` and ``cache`` is at least 64 MiB: the windows
@@ -135,6 +142,7 @@ class LoaderPlan(dict):  # type: ignore[type-arg]
                 + ("; each window is dropped from the page cache once read" if d["drop_behind"] else "")
             )
         else:
-            lines.append(f"read-ahead: per batch ({d['threads']} reader threads, WILLNEED "
-                         f"{d['willneed']} batches ahead)")
+            lines.append(f"read-ahead: per batch ({d['threads']} reader threads"
+                         + (", each record read with O_DIRECT: no page cache)" if d.get("direct_reads") else
+                            f", WILLNEED {d['willneed']} batches ahead)"))
         return "\n".join(lines)

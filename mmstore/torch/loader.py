@@ -450,7 +450,8 @@ class Loader(Resumable):
         ``window_chunk`` (the longest read of the window pass, one buffer
         per window thread, taken from ``cache_bytes``), ``window_direct``
         (the windows are read with ``O_DIRECT`` into private buffers:
-        ``_direct.py``), ``drop_behind``,
+        ``_direct.py``), ``drop_behind``, ``direct_reads`` (records read
+        one by one with ``O_DIRECT``: a permutation that does not fit),
         ``threads``, ``willneed``.
         """
         return LoaderPlan(self._plan)
@@ -481,10 +482,13 @@ class Loader(Resumable):
                   and p["cache_bytes"] >= DIRECT_MIN_CACHE)
         if not windows and t.prefetch is None:  # a store that does not fit: more batches in flight
             out.update(widen_ring(p))
+        # a store that does not fit, read per batch: records read with O_DIRECT
+        # (NOTE [direct record reads] in _direct.py)
+        direct_reads = not windows and not p["fits"] and t.method != "mmap" and not isinstance(o, Sequential)
         out.update(
             readahead="windows" if windows else "per batch", window_records=records if windows else 0,
             window_direct=direct, drop_behind=windows and not p["fits"] and not direct,
-            willneed=0 if windows else t.willneed,
+            direct_reads=direct_reads, willneed=0 if windows or direct_reads else t.willneed,
         )
         return out
 
@@ -568,6 +572,7 @@ class Loader(Resumable):
         reads = EpochReads(
             self.store, self._fixed, res.files, t, batch_size=self.batch_size, ragged=self._ragged,
             shuffled=not isinstance(self.order, Sequential), block=bounds is not None,
+            direct=bool(self._plan["direct_reads"]),
         )
         inflight = InFlight(self.ring_size)
         self._tasks = inflight  # from now on the next iter()/close() waits for these reads
