@@ -98,6 +98,11 @@ v1 memory cgroup of 1/4 of a 2.4 GB store of 150 KB records; and
   page cache); here block 1,007-1,015 MB/s against ``dd``'s 754-815 in the
   same runs, and a sequential order as fast as the page-cache pass with a
   third of its system CPU (0.4 vs 1.2 s an epoch): both orders use it.
+  Where a block-shuffle epoch's time goes now (671 MB cgroup, 12:50, load
+  6.5): the window pass reads for 2.19-2.25 s of the 2.30-2.37 s epoch
+  (1,017-1,047 MB/s, ``dd`` 658-732 in the same run), the batches wait for
+  it 2.2 s of it, the pass waited for buffer room 0.19 s; 0.7-0.8 s of CPU
+  an epoch. The disk is the limit.
 * where the simulators' time goes (``../shared/sim``, 2026-12-01, machine
   shared, load 4-7): they time a pass from before ``from mmstore.torch
   import Loader``, and importing torch takes 1.5-2.7 s in the cgroup (up to
