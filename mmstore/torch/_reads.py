@@ -42,7 +42,7 @@ from ._tuning import LoaderTuning
 
 __all__ = [
     "PREAD_MIN_BYTES", "EpochReads", "FieldFiles", "WindowPrefetch", "data_paths", "field_segments",
-    "open_field_files", "prepare_store", "resident_fraction",
+    "open_field_files", "prepare_store", "preadv_fields", "resident_fraction",
 ]
 
 PREAD_MIN_BYTES = SMALL_RECORD_BYTES  # smaller fields are gathered by the backend, not pread
@@ -178,20 +178,22 @@ class FieldFiles:
             (_sys.fadvise_random if advice == os.POSIX_FADV_RANDOM else _sys.fadvise_sequential)(fd)
 
 
+def preadv_fields(store: Store, fields: Sequence[str], method: str) -> list[str]:
+    """The fields that method ``method`` reads with ``preadv``: memmap fields
+    of at least ``PREAD_MIN_BYTES`` per record (any size with "pread"); none
+    with "mmap" or on LMDB. Variable-size fields are decoded by
+    ``Store.read_batch`` in the reader threads, into the batch buffer."""
+    if method == "mmap" or not store.backend.positional:
+        return []
+    return [f for f in fields if not store.schema[f].variable and store.schema[f].nbytes
+            and (store.schema[f].nbytes >= PREAD_MIN_BYTES or method == "pread")]
+
+
 def open_field_files(store: Store, fields: Sequence[str], method: str) -> dict[str, FieldFiles]:
-    """The ``preadv`` files of the fields that method ``method`` reads that
-    way: memmap fields of at least ``PREAD_MIN_BYTES`` per record (any size
-    with "pread"); none with "mmap" or on LMDB."""
+    """The ``preadv`` files of :func:`preadv_fields`."""
     files: dict[str, FieldFiles] = {}
-    if method == "mmap":
-        return files
     try:
-        for f in fields:
-            nbytes = store.schema[f].nbytes
-            if store.schema[f].variable:
-                continue  # decoded by Store.read_batch in the reader threads, into the batch buffer
-            if nbytes == 0 or (nbytes < PREAD_MIN_BYTES and method != "pread"):
-                continue
+        for f in preadv_fields(store, fields, method):
             segs = field_segments(store, f)
             if segs is None:
                 break

@@ -153,7 +153,7 @@ from ._direct import DirectWindows
 from ._epoch import EpochBatches, EpochIterator
 from ._plan import LoaderPlan, plan_memory, widen_ring
 from ._ragged import RaggedReader, check_mode, split_fields
-from ._reads import EpochReads, WindowPrefetch, data_paths, open_field_files, prepare_store
+from ._reads import EpochReads, WindowPrefetch, data_paths, open_field_files, preadv_fields, prepare_store
 from ._resources import Resources, check_device, check_pin_memory, torch_dtype
 from ._ring import InFlight, Ring
 from ._source import resolve_source, transform_call
@@ -478,13 +478,14 @@ class Loader(Resumable):
         # gracefully under a tight limit)
         # (block shuffles: 2.1x the page-cache pass; sequential orders: 1.4x on the
         # simulated HDD, the same speed for a third of the system CPU here)
+        preadv = bool(preadv_fields(self.store, self._fixed, t.method))  # O_DIRECT serves these fields only
         direct = (windows and not p["fits"] and t.window_prefetch == "read" and isinstance(o, DIRECT_ORDERS)
-                  and p["cache_bytes"] >= DIRECT_MIN_CACHE)
+                  and p["cache_bytes"] >= DIRECT_MIN_CACHE and preadv)
         if not windows and t.prefetch is None:  # a store that does not fit: more batches in flight
             out.update(widen_ring(p))
         # a store that does not fit, read per batch: records read with O_DIRECT
         # (NOTE [direct record reads] in _direct.py)
-        direct_reads = not windows and not p["fits"] and t.method != "mmap" and not isinstance(o, Sequential)
+        direct_reads = not windows and not p["fits"] and preadv and not isinstance(o, Sequential)
         out.update(
             readahead="windows" if windows else "per batch", window_records=records if windows else 0,
             window_direct=direct, drop_behind=windows and not p["fits"] and not direct,

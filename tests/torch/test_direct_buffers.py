@@ -173,3 +173,21 @@ def test_direct_record_reads_of_a_truncated_store_raise_the_typed_error(stores, 
     assert isinstance(e.value, (TruncatedReadError, StoreChangedError))
     assert len(seen) < 301
     L.close()
+
+
+def test_plan_says_o_direct_only_where_fields_are_read_positionally(stores, monkeypatch):
+    """describe() promises O_DIRECT only for fields read with preadv: not on
+    LMDB, not with method="mmap"; the epochs are exact either way."""
+    from mmstore.torch import loader as loader_mod
+
+    monkeypatch.setattr(loader_mod, "DIRECT_MIN_CACHE", 0)
+    for name, method, want in (("lmdb", "auto", False), ("big", "mmap", False), ("big", "auto", True)):
+        ref = mmstore.open(stores[name])
+        rec = sum(ref.schema[f].nbytes for f in ref.fields)
+        for kind in ("permutation", "block"):
+            L = Loader(stores[name], 7, kind, mem_bytes=40 * rec, method=method, threads=2)
+            d = L.describe()
+            assert not d["fits"]
+            assert (d["direct_reads"] if kind == "permutation" else d["window_direct"]) == want, (name, method, kind)
+            _epochs_exact(L, ref, (0,))
+            L.close()
