@@ -27,7 +27,8 @@ What it measures (224x224x3 uint8 + int64 label per record, batch 256, shuffled)
    reads (queue depth 16) in the same cgroup; each epoch timed from the
    Loader's construction, with its time to the first batch, and again with the
    child's ``import mmstore.torch`` added (how ``../shared/sim`` times it);
-   shuffle quality; modelled HDD epoch time.
+   the disk requests each pass made and their average size; shuffle
+   quality; modelled HDD epoch time.
 5. Memory: PSS of each DataLoader worker over one epoch of a 1,000,000-record
    store (small fields).
 """
@@ -213,6 +214,22 @@ def dd_read(path: str) -> float:
     return nbytes / (time.perf_counter() - t) / 1e6
 
 
+def disk_reads(path: str) -> tuple[int, int] | None:
+    """``(read requests, bytes read)`` so far by the block device holding
+    ``path`` (``/sys/dev/block/MAJ:MIN/stat``); None where not readable. The
+    difference around a pass gives its requests' average size: what an
+    ``O_DIRECT`` pass into 4 KiB pages lost (NOTE [huge window buffers] in
+    ``mmstore/torch/_direct.py``). Other processes' reads of the same disk
+    count too."""
+    dev = os.stat(path).st_dev
+    try:
+        with open(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat") as fh:
+            f = fh.read().split()
+        return int(f[0]), int(f[2]) * 512
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def cgroup_child(args: argparse.Namespace) -> None:
     """In the memory cgroup: the disk's sequential read and its random-read
     rate for the record size (16 in flight), then one epoch of each order
@@ -242,8 +259,16 @@ def cgroup_child(args: argparse.Namespace) -> None:
     first: dict[str, list[float]] = {}
     secs: dict[str, list[float]] = {}
 
+    reqs: dict[str, list[tuple[int, int]]] = {}
+
+    def count(key: str, before: tuple[int, int] | None) -> None:
+        after = disk_reads(img)
+        if before is not None and after is not None and after[0] > before[0]:
+            reqs.setdefault(key, []).append((after[0] - before[0], after[1] - before[1]))
+
     def epoch(key: str, order: Any, **kw: Any) -> None:
         _sys.evict(img)
+        d0 = disk_reads(img)
         t = time.perf_counter()
         L = Loader(args.store, BATCH, order, fields=("image", "label"), seed=1, **kw)
         out.setdefault("describe", {})[key] = dict(L.describe())
@@ -254,6 +279,7 @@ def cgroup_child(args: argparse.Namespace) -> None:
             if cap and got >= cap:
                 break
         dt = time.perf_counter() - t
+        count(key, d0)
         L.close()
         runs.setdefault(key, []).append(got * REC / dt / 1e6)
         first.setdefault(key, []).append((t1 or t) - t)
@@ -262,7 +288,9 @@ def cgroup_child(args: argparse.Namespace) -> None:
     avail = _sys.effective_available() or (args.limit // 2)
     tuned = BlockShuffle.auto(n, REC, mem_bytes=int(avail), seed=1)
     for _ in range(args.reps):
+        d0 = disk_reads(img)
         runs.setdefault("dd", []).append(dd_read(img))
+        count("dd", d0)
         rnd = _sys.random_read_speed(img, REC, 1024, threads=16, max_seconds=3.0)
         runs.setdefault("random", []).append(rnd.bytes / rnd.seconds / 1e6)
         for kind in ("sequential", "block", "permutation"):
@@ -272,6 +300,8 @@ def cgroup_child(args: argparse.Namespace) -> None:
     out["MBps"] = {k: max(v) for k, v in runs.items()}
     out["MBps_all"] = runs
     out["first_batch_s"] = {k: min(v) for k, v in first.items()}
+    # the disk requests of each pass: (requests, average KB), of its last repetition
+    out["disk_requests"] = {k: (v[-1][0], v[-1][1] / v[-1][0] / 1024) for k, v in reqs.items()}
     # the same passes timed as the simulator does, from before the import
     out["MBps_incl_import"] = {k: max(r * s / (s + import_s) for r, s in zip(runs[k], v)) for k, v in secs.items()}
     out["seq_MBps"] = out["MBps"]["dd"]
@@ -605,10 +635,12 @@ def report(r: dict[str, Any]) -> None:
              f"(after the {cg['import_s']:.1f} s import of mmstore.torch); the disk's sequential read in the cgroup "
              f"{seq:,.0f} MB/s, its random reads of one record at queue depth 16 {m['random']:,.0f} MB/s"),
             "",
-            ("| pass | MB/s | x sequential read | x incl. the import | first batch (s) | same-label pairs "
-             "| labels/batch | mean displacement |"),
-            "|---|---|---|---|---|---|---|---|",
+            ("| pass | MB/s | x sequential read | x incl. the import | first batch (s) | disk requests (avg KB) "
+             "| same-label pairs | labels/batch | mean displacement |"),
+            "|---|---|---|---|---|---|---|---|---|",
         ]
+        dr = cg.get("disk_requests", {})
+        rq = lambda k: f"{dr[k][0]:,} ({dr[k][1]:,.0f})" if k in dr else "-"  # noqa: E731
         names = [("sequential", "Loader(path, 256, 'sequential') (defaults)", None),
                  ("block", "Loader(path, 256, 'block') (defaults: block {b}, window {w})", "block"),
                  ("permutation", "Loader(path, 256, 'permutation') (defaults)", "permutation"),
@@ -621,7 +653,8 @@ def report(r: dict[str, Any]) -> None:
                    if qq else "- | - | -")
             inc = f"{mi[key] / seq:.2f}" if key in mi else "-"
             lines.append(f"| {label.format(b=d['block'], w=d['window'])} | {f(m[key])} | {m[key] / seq:.2f} | {inc} | "
-                         f"{fb.get(key, float('nan')):.2f} | {mix} |")
+                         f"{fb.get(key, float('nan')):.2f} | {rq(key)} | {mix} |")
+        lines.append(f"| the disk's sequential read (8 MiB chunks) | {f(seq)} | 1.00 | - | - | {rq('dd')} | - | - | - |")
         lines += [f"modelled HDD epoch: block shuffle {cg['hdd_block_s']:,.0f} s vs permutation {cg['hdd_perm_s']:,.0f} s",
                   ""]
     elif cg is not None:

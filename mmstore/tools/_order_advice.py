@@ -20,7 +20,16 @@ so the prediction is ``min(disk rate, decode rate x cores)``):
 * sequential: ``seq`` (the Loader reads it ahead in long requests).
 * permutation: ``cq * R``: random record reads at the Loader's queue depth
   (16 ``preadv`` in flight), measured by a short probe of the largest data
-  file when ``doctor`` runs cold, else ``doctor``'s cold record reads.
+  file when ``doctor`` runs cold, else ``doctor``'s cold record reads. The
+  probe reads through the page cache; a Loader whose store does not fit
+  reads them with ``O_DIRECT`` (``describe()["direct_reads"]``), measured
+  as fast or faster with a third of the system CPU, so this is a floor.
+* block shuffle and sequential orders whose store does not fit are read
+  with ``O_DIRECT`` into huge-page window buffers, in requests of the
+  device's largest size: measured at the disk's sequential rate (0.9-1.0x
+  ``dd`` here and on the simulated HDD, with the next window's reads in
+  flight while a window is served); the model below, one access latency
+  per block, is the conservative side of that.
 * block shuffle: a block of ``B`` bytes costs one access latency plus its
   transfer: ``B / (seek + B / seq)``, ``seek = max(0, 1 / c1 - R / seq)``.
 

@@ -11,9 +11,10 @@ the page-cache pass's readahead gave up on pages it could not allocate
 
 * the pass reads each window's runs of consecutive records (one per block,
   or per stretch of a sequential order) with ``O_DIRECT`` ``preadv`` into a
-  private, page-aligned window buffer: the disk writes straight into it, no
-  page cache, no reclaim, one request per run of up to the device's size in
-  offset order, ``threads`` in flight;
+  private window buffer on transparent huge pages (:class:`_Buffer`): the
+  disk writes straight into it, no page cache, no reclaim, requests of the
+  device's largest size (NOTE [huge window buffers]) in offset order,
+  ``threads`` in flight;
 * a batch copies its records out of the buffers of the windows it spans
   (``ctypes.memmove``, GIL released), the only copy of a record;
 * a buffer goes back to a free list once every batch that reads its window
@@ -38,10 +39,12 @@ from typing import Any
 
 import numpy as np
 
+from .._runs import find_runs
+from .._sys import pread_records
 from ..order import contiguous_ranges
 from ._ring import InFlight, WindowPass
 
-__all__ = ["DirectWindows"]
+__all__ = ["DirectWindows", "open_direct", "read_records_direct"]
 
 
 def _close(buf: Any) -> None:
@@ -49,6 +52,48 @@ def _close(buf: Any) -> None:
         buf.close()
     except BufferError:  # still exported somewhere: the collector frees it
         pass
+
+
+_HUGE = 2 << 20  # a transparent huge page (x86-64, arm64 with 4K pages)
+
+
+class _Buffer:
+    """A private window buffer of ``size`` bytes that starts on a huge-page
+    boundary, asked to be backed by transparent huge pages
+    (``MADV_HUGEPAGE``; where THP is off or refused: plain pages, same
+    behaviour, smaller requests).
+
+    NOTE [huge window buffers]: an ``O_DIRECT`` read goes to the disk as
+    requests of at most ``max_segments`` physically contiguous pieces of the
+    destination (254 here, virtio). Into 4 KiB pages that is about 1 MiB per
+    request; measured on this machine's disk (``/sys/block/vda/stat`` around
+    a read of 2.4 GB in random 4.8 MB blocks, 2 threads, a 671 MB cgroup):
+    3,994 requests of 589 KB on average, against 578 requests of 4 MB for
+    ``dd``'s buffered read (the page cache's large folios), and 1,012
+    requests of 2.3 MB into huge pages: 1,106 vs 648 MB/s in the same run.
+    On the simulated HDD (``../shared/sim/hdd_sim.py``: 120 requests/s)
+    the request count is the limit: 589 KB requests cap a pass at ~70 MB/s."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        # private: a shared anonymous mapping is shmem, whose huge pages are
+        # off by default (shmem_enabled), where a private one follows ``enabled``
+        flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+        self.map = mmap.mmap(-1, size + _HUGE, flags=flags) if flags else mmap.mmap(-1, size + _HUGE)
+        madv = getattr(mmap, "MADV_HUGEPAGE", None)
+        base = ctypes.addressof(ctypes.c_char.from_buffer(self.map))
+        self.shift = -base % _HUGE
+        self.addr = base + self.shift
+        if madv is not None:
+            try:
+                self.map.madvise(madv, self.shift, size)
+            except (OSError, ValueError):  # THP not built in: plain pages
+                pass
+        self.view = memoryview(self.map)[self.shift : self.shift + size]
+
+    def close(self) -> None:
+        self.view.release()
+        _close(self.map)
 
 _ALIGN = 4096  # O_DIRECT offset, length and address alignment (safe for 512 and 4K devices)
 _PIECE = 8 << 20  # the longest single read (a multiple of _ALIGN)
@@ -59,8 +104,8 @@ class _Window:
     """One window in a buffer: its slots (sorted, unique) and, per field,
     the byte position of each slot's record in the buffer."""
 
-    def __init__(self, slots: np.ndarray, pos: dict[str, np.ndarray], buf: Any, addr: int) -> None:
-        self.slots, self.pos, self.buf, self.addr = slots, pos, buf, addr
+    def __init__(self, slots: np.ndarray, pos: dict[str, np.ndarray], buf: _Buffer) -> None:
+        self.slots, self.pos, self.buf, self.addr = slots, pos, buf, buf.addr
 
 
 class DirectWindows(WindowPass):
@@ -75,7 +120,7 @@ class DirectWindows(WindowPass):
         self.reads = reads
         self.fields = list(reads.files)
         self.windows: dict[int, _Window] = {}
-        self.free: list[tuple[Any, int]] = []  # (mmap, size) buffers to reuse
+        self.free: list[_Buffer] = []  # buffers to reuse
         self.cap = max(1, int(cap))  # bytes of buffers (held and free) the pass may keep
         self.mem = 0  # bytes of buffers now (held and free)
         self.batch_size = max(1, int(batch_size))
@@ -94,7 +139,7 @@ class DirectWindows(WindowPass):
             gone = [w for w in self.windows if self.bounds[w + 1] <= pos]
             for w in gone:
                 win = self.windows.pop(w)
-                self.free.append((win.buf, len(win.buf)))
+                self.free.append(win.buf)
             self.inflight.cv.notify_all()  # the pass may wait for room, or for this position
 
     def copy_rows(self, pos0: int, slots: np.ndarray, out: dict[str, np.ndarray]) -> None:
@@ -174,20 +219,20 @@ class DirectWindows(WindowPass):
         buffers fit in ``cap`` (always for a window the next batch to be
         consumed reads, so the pass never waits on batches that wait on it)."""
         cv = self.inflight.cv
-        size = -(-size // (1 << 20)) * (1 << 20)
+        size = -(-size // _HUGE) * _HUGE
         with cv:
             while True:
-                for i, (buf, n) in enumerate(self.free):
-                    if n >= size:
+                for i, buf in enumerate(self.free):
+                    if buf.size >= size:
                         del self.free[i]
                         return buf
                 while self.free:  # too small: give them back
-                    buf, n = self.free.pop()
-                    self.mem -= n
-                    _close(buf)
+                    buf = self.free.pop()
+                    self.mem -= buf.size
+                    buf.close()
                 if self.mem + size <= self.cap or start < self.pos + self.batch_size or self.inflight.cancelled:
                     self.mem += size
-                    return mmap.mmap(-1, size)
+                    return _Buffer(size)
                 cv.wait()
 
     def _read(self, idx: np.ndarray, start: int = 0) -> _Window:
@@ -210,8 +255,7 @@ class DirectWindows(WindowPass):
                     at += a1 - a0
                     k += cnt
         buf = self._buffer(max(at, 1), start)
-        addr = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-        mv = memoryview(buf)
+        mv = buf.view
         futs = []
         for fd, off, length, need, at0 in spans:  # pieces of at most _PIECE: every thread busy
             for p in range(0, length, _PIECE):
@@ -223,7 +267,7 @@ class DirectWindows(WindowPass):
             exc = fu.exception()
             if exc is not None:
                 raise exc
-        return _Window(slots, pos, buf, addr)
+        return _Window(slots, pos, buf)
 
     def _read_span(self, fd: int, off: int, need: int, dst: memoryview) -> None:
         """The aligned span at ``off`` into ``dst`` (at least its first
@@ -246,3 +290,79 @@ class DirectWindows(WindowPass):
             done += got
         if done < need and not self.inflight.cancelled:
             raise EOFError(f"window pass: {done:,} of {need:,} bytes at offset {off:,}")
+
+
+# -- records read one by one (a permutation of a store that does not fit) --------------
+
+_DIRECT_RUN_MAX = 16 << 20  # a longer run of consecutive records is read buffered
+_records_tls = threading.local()  # each reader thread's aligned staging buffer
+
+
+def open_direct(path: str) -> int | None:
+    """``path`` opened with ``O_DIRECT``; None where it is refused (tmpfs,
+    some network file systems, no ``O_DIRECT`` on this platform)."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if not flag:
+        return None
+    try:
+        return os.open(path, os.O_RDONLY | flag | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+
+
+def _staging(size: int) -> Any:
+    """This thread's page-aligned buffer of at least ``size`` bytes (a
+    private anonymous mapping, reused)."""
+    buf = getattr(_records_tls, "buf", None)
+    if buf is None or len(buf[1]) < size:
+        size = -(-size // (1 << 20)) * (1 << 20)
+        flags = getattr(mmap, "MAP_PRIVATE", 0) | getattr(mmap, "MAP_ANONYMOUS", 0)
+        m = mmap.mmap(-1, size, flags=flags) if flags else mmap.mmap(-1, size)
+        buf = _records_tls.buf = (m, memoryview(m), ctypes.addressof(ctypes.c_char.from_buffer(m)))
+    return buf
+
+
+def read_records_direct(dfds: list[int | None], fds: list[int], which: np.ndarray, offsets: np.ndarray, nbytes: int,
+                        out: np.ndarray) -> None:
+    """Record ``i`` (``nbytes`` at ``offsets[i]`` of file ``which[i]``) into
+    row ``i`` of ``out``, read with ``O_DIRECT`` (``dfds[which[i]]``) into
+    this thread's aligned staging buffer and copied into the row: no page
+    cache (NOTE [direct record reads]). Runs of consecutive records of one
+    file are one read. Where ``O_DIRECT`` is not open or refused, and for a
+    read that comes up short (a truncated file: the buffered read raises the
+    typed :class:`~mmstore._sys.TruncatedReadError`), the run is read
+    buffered through ``fds`` instead.
+
+    NOTE [direct record reads]: measured here (a 671 MB memory cgroup, 2.4 GB
+    store, 16 threads reading 8,000 random 150 KB records, load 5-6): 1,141-
+    1,180 MB/s and 0.15-0.2 s of system CPU with ``O_DIRECT``, against
+    689-759 MB/s and 0.93-0.99 s through the page cache (each page inserted,
+    copied once, then reclaimed under the limit), in the same runs."""
+    n = len(offsets)
+    if n == 0:
+        return
+    offl = offsets.tolist()
+    wl = which.tolist()
+    starts, ends = find_runs(nbytes, offl, same=which if len(fds) > 1 else None)
+    base = out.ctypes.data
+    for s0, e0 in zip(starts, ends):
+        k = wl[s0]
+        off, length = offl[s0], (e0 - s0) * nbytes
+        dfd = dfds[k]
+        if dfd is not None and length <= _DIRECT_RUN_MAX:
+            a0 = off - off % _ALIGN
+            a1 = -(-(off + length) // _ALIGN) * _ALIGN
+            _, view, addr = _staging(a1 - a0)
+            done = 0
+            try:
+                while done < off + length - a0:
+                    got = os.preadv(dfd, [view[done : a1 - a0]], a0 + done)
+                    if got <= 0:
+                        break
+                    done += got
+            except OSError:
+                done = -1  # O_DIRECT refused for this read: buffered below
+            if done >= off + length - a0:
+                _memmove(base + s0 * nbytes, addr + off - a0, length)
+                continue
+        pread_records(fds[k], offsets[s0:e0], nbytes, out[s0:e0])

@@ -44,14 +44,23 @@ The sizing rule (NOTE [memory plan]; every figure is in ``describe()``)
     next window in offset order, ahead of the batches); ``"per batch"`` for
     a permutation (every record is a random read at queue depth
     ``threads``; ``WILLNEED`` on the records of later batches).
+``direct_reads``
+    A shuffled order read per batch (a permutation) whose store does not
+    fit, ``method`` not ``"mmap"``: each record (each run of consecutive
+    ones) is read with ``O_DIRECT`` into a reader thread's aligned buffer and
+    copied into its row (``_direct.read_records_direct``), no ``WILLNEED``:
+    no record is read twice in an epoch, so the page cache only costs its
+    inserts and reclaim (NOTE [direct record reads]).
 ``window_direct``
-    A block shuffle, the store does not fit, ``window_prefetch="read"`` and
-    ``cache`` is at least 64 MiB: the windows are read with ``O_DIRECT`` into private
-    buffers (at most ``2 * window_bytes`` of them, more only for the windows
-    the next batch reads) and the batches copy their records out of them
-    (``_direct.py``): no page cache, one copy per record. Otherwise, when
-    the store does not fit, the pass reads through the page cache and drops
-    each window from it once its batches are read (``drop_behind``).
+    A block shuffle or a sequential order, the store does not fit,
+    ``window_prefetch="read"`` and ``cache`` is at least 64 MiB: the windows
+    are read with ``O_DIRECT`` into private buffers on transparent huge pages
+    (at most ``2 * window_bytes`` of them, more only for the windows the next
+    batch reads) and the batches copy their records out of them
+    (``_direct.py``): no page cache, one copy per record, disk requests of
+    the device's largest size. Otherwise, when the store does not fit, the
+    pass reads through the page cache and drops each window from it once its
+    batches are read (``drop_behind``).
 
 NOTE [memory plan]: what was measured (2 vCPU VM shared with other jobs, a
 v1 memory cgroup of 1/4 of a 2.4 GB store of 150 KB records; and
@@ -76,7 +85,24 @@ v1 memory cgroup of 1/4 of a 2.4 GB store of 150 KB records; and
   O_DIRECT window buffers the block shuffle took 1.8 s of CPU (0.6 s
   system) instead of 3.3-3.6 s and read at 2.1x the page-cache pass in the
   same run (351 vs 166 MB/s, load 7-11); a sequential order read slower that
-  way (282 vs 374 MB/s), so it keeps the page-cache pass.
+  way (282 vs 374 MB/s) while the buffers were 4 KiB pages;
+* those buffers were a shared anonymous mapping (shmem: no transparent huge
+  pages), so an ``O_DIRECT`` read reached the disk as requests of
+  ``max_segments`` 4 KiB pages: 589 KB on average here (virtio, 254
+  segments; ``/sys/block/vda/stat``), 512 KB on the simulated HDD (loop
+  device, 128), where 120 requests/s then cap any pass at ~64 MB/s
+  (0.43x its 150 MB/s). Private buffers on huge pages (2026-12-01, load
+  3.5-4.5): requests of 2.4 MB (vda) and 1.17 MB (loop device, its
+  ``max_sectors_kb`` 1280); the HDD model's block shuffle 963 records/s
+  (was 444-493; ``dd`` 997), its sequential order 948 (656-671 through the
+  page cache); here block 1,007-1,015 MB/s against ``dd``'s 754-815 in the
+  same runs, and a sequential order as fast as the page-cache pass with a
+  third of its system CPU (0.4 vs 1.2 s an epoch): both orders use it.
+  Where a block-shuffle epoch's time goes now (671 MB cgroup, 12:50, load
+  6.5): the window pass reads for 2.19-2.25 s of the 2.30-2.37 s epoch
+  (1,017-1,047 MB/s, ``dd`` 658-732 in the same run), the batches wait for
+  it 2.2 s of it, the pass waited for buffer room 0.19 s; 0.7-0.8 s of CPU
+  an epoch. The disk is the limit.
 * where the simulators' time goes (``../shared/sim``, 2026-12-01, machine
   shared, load 4-7): they time a pass from before ``from mmstore.torch
   import Loader``, and importing torch takes 1.5-2.7 s in the cgroup (up to
@@ -117,10 +143,11 @@ class LoaderPlan(dict):  # type: ignore[type-arg]
             lines.append(
                 f"read-ahead: windows of {d['window_records']:,} records ({mb(d['window_bytes'])}) read with "
                 f"long requests in offset order by {d['window_threads']} threads one window ahead"
-                + ("; into private O_DIRECT buffers (no page cache)" if d.get("window_direct") else "")
+                + ("; into private O_DIRECT buffers on huge pages (no page cache)" if d.get("window_direct") else "")
                 + ("; each window is dropped from the page cache once read" if d["drop_behind"] else "")
             )
         else:
-            lines.append(f"read-ahead: per batch ({d['threads']} reader threads, WILLNEED "
-                         f"{d['willneed']} batches ahead)")
+            lines.append(f"read-ahead: per batch ({d['threads']} reader threads"
+                         + (", each record read with O_DIRECT: no page cache)" if d.get("direct_reads") else
+                            f", WILLNEED {d['willneed']} batches ahead)"))
         return "\n".join(lines)

@@ -36,12 +36,13 @@ from ..backends.segmented import limit_error
 from ..errors import ResourceLimitError
 from ..order import contiguous_ranges
 from ..reader import Store
+from ._direct import open_direct, read_records_direct
 from ._ring import InFlight, WindowPass
 from ._tuning import LoaderTuning
 
 __all__ = [
     "PREAD_MIN_BYTES", "EpochReads", "FieldFiles", "WindowPrefetch", "data_paths", "field_segments",
-    "open_field_files", "prepare_store", "resident_fraction",
+    "open_field_files", "prepare_store", "preadv_fields", "resident_fraction",
 ]
 
 PREAD_MIN_BYTES = SMALL_RECORD_BYTES  # smaller fields are gathered by the backend, not pread
@@ -120,18 +121,36 @@ class FieldFiles:
         self.paths = [seg.path for seg in segments]
         self.firsts = np.array([seg.first for seg in segments] + [segments[-1].first + segments[-1].count], np.int64)
         self.nb = segments[0].entry_bytes
+        self.dfds: list[int | None] | None = None  # O_DIRECT descriptors (use_direct)
+        self.direct = False
 
     def close(self) -> None:
-        for fd in self.fds:
+        for fd in [*self.fds, *(self.dfds or ())]:
             try:
-                os.close(fd)
+                if fd is not None:
+                    os.close(fd)
             except OSError:
                 pass
         self.fds = []
+        self.dfds = None
+        self.direct = False
+
+    def use_direct(self, on: bool) -> None:
+        """Read records with ``O_DIRECT`` (``_direct.read_records_direct``:
+        no page cache) from now on, or through the page cache again."""
+        if on and self.dfds is None:
+            self.dfds = [open_direct(p) for p in self.paths]
+        self.direct = bool(on) and any(d is not None for d in self.dfds or ())
 
     def read(self, slots: np.ndarray, out: np.ndarray) -> None:
         """Record ``slots[j]`` into ``out[j]``."""
         nb = self.nb
+        if self.direct:
+            seg = (np.searchsorted(self.firsts, slots, side="right") - 1 if len(self.fds) > 1
+                   else np.zeros(len(slots), np.int64))
+            offs = np.asarray(self.offs, np.int64)[seg] + (slots - self.firsts[seg]) * nb
+            read_records_direct(self.dfds, self.fds, seg, offs, nb, out)  # type: ignore[arg-type]
+            return
         if len(self.fds) == 1:
             _sys.pread_records(self.fds[0], self.offs[0] + slots * nb, nb, out)
             return
@@ -159,20 +178,22 @@ class FieldFiles:
             (_sys.fadvise_random if advice == os.POSIX_FADV_RANDOM else _sys.fadvise_sequential)(fd)
 
 
+def preadv_fields(store: Store, fields: Sequence[str], method: str) -> list[str]:
+    """The fields that method ``method`` reads with ``preadv``: memmap fields
+    of at least ``PREAD_MIN_BYTES`` per record (any size with "pread"); none
+    with "mmap" or on LMDB. Variable-size fields are decoded by
+    ``Store.read_batch`` in the reader threads, into the batch buffer."""
+    if method == "mmap" or not store.backend.positional:
+        return []
+    return [f for f in fields if not store.schema[f].variable and store.schema[f].nbytes
+            and (store.schema[f].nbytes >= PREAD_MIN_BYTES or method == "pread")]
+
+
 def open_field_files(store: Store, fields: Sequence[str], method: str) -> dict[str, FieldFiles]:
-    """The ``preadv`` files of the fields that method ``method`` reads that
-    way: memmap fields of at least ``PREAD_MIN_BYTES`` per record (any size
-    with "pread"); none with "mmap" or on LMDB."""
+    """The ``preadv`` files of :func:`preadv_fields`."""
     files: dict[str, FieldFiles] = {}
-    if method == "mmap":
-        return files
     try:
-        for f in fields:
-            nbytes = store.schema[f].nbytes
-            if store.schema[f].variable:
-                continue  # decoded by Store.read_batch in the reader threads, into the batch buffer
-            if nbytes == 0 or (nbytes < PREAD_MIN_BYTES and method != "pread"):
-                continue
+        for f in preadv_fields(store, fields, method):
             segs = field_segments(store, f)
             if segs is None:
                 break
@@ -232,7 +253,7 @@ class EpochReads:
 
     def __init__(
         self, store: Store, fields: Sequence[str], files: dict[str, FieldFiles], tuning: LoaderTuning, *,
-        batch_size: int, shuffled: bool, block: bool, ragged: Sequence[str] = (),
+        batch_size: int, shuffled: bool, block: bool, ragged: Sequence[str] = (), direct: bool = False,
     ) -> None:
         self.store = store
         self.fields = tuple(fields)
@@ -261,8 +282,14 @@ class EpochReads:
         self.decode_gate = _decode_gate(store, self.rest, batch_size, block)
         if self.decode_gate is not None:
             self.piece_rows = -(-batch_size // self.decode_gate[1])
+        # a store that does not fit, read record by record (a permutation): O_DIRECT
+        # reads, no page cache (NOTE [direct record reads] in _direct.py)
+        self.direct = bool(direct and self.files and not self.cached and not block)
+        for ff in files.values():  # the loader's files serve every epoch: set or reset
+            ff.use_direct(self.direct and ff in self.files.values())
+        self.direct = self.direct and any(ff.direct for ff in self.files.values())
         self.willneed = 0  # hint the records of the batch this many batches ahead
-        if tuning.hints and self.files:
+        if tuning.hints and self.files and not self.direct:
             for ff in self.files.values():
                 ff.advise(os.POSIX_FADV_RANDOM if shuffled else os.POSIX_FADV_SEQUENTIAL)
             # a window pass reads the records of later batches with long

@@ -153,7 +153,7 @@ from ._direct import DirectWindows
 from ._epoch import EpochBatches, EpochIterator
 from ._plan import LoaderPlan, plan_memory, widen_ring
 from ._ragged import RaggedReader, check_mode, split_fields
-from ._reads import EpochReads, WindowPrefetch, data_paths, open_field_files, prepare_store
+from ._reads import EpochReads, WindowPrefetch, data_paths, open_field_files, preadv_fields, prepare_store
 from ._resources import Resources, check_device, check_pin_memory, torch_dtype
 from ._ring import InFlight, Ring
 from ._source import resolve_source, transform_call
@@ -450,7 +450,8 @@ class Loader(Resumable):
         ``window_chunk`` (the longest read of the window pass, one buffer
         per window thread, taken from ``cache_bytes``), ``window_direct``
         (the windows are read with ``O_DIRECT`` into private buffers:
-        ``_direct.py``), ``drop_behind``,
+        ``_direct.py``), ``drop_behind``, ``direct_reads`` (records read
+        one by one with ``O_DIRECT``: a permutation that does not fit),
         ``threads``, ``willneed``.
         """
         return LoaderPlan(self._plan)
@@ -475,16 +476,20 @@ class Loader(Resumable):
         # private O_DIRECT window buffers are memory that cannot be reclaimed:
         # only with room for them (else the page cache pass, which degrades
         # gracefully under a tight limit)
-        # (block shuffles only: measured 2.1x the page-cache pass for them, and
-        # 0.75x for a sequential order, whose own readahead serves it well)
-        direct = (windows and not p["fits"] and t.window_prefetch == "read" and isinstance(o, BlockShuffle)
-                  and p["cache_bytes"] >= DIRECT_MIN_CACHE)
+        # (block shuffles: 2.1x the page-cache pass; sequential orders: 1.4x on the
+        # simulated HDD, the same speed for a third of the system CPU here)
+        preadv = bool(preadv_fields(self.store, self._fixed, t.method))  # O_DIRECT serves these fields only
+        direct = (windows and not p["fits"] and t.window_prefetch == "read" and isinstance(o, DIRECT_ORDERS)
+                  and p["cache_bytes"] >= DIRECT_MIN_CACHE and preadv)
         if not windows and t.prefetch is None:  # a store that does not fit: more batches in flight
             out.update(widen_ring(p))
+        # a store that does not fit, read per batch: records read with O_DIRECT
+        # (NOTE [direct record reads] in _direct.py)
+        direct_reads = not windows and not p["fits"] and preadv and not isinstance(o, Sequential)
         out.update(
             readahead="windows" if windows else "per batch", window_records=records if windows else 0,
             window_direct=direct, drop_behind=windows and not p["fits"] and not direct,
-            willneed=0 if windows else t.willneed,
+            direct_reads=direct_reads, willneed=0 if windows or direct_reads else t.willneed,
         )
         return out
 
@@ -568,6 +573,7 @@ class Loader(Resumable):
         reads = EpochReads(
             self.store, self._fixed, res.files, t, batch_size=self.batch_size, ragged=self._ragged,
             shuffled=not isinstance(self.order, Sequential), block=bounds is not None,
+            direct=bool(self._plan["direct_reads"]),
         )
         inflight = InFlight(self.ring_size)
         self._tasks = inflight  # from now on the next iter()/close() waits for these reads
@@ -651,6 +657,9 @@ for _name in sorted(TUNING_FIELDS - {"prefetch"}):
 
 
 DIRECT_MIN_CACHE = 64 << 20  # the smallest page-cache share for O_DIRECT window buffers
+# orders whose windows are read with O_DIRECT when the store does not fit (NOTE [huge window
+# buffers] in _direct.py: with huge-page buffers a sequential order reads faster that way too)
+DIRECT_ORDERS: tuple[type, ...] = (BlockShuffle, Sequential)
 
 
 def _block_sizes(kw: dict[str, Any], n: int, record_bytes: int, window_bytes: int) -> dict[str, Any]:

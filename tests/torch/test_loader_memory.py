@@ -100,7 +100,8 @@ def test_describe_follows_the_cgroup_budget(stores, monkeypatch):
         # read per batch, and the page cache gains it nothing: the ring may take half the budget
         # (4 buffers: 2 prefetch + hold 1 + 1 for the loop variable's batch)
         d = L.describe()
-        assert d["readahead"] == "per batch" and d["willneed"] == 2 and not d["fits"]
+        # each record read with O_DIRECT (no page cache: no WILLNEED hints)
+        assert d["readahead"] == "per batch" and d["direct_reads"] and d["willneed"] == 0 and not d["fits"]
         assert d["prefetch"] == L.prefetch == 2 and L.ring_size == 4 and d["ring_bytes"] == 4 * 16 * REC
         assert d["cache_bytes"] == 8 * 16 * REC - d["ring_bytes"]
         assert "ring: 2 prefetch + 2 hold" in str(d)
@@ -115,6 +116,7 @@ def test_describe_follows_the_cgroup_budget(stores, monkeypatch):
     with Loader(path, 16, "permutation") as L:
         d = L.describe()
         assert d["fits"] and d["prefetch"] == 4 and d["readahead"] == "per batch"
+        assert not d["direct_reads"] and d["willneed"] == 2  # the page cache serves it
 
 
 def test_sequential_windows_start_with_one_batch(stores, monkeypatch):
@@ -215,7 +217,7 @@ def test_sequential_order_is_read_ahead_in_offset_order(stores, monkeypatch):
 
 
 @pytest.mark.parametrize("name", ["big", "holes", "merged"])
-@pytest.mark.parametrize("kind", ["block"])
+@pytest.mark.parametrize("kind", ["block", "sequential"])
 def test_direct_window_buffers_give_exact_records(stores, monkeypatch, name, kind):
     """A store larger than the budget is read ahead into O_DIRECT window
     buffers: every batch is byte-exact (holes, merged segments included),

@@ -1,0 +1,193 @@
+"""The O_DIRECT window buffers (``mmstore/torch/_direct.py``): aligned on a
+huge-page boundary and backed by transparent huge pages where the kernel
+offers them (NOTE [huge window buffers]: the disk requests an O_DIRECT read
+becomes are at most ``max_segments`` contiguous pieces of the buffer)."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import pytest
+
+import mmstore
+from mmstore.torch import Loader, _direct
+
+
+def _thp_mode() -> str | None:
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as fh:
+            m = re.search(r"\[(\w+)\]", fh.read())
+    except OSError:
+        return None
+    return m.group(1) if m else None
+
+
+def _anon_huge_kb(addr: int) -> int:
+    """``AnonHugePages`` of the mapping of this process that holds ``addr``."""
+    inside = False
+    with open("/proc/self/smaps") as fh:
+        for line in fh:
+            m = re.match(r"^([0-9a-f]+)-([0-9a-f]+) ", line)
+            if m:
+                inside = int(m.group(1), 16) <= addr < int(m.group(2), 16)
+            elif inside and line.startswith("AnonHugePages:"):
+                return int(line.split()[1])
+    raise AssertionError(f"no mapping holds {addr:#x}")
+
+
+@pytest.mark.parametrize("size", [2 << 20, 6 << 20])
+def test_buffer_is_aligned_private_and_writable(size):
+    buf = _direct._Buffer(size)
+    data = None
+    try:
+        assert buf.addr % _direct._HUGE == 0 and len(buf.view) == buf.size == size
+        data = np.frombuffer(buf.view, np.uint8)
+        data[:] = 7
+        assert int(data.sum()) == 7 * size
+        again = _direct._Buffer(size)  # a private mapping: one buffer's bytes are not another's
+        assert not np.frombuffer(again.view, np.uint8).any()
+        again.close()
+    finally:
+        del data
+        buf.close()
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/smaps") or _thp_mode() not in ("always", "madvise"),
+                    reason="transparent huge pages are off on this machine")
+def test_buffer_is_backed_by_huge_pages_when_the_kernel_offers_them():
+    buf = _direct._Buffer(8 << 20)
+    try:
+        fd = os.open(__file__, os.O_RDONLY)
+        try:  # what the pass does: the kernel writes into the buffer
+            got = os.preadv(fd, [buf.view[: 1 << 20]], 0)
+        finally:
+            os.close(fd)
+        assert got > 0
+        np.frombuffer(buf.view, np.uint8)[:: 4096] = 1  # touch every page
+        assert _anon_huge_kb(buf.addr) >= 2048  # a shared (shmem) mapping has none here
+    finally:
+        buf.close()
+
+
+# -- a permutation of a store that does not fit: records read with O_DIRECT ---------
+
+def _epochs_exact(L, ref, epochs=(0, 1)):
+    """Every batch of ``epochs`` byte-exact against the store, each record once."""
+    for epoch in epochs:
+        L.set_epoch(epoch)
+        order = L.order.epoch(epoch)
+        pos = 0
+        for b in L:
+            got = {k: v.numpy() for k, v in b.items()}
+            want = ref.read_batch(order[pos : pos + len(got["idx"])])
+            pos += len(got["idx"])
+            for f in ref.fields:
+                assert np.array_equal(got[f], want[f]), f
+        assert pos == len(order)
+
+
+@pytest.mark.parametrize("name", ["big", "holes", "merged"])
+@pytest.mark.parametrize("refused", [False, True])
+def test_permutation_that_does_not_fit_reads_records_with_o_direct(stores, monkeypatch, name, refused):
+    """A permutation whose store does not fit in its budget reads each record
+    with O_DIRECT (aligned staging buffer, then a copy into its row): batches
+    byte-exact (holes, merged segments), each record once; where O_DIRECT is
+    refused the same records come through the page cache."""
+    from mmstore.torch import _reads
+
+    path = stores[name]
+    ref = mmstore.open(path)
+    rec = sum(ref.schema[f].nbytes for f in ref.fields)
+    monkeypatch.setattr(_reads, "resident_fraction", lambda paths: 0.0)
+    if refused:
+        monkeypatch.setattr(_reads, "open_direct", lambda p: None)
+    calls = []
+    orig = _reads.read_records_direct
+    monkeypatch.setattr(_reads, "read_records_direct", lambda *a: (calls.append(len(a[3])), orig(*a))[1])
+    L = Loader(path, 7, "permutation", mem_bytes=20 * rec, threads=3, seed=4)
+    d = L.describe()
+    assert d["direct_reads"] and not d["fits"] and d["willneed"] == 0 and "O_DIRECT" in str(d)
+    _epochs_exact(L, ref)
+    L.close()
+    seg = ref.backend.field_segments("image")[0]
+    can = _direct.open_direct(seg.path)
+    if can is not None:
+        os.close(can)
+    if refused or can is None:
+        assert calls == []
+    else:  # the image field (the label is gathered from the mapping): every record, both epochs
+        assert sum(calls) == 2 * len(ref)
+
+
+def test_a_store_that_fits_or_is_cached_keeps_the_page_cache(stores, monkeypatch):
+    """No O_DIRECT where the page cache serves: a store that fits the budget,
+    or one found cached at the start of the epoch."""
+    from mmstore.torch import _reads
+
+    path = stores["big"]
+    ref = mmstore.open(path)
+    calls = []
+    monkeypatch.setattr(_reads, "read_records_direct", lambda *a: calls.append(1))
+    L = Loader(path, 16, "permutation", mem_bytes=1 << 34)
+    assert not L.describe()["direct_reads"]
+    _epochs_exact(L, ref, (0,))
+    L.close()
+    monkeypatch.setattr(_reads, "resident_fraction", lambda paths: 1.0)  # found cached
+    L = Loader(path, 16, "permutation", mem_bytes=20 * 16, method="pread")
+    assert L.describe()["direct_reads"]
+    _epochs_exact(L, ref, (0,))
+    L.close()
+    assert calls == []
+
+
+def test_direct_record_reads_of_a_truncated_store_raise_the_typed_error(stores, tmp_path, monkeypatch):
+    """A record past the end of a truncated file: the O_DIRECT read comes up
+    short, the buffered one raises TruncatedReadError (an EOFError) naming
+    the record; nothing past the cut is delivered as data."""
+    import shutil
+
+    from mmstore._sys import TruncatedReadError
+    from mmstore.backends import memmap as memmap_backend
+    from mmstore.errors import StoreChangedError
+    from mmstore.torch import _reads
+
+    monkeypatch.setattr(memmap_backend, "note_identity", lambda *a, **k: None)
+    monkeypatch.setattr(_reads, "resident_fraction", lambda paths: 0.0)
+    dst = str(tmp_path / "big")
+    shutil.copytree(stores["big"], dst)
+    ref = mmstore.open(stores["big"])
+    rec = sum(ref.schema[f].nbytes for f in ref.fields)
+    seg = mmstore.open(dst).backend.field_segments("image")[0]
+    L = Loader(dst, 8, "permutation", mem_bytes=20 * rec, threads=3)
+    assert L.describe()["direct_reads"]
+    iter(L).close()
+    os.truncate(os.path.join(dst, "image.npy"), seg.offset + 150 * seg.entry_bytes + 100)
+    seen = []
+    with pytest.raises((OSError, StoreChangedError)) as e:
+        for b in L:
+            want = ref.read_batch(ref.slots_of(b["idx"].numpy()))
+            assert np.array_equal(b["image"].numpy(), want["image"])
+            seen += b["idx"].tolist()
+    assert isinstance(e.value, (TruncatedReadError, StoreChangedError))
+    assert len(seen) < 301
+    L.close()
+
+
+def test_plan_says_o_direct_only_where_fields_are_read_positionally(stores, monkeypatch):
+    """describe() promises O_DIRECT only for fields read with preadv: not on
+    LMDB, not with method="mmap"; the epochs are exact either way."""
+    from mmstore.torch import loader as loader_mod
+
+    monkeypatch.setattr(loader_mod, "DIRECT_MIN_CACHE", 0)
+    for name, method, want in (("lmdb", "auto", False), ("big", "mmap", False), ("big", "auto", True)):
+        ref = mmstore.open(stores[name])
+        rec = sum(ref.schema[f].nbytes for f in ref.fields)
+        for kind in ("permutation", "block"):
+            L = Loader(stores[name], 7, kind, mem_bytes=40 * rec, method=method, threads=2)
+            d = L.describe()
+            assert not d["fits"]
+            assert (d["direct_reads"] if kind == "permutation" else d["window_direct"]) == want, (name, method, kind)
+            _epochs_exact(L, ref, (0,))
+            L.close()
