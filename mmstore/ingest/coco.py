@@ -20,11 +20,11 @@ annotations) and listed in ``errors.jsonl`` (see ``mmstore/format.py``) with
 its reason, whose first word is the category:
 
 * ``malformed``: not an object, a missing ``id``/``image_id``/``category_id``/
-  ``bbox``, a value of the wrong type (ids must be integers, ``bbox`` four
+  ``bbox``, a value of the wrong type (ids must be 64-bit integers, ``bbox`` four
   numbers, ``iscrowd`` 0 or 1, ``segmentation`` polygons or an RLE object);
 * ``unknown-image``: its ``image_id`` is not in ``images`` (``slot`` null);
 * ``unknown-category``: its ``category_id`` is not in ``categories``;
-* ``bad-box``: a ``bbox`` coordinate that is not finite, or a width or
+* ``bad-box``: a ``bbox`` coordinate that is not finite (as a float64), or a width or
   height that is not positive.
 
 Annotations of an image keep their order in the JSON. Everything kept lives
@@ -85,8 +85,25 @@ def is_coco_json(path: str) -> bool:
     return path.lower().endswith(".json")
 
 
+_I64 = 1 << 63  # ids are stored as <i8: an integer outside [-2**63, 2**63) cannot be
+
+
 def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    """An integer (not a bool) that fits the stored ``<i8``."""
+    return isinstance(v, int) and not isinstance(v, bool) and -_I64 <= v < _I64
+
+
+def _all_finite(values: list[Any]) -> bool:
+    """Every number finite as a float64 (an integer beyond the float range is not)."""
+    try:
+        if math.isfinite(math.fsum(values)):  # C loop; any non-finite value makes the sum non-finite
+            return True
+    except (OverflowError, ValueError):  # an int beyond the float range, or finite floats summing past it
+        pass
+    try:
+        return all(math.isfinite(v) for v in values)
+    except OverflowError:
+        return False
 
 
 _NUMBER_TYPES = frozenset({int, float})  # JSON numbers (not bool)
@@ -163,8 +180,8 @@ class CocoSource(Source):
         out: dict[int, str] = {}
         for k, c in enumerate(cats):
             if not (isinstance(c, dict) and _is_int(c.get("id")) and isinstance(c.get("name"), str)):
-                raise IngestError(f"{self.path}: categories[{k}] must be an object with an integer 'id' and a "
-                                  f"string 'name', found {json.dumps(c)[:200]}")
+                raise IngestError(f"{self.path}: categories[{k}] must be an object with an integer 'id' (64-bit) and "
+                                  f"a string 'name', found {json.dumps(c)[:200]}")
             if c["id"] in out:
                 raise IngestError(f"{self.path}: category id {c['id']} appears twice ({out[c['id']]!r} and "
                                   f"{c['name']!r})")
@@ -178,11 +195,12 @@ class CocoSource(Source):
         for k, im in enumerate(imgs):
             ok = isinstance(im, dict) and _is_int(im.get("id")) and isinstance(im.get("file_name"), str) \
                 and im["file_name"] != ""
-            ok = ok and all(im.get(d) is None or (_is_int(im[d]) and im[d] > 0) for d in ("width", "height"))
+            ok = ok and all(im.get(d) is None or (_is_int(im[d]) and 0 < im[d] < 1 << 31)
+                            for d in ("width", "height"))
             if not ok:
-                raise IngestError(f"{self.path}: images[{k}] must be an object with an integer 'id', a non-empty "
-                                  f"'file_name' (and positive integer 'width'/'height' when present), found "
-                                  f"{json.dumps(im)[:200]}")
+                raise IngestError(f"{self.path}: images[{k}] must be an object with an integer 'id' (64-bit), a "
+                                  f"non-empty 'file_name' (and 'width'/'height' integers from 1 to 2**31 - 1 when "
+                                  f"present), found {json.dumps(im)[:200]}")
             if im["id"] in seen:
                 raise IngestError(f"{self.path}: image id {im['id']} appears twice in 'images'")
             seen.add(im["id"])
@@ -202,8 +220,8 @@ class CocoSource(Source):
         except KeyError as e:
             raise _Bad(f"malformed: no {e.args[0]!r}") from None
         for k, v in zip(("id", "image_id", "category_id"), ids):
-            if type(v) is not int:
-                raise _Bad(f"malformed: {k!r} must be an integer, found {json.dumps(v)[:60]}")
+            if type(v) is not int or not -_I64 <= v < _I64:
+                raise _Bad(f"malformed: {k!r} must be an integer (64-bit), found {json.dumps(v)[:60]}")
         if not (type(bb) is list and len(bb) == 4 and {type(v) for v in bb} <= _NUMBER_TYPES):
             raise _Bad(f"malformed: 'bbox' must be 4 numbers [x, y, w, h], found {json.dumps(bb)[:80]}")
         crowd = a.get("iscrowd", 0)
@@ -219,7 +237,7 @@ class CocoSource(Source):
                 if not (isinstance(p, list) and {type(v) for v in p} <= _NUMBER_TYPES):
                     raise _Bad("malformed: 'segmentation' must be a list of polygons (lists of numbers) or an "
                                "RLE object")
-                if len(p) % 2 or not math.isfinite(sum(p)):
+                if len(p) % 2 or not _all_finite(p):
                     raise _Bad("malformed: a 'segmentation' polygon must be finite x, y pairs")
             polys = seg
         elif seg is not None:
@@ -228,8 +246,8 @@ class CocoSource(Source):
             raise _Bad(f"unknown-image: image_id {a['image_id']} is not in 'images'")
         if a["category_id"] not in cats:
             raise _Bad(f"unknown-category: category_id {a['category_id']} is not in 'categories'")
-        if not math.isfinite(sum(bb)) and not all(math.isfinite(v) for v in bb):
-            raise _Bad("bad-box: a 'bbox' coordinate is not finite")
+        if not _all_finite(bb):
+            raise _Bad("bad-box: a 'bbox' coordinate is not finite (or beyond the float64 range)")
         if not (bb[2] > 0 and bb[3] > 0):
             raise _Bad(f"bad-box: width and height must be positive, found w={bb[2]} h={bb[3]}")
         return slot_of[a["image_id"]], polys, rle
@@ -264,7 +282,7 @@ class CocoSource(Source):
             rle += has_rle
             kept = [p for p in polys if len(p) >= 6]
             small += len(polys) - len(kept)
-            x, y, w, h = a["bbox"]
+            x, y, w, h = (float(v) for v in a["bbox"])  # float64: x + w of two huge ints stays a float
             a_slot.append(s)
             a_id.append(a["id"])
             a_cat.append(a["category_id"])
