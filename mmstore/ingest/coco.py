@@ -158,7 +158,7 @@ class CocoSource(Source):
             raise IngestError(f"{self.path}: over {MAX_JSON_BYTES >> 30} GiB; not read")
         digest = xxhash.xxh3_128(data).hexdigest()
         try:
-            doc = json.loads(data.decode("utf-8"))
+            doc = json.loads(data.decode("utf-8-sig"))  # a leading byte-order mark (Windows tools) is allowed
         except UnicodeDecodeError as e:
             raise IngestError(f"{self.path}: not UTF-8 text (byte {e.start}); a COCO JSON is UTF-8") from None
         except json.JSONDecodeError as e:

@@ -95,3 +95,19 @@ def test_huge_integers_in_images_or_categories_are_an_ingest_error(tmp_path, whe
         json.dump(doc, fh)
     with pytest.raises(IngestError, match="64-bit|2\\*\\*31"):
         ingest(path, str(tmp_path / "s"), size=20, root=imgs, workers=0, quiet=True)
+
+
+def test_json_with_a_byte_order_mark_is_read(tmp_path):
+    """A UTF-8 BOM (what Windows tools write) was refused as "not valid JSON (Unexpected UTF-8 BOM
+    (decode using utf-8-sig))" at line 1 column 1, advice a CLI user cannot follow; RFC 8259 lets
+    a parser ignore it, and the records are the same as without it."""
+    path, imgs = _coco(str(tmp_path), [("a.png", 1, 20, 20)], [_ann(1)])
+    with open(path, "rb") as fh:
+        raw = fh.read()
+    bom = str(tmp_path / "bom.json")
+    with open(bom, "wb") as fh:
+        fh.write(b"\xef\xbb\xbf" + raw)
+    for p, d in ((path, "plain"), (bom, "bom")):
+        ingest(p, str(tmp_path / d), size=20, root=imgs, workers=0, quiet=True)
+    a, b = mmstore.open(str(tmp_path / "plain"))[0], mmstore.open(str(tmp_path / "bom"))[0]
+    assert b["annotation_id"].tolist() == [1] and np.array_equal(a["boxes"], b["boxes"])
