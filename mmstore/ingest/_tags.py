@@ -5,7 +5,8 @@ Tags
     ``";"``): ``cat;animal``. Whitespace around each tag is trimmed; an empty
     cell is a record with zero tags (valid); an empty piece between two
     separators (``cat;;dog``, a trailing ``;``) names no tag and is dropped,
-    counted in a note; a tag written twice in one cell is kept once (where
+    counted in a note. A whitespace separator (``" "`` as in ``haze primary``,
+    a tab) is allowed: runs of it count as one, and are not counted; a tag written twice in one cell is kept once (where
     it first appears), counted in a note. The tag ids of a record are stored
     in the order the cell writes them, as the ragged field ``tags``
     (``<i4``, shape ``(None,)``) whose ``classes`` name every tag.
@@ -97,8 +98,10 @@ class TagColumns:
             raise ValueError("tags_sep / tag_names (--tags-sep / --tag-names) apply with a tags column "
                              "(tags_column=, CLI --tags-column)")
         sep = DEFAULT_TAGS_SEP if tags_sep is None else tags_sep
-        if not isinstance(sep, str) or not sep or sep != sep.strip() or "\n" in sep:
-            raise ValueError(f"tags_sep must be a non-blank separator such as ';' or '|', got {tags_sep!r}")
+        if not isinstance(sep, str) or not sep or (sep != sep.strip() and not sep.isspace()) or "\n" in sep \
+                or "\r" in sep:
+            raise ValueError(f"tags_sep must be a separator such as ';', '|', ' ' or a tab (not text with spaces "
+                             f"around it, not a line break), got {tags_sep!r}")
         self.tags_column, self.sep, self.text_column = tags_column, sep, text_column
         self.mapping: list[str] | None = None
         self.mapping_from: str | None = None
@@ -154,7 +157,7 @@ class TagColumns:
         for piece in cell.split(self.sep) if cell.strip() else ():
             t = piece.strip()
             if not t:
-                blank = True
+                blank = blank or not self.sep.isspace()  # a run of a whitespace separator is one separator
                 continue
             k = self.names.setdefault(t, len(self.names))
             if k in seen:

@@ -100,7 +100,7 @@ def test_other_separator_and_tags_only(tmp_path, h):
     with pytest.raises(ValueError, match="tags_sep"):
         ingest(lst, str(tmp_path / "x"), (8, 8), tags_sep="|", quiet=True)
     with pytest.raises(ValueError, match="tags_sep"):
-        ingest(lst, str(tmp_path / "x"), (8, 8), tags_column="tags", tags_sep=" ", quiet=True)
+        ingest(lst, str(tmp_path / "x"), (8, 8), tags_column="tags", tags_sep="; ", quiet=True)
 
 
 def test_bad_utf8_cells_are_holes(tmp_path, h):

@@ -111,3 +111,32 @@ def test_json_with_a_byte_order_mark_is_read(tmp_path):
         ingest(p, str(tmp_path / d), size=20, root=imgs, workers=0, quiet=True)
     a, b = mmstore.open(str(tmp_path / "plain"))[0], mmstore.open(str(tmp_path / "bom"))[0]
     assert b["annotation_id"].tolist() == [1] and np.array_equal(a["boxes"], b["boxes"])
+
+
+def _tag_list(tmp_path, rows, header="image_name,tags"):
+    """Grey images p0.png ... and a CSV of ``rows`` (cells after the path, written as given)."""
+    for k in range(len(rows)):
+        cv2.imwrite(str(tmp_path / f"p{k}.png"), np.full((12, 10, 3), 40 + 10 * k, np.uint8))
+    path = tmp_path / "train.csv"
+    with open(path, "w", encoding="utf-8", newline="") as fh:
+        fh.write(header + "\n" + "".join(",".join([f"p{k}.png", *r]) + "\n" for k, r in enumerate(rows)))
+    return str(path)
+
+
+@pytest.mark.parametrize(("sep", "cells"), [(" ", ["haze primary", "clear  primary water ", "cloudy", ""]),
+                                            ("\t", ['"haze\tprimary"', '"clear\t\tprimary\twater"', "cloudy", ""])])
+def test_whitespace_tag_separator(tmp_path, capsys, sep, cells):
+    """Space-separated tags (Kaggle's Planet list: ``train_0,haze primary``) were refused ("tags_sep
+    must be a non-blank separator"); a whitespace separator now splits, a run of it counting as one
+    (no "empty tag" note for it)."""
+    lst = _tag_list(tmp_path, [(c,) for c in cells])
+    dest = str(tmp_path / "s")
+    rc, _, err = run_cli(["ingest", lst, dest, "--size", "8", "--workers", "0", "--tags-column", "tags",
+                          "--tags-sep", sep], capsys)
+    assert rc == 0, err
+    assert "has an empty tag" not in err and "note: 1 inputs with an empty tags cell" in err
+    s = mmstore.open(dest)
+    names = s.schema["tags"].class_names
+    assert names == {0: "clear", 1: "cloudy", 2: "haze", 3: "primary", 4: "water"}
+    assert [[names[t] for t in s[i]["tags"].tolist()] for i in range(4)] == [
+        ["haze", "primary"], ["clear", "primary", "water"], ["cloudy"], []]
