@@ -12,7 +12,11 @@ Tags
     (``<i4``, shape ``(None,)``) whose ``classes`` name every tag.
 
     Ids are numbered like the names of a named label column: the distinct
-    tag names of the whole list sorted by code point, from 0. Another list
+    tag names of the whole list sorted by code point, from 0. A list whose
+    tags are all plain non-negative integers (``3;17``, at most
+    :data:`MAX_INTEGER_TAG`) keeps them as the ids, like an integer label
+    column (nothing renumbered): the tag names are ``"0"`` .. the largest
+    (every id up to it named, so a mapping of them reads back as one). Another list
     (a validation split) numbers its own tags; to give a tag the same id in
     both, pass ``tag_names`` (CLI ``--tag-names``): a store (its ``tags``
     field's classes, e.g. the training store) or a text file of one tag per
@@ -85,6 +89,17 @@ def load_tag_names(tag_names: Any) -> tuple[list[str], str]:
         raise LabelMappingError("tag_names: expected a store, a file or a list of tag names, found None")
     names, origin = got
     return names, origin if origin != "label_names" else "tag_names"
+
+
+MAX_INTEGER_TAG = 65535  # integer tags above this are named (sorted by code point), not kept as ids
+
+
+def _integer_tags(found: list[str]) -> bool:
+    """Every tag a plain non-negative decimal integer (``0``, ``17``; not
+    ``07``, ``+1``, ``1.0``) no larger than :data:`MAX_INTEGER_TAG`."""
+    return bool(found) and all(
+        t.isascii() and t.isdigit() and (t == "0" or t[0] != "0") and len(t) <= 5 for t in found
+    ) and max(int(t) for t in found) <= MAX_INTEGER_TAG
 
 
 class TagColumns:
@@ -199,6 +214,11 @@ class TagColumns:
                 names, ids = map_classes(found, self.mapping, self.new_classes, self.mapping_from or "tag_names",
                                          path, notes, what="tag(s) in the list")
                 final = np.asarray(ids, np.int64)
+            elif _integer_tags(found):  # like an integer label column: nothing renumbered
+                final = np.array([int(t) for t in found], np.int64)
+                names = [str(k) for k in range(int(final.max()) + 1)]
+                notes[f"distinct tags, all integers: each tag's id is its value (tag names '0' .. "
+                      f"'{len(names) - 1}')"] = len(found)
             rank = np.empty(len(found), np.int64)  # provisional id -> position in ``found``
             rank[[self.names[t] for t in found]] = np.arange(len(found))
             prov = np.frombuffer(self.tag_ids, np.int32) if len(self.tag_ids) else np.zeros(0, np.int32)

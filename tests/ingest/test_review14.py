@@ -140,3 +140,41 @@ def test_whitespace_tag_separator(tmp_path, capsys, sep, cells):
     assert names == {0: "clear", 1: "cloudy", 2: "haze", 3: "primary", 4: "water"}
     assert [[names[t] for t in s[i]["tags"].tolist()] for i in range(4)] == [
         ["haze", "primary"], ["clear", "primary", "water"], ["cloudy"], []]
+
+
+def test_integer_tags_keep_their_values(tmp_path, capsys):
+    """Tags written as integers (``1;5;12``) were renumbered by code point ({0: '1', 1: '10',
+    2: '12', 3: '2', 4: '5'}: tag 12 got id 2), so ``multi_hot(tags, 13)`` set the wrong columns,
+    unlike an integer label column, which keeps its values. Now the integers are the ids, every id
+    up to the largest is named, and a validation list numbered by ``--tag-names train.store``
+    agrees; a list mixing names and integers is named as before."""
+    import torch
+
+    from mmstore.torch import multi_hot
+
+    lst = _tag_list(tmp_path, [("1;5;12",), ("2; 10",), ("5",), ("",)])
+    train = str(tmp_path / "train.store")
+    rc, _, err = run_cli(["ingest", lst, train, "--size", "8", "--workers", "0", "--tags-column", "tags"], capsys)
+    assert rc == 0, err
+    assert "note: 5 distinct tags, all integers: each tag's id is its value (tag names '0' .. '12')" in err
+    s = mmstore.open(train)
+    assert s.schema["tags"].class_names == {k: str(k) for k in range(13)}
+    assert [s[i]["tags"].tolist() for i in range(4)] == [[1, 5, 12], [2, 10], [5], []]
+    target = multi_hot([torch.tensor(s[i]["tags"]) for i in range(4)], 13)
+    assert target[0].nonzero().flatten().tolist() == [1, 5, 12]
+    # a validation list with other integers: the same ids, by the train store's names or by the rule
+    val_dir = tmp_path / "val"
+    val_dir.mkdir()
+    val = _tag_list(val_dir, [("12;3",), ("0",)])
+    for extra, d in ((["--tag-names", train], "v1"), ([], "v2")):
+        rc, _, err = run_cli(["ingest", val, str(val_dir / d), "--size", "8", "--workers", "0", "--tags-column",
+                              "tags", *extra], capsys)
+        assert rc == 0, err
+        v = mmstore.open(str(val_dir / d))
+        assert [v[i]["tags"].tolist() for i in range(2)] == [[12, 3], [0]]
+    # not plain integers: named and sorted by code point, as before
+    mixed_dir = tmp_path / "mixed"
+    mixed_dir.mkdir()
+    mixed = _tag_list(mixed_dir, [("1;cat",), ("07",)])
+    ingest(mixed, str(mixed_dir / "m"), 8, tags_column="tags", workers=0, quiet=True)
+    assert mmstore.open(str(mixed_dir / "m")).schema["tags"].class_names == {0: "07", 1: "1", 2: "cat"}
