@@ -27,7 +27,9 @@ its reason, whose first word is the category:
 * ``bad-box``: a ``bbox`` coordinate that is not finite (as a float64), or a width or
   height that is not positive.
 
-Annotations of an image keep their order in the JSON. Everything kept lives
+Annotations sharing an ``id`` are all kept (a note counts them: tools that
+index annotations by id keep one). Annotations of an image keep their order
+in the JSON. Everything kept lives
 in numpy arrays (one row per annotation, one per polygon, one per point);
 the parsed JSON is dropped after the scan and workers inherit the arrays by
 fork. The JSON's bytes enter the inputs fingerprint (a resume with another
@@ -299,6 +301,9 @@ class CocoSource(Source):
             warnings["crowd annotations whose RLE mask is not stored (box kept, iscrowd 1)"] = rle
         if small:
             warnings["polygons of fewer than 3 points not stored"] = small
+        dup = len(self.ann_id) - len(np.unique(self.ann_id))
+        if dup:  # kept (nothing is dropped for it), but said: tools that index annotations by id keep one
+            warnings["annotations whose id repeats an earlier annotation's (all kept, stored as written)"] = dup
         self.ann_errors = errors
         self.image_ids = np.array([r[1] for r in rows], np.int64)
         self.image_sizes = np.array([(r[3], r[2]) for r in rows], np.int64).reshape(-1, 2)  # (h, w), -1: absent

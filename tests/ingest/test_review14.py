@@ -178,3 +178,17 @@ def test_integer_tags_keep_their_values(tmp_path, capsys):
     mixed = _tag_list(mixed_dir, [("1;cat",), ("07",)])
     ingest(mixed, str(mixed_dir / "m"), 8, tags_column="tags", workers=0, quiet=True)
     assert mmstore.open(str(mixed_dir / "m")).schema["tags"].class_names == {0: "07", 1: "1", 2: "cat"}
+
+
+def test_repeated_annotation_ids_are_kept_and_counted(tmp_path, capsys):
+    """Two annotations with one id (a merged or hand-edited JSON) were kept without a word; tools
+    that index annotations by id (pycocotools) keep only one of them, so the summary now says so."""
+    anns = [_ann(1), _ann(1, bbox=[4, 4, 6, 6]), _ann(2), _ann(2, image_id=2), _ann(3)]
+    path, imgs = _coco(str(tmp_path), [("a.png", 1, 20, 20), ("b.png", 2, 20, 20)], anns)
+    dest = str(tmp_path / "s")
+    rc, _, err = run_cli(["ingest", path, dest, "--root", imgs, "--size", "20", "--workers", "0"], capsys)
+    assert rc == 0, err
+    assert "note: 2 annotations whose id repeats an earlier annotation's" in err
+    s = mmstore.open(dest)
+    assert s[0]["annotation_id"].tolist() == [1, 1, 2, 3] and s[1]["annotation_id"].tolist() == [2]
+    assert s[0]["boxes"].tolist()[1] == [4, 4, 10, 10]
