@@ -192,3 +192,23 @@ def test_repeated_annotation_ids_are_kept_and_counted(tmp_path, capsys):
     s = mmstore.open(dest)
     assert s[0]["annotation_id"].tolist() == [1, 1, 2, 3] and s[1]["annotation_id"].tolist() == [2]
     assert s[0]["boxes"].tolist()[1] == [4, 4, 10, 10]
+
+
+def test_min_box_size_zero_drops_boxes_wholly_outside_the_crop(tmp_path, capsys):
+    """With ``--min-box-size 0`` a box wholly outside a center crop was kept as a zero-width box on
+    the crop's edge (``[0, 8, 0, 14]``) and counted as "clipped": a box no input may hold (a
+    non-positive size is a bad-box), which makes IoU losses divide by zero. It is dropped now;
+    a box partly inside is kept, clipped, at any size."""
+    anns = [_ann(1, bbox=[1, 5, 6, 6]),  # x 1..7 of a 40-wide image cropped to x 10..30: outside
+            _ann(2, bbox=[8, 5, 2.5, 6]),  # x 8..10.5: 0.5 source px inside the crop
+            _ann(3, bbox=[12, 5, 6, 6])]  # inside
+    path, imgs = _coco(str(tmp_path), [("a.png", 1, 20, 40)], anns)
+    dest = str(tmp_path / "s")
+    rc, _, err = run_cli(["ingest", path, dest, "--root", imgs, "--size", "20", "--resize", "center-crop",
+                          "--min-box-size", "0", "--workers", "0"], capsys)
+    assert rc == 0, err
+    r = mmstore.open(dest)[0]
+    assert r["box"].tolist() == [10, 0, 30, 20]
+    assert r["annotation_id"].tolist() == [2, 3]
+    assert r["boxes"].tolist() == [[0, 5, 0.5, 11], [2, 5, 8, 11]]
+    assert "note: 1 boxes clipped to the picture area" in err and "note: 1 boxes dropped" in err
