@@ -107,11 +107,32 @@ def _label_notes(ids: dict[str, int], cells: np.ndarray, bad: dict[int, str], mi
     return notes
 
 
-def _csv_rows(reader: Any, path: str) -> Iterator[list[str]]:
-    """The rows of ``reader``; a row the csv module cannot parse (a field over
-    its 128 KiB limit, a NUL byte, a quote left open to the end of the file)
-    is an ``IngestError`` naming its line."""
+class _Lines:
+    """The lines of ``fh`` for ``csv.reader``, remembering when they ran out."""
+
+    def __init__(self, fh: Any) -> None:
+        self.fh = fh
+        self.eof = False
+
+    def __iter__(self) -> _Lines:
+        return self
+
+    def __next__(self) -> str:
+        line = self.fh.readline()
+        if not line:
+            self.eof = True
+            raise StopIteration
+        return line
+
+
+def _csv_rows(fh: Any, path: str, delimiter: str) -> Iterator[list[str]]:
+    """The rows of the CSV text ``fh``; a row the csv module cannot parse (a
+    field over its 128 KiB limit, a NUL byte, a quote left open to the end of
+    the file) is an ``IngestError`` naming its line."""
+    lines = _Lines(fh)
+    reader = csv.reader(lines, delimiter=delimiter)
     while True:
+        start = reader.line_num + 1
         try:
             row = next(reader)
         except StopIteration:
@@ -121,6 +142,11 @@ def _csv_rows(reader: Any, path: str) -> Iterator[list[str]]:
                 f"{path}:{reader.line_num}: not a CSV row the reader can parse ({e}); a field over 128 KiB "
                 "usually means a quote (\") opened and never closed: fix the list"
             ) from None
+        if lines.eof:  # a complete row ends at its line's end: this one needed the end of the file
+            raise IngestError(
+                f"{path}:{start}: a quote (\") opened in this row is never closed, so every line after it "
+                f"(to line {reader.line_num}) would be one cell; nothing was created: fix the list"
+            )
         yield row
 
 
@@ -296,7 +322,7 @@ class ListSource(Source):
         except OSError as e:
             raise IngestError(f"{self.path}: cannot read the list ({e.strerror})") from None
         with fh:
-            reader = _csv_rows(csv.reader(fh, delimiter=self.delimiter), self.path)
+            reader = _csv_rows(fh, self.path, self.delimiter)
             header = next(reader, None)
             if header is None:
                 raise IngestError(f"{self.path}: the list is empty (no header row)")

@@ -212,3 +212,26 @@ def test_min_box_size_zero_drops_boxes_wholly_outside_the_crop(tmp_path, capsys)
     assert r["annotation_id"].tolist() == [2, 3]
     assert r["boxes"].tolist() == [[0, 5, 0.5, 11], [2, 5, 8, 11]]
     assert "note: 1 boxes clipped to the picture area" in err and "note: 1 boxes dropped" in err
+
+
+@pytest.mark.parametrize("tail", ["\n", ""])
+def test_a_quote_left_open_is_an_error_not_a_swallowed_list(tmp_path, tail):
+    """A caption whose quote is never closed made every later line part of that one cell: 3 rows
+    became 1 record, without a word (the docstring of ``_csv_rows`` promised an error, which came
+    only past 128 KiB). Now it is an ``IngestError`` naming the row; nothing is created."""
+    lst = _tag_list(tmp_path, [("cat", "A cat"), ("dog", '"a dog, never closed'), ("bird", "A bird")],
+                    header="image_name,tags,caption")
+    with open(lst) as fh:
+        text = fh.read().rstrip("\n") + tail
+    with open(lst, "w") as fh:
+        fh.write(text)
+    dest = str(tmp_path / "s")
+    with pytest.raises(IngestError, match=r"train\.csv:3: a quote .* is never closed"):
+        ingest(lst, dest, 8, tags_column="tags", text_column="caption", workers=0, quiet=True)
+    assert not os.path.exists(dest) and not os.path.exists(dest + ".partial")
+    # closed quotes spanning lines, and a last row without a line end, are read as written
+    with open(lst, "w") as fh:
+        fh.write('image_name,tags,caption\np0.png,cat,"two\nlines"\np1.png,dog,"x, y"')
+    ingest(lst, dest, 8, tags_column="tags", text_column="caption", workers=0, quiet=True)
+    s = mmstore.open(dest)
+    assert [s[i]["text"] for i in range(len(s))] == ["two\nlines", "x, y"]
