@@ -304,6 +304,9 @@ class CocoSource(Source):
         dup = len(self.ann_id) - len(np.unique(self.ann_id))
         if dup:  # kept (nothing is dropped for it), but said: tools that index annotations by id keep one
             warnings["annotations whose id repeats an earlier annotation's (all kept, stored as written)"] = dup
+        same_name = n - len({r[0] for r in rows})
+        if same_name:  # each entry is its own record (its own id and annotations) of the same picture
+            warnings["'images' entries whose file_name another entry also has (each its own record)"] = same_name
         self.ann_errors = errors
         self.image_ids = np.array([r[1] for r in rows], np.int64)
         self.image_sizes = np.array([(r[3], r[2]) for r in rows], np.int64).reshape(-1, 2)  # (h, w), -1: absent

@@ -194,6 +194,20 @@ def test_repeated_annotation_ids_are_kept_and_counted(tmp_path, capsys):
     assert s[0]["boxes"].tolist()[1] == [4, 4, 10, 10]
 
 
+def test_images_sharing_a_file_name_are_counted(tmp_path, capsys):
+    """Two ``images`` entries with one file_name (a merged JSON) become two records with one key,
+    each with its own annotations; the summary says so (it said nothing)."""
+    path, imgs = _coco(str(tmp_path), [("a.png", 1, 20, 20), ("a.png", 2, 20, 20), ("b.png", 3, 20, 20)],
+                       [_ann(1, image_id=2), _ann(2, image_id=3)])
+    dest = str(tmp_path / "s")
+    rc, _, err = run_cli(["ingest", path, dest, "--root", imgs, "--size", "20", "--workers", "0"], capsys)
+    assert rc == 0, err
+    assert "note: 1 'images' entries whose file_name another entry also has" in err
+    s = mmstore.open(dest)
+    assert [(s.key(i), int(s[i]["image_id"]), s[i]["annotation_id"].tolist()) for i in range(3)] == [
+        ("a.png", 1, []), ("a.png", 2, [1]), ("b.png", 3, [2])]
+
+
 def test_min_box_size_zero_drops_boxes_wholly_outside_the_crop(tmp_path, capsys):
     """With ``--min-box-size 0`` a box wholly outside a center crop was kept as a zero-width box on
     the crop's edge (``[0, 8, 0, 14]``) and counted as "clipped": a box no input may hold (a
