@@ -249,3 +249,21 @@ def test_a_quote_left_open_is_an_error_not_a_swallowed_list(tmp_path, tail):
     ingest(lst, dest, 8, tags_column="tags", text_column="caption", workers=0, quiet=True)
     s = mmstore.open(dest)
     assert [s[i]["text"] for i in range(len(s))] == ["two\nlines", "x, y"]
+
+
+def test_verify_does_not_advise_a_repair_it_refuses(tmp_path, capsys):
+    """A damaged errors.jsonl (the skipped annotations' lines) is a structural problem: verify
+    advised `mmstore verify --repair`, which then refused ("repair only restores records"). The
+    advice now names what works; a damaged record still gets the --repair advice."""
+    path, imgs = _coco(str(tmp_path), [("a.png", 1, 20, 20)], [_ann(1), _ann(2, category_id=9)])
+    dest = str(tmp_path / "s")
+    ingest(path, dest, size=20, root=imgs, workers=0, quiet=True)
+    errors = os.path.join(dest, "errors.jsonl")
+    with open(errors, "r+b") as fh:
+        fh.seek(3)
+        fh.write(b"X")
+    rc, out, _ = run_cli(["verify", dest], capsys)
+    assert rc != 0 and "[digest] errors.jsonl" in out
+    assert "next       restore the files named above from a copy" in out and "verify --repair` re-ingests" not in out
+    rc, out, _ = run_cli(["verify", "--repair", dest], capsys)
+    assert rc != 0 and "refused" in out
