@@ -8,7 +8,7 @@ The JSON is parsed once; malformed JSON, or a top level that is not an
 object with an ``images`` list, is an :class:`~mmstore.errors.IngestError`
 naming the JSON error's line and column. ``categories`` (a list of
 ``{"id": int, "name": str}``) and every entry of ``images`` (``{"id": int,
-"file_name": str}``, ``width``/``height`` optional ints) must be well formed
+"file_name": str}``, ``width``/``height`` optional whole numbers) must be well formed
 too (an ``IngestError`` names the first bad entry): without them no record
 can be keyed. Records are the ``images`` sorted by ``file_name`` (UTF-8
 bytes, then by id), the record key is the ``file_name`` and the image file is
@@ -93,6 +93,16 @@ _I64 = 1 << 63  # ids are stored as <i8: an integer outside [-2**63, 2**63) cann
 def _is_int(v: Any) -> bool:
     """An integer (not a bool) that fits the stored ``<i8``."""
     return isinstance(v, int) and not isinstance(v, bool) and -_I64 <= v < _I64
+
+
+def _is_dim(v: Any) -> bool:
+    """An image ``width``/``height``: absent (None), or a whole number from 1
+    to 2**31 - 1 (an integer, or a float such as ``640.0`` that some exporters write)."""
+    if v is None:
+        return True
+    if type(v) is float and v.is_integer():
+        v = int(v)
+    return type(v) is int and 0 < v < 1 << 31
 
 
 def _all_finite(values: list[Any]) -> bool:
@@ -197,17 +207,17 @@ class CocoSource(Source):
         for k, im in enumerate(imgs):
             ok = isinstance(im, dict) and _is_int(im.get("id")) and isinstance(im.get("file_name"), str) \
                 and im["file_name"] != ""
-            ok = ok and all(im.get(d) is None or (_is_int(im[d]) and 0 < im[d] < 1 << 31)
-                            for d in ("width", "height"))
+            ok = ok and all(_is_dim(im.get(d)) for d in ("width", "height"))
             if not ok:
                 raise IngestError(f"{self.path}: images[{k}] must be an object with an integer 'id' (64-bit), a "
-                                  f"non-empty 'file_name' (and 'width'/'height' integers from 1 to 2**31 - 1 when "
-                                  f"present), found {json.dumps(im)[:200]}")
+                                  f"non-empty 'file_name' (and 'width'/'height' whole numbers from 1 to 2**31 - 1 "
+                                  f"when present), found {json.dumps(im)[:200]}")
             if im["id"] in seen:
                 raise IngestError(f"{self.path}: image id {im['id']} appears twice in 'images'")
             seen.add(im["id"])
             name = im["file_name"].encode("utf-8", "surrogateescape")
-            rows.append((name, im["id"], im.get("width") or -1, im.get("height") or -1))
+            w, h = (-1 if im.get(d) is None else int(im[d]) for d in ("width", "height"))  # 640.0 is 640
+            rows.append((name, im["id"], w, h))
         rows.sort()
         return rows
 

@@ -97,6 +97,28 @@ def test_huge_integers_in_images_or_categories_are_an_ingest_error(tmp_path, whe
         ingest(path, str(tmp_path / "s"), size=20, root=imgs, workers=0, quiet=True)
 
 
+def test_image_size_written_as_a_whole_float_is_read(tmp_path):
+    """``"width": 640.0`` (what some exporters write) refused the whole JSON; a whole float is the
+    integer it names (and checked against the decoded size as any), a fraction is still refused."""
+    path, imgs = _coco(str(tmp_path), [("a.png", 1, 20, 30), ("b.png", 2, 20, 30)], [_ann(1)])
+    with open(path) as fh:
+        doc = json.load(fh)
+    doc["images"][0].update(width=30.0, height=20.0)
+    doc["images"][1].update(width=30.0, height=21.0)  # not the decoded size: a hole, as for an int
+    with open(path, "w") as fh:
+        json.dump(doc, fh)
+    dest = str(tmp_path / "s")
+    ingest(path, dest, size=20, root=imgs, workers=0, quiet=True)
+    s = mmstore.open(dest)
+    assert len(s) == 1 and s[0]["annotation_id"].tolist() == [1]
+    assert s.skipped()[0]["reason"].startswith("wrong-shape: the annotation file says 30x21")
+    doc["images"][0]["width"] = 30.5
+    with open(path, "w") as fh:
+        json.dump(doc, fh)
+    with pytest.raises(IngestError, match="whole numbers"):
+        ingest(path, str(tmp_path / "t"), size=20, root=imgs, workers=0, quiet=True)
+
+
 def test_json_with_a_byte_order_mark_is_read(tmp_path):
     """A UTF-8 BOM (what Windows tools write) was refused as "not valid JSON (Unexpected UTF-8 BOM
     (decode using utf-8-sig))" at line 1 column 1, advice a CLI user cannot follow; RFC 8259 lets
