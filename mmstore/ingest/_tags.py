@@ -94,12 +94,13 @@ def load_tag_names(tag_names: Any) -> tuple[list[str], str]:
 MAX_INTEGER_TAG = 65535  # integer tags above this are named (sorted by code point), not kept as ids
 
 
-def _integer_tags(found: list[str]) -> bool:
-    """Every tag a plain non-negative decimal integer (``0``, ``17``; not
-    ``07``, ``+1``, ``1.0``) no larger than :data:`MAX_INTEGER_TAG`."""
-    return bool(found) and all(
-        t.isascii() and t.isdigit() and (t == "0" or t[0] != "0") and len(t) <= 5 for t in found
-    ) and max(int(t) for t in found) <= MAX_INTEGER_TAG
+def _integer_tags(found: list[str]) -> bool | None:
+    """True: every tag a plain non-negative decimal integer (``0``, ``17``;
+    not ``07``, ``+1``, ``1.0``) no larger than :data:`MAX_INTEGER_TAG`;
+    None: plain integers, but one is larger; False: not all integers."""
+    if not found or not all(t.isascii() and t.isdigit() and (t == "0" or t[0] != "0") for t in found):
+        return False
+    return True if max(len(t) for t in found) <= 5 and max(int(t) for t in found) <= MAX_INTEGER_TAG else None
 
 
 class TagColumns:
@@ -214,11 +215,15 @@ class TagColumns:
                 names, ids = map_classes(found, self.mapping, self.new_classes, self.mapping_from or "tag_names",
                                          path, notes, what="tag(s) in the list")
                 final = np.asarray(ids, np.int64)
-            elif _integer_tags(found):  # like an integer label column: nothing renumbered
-                final = np.array([int(t) for t in found], np.int64)
-                names = [str(k) for k in range(int(final.max()) + 1)]
-                notes[f"distinct tags, all integers: each tag's id is its value (tag names '0' .. "
-                      f"'{len(names) - 1}')"] = len(found)
+            elif (whole := _integer_tags(found)) is not False:
+                if whole:  # like an integer label column: nothing renumbered
+                    final = np.array([int(t) for t in found], np.int64)
+                    names = [str(k) for k in range(int(final.max()) + 1)]
+                    notes[f"distinct tags, all integers: each tag's id is its value (tag names '0' .. "
+                          f"'{len(names) - 1}')"] = len(found)
+                else:  # said, as the ids are not the values
+                    notes[f"distinct tags, all integers but some over {MAX_INTEGER_TAG}: numbered as names (sorted "
+                          "by code point; store.schema['tags'].class_names maps id -> tag)"] = len(found)
             rank = np.empty(len(found), np.int64)  # provisional id -> position in ``found``
             rank[[self.names[t] for t in found]] = np.arange(len(found))
             prov = np.frombuffer(self.tag_ids, np.int32) if len(self.tag_ids) else np.zeros(0, np.int32)

@@ -200,6 +200,14 @@ def test_integer_tags_keep_their_values(tmp_path, capsys):
     mixed = _tag_list(mixed_dir, [("1;cat",), ("07",)])
     ingest(mixed, str(mixed_dir / "m"), 8, tags_column="tags", workers=0, quiet=True)
     assert mmstore.open(str(mixed_dir / "m")).schema["tags"].class_names == {0: "07", 1: "1", 2: "cat"}
+    # integers too large to be ids: named, and the summary says so
+    big_dir = tmp_path / "big"
+    big_dir.mkdir()
+    big = _tag_list(big_dir, [("3;70000",), ("12",)])
+    rc, _, err = run_cli(["ingest", big, str(big_dir / "b"), "--size", "8", "--workers", "0", "--tags-column",
+                          "tags"], capsys)
+    assert rc == 0 and "note: 3 distinct tags, all integers but some over 65535: numbered as names" in err
+    assert mmstore.open(str(big_dir / "b")).schema["tags"].class_names == {0: "12", 1: "3", 2: "70000"}
 
 
 def test_repeated_annotation_ids_are_kept_and_counted(tmp_path, capsys):
