@@ -297,3 +297,12 @@ def test_verify_does_not_advise_a_repair_it_refuses(tmp_path, capsys):
     assert "next       restore the files named above from a copy" in out and "verify --repair` re-ingests" not in out
     rc, out, _ = run_cli(["verify", "--repair", dest], capsys)
     assert rc != 0 and "refused" in out
+
+
+def test_a_short_row_is_named_by_its_line_after_multi_line_captions(tmp_path):
+    """"row has 2 columns" named the row's number, not its line: after a caption of three lines
+    the line given was two short of the row the user has to fix."""
+    lst = tmp_path / "l.csv"
+    lst.write_text('path,tags,caption\np0.png,cat,"one\ntwo\nthree"\np1.png,dog\n', encoding="utf-8")
+    with pytest.raises(IngestError, match=r"l\.csv:5: row has 2 columns, expected 3"):
+        ingest(str(lst), str(tmp_path / "s"), 8, tags_column="tags", text_column="caption", workers=0, quiet=True)
