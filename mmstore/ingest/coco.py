@@ -367,7 +367,9 @@ class CocoSource(Source):
         h, w = (int(v) for v in self.image_sizes[i])
         if h < 0 or w < 0 or (h, w) == tuple(orig_size):
             return
-        turned = " (the JSON gives the size before the EXIF orientation?)" if (w, h) == tuple(orig_size) else ""
+        turned = (" (the JSON gives the size before the EXIF orientation? mmstore decodes the image upright: give "
+                  "its size and boxes in the upright image's pixels, or remove the file's orientation tag)"
+                  if (w, h) == tuple(orig_size) else "")
         raise InputError(f"wrong-shape: the annotation file says {w}x{h} (width x height), the decoded image is "
                          f"{orig_size[1]}x{orig_size[0]}{turned}; its annotations would land in the wrong place")
 
