@@ -5,9 +5,10 @@ Tags
     ``";"``): ``cat;animal``. Whitespace around each tag is trimmed; an empty
     cell is a record with zero tags (valid); an empty piece between two
     separators (``cat;;dog``, a trailing ``;``) names no tag and is dropped,
-    counted in a note. A whitespace separator (``" "`` as in ``haze primary``,
-    a tab) is allowed: runs of it count as one, and are not counted; a tag written twice in one cell is kept once (where
-    it first appears), counted in a note. The tag ids of a record are stored
+    counted in a note (a whitespace separator, ``" "`` as in ``haze primary``
+    or a tab, is allowed: a run of it is one separator, not counted); a tag
+    written twice in one cell is kept once (where it first appears), counted
+    in a note. The tag ids of a record are stored
     in the order the cell writes them, as the ragged field ``tags``
     (``<i4``, shape ``(None,)``) whose ``classes`` name every tag.
 
@@ -16,8 +17,9 @@ Tags
     tags are all plain non-negative integers (``3;17``, at most
     :data:`MAX_INTEGER_TAG`) keeps them as the ids, like an integer label
     column (nothing renumbered): the tag names are ``"0"`` .. the largest
-    (every id up to it named, so a mapping of them reads back as one). Another list
-    (a validation split) numbers its own tags; to give a tag the same id in
+    (every id up to it named, so a mapping of them reads back as one; larger
+    integers are numbered as names, with a note). Another list (a validation
+    split) numbers its own tags; to give a tag the same id in
     both, pass ``tag_names`` (CLI ``--tag-names``): a store (its ``tags``
     field's classes, e.g. the training store) or a text file of one tag per
     line (line k names id k, the format of ``--label-names``). A tag not in

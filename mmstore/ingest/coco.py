@@ -28,9 +28,10 @@ its reason, whose first word is the category:
   height that is not positive.
 
 Annotations sharing an ``id`` are all kept (a note counts them: tools that
-index annotations by id keep one). Annotations of an image keep their order
-in the JSON. Everything kept lives
-in numpy arrays (one row per annotation, one per polygon, one per point);
+index annotations by id keep one), as are ``images`` entries sharing a
+``file_name`` (each its own record; counted too). Annotations of an image
+keep their order in the JSON. Everything kept lives in numpy arrays (one row
+per annotation, one per polygon, one per point);
 the parsed JSON is dropped after the scan and workers inherit the arrays by
 fork. The JSON's bytes enter the inputs fingerprint (a resume with another
 JSON is refused).
