@@ -266,6 +266,9 @@ class CocoSource(Source):
         return slot_of[a["image_id"]], polys, rle
 
     def scan(self) -> Listing:
+        if not os.path.isdir(self.root):  # a mistyped --root: every image would be a hole, the store empty
+            raise IngestError(f"{self.path}: the image folder {self.root} (--root) is not a directory; pass the "
+                              "folder the JSON's file_name entries start from")
         doc, digest = self._load_json()
         cats = self._categories(doc.get("categories", []))
         rows = self._images(doc["images"])

@@ -306,3 +306,13 @@ def test_a_short_row_is_named_by_its_line_after_multi_line_captions(tmp_path):
     lst.write_text('path,tags,caption\np0.png,cat,"one\ntwo\nthree"\np1.png,dog\n', encoding="utf-8")
     with pytest.raises(IngestError, match=r"l\.csv:5: row has 2 columns, expected 3"):
         ingest(str(lst), str(tmp_path / "s"), 8, tags_column="tags", text_column="caption", workers=0, quiet=True)
+
+
+def test_a_mistyped_root_is_an_error_not_an_empty_store(tmp_path):
+    """``--root val2071/`` (no such folder) made every image a hole "unreadable" and ended with
+    exit code 0 and a store of 0 records; it is refused before anything is created."""
+    path, imgs = _coco(str(tmp_path), [("a.png", 1, 20, 20)], [_ann(1)])
+    dest = str(tmp_path / "s")
+    with pytest.raises(IngestError, match=r"\(--root\) is not a directory"):
+        ingest(path, dest, size=20, root=imgs + "-typo", workers=0, quiet=True)
+    assert not os.path.exists(dest) and not os.path.exists(dest + ".partial")
