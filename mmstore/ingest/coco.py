@@ -21,7 +21,8 @@ its reason, whose first word is the category:
 
 * ``malformed``: not an object, a missing ``id``/``image_id``/``category_id``/
   ``bbox``, a value of the wrong type (ids must be 64-bit integers, ``bbox`` four
-  numbers, ``iscrowd`` 0 or 1, ``segmentation`` polygons or an RLE object);
+  numbers, ``iscrowd`` 0 or 1 (``true``/``false`` too), ``segmentation``
+  polygons or an RLE object);
 * ``unknown-image``: its ``image_id`` is not in ``images`` (``slot`` null);
 * ``unknown-category``: its ``category_id`` is not in ``categories``;
 * ``bad-box``: a ``bbox`` coordinate that is not finite (as a float64), or a width or
@@ -238,7 +239,7 @@ class CocoSource(Source):
         if not (type(bb) is list and len(bb) == 4 and {type(v) for v in bb} <= _NUMBER_TYPES):
             raise _Bad(f"malformed: 'bbox' must be 4 numbers [x, y, w, h], found {json.dumps(bb)[:80]}")
         crowd = a.get("iscrowd", 0)
-        if not (type(crowd) is int and crowd in (0, 1)):
+        if crowd not in (0, 1) or type(crowd) not in (int, bool, float):  # true/false and 1.0 mean 1/0 (COCO tools)
             raise _Bad(f"malformed: 'iscrowd' must be 0 or 1, found {json.dumps(crowd)[:60]}")
         seg = a.get("segmentation", [])
         polys: list[list[float]] = []
@@ -302,7 +303,7 @@ class CocoSource(Source):
             a_slot.append(s)
             a_id.append(a["id"])
             a_cat.append(a["category_id"])
-            a_crowd.append(a.get("iscrowd", 0))
+            a_crowd.append(int(a.get("iscrowd", 0)))
             a_box += [x, y, x + w, y + h]
             a_npoly.append(len(kept))
             for p in kept:

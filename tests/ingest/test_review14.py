@@ -316,3 +316,19 @@ def test_a_mistyped_root_is_an_error_not_an_empty_store(tmp_path):
     with pytest.raises(IngestError, match=r"\(--root\) is not a directory"):
         ingest(path, dest, size=20, root=imgs + "-typo", workers=0, quiet=True)
     assert not os.path.exists(dest) and not os.path.exists(dest + ".partial")
+
+
+def test_iscrowd_written_as_a_boolean_is_kept(tmp_path, capsys):
+    """``"iscrowd": false`` (a JSON boolean, which pycocotools reads as 0) skipped the whole
+    annotation, box and all, as malformed; true/false and 1.0/0.0 now mean 1/0, other values are
+    still skipped."""
+    anns = [_ann(1, iscrowd=False), _ann(2, iscrowd=True), _ann(3, iscrowd=1.0), _ann(4, iscrowd=0),
+            _ann(5, iscrowd=2), _ann(6, iscrowd="0"), _ann(7, iscrowd=0.5)]
+    path, imgs = _coco(str(tmp_path), [("a.png", 1, 20, 20)], anns)
+    dest = str(tmp_path / "s")
+    rc, _, err = run_cli(["ingest", path, dest, "--root", imgs, "--size", "20", "--workers", "0"], capsys)
+    assert rc == 0, err
+    r = mmstore.open(dest)[0]
+    assert r["annotation_id"].tolist() == [1, 2, 3, 4] and r["iscrowd"].tolist() == [0, 1, 1, 0]
+    assert [e["id"] for e in _errors(dest)] == [5, 6, 7]
+    assert "note: 3 annotations skipped, malformed" in err
