@@ -31,7 +31,9 @@ Clip and drop rule
 Stored boxes and polygons are clipped to the stored *picture area* ``dst``
 (not to the record: the letterbox border of ``pad`` holds no picture). A box
 whose clipped width or height is below ``min_size`` stored pixels (default
-:data:`MIN_BOX_SIZE` = 1; ``--min-box-size``) is dropped, with its polygons;
+:data:`MIN_BOX_SIZE` = 1; ``--min-box-size``), or is not positive (a box
+wholly outside the picture, even with ``min_size`` 0), is dropped, with its
+polygons;
 a box that lost area to the clip but is kept counts as *clipped*. A polygon
 is clipped to ``dst`` exactly (Sutherland-Hodgman against the four edges);
 one left with fewer than 3 points is dropped.
@@ -197,7 +199,8 @@ def clip_boxes(boxes: Any, area: Any, min_size: float = MIN_BOX_SIZE) -> tuple[n
     """Clip stored-pixel xyxy ``boxes`` ``(n, 4)`` to ``area`` (``dst``: one
     ``(4,)`` or one per box ``(n, 4)``); return ``(clipped boxes float64,
     keep, clipped)``: ``keep`` is False for a box whose clipped width or
-    height is below ``min_size`` (or not finite), ``clipped`` True for a kept
+    height is below ``min_size``, or not positive (whatever ``min_size``: a
+    box wholly outside ``area``), or not finite, ``clipped`` True for a kept
     box that lost area to the clip."""
     b = np.asarray(boxes, np.float64).reshape(-1, 4)
     a = np.asarray(area, np.float64)
@@ -207,7 +210,7 @@ def clip_boxes(boxes: Any, area: Any, min_size: float = MIN_BOX_SIZE) -> tuple[n
     out[:, 2:] = np.clip(b[:, 2:], lo, hi)
     size = out[:, 2:] - out[:, :2]
     with np.errstate(invalid="ignore"):
-        keep = np.all(size >= float(min_size), axis=1) & np.all(np.isfinite(out), axis=1)
+        keep = np.all((size >= float(min_size)) & (size > 0), axis=1) & np.all(np.isfinite(out), axis=1)
         clipped = keep & np.any(out != b, axis=1)
     return out, keep, clipped
 

@@ -115,8 +115,12 @@ def render(rep, max_listed: int = 20) -> str:  # noqa: ANN001
             out.append(f"  ... and {rep.bad_count - max_listed:,} more (--json lists them all)")
     out.append(rep.summary())
     if not rep.ok and rep.repair is None:
-        out.append("next       `mmstore verify --repair` re-ingests bad records from the source when it is "
-                   "still there; otherwise restore the store from a copy or re-create it")
+        if any(p.kind != "lmdb-keys" for p in rep.problems):  # what --repair refuses (tools/repair.py)
+            out.append("next       restore the files named above from a copy, or re-create the store "
+                       "(`mmstore verify --repair` restores records, not these files)")
+        else:
+            out.append("next       `mmstore verify --repair` re-ingests bad records from the source when it is "
+                       "still there; otherwise restore the store from a copy or re-create it")
     return "\n".join(out)
 
 

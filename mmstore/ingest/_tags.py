@@ -5,14 +5,21 @@ Tags
     ``";"``): ``cat;animal``. Whitespace around each tag is trimmed; an empty
     cell is a record with zero tags (valid); an empty piece between two
     separators (``cat;;dog``, a trailing ``;``) names no tag and is dropped,
-    counted in a note; a tag written twice in one cell is kept once (where
-    it first appears), counted in a note. The tag ids of a record are stored
+    counted in a note (a whitespace separator, ``" "`` as in ``haze primary``
+    or a tab, is allowed: a run of it is one separator, not counted); a tag
+    written twice in one cell is kept once (where it first appears), counted
+    in a note. The tag ids of a record are stored
     in the order the cell writes them, as the ragged field ``tags``
     (``<i4``, shape ``(None,)``) whose ``classes`` name every tag.
 
     Ids are numbered like the names of a named label column: the distinct
-    tag names of the whole list sorted by code point, from 0. Another list
-    (a validation split) numbers its own tags; to give a tag the same id in
+    tag names of the whole list sorted by code point, from 0. A list whose
+    tags are all plain non-negative integers (``3;17``, at most
+    :data:`MAX_INTEGER_TAG`) keeps them as the ids, like an integer label
+    column (nothing renumbered): the tag names are ``"0"`` .. the largest
+    (every id up to it named, so a mapping of them reads back as one; larger
+    integers are numbered as names, with a note). Another list (a validation
+    split) numbers its own tags; to give a tag the same id in
     both, pass ``tag_names`` (CLI ``--tag-names``): a store (its ``tags``
     field's classes, e.g. the training store) or a text file of one tag per
     line (line k names id k, the format of ``--label-names``). A tag not in
@@ -86,6 +93,18 @@ def load_tag_names(tag_names: Any) -> tuple[list[str], str]:
     return names, origin if origin != "label_names" else "tag_names"
 
 
+MAX_INTEGER_TAG = 65535  # integer tags above this are named (sorted by code point), not kept as ids
+
+
+def _integer_tags(found: list[str]) -> bool | None:
+    """True: every tag a plain non-negative decimal integer (``0``, ``17``;
+    not ``07``, ``+1``, ``1.0``) no larger than :data:`MAX_INTEGER_TAG`;
+    None: plain integers, but one is larger; False: not all integers."""
+    if not found or not all(t.isascii() and t.isdigit() and (t == "0" or t[0] != "0") for t in found):
+        return False
+    return True if max(len(t) for t in found) <= 5 and max(int(t) for t in found) <= MAX_INTEGER_TAG else None
+
+
 class TagColumns:
     """The tags and text columns of one :class:`~.lists.ListSource`: options,
     then the rows of a scan (:meth:`start`, :meth:`add`, :meth:`finish`),
@@ -97,8 +116,10 @@ class TagColumns:
             raise ValueError("tags_sep / tag_names (--tags-sep / --tag-names) apply with a tags column "
                              "(tags_column=, CLI --tags-column)")
         sep = DEFAULT_TAGS_SEP if tags_sep is None else tags_sep
-        if not isinstance(sep, str) or not sep or sep != sep.strip() or "\n" in sep:
-            raise ValueError(f"tags_sep must be a non-blank separator such as ';' or '|', got {tags_sep!r}")
+        if not isinstance(sep, str) or not sep or (sep != sep.strip() and not sep.isspace()) or "\n" in sep \
+                or "\r" in sep:
+            raise ValueError(f"tags_sep must be a separator such as ';', '|', ' ' or a tab (not text with spaces "
+                             f"around it, not a line break), got {tags_sep!r}")
         self.tags_column, self.sep, self.text_column = tags_column, sep, text_column
         self.mapping: list[str] | None = None
         self.mapping_from: str | None = None
@@ -154,7 +175,7 @@ class TagColumns:
         for piece in cell.split(self.sep) if cell.strip() else ():
             t = piece.strip()
             if not t:
-                blank = True
+                blank = blank or not self.sep.isspace()  # a run of a whitespace separator is one separator
                 continue
             k = self.names.setdefault(t, len(self.names))
             if k in seen:
@@ -196,6 +217,15 @@ class TagColumns:
                 names, ids = map_classes(found, self.mapping, self.new_classes, self.mapping_from or "tag_names",
                                          path, notes, what="tag(s) in the list")
                 final = np.asarray(ids, np.int64)
+            elif (whole := _integer_tags(found)) is not False:
+                if whole:  # like an integer label column: nothing renumbered
+                    final = np.array([int(t) for t in found], np.int64)
+                    names = [str(k) for k in range(int(final.max()) + 1)]
+                    notes[f"distinct tags, all integers: each tag's id is its value (tag names '0' .. "
+                          f"'{len(names) - 1}')"] = len(found)
+                else:  # said, as the ids are not the values
+                    notes[f"distinct tags, all integers but some over {MAX_INTEGER_TAG}: numbered as names (sorted "
+                          "by code point; store.schema['tags'].class_names maps id -> tag)"] = len(found)
             rank = np.empty(len(found), np.int64)  # provisional id -> position in ``found``
             rank[[self.names[t] for t in found]] = np.arange(len(found))
             prov = np.frombuffer(self.tag_ids, np.int32) if len(self.tag_ids) else np.zeros(0, np.int32)

@@ -8,7 +8,7 @@ The JSON is parsed once; malformed JSON, or a top level that is not an
 object with an ``images`` list, is an :class:`~mmstore.errors.IngestError`
 naming the JSON error's line and column. ``categories`` (a list of
 ``{"id": int, "name": str}``) and every entry of ``images`` (``{"id": int,
-"file_name": str}``, ``width``/``height`` optional ints) must be well formed
+"file_name": str}``, ``width``/``height`` optional whole numbers) must be well formed
 too (an ``IngestError`` names the first bad entry): without them no record
 can be keyed. Records are the ``images`` sorted by ``file_name`` (UTF-8
 bytes, then by id), the record key is the ``file_name`` and the image file is
@@ -20,15 +20,19 @@ annotations) and listed in ``errors.jsonl`` (see ``mmstore/format.py``) with
 its reason, whose first word is the category:
 
 * ``malformed``: not an object, a missing ``id``/``image_id``/``category_id``/
-  ``bbox``, a value of the wrong type (ids must be integers, ``bbox`` four
-  numbers, ``iscrowd`` 0 or 1, ``segmentation`` polygons or an RLE object);
+  ``bbox``, a value of the wrong type (ids must be 64-bit integers, ``bbox`` four
+  numbers, ``iscrowd`` 0 or 1 (``true``/``false`` too), ``segmentation``
+  polygons or an RLE object);
 * ``unknown-image``: its ``image_id`` is not in ``images`` (``slot`` null);
 * ``unknown-category``: its ``category_id`` is not in ``categories``;
-* ``bad-box``: a ``bbox`` coordinate that is not finite, or a width or
+* ``bad-box``: a ``bbox`` coordinate that is not finite (as a float64), or a width or
   height that is not positive.
 
-Annotations of an image keep their order in the JSON. Everything kept lives
-in numpy arrays (one row per annotation, one per polygon, one per point);
+Annotations sharing an ``id`` are all kept (a note counts them: tools that
+index annotations by id keep one), as are ``images`` entries sharing a
+``file_name`` (each its own record; counted too). Annotations of an image
+keep their order in the JSON. Everything kept lives in numpy arrays (one row
+per annotation, one per polygon, one per point);
 the parsed JSON is dropped after the scan and workers inherit the arrays by
 fork. The JSON's bytes enter the inputs fingerprint (a resume with another
 JSON is refused).
@@ -85,8 +89,35 @@ def is_coco_json(path: str) -> bool:
     return path.lower().endswith(".json")
 
 
+_I64 = 1 << 63  # ids are stored as <i8: an integer outside [-2**63, 2**63) cannot be
+
+
 def _is_int(v: Any) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+    """An integer (not a bool) that fits the stored ``<i8``."""
+    return isinstance(v, int) and not isinstance(v, bool) and -_I64 <= v < _I64
+
+
+def _is_dim(v: Any) -> bool:
+    """An image ``width``/``height``: absent (None), or a whole number from 1
+    to 2**31 - 1 (an integer, or a float such as ``640.0`` that some exporters write)."""
+    if v is None:
+        return True
+    if type(v) is float and v.is_integer():
+        v = int(v)
+    return type(v) is int and 0 < v < 1 << 31
+
+
+def _all_finite(values: list[Any]) -> bool:
+    """Every number finite as a float64 (an integer beyond the float range is not)."""
+    try:
+        if math.isfinite(math.fsum(values)):  # C loop; any non-finite value makes the sum non-finite
+            return True
+    except (OverflowError, ValueError):  # an int beyond the float range, or finite floats summing past it
+        pass
+    try:
+        return all(math.isfinite(v) for v in values)
+    except OverflowError:
+        return False
 
 
 _NUMBER_TYPES = frozenset({int, float})  # JSON numbers (not bool)
@@ -141,7 +172,7 @@ class CocoSource(Source):
             raise IngestError(f"{self.path}: over {MAX_JSON_BYTES >> 30} GiB; not read")
         digest = xxhash.xxh3_128(data).hexdigest()
         try:
-            doc = json.loads(data.decode("utf-8"))
+            doc = json.loads(data.decode("utf-8-sig"))  # a leading byte-order mark (Windows tools) is allowed
         except UnicodeDecodeError as e:
             raise IngestError(f"{self.path}: not UTF-8 text (byte {e.start}); a COCO JSON is UTF-8") from None
         except json.JSONDecodeError as e:
@@ -163,8 +194,8 @@ class CocoSource(Source):
         out: dict[int, str] = {}
         for k, c in enumerate(cats):
             if not (isinstance(c, dict) and _is_int(c.get("id")) and isinstance(c.get("name"), str)):
-                raise IngestError(f"{self.path}: categories[{k}] must be an object with an integer 'id' and a "
-                                  f"string 'name', found {json.dumps(c)[:200]}")
+                raise IngestError(f"{self.path}: categories[{k}] must be an object with an integer 'id' (64-bit) and "
+                                  f"a string 'name', found {json.dumps(c)[:200]}")
             if c["id"] in out:
                 raise IngestError(f"{self.path}: category id {c['id']} appears twice ({out[c['id']]!r} and "
                                   f"{c['name']!r})")
@@ -178,16 +209,17 @@ class CocoSource(Source):
         for k, im in enumerate(imgs):
             ok = isinstance(im, dict) and _is_int(im.get("id")) and isinstance(im.get("file_name"), str) \
                 and im["file_name"] != ""
-            ok = ok and all(im.get(d) is None or (_is_int(im[d]) and im[d] > 0) for d in ("width", "height"))
+            ok = ok and all(_is_dim(im.get(d)) for d in ("width", "height"))
             if not ok:
-                raise IngestError(f"{self.path}: images[{k}] must be an object with an integer 'id', a non-empty "
-                                  f"'file_name' (and positive integer 'width'/'height' when present), found "
-                                  f"{json.dumps(im)[:200]}")
+                raise IngestError(f"{self.path}: images[{k}] must be an object with an integer 'id' (64-bit), a "
+                                  f"non-empty 'file_name' (and 'width'/'height' whole numbers from 1 to 2**31 - 1 "
+                                  f"when present), found {json.dumps(im)[:200]}")
             if im["id"] in seen:
                 raise IngestError(f"{self.path}: image id {im['id']} appears twice in 'images'")
             seen.add(im["id"])
             name = im["file_name"].encode("utf-8", "surrogateescape")
-            rows.append((name, im["id"], im.get("width") or -1, im.get("height") or -1))
+            w, h = (-1 if im.get(d) is None else int(im[d]) for d in ("width", "height"))  # 640.0 is 640
+            rows.append((name, im["id"], w, h))
         rows.sort()
         return rows
 
@@ -202,12 +234,12 @@ class CocoSource(Source):
         except KeyError as e:
             raise _Bad(f"malformed: no {e.args[0]!r}") from None
         for k, v in zip(("id", "image_id", "category_id"), ids):
-            if type(v) is not int:
-                raise _Bad(f"malformed: {k!r} must be an integer, found {json.dumps(v)[:60]}")
+            if type(v) is not int or not -_I64 <= v < _I64:
+                raise _Bad(f"malformed: {k!r} must be an integer (64-bit), found {json.dumps(v)[:60]}")
         if not (type(bb) is list and len(bb) == 4 and {type(v) for v in bb} <= _NUMBER_TYPES):
             raise _Bad(f"malformed: 'bbox' must be 4 numbers [x, y, w, h], found {json.dumps(bb)[:80]}")
         crowd = a.get("iscrowd", 0)
-        if not (type(crowd) is int and crowd in (0, 1)):
+        if crowd not in (0, 1) or type(crowd) not in (int, bool, float):  # true/false and 1.0 mean 1/0 (COCO tools)
             raise _Bad(f"malformed: 'iscrowd' must be 0 or 1, found {json.dumps(crowd)[:60]}")
         seg = a.get("segmentation", [])
         polys: list[list[float]] = []
@@ -219,7 +251,7 @@ class CocoSource(Source):
                 if not (isinstance(p, list) and {type(v) for v in p} <= _NUMBER_TYPES):
                     raise _Bad("malformed: 'segmentation' must be a list of polygons (lists of numbers) or an "
                                "RLE object")
-                if len(p) % 2 or not math.isfinite(sum(p)):
+                if len(p) % 2 or not _all_finite(p):
                     raise _Bad("malformed: a 'segmentation' polygon must be finite x, y pairs")
             polys = seg
         elif seg is not None:
@@ -228,13 +260,16 @@ class CocoSource(Source):
             raise _Bad(f"unknown-image: image_id {a['image_id']} is not in 'images'")
         if a["category_id"] not in cats:
             raise _Bad(f"unknown-category: category_id {a['category_id']} is not in 'categories'")
-        if not math.isfinite(sum(bb)) and not all(math.isfinite(v) for v in bb):
-            raise _Bad("bad-box: a 'bbox' coordinate is not finite")
+        if not _all_finite(bb):
+            raise _Bad("bad-box: a 'bbox' coordinate is not finite (or beyond the float64 range)")
         if not (bb[2] > 0 and bb[3] > 0):
             raise _Bad(f"bad-box: width and height must be positive, found w={bb[2]} h={bb[3]}")
         return slot_of[a["image_id"]], polys, rle
 
     def scan(self) -> Listing:
+        if not os.path.isdir(self.root):  # a mistyped --root: every image would be a hole, the store empty
+            raise IngestError(f"{self.path}: the image folder {self.root} (--root) is not a directory; pass the "
+                              "folder the JSON's file_name entries start from")
         doc, digest = self._load_json()
         cats = self._categories(doc.get("categories", []))
         rows = self._images(doc["images"])
@@ -264,11 +299,11 @@ class CocoSource(Source):
             rle += has_rle
             kept = [p for p in polys if len(p) >= 6]
             small += len(polys) - len(kept)
-            x, y, w, h = a["bbox"]
+            x, y, w, h = (float(v) for v in a["bbox"])  # float64: x + w of two huge ints stays a float
             a_slot.append(s)
             a_id.append(a["id"])
             a_cat.append(a["category_id"])
-            a_crowd.append(a.get("iscrowd", 0))
+            a_crowd.append(int(a.get("iscrowd", 0)))
             a_box += [x, y, x + w, y + h]
             a_npoly.append(len(kept))
             for p in kept:
@@ -281,6 +316,12 @@ class CocoSource(Source):
             warnings["crowd annotations whose RLE mask is not stored (box kept, iscrowd 1)"] = rle
         if small:
             warnings["polygons of fewer than 3 points not stored"] = small
+        dup = len(self.ann_id) - len(np.unique(self.ann_id))
+        if dup:  # kept (nothing is dropped for it), but said: tools that index annotations by id keep one
+            warnings["annotations whose id repeats an earlier annotation's (all kept, stored as written)"] = dup
+        same_name = n - len({r[0] for r in rows})
+        if same_name:  # each entry is its own record (its own id and annotations) of the same picture
+            warnings["'images' entries whose file_name another entry also has (each its own record)"] = same_name
         self.ann_errors = errors
         self.image_ids = np.array([r[1] for r in rows], np.int64)
         self.image_sizes = np.array([(r[3], r[2]) for r in rows], np.int64).reshape(-1, 2)  # (h, w), -1: absent
@@ -331,7 +372,9 @@ class CocoSource(Source):
         h, w = (int(v) for v in self.image_sizes[i])
         if h < 0 or w < 0 or (h, w) == tuple(orig_size):
             return
-        turned = " (the JSON gives the size before the EXIF orientation?)" if (w, h) == tuple(orig_size) else ""
+        turned = (" (the JSON gives the size before the EXIF orientation? mmstore decodes the image upright: give "
+                  "its size and boxes in the upright image's pixels, or remove the file's orientation tag)"
+                  if (w, h) == tuple(orig_size) else "")
         raise InputError(f"wrong-shape: the annotation file says {w}x{h} (width x height), the decoded image is "
                          f"{orig_size[1]}x{orig_size[0]}{turned}; its annotations would land in the wrong place")
 

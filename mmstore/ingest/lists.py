@@ -107,11 +107,35 @@ def _label_notes(ids: dict[str, int], cells: np.ndarray, bad: dict[int, str], mi
     return notes
 
 
-def _csv_rows(reader: Any, path: str) -> Iterator[list[str]]:
-    """The rows of ``reader``; a row the csv module cannot parse (a field over
-    its 128 KiB limit, a NUL byte, a quote left open to the end of the file)
-    is an ``IngestError`` naming its line."""
+class _Lines:
+    """The lines of ``fh`` for ``csv.reader``, remembering when they ran out."""
+
+    def __init__(self, fh: Any) -> None:
+        self.fh = fh
+        self.eof = False
+
+    def __iter__(self) -> _Lines:
+        return self
+
+    def __next__(self) -> str:
+        line = self.fh.readline()
+        if not line:
+            self.eof = True
+            raise StopIteration
+        return line
+
+
+def _csv_rows(fh: Any, path: str, delimiter: str, where: list[int] | None = None) -> Iterator[list[str]]:
+    """The rows of the CSV text ``fh``; a row the csv module cannot parse (a
+    field over its 128 KiB limit, a NUL byte, a quote left open to the end of
+    the file) is an ``IngestError`` naming its line. ``where[0]`` is set to
+    the line the row yielded starts on (a quoted cell may hold line breaks)."""
+    lines = _Lines(fh)
+    reader = csv.reader(lines, delimiter=delimiter)
     while True:
+        start = reader.line_num + 1
+        if where is not None:
+            where[0] = start
         try:
             row = next(reader)
         except StopIteration:
@@ -121,6 +145,11 @@ def _csv_rows(reader: Any, path: str) -> Iterator[list[str]]:
                 f"{path}:{reader.line_num}: not a CSV row the reader can parse ({e}); a field over 128 KiB "
                 "usually means a quote (\") opened and never closed: fix the list"
             ) from None
+        if lines.eof:  # a complete row ends at its line's end: this one needed the end of the file
+            raise IngestError(
+                f"{path}:{start}: a quote (\") opened in this row is never closed, so every line after it "
+                f"(to line {reader.line_num}) would be one cell; nothing was created: fix the list"
+            )
         yield row
 
 
@@ -296,7 +325,8 @@ class ListSource(Source):
         except OSError as e:
             raise IngestError(f"{self.path}: cannot read the list ({e.strerror})") from None
         with fh:
-            reader = _csv_rows(csv.reader(fh, delimiter=self.delimiter), self.path)
+            where = [1]  # the line the current row starts on (rows may span lines)
+            reader = _csv_rows(fh, self.path, self.delimiter, where)
             header = next(reader, None)
             if header is None:
                 raise IngestError(f"{self.path}: the list is empty (no header row)")
@@ -325,11 +355,11 @@ class ListSource(Source):
             need = max(pc, lc if lc is not None else -1, tags.last_column)
             b = _Builder("list", lc is not None)
             ids: dict[str, int] = {}
-            for lineno, row in enumerate(itertools.chain(first_data, reader), 1 if first_data else 2):
+            for row in itertools.chain(first_data, reader):
                 if not row or (len(row) == 1 and not row[0].strip()):
                     continue
                 if need >= len(row):
-                    raise IngestError(f"{self.path}:{lineno}: row has {len(row)} columns, expected {len(header)}")
+                    raise IngestError(f"{self.path}:{where[0]}: row has {len(row)} columns, expected {len(header)}")
                 tags.add(row)
                 key = row[pc]
                 lab = -1

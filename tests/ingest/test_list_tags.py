@@ -100,7 +100,7 @@ def test_other_separator_and_tags_only(tmp_path, h):
     with pytest.raises(ValueError, match="tags_sep"):
         ingest(lst, str(tmp_path / "x"), (8, 8), tags_sep="|", quiet=True)
     with pytest.raises(ValueError, match="tags_sep"):
-        ingest(lst, str(tmp_path / "x"), (8, 8), tags_column="tags", tags_sep=" ", quiet=True)
+        ingest(lst, str(tmp_path / "x"), (8, 8), tags_column="tags", tags_sep="; ", quiet=True)
 
 
 def test_bad_utf8_cells_are_holes(tmp_path, h):
@@ -219,14 +219,16 @@ def test_tag_names_from_a_store_or_a_file(tmp_path, h, capsys):
 
 
 _TAG = st.text(st.characters(blacklist_categories=("Cs", "Cc")), min_size=0, max_size=6).filter(
-    lambda t: not set(t) & set(';\t\n\r"'))  # no separator, and nothing the TSV itself would split or quote
+    lambda t: not set(t) & set(';\t\n\r"')  # no separator, and nothing the TSV itself would split or quote
+) | st.sampled_from(["0", "1", "2", "10", " 3 ", "07", "65535", "65536"])  # integer tags (and near misses)
 
 
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.lists(_TAG, max_size=5), min_size=1, max_size=8))
 def test_tag_cells_property(tmp_path_factory, cells):
     """Any tag cells: each record's ids name its distinct trimmed tags in the
-    order written; the names are every tag of the list, sorted by code point."""
+    order written; the names are every tag of the list, sorted by code point
+    (or, when every tag is a plain integer, the integers are the ids)."""
     d = tmp_path_factory.mktemp("prop")
     lst = d / "l.tsv"
     rows = [";".join(c) for c in cells]
@@ -242,8 +244,12 @@ def test_tag_cells_property(tmp_path_factory, cells):
             if t and t not in seen:
                 seen.append(t)
         want.append(seen)
-    names = sorted({t for w in want for t in w})
+    found = sorted({t for w in want for t in w})
+    if found and all(t.isascii() and t.isdigit() and (t == "0" or t[0] != "0") and int(t) <= 65535 for t in found):
+        names = {k: str(k) for k in range(max(int(t) for t in found) + 1)}  # integer tags: their own ids
+    else:
+        names = dict(enumerate(found))
     (f,) = src.fields
-    assert f.class_names == dict(enumerate(names))
+    assert f.class_names == names
     for k, w in enumerate(want):
         assert [names[int(t)] for t in src.input_extras(k)["tags"]] == w
