@@ -125,13 +125,26 @@ class _Lines:
         return line
 
 
+MAX_CELL_CHARS = 64 << 20  # the longest cell of a list (a caption, a path): 64 Mi characters
+
+
 def _csv_rows(fh: Any, path: str, delimiter: str, where: list[int] | None = None) -> Iterator[list[str]]:
     """The rows of the CSV text ``fh``; a row the csv module cannot parse (a
-    field over its 128 KiB limit, a NUL byte, a quote left open to the end of
-    the file) is an ``IngestError`` naming its line. ``where[0]`` is set to
-    the line the row yielded starts on (a quoted cell may hold line breaks)."""
+    cell over :data:`MAX_CELL_CHARS`, a NUL byte, a quote left open to the end
+    of the file) is an ``IngestError`` naming its line. ``where[0]`` is set to
+    the line the row yielded starts on (a quoted cell may hold line breaks).
+    The csv module's cell limit (128 Ki characters by default, process-wide)
+    is raised while the rows are read, so a long caption is a caption."""
     lines = _Lines(fh)
     reader = csv.reader(lines, delimiter=delimiter)
+    old = csv.field_size_limit(MAX_CELL_CHARS)
+    try:
+        yield from _rows(reader, lines, path, where)
+    finally:
+        csv.field_size_limit(old)
+
+
+def _rows(reader: Any, lines: _Lines, path: str, where: list[int] | None) -> Iterator[list[str]]:
     while True:
         start = reader.line_num + 1
         if where is not None:
@@ -142,8 +155,8 @@ def _csv_rows(fh: Any, path: str, delimiter: str, where: list[int] | None = None
             return
         except csv.Error as e:
             raise IngestError(
-                f"{path}:{reader.line_num}: not a CSV row the reader can parse ({e}); a field over 128 KiB "
-                "usually means a quote (\") opened and never closed: fix the list"
+                f"{path}:{reader.line_num}: not a CSV row the reader can parse ({e}); fix the list (a cell may "
+                f"hold at most {MAX_CELL_CHARS:,} characters)"
             ) from None
         if lines.eof:  # a complete row ends at its line's end: this one needed the end of the file
             raise IngestError(

@@ -143,6 +143,14 @@ def concat(parts: Sequence[Ragged]) -> Ragged:
     return Ragged(np.concatenate([p.values for p in parts]), offsets, parts[0].kind)
 
 
+def _check_ids(values: torch.Tensor) -> None:
+    """Refuse tag ids that are not integers (never rounded); an empty tensor
+    of any dtype is no tags."""
+    if values.numel() and (values.dtype.is_floating_point or values.dtype.is_complex or values.dtype == torch.bool):
+        raise TypeError(f"tag ids must be integers, found {values.dtype} values: read the tags field as it "
+                        "is stored (an integer field), or convert exact values with .long()")
+
+
 def multi_hot(tags: Any, num_classes: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Multi-label targets from a batch of tag ids: ``(batch, num_classes)``
     of ``dtype``, 1 where record ``j`` has tag ``k``, else 0 (a tag written
@@ -155,6 +163,9 @@ def multi_hot(tags: Any, num_classes: int, dtype: torch.dtype = torch.float32) -
     ------
     ValueError
         A tag id outside ``0 .. num_classes - 1`` (named, with its record).
+    TypeError
+        Tag ids that are not integers (a float or bool tensor): they are
+        never rounded.
     """
     if isinstance(tags, Ragged):
         values = torch.as_tensor(np.ascontiguousarray(tags.values)).reshape(-1)
@@ -165,12 +176,16 @@ def multi_hot(tags: Any, num_classes: int, dtype: torch.dtype = torch.float32) -
         values, lengths = tags.values[keep], tags.lengths
     else:
         parts = [torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x).reshape(-1) for x in tags]
+        for p in parts:
+            _check_ids(p)
+        parts = [p if p.numel() else p.to(torch.int64) for p in parts]  # torch.tensor([]) is float32
         device = parts[0].device if parts else None
         values = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)
         lengths = torch.tensor([len(x) for x in parts], dtype=torch.int64, device=device)
     n = len(lengths)
     lengths = lengths.to(values.device)
     out = torch.zeros((n, int(num_classes)), dtype=dtype, device=values.device)
+    _check_ids(values)
     if len(values):
         values = values.to(torch.int64)
         bad = (values < 0) | (values >= num_classes)

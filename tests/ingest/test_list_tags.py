@@ -253,3 +253,23 @@ def test_tag_cells_property(tmp_path_factory, cells):
     assert f.class_names == names
     for k, w in enumerate(want):
         assert [names[int(t)] for t in src.input_extras(k)["tags"]] == w
+
+
+def test_a_caption_longer_than_the_csv_modules_default_cell_limit_is_kept(tmp_path):
+    """The csv module refuses cells over 128 Ki characters by default; a list
+    reads longer ones (up to ``MAX_CELL_CHARS``) and leaves the process-wide
+    limit as it was."""
+    import csv
+
+    import cv2
+
+    from mmstore.ingest.lists import MAX_CELL_CHARS
+
+    cv2.imwrite(str(tmp_path / "a.png"), np.full((8, 8, 3), 9, np.uint8))
+    caption = "long caption " * 20_000  # 260,000 characters
+    with open(tmp_path / "list.csv", "w", encoding="utf-8", newline="") as fh:
+        csv.writer(fh).writerows([["path", "caption"], ["a.png", caption]])
+    before = csv.field_size_limit()
+    ingest(str(tmp_path / "list.csv"), str(tmp_path / "s"), size=8, text_column="caption")
+    assert csv.field_size_limit() == before < len(caption) < MAX_CELL_CHARS
+    assert mmstore.open(tmp_path / "s")[0]["text"] == caption

@@ -47,6 +47,11 @@ def test_multi_hot_of_every_form():
         multi_hot([torch.tensor([1]), torch.tensor([]), torch.tensor([0, 5])], 5)
     with pytest.raises(ValueError, match="tag id -1 of record 0"):
         multi_hot(Padded(padded, torch.tensor([3, 0, 3, 1])), 5)  # the padding is not a tag
+    for floats in ([torch.tensor([1.5])], [np.array([1.0, 2.0])], Ragged(np.array([1.5], np.float32), [0, 1]),
+                   Padded(torch.tensor([[1.5]]), torch.tensor([1])), [torch.tensor([True])]):
+        with pytest.raises(TypeError, match="tag ids must be integers"):
+            multi_hot(floats, 5)  # never rounded to a tag
+    assert torch.equal(multi_hot([torch.tensor([]), np.array([]), torch.tensor([3])], 5), _want([[], [], [3]], 5))
 
 
 def _snippet():
