@@ -68,6 +68,8 @@ class Listing:
         # input index -> hole reason for inputs whose label is missing or not
         # valid (a list's blank or non-integer cells); sparse
         self.label_errors: dict[int, str] = {}
+        # set by a source whose inputs are files named by its listing, when none exists (see none_found)
+        self.none_found: str | None = None
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
@@ -87,8 +89,10 @@ class _Builder:
         self.blob = bytearray()
         self.labels = array("q") if with_labels else None
         self.hash = _Hash(kind)
+        self.present = 0  # inputs added with a size (a file that exists)
 
     def add(self, key: bytes, size: int = -1, mtime: int = -1, label: int = -1) -> None:
+        self.present += size >= 0
         self.blob += key
         self.offsets.append(len(self.blob))
         if self.labels is not None:
@@ -102,6 +106,18 @@ class _Builder:
         blob = np.frombuffer(bytes(self.blob), dtype=np.uint8) if self.blob else np.zeros(0, np.uint8)
         labels = np.frombuffer(self.labels, dtype=np.int64).copy() if self.labels is not None else None
         return Listing(offsets, blob, labels, label_names, self.hash.hexdigest(), warnings)
+
+
+def none_found(b: _Builder, what: str, first: bytes, hint: str) -> str | None:
+    """Why a listing of files none of which exists is refused by an ingest (a
+    mistyped ``--root`` or path template would make every input a hole, after
+    the whole run); None when some exists. ``make_plan`` raises it."""
+    n = len(b.offsets) - 1
+    if not n or b.present:
+        return None
+    name = os.fsdecode(first)
+    name = name if len(name) <= 300 else name[:150] + f"...({len(name):,} characters)..." + name[-100:]
+    return f"{what}: none of its {n:,} files exists (the first would be {name!r}); {hint}; nothing was created"
 
 
 def _stat_key(path: bytes) -> tuple[int, int]:

@@ -75,7 +75,7 @@ import xxhash
 from ..errors import IngestError
 from ..geometry import MIN_BOX_SIZE, clip_boxes, clip_polygon, to_stored
 from ..schema import Schema
-from ._listing import InputError, Listing, Source, _Builder, _stat_key, read_file
+from ._listing import InputError, Listing, Source, _Builder, _stat_key, none_found, read_file
 
 __all__ = ["COCO_FIELDS", "CocoSource", "is_coco_json"]
 
@@ -336,8 +336,11 @@ class CocoSource(Source):
         for name, _, _, _ in rows:
             size, mtime = _stat_key(os.path.join(root, name))
             b.add(name, size, mtime)
+        missing = none_found(b, self.path, os.path.join(root, rows[0][0]) if rows else b"",
+                             f"file_name is resolved against the image folder {self.root} (--root): check it")
         extra = repr((digest, self.min_box_size, sorted(cats.items())))
         self.listing = b.finish(None, extra=extra, warnings=warnings)
+        self.listing.none_found = missing
         return self.listing
 
     def _arrays(self, n: int, a_slot: list[int], a_id: list[int], a_cat: list[int], a_crowd: list[int],

@@ -18,7 +18,7 @@ import xxhash
 
 from ..errors import IngestError, LabelMappingError
 from ..format import decode_key, encode_key
-from ._listing import Listing, Source, _Builder, _stat_key, read_file
+from ._listing import Listing, Source, _Builder, _stat_key, none_found, read_file
 from ._tags import TagColumns
 from .classes import class_options, map_classes
 
@@ -381,6 +381,10 @@ class ListSource(Source):
                 kb = encode_key(key)
                 size, mtime = _stat_key(self._resolve(kb))
                 b.add(kb, size, mtime, lab)
+        missing = none_found(b, self.path, self._resolve(bytes(b.blob[: b.offsets[1]])) if len(b.offsets) > 1 else b"",
+                             f"its paths are resolved against the folder {self.root} (--root)"
+                             + (f" through --path-template {self.path_template!r}" if self.path_template else "")
+                             + ": check them")
         label_names = None
         bad: dict[int, str] = {}  # distinct cell number -> hole reason
         notes: dict[str, int] = {}
@@ -398,6 +402,7 @@ class ListSource(Source):
             notes.update(_label_notes(ids, cells, bad, self.missing_label, label_names is None))
         extra = repr((pc, lc, self.path_template, label_names, self.label_type, self.missing_label))
         self.listing = b.finish(label_names, extra=extra, warnings=notes)
+        self.listing.none_found = missing
         if lc is not None:
             errs = np.flatnonzero(np.isin(cells, np.fromiter(bad, np.int64, len(bad)))) if bad else []
             self.listing.label_errors = {int(i): bad[int(cells[i])] for i in errs}

@@ -65,6 +65,8 @@ def make_plan(source: Source, spec: Any, backend: str, shard: tuple[int, int] | 
     n_total = len(listing)
     if n_total == 0:
         raise IngestError(f"{source.path or 'the dataset'}: no inputs found (empty source); nothing was created")
+    if listing.none_found:
+        raise IngestError(listing.none_found)
     lo, hi = shard_range(n_total, shard)
     schema = schema_for(source, spec, _first_item(source, spec, lo if hi > lo else 0))
     if codecs:

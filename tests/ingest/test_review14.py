@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 
+import cv2
 import numpy as np
 import pytest
 from support.proc import run_cli
@@ -332,3 +333,27 @@ def test_iscrowd_written_as_a_boolean_is_kept(tmp_path, capsys):
     assert r["annotation_id"].tolist() == [1, 2, 3, 4] and r["iscrowd"].tolist() == [0, 1, 1, 0]
     assert [e["id"] for e in _errors(dest)] == [5, 6, 7]
     assert "note: 3 annotations skipped, malformed" in err
+
+
+@pytest.mark.parametrize("kind", ["list", "coco"])
+def test_a_root_where_no_input_exists_is_an_error_before_the_run(tmp_path, kind):
+    """A mistyped --root (or path template) would make every input a hole and
+    leave an empty store after the whole run: refused at the scan, naming the
+    first path and the folder; one existing input is enough to run."""
+    img = tmp_path / "imgs"
+    img.mkdir()
+    (tmp_path / "other").mkdir()
+    cv2.imwrite(str(img / "a.png"), np.zeros((8, 8, 3), np.uint8))
+    if kind == "list":
+        src = tmp_path / "list.csv"
+        src.write_text("path\na.png\nmissing.png\n")
+    else:
+        src = tmp_path / "ann.json"
+        src.write_text(json.dumps({"images": [{"id": 1, "file_name": "a.png", "width": 8, "height": 8},
+                                              {"id": 2, "file_name": "missing.png", "width": 8, "height": 8}],
+                                   "annotations": [], "categories": []}))
+    with pytest.raises(IngestError, match=r"none of its 2 files exists \(the first would be .*/other/a\.png"):
+        ingest(str(src), str(tmp_path / "s"), size=8, root=str(tmp_path / "other"))
+    assert not os.path.exists(tmp_path / "s") and not os.path.exists(str(tmp_path / "s") + ".partial")
+    res = ingest(str(src), str(tmp_path / "s"), size=8, root=str(img))
+    assert mmstore.open(tmp_path / "s").records == 1 and res.skipped == 1

@@ -19,6 +19,7 @@ import subprocess
 import sys
 import textwrap
 
+import cv2
 import numpy as np
 import pytest
 
@@ -468,7 +469,8 @@ def test_item11_csv_field_over_128_kib(tmp_path):
     caption is a caption): here a 200 KiB path, which no file system takes,
     so its input is a hole whose reason says so, and the run says it."""
     csv = tmp_path / "list.csv"
-    csv.write_text("path,label\n" + "a" * (200 * 1024) + ",1\n")
+    cv2.imwrite(str(tmp_path / "b.png"), np.zeros((8, 8, 3), np.uint8))
+    csv.write_text("path,label\n" + "a" * (200 * 1024) + ",1\nb.png,2\n")
     p = run_sub(["ingest", csv, tmp_path / "out", "--size", "8x8", "--workers", "0"])
     assert p.returncode == 0, p.stderr
     assert "unreadable: [Errno 36]" in p.stdout + p.stderr
