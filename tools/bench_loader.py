@@ -51,6 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import mmstore  # noqa: E402
 from mmstore import _sys  # noqa: E402
 from mmstore.order import BlockShuffle, Permutation, modelled_hdd_seconds, shuffle_quality  # noqa: E402
+from mmstore.tools._order_advice import probe_random_direct  # noqa: E402
 
 H = W = 224
 REC = H * W * 3 + 8
@@ -293,6 +294,10 @@ def cgroup_child(args: argparse.Namespace) -> None:
         count("dd", d0)
         rnd = _sys.random_read_speed(img, REC, 1024, threads=16, max_seconds=3.0)
         runs.setdefault("random", []).append(rnd.bytes / rnd.seconds / 1e6)
+        # the same reads with O_DIRECT (doctor's probe): how the Loader reads a permutation that does not fit
+        rd = probe_random_direct(img, REC, 16, 3.0)
+        if rd:
+            runs.setdefault("random_direct", []).append(rd * REC / 1e6)
         for kind in ("sequential", "block", "permutation"):
             epoch(kind, kind)
         for mode in ("willneed", "read"):  # the tuned variant the README used to report
@@ -655,6 +660,13 @@ def report(r: dict[str, Any]) -> None:
             lines.append(f"| {label.format(b=d['block'], w=d['window'])} | {f(m[key])} | {m[key] / seq:.2f} | {inc} | "
                          f"{fb.get(key, float('nan')):.2f} | {rq(key)} | {mix} |")
         lines.append(f"| the disk's sequential read (8 MiB chunks) | {f(seq)} | 1.00 | - | - | {rq('dd')} | - | - | - |")
+        for key, label in (("random", "the disk's random record reads, 16 in flight, page cache"),
+                           ("random_direct", "the same with O_DIRECT (doctor's probe)")):
+            if key in m:
+                lines.append(f"| {label} | {f(m[key])} | {m[key] / seq:.2f} | - | - | - | - | - | - |")
+        if "random" in m:
+            lines.append(f"permutation / random record reads: {m['permutation'] / m['random']:.2f}x (page cache)"
+                         + (f", {m['permutation'] / m['random_direct']:.2f}x (O_DIRECT)" if "random_direct" in m else ""))
         lines += [f"modelled HDD epoch: block shuffle {cg['hdd_block_s']:,.0f} s vs permutation {cg['hdd_perm_s']:,.0f} s",
                   ""]
     elif cg is not None:
