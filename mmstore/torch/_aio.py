@@ -35,7 +35,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["IOVEC", "AioContext", "context", "read_vectors"]
+__all__ = ["IOVEC", "MAX_EVENTS", "AioContext", "available", "context", "read_vectors"]
 
 # (io_setup, io_destroy, io_getevents, io_submit) per machine (asm-generic on arm64 / riscv64)
 _NR = {"x86_64": (206, 207, 208, 209), "aarch64": (0, 1, 4, 2), "arm64": (0, 1, 4, 2), "riscv64": (0, 1, 4, 2)}
@@ -45,7 +45,10 @@ _IOCB = np.dtype([("data", "<u8"), ("key", "<u4"), ("rw_flags", "<i4"), ("opcode
                   ("flags", "<u4"), ("resfd", "<u4")])
 _EVENT = np.dtype([("data", "<u8"), ("obj", "<u8"), ("res", "<i8"), ("res2", "<i8")])
 IOVEC = np.dtype([("base", "<u8"), ("len", "<u8")])
-MAX_EVENTS = 256  # reads in flight per context (per reader thread)
+# reads in flight per context (per reader thread). The kernel counts a context
+# as max(this, 4 x CPUs) x 2 against fs.aio-max-nr (65,536 by default, for the
+# whole machine): 128 leaves room for ~256 reader threads' contexts.
+MAX_EVENTS = 128
 
 
 def _syscalls() -> tuple[Any, tuple[int, int, int, int]] | None:
@@ -100,6 +103,13 @@ def context() -> AioContext | None:
         return None  # EAGAIN (aio-max-nr reached): preadv this time, ask again next time
     _tls.ctx = ctx = AioContext(handle.value)
     return ctx
+
+
+def available() -> bool:
+    """Whether AIO can be asked for here (a context may still be refused
+    later: :func:`context` then returns None and the caller reads with
+    ``preadv``)."""
+    return _SYS is not None and not _off["unavailable"]
 
 
 def read_vectors(ctx: AioContext, fds: np.ndarray, offsets: np.ndarray, iovecs: np.ndarray) -> np.ndarray:
