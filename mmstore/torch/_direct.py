@@ -326,7 +326,10 @@ def _staging(size: int) -> Any:
 
 
 _BLOCK = 512  # the device block a read in place is aligned to (NOTE [rows read in place] in _ring.py)
-_no_in_place: set[int] = set()  # O_DIRECT descriptors that refused a read in place: staged from then on
+# O_DIRECT descriptors that refused a read in place (a device whose block is
+# larger than _BLOCK): staged from then on. Keyed by number: a later file that
+# gets a recycled number is staged too (slower, still exact)
+_no_in_place: set[int] = set()
 
 
 def _read_in_place(dfd: int, off: int, length: int, dst: int, row: memoryview) -> bool:
@@ -418,7 +421,9 @@ def read_records_direct(dfds: list[int | None], fds: list[int], which: np.ndarra
     page cache (NOTE [direct record reads]). Runs of consecutive records of
     one file are one read. A run whose rows are congruent to its file offset
     modulo the device block (the ring's buffers are allocated so: NOTE [rows
-    read in place] in ``_ring.py``) is read straight into its rows; any other
+    read in place] in ``_ring.py``) is read straight into its rows, all such
+    runs of the call in one AIO submit where AIO is available (NOTE [record
+    reads in one submit] in ``_aio.py``), else one ``preadv`` each; any other
     into this thread's aligned staging buffer and copied into the rows. Where
     ``O_DIRECT`` is not open or refused, and for a read that comes up short
     (a truncated file: the buffered read raises the typed
