@@ -59,11 +59,12 @@ class Ring:
 
     def __init__(
         self, size: int, batch_size: int, shapes: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
-        pin_memory: bool, align: Mapping[str, int] | None = None,
+        pin_memory: bool, align: Mapping[str, int] | None = None, huge: bool = False,
     ) -> None:
         self._shapes = dict(shapes)
         # field -> the address of each buffer's first row mod ALIGN (NOTE [rows read in place])
         self._align = {f: int(r) % ALIGN for f, r in (align or {}).items() if f in self._shapes}
+        self._huge = bool(huge) and not pin_memory  # those fields' buffers on huge pages (same NOTE)
         self._rows = batch_size
         self._pin = pin_memory
         self.slots: list[dict[str, torch.Tensor]] = []
@@ -94,7 +95,7 @@ class Ring:
             return torch.empty((self._rows, *shape), dtype=dt, pin_memory=self._pin)
         nbytes = self._rows * int(np.prod(shape, dtype=np.int64)) * dt.itemsize
         raw = torch.empty(nbytes + ALIGN, dtype=torch.uint8, pin_memory=self._pin)
-        if not self._pin:  # before the first write faults the pages in
+        if self._huge:  # before the first write faults the pages in
             _advise_huge(raw.data_ptr(), nbytes + ALIGN)
         skip = (self._align[f] - raw.data_ptr()) % ALIGN
         if skip % dt.itemsize:  # cannot start a row of this dtype there: unaligned
@@ -152,12 +153,16 @@ class Ring:
 # record is copied through a staging buffer. ``align`` maps those fields to
 # ``data_offset``; the cost is ALIGN bytes per buffer.
 #
-# The same buffers are asked to be backed by transparent huge pages (not
-# pinned ones, which CUDA allocates): an O_DIRECT read pins and maps its
-# destination page by page, and the device gets one segment per physically
-# contiguous piece. Measured here (one thread, 3,000 random 150 KB records
-# read in place, 2-vCPU VM): 47-50 us of system CPU and 231-242 us per
-# record into huge pages, 57-70 us and 375-413 us into 4 KiB pages.
+# With ``huge`` (a loader whose plan reads records with O_DIRECT: describe()
+# ["direct_reads"]) the same buffers are asked to be backed by transparent
+# huge pages (not pinned ones, which CUDA allocates): an O_DIRECT read pins
+# and maps its destination page by page, and the device gets one segment per
+# physically contiguous piece. Measured here (one thread, 3,000 random 150 KB
+# records read in place, 2-vCPU VM): 47-50 us of system CPU and 231-242 us
+# per record into huge pages, 57-70 us and 375-413 us into 4 KiB pages. Not
+# for the other plans, whose rows are filled by copies: there a huge page
+# asked for under a tight memory limit may cost compaction and buys nothing
+# measured.
 ALIGN = 4096
 _HUGE = 2 << 20
 

@@ -133,6 +133,7 @@ def test_a_store_that_fits_or_is_cached_keeps_the_page_cache(stores, monkeypatch
     L = Loader(path, 16, "permutation", mem_bytes=1 << 34)
     assert not L.describe()["direct_reads"]
     _epochs_exact(L, ref, (0,))
+    assert not L._res.ring._huge  # rows filled by copies: small pages, as before
     L.close()
     monkeypatch.setattr(_reads, "resident_fraction", lambda paths: 1.0)  # found cached
     L = Loader(path, 16, "permutation", mem_bytes=20 * 16, method="pread")
@@ -243,6 +244,7 @@ def test_permutation_reads_records_in_place_into_aligned_rows(build_store, tmp_p
     _epochs_exact(L, ref)
     ring = L._res.ring
     assert all(v["image"].ctypes.data % 4096 == seg.offset % 4096 for v in ring.views)
+    assert ring._huge  # a plan of O_DIRECT record reads asks for huge pages (NOTE [rows read in place])
     L.close()
     can = _direct.open_direct(seg.path)
     if can is None:  # no O_DIRECT on this file system: nothing is read in place
