@@ -444,9 +444,10 @@ def read_records_direct(dfds: list[int | None], fds: list[int], which: np.ndarra
     wl = which.tolist()
     starts, ends = find_runs(nbytes, offl, same=which if len(fds) > 1 else None)
     base = out.ctypes.data
-    flat = None
+    flat = None  # out's bytes, for a read in place (a C-contiguous out only)
+    whole = bool(out.flags.c_contiguous)
     runs = zip(starts, ends)
-    ctx = _aio.context() if out.flags.c_contiguous and any(d is not None for d in dfds) else None
+    ctx = _aio.context() if whole and any(d is not None for d in dfds) else None
     if ctx is not None:
         runs = _read_runs_aio(ctx, dfds, np.asarray(which, np.int64), np.asarray(offsets, np.int64), nbytes, base,
                               starts, ends)
@@ -456,11 +457,10 @@ def read_records_direct(dfds: list[int | None], fds: list[int], which: np.ndarra
         dfd = dfds[k]
         if dfd is not None and length <= _DIRECT_RUN_MAX:
             dst = base + s0 * nbytes
-            if (dst - off) % _BLOCK == 0 and length >= 2 * _BLOCK and dfd not in _no_in_place:
+            if whole and (dst - off) % _BLOCK == 0 and length >= 2 * _BLOCK and dfd not in _no_in_place:
                 if flat is None:
-                    flat = memoryview(out.reshape(-1).view(np.uint8)) if out.flags.c_contiguous else None
-                if flat is not None and _read_in_place(dfd, off, length, dst,
-                                                       flat[s0 * nbytes : s0 * nbytes + length]):
+                    flat = memoryview(out.reshape(-1).view(np.uint8))
+                if _read_in_place(dfd, off, length, dst, flat[s0 * nbytes : s0 * nbytes + length]):
                     continue
                 if dfd not in _no_in_place:  # came up short: the buffered read says why
                     pread_records(fds[k], offsets[s0:e0], nbytes, out[s0:e0])
