@@ -24,7 +24,9 @@ What it measures (224x224x3 uint8 + int64 label per record, batch 256, shuffled)
    the store; one epoch of each order with the defaults a user gets
    (``Loader(path, 256, kind)``) beside the tuned block-shuffle variants,
    against the disk's sequential read (8 MiB chunks) and its random record
-   reads (queue depth 16) in the same cgroup; each epoch timed from the
+   reads (queue depth 16, through the page cache and with ``O_DIRECT``, the
+   way a permutation that does not fit is read) in the same cgroup, with the
+   CPU each epoch took (user/system); each epoch timed from the
    Loader's construction, with its time to the first batch, and again with the
    child's ``import mmstore.torch`` added (how ``../shared/sim`` times it);
    the disk requests each pass made and their average size; shuffle
@@ -51,6 +53,10 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import mmstore  # noqa: E402
 from mmstore import _sys  # noqa: E402
 from mmstore.order import BlockShuffle, Permutation, modelled_hdd_seconds, shuffle_quality  # noqa: E402
+try:  # a checkout from before issue 16's O_DIRECT probe (to compare versions with this tool)
+    from mmstore.tools._order_advice import probe_random_direct  # noqa: E402
+except ImportError:
+    probe_random_direct = None
 
 H = W = 224
 REC = H * W * 3 + 8
@@ -260,6 +266,7 @@ def cgroup_child(args: argparse.Namespace) -> None:
     secs: dict[str, list[float]] = {}
 
     reqs: dict[str, list[tuple[int, int]]] = {}
+    cpu: dict[str, list[tuple[float, float]]] = {}
 
     def count(key: str, before: tuple[int, int] | None) -> None:
         after = disk_reads(img)
@@ -269,6 +276,7 @@ def cgroup_child(args: argparse.Namespace) -> None:
     def epoch(key: str, order: Any, **kw: Any) -> None:
         _sys.evict(img)
         d0 = disk_reads(img)
+        c0 = os.times()
         t = time.perf_counter()
         L = Loader(args.store, BATCH, order, fields=("image", "label"), seed=1, **kw)
         out.setdefault("describe", {})[key] = dict(L.describe())
@@ -279,6 +287,8 @@ def cgroup_child(args: argparse.Namespace) -> None:
             if cap and got >= cap:
                 break
         dt = time.perf_counter() - t
+        c1 = os.times()
+        cpu.setdefault(key, []).append((c1.user - c0.user, c1.system - c0.system))  # the Loader's own work
         count(key, d0)
         L.close()
         runs.setdefault(key, []).append(got * REC / dt / 1e6)
@@ -293,6 +303,10 @@ def cgroup_child(args: argparse.Namespace) -> None:
         count("dd", d0)
         rnd = _sys.random_read_speed(img, REC, 1024, threads=16, max_seconds=3.0)
         runs.setdefault("random", []).append(rnd.bytes / rnd.seconds / 1e6)
+        # the same reads with O_DIRECT (doctor's probe): how the Loader reads a permutation that does not fit
+        rd = probe_random_direct(img, REC, 16, 3.0) if probe_random_direct else None
+        if rd:
+            runs.setdefault("random_direct", []).append(rd * REC / 1e6)
         for kind in ("sequential", "block", "permutation"):
             epoch(kind, kind)
         for mode in ("willneed", "read"):  # the tuned variant the README used to report
@@ -300,6 +314,7 @@ def cgroup_child(args: argparse.Namespace) -> None:
     out["MBps"] = {k: max(v) for k, v in runs.items()}
     out["MBps_all"] = runs
     out["first_batch_s"] = {k: min(v) for k, v in first.items()}
+    out["cpu_s"] = cpu  # (user, system) seconds of the process per epoch, every repetition
     # the disk requests of each pass: (requests, average KB), of its last repetition
     out["disk_requests"] = {k: (v[-1][0], v[-1][1] / v[-1][0] / 1024) for k, v in reqs.items()}
     # the same passes timed as the simulator does, from before the import
@@ -636,8 +651,8 @@ def report(r: dict[str, Any]) -> None:
              f"{seq:,.0f} MB/s, its random reads of one record at queue depth 16 {m['random']:,.0f} MB/s"),
             "",
             ("| pass | MB/s | x sequential read | x incl. the import | first batch (s) | disk requests (avg KB) "
-             "| same-label pairs | labels/batch | mean displacement |"),
-            "|---|---|---|---|---|---|---|---|---|",
+             "| CPU s user/sys | same-label pairs | labels/batch | mean displacement |"),
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         dr = cg.get("disk_requests", {})
         rq = lambda k: f"{dr[k][0]:,} ({dr[k][1]:,.0f})" if k in dr else "-"  # noqa: E731
@@ -652,9 +667,18 @@ def report(r: dict[str, Any]) -> None:
             mix = (f"{qq['same_label_pairs']:.2f} | {qq['labels_per_batch']:.1f} | {qq['mean_abs_displacement']:.3f}"
                    if qq else "- | - | -")
             inc = f"{mi[key] / seq:.2f}" if key in mi else "-"
+            cs = cg.get("cpu_s", {}).get(key)
+            cpus = ", ".join(f"{u:.2f}/{y:.2f}" for u, y in cs) if cs else "-"
             lines.append(f"| {label.format(b=d['block'], w=d['window'])} | {f(m[key])} | {m[key] / seq:.2f} | {inc} | "
-                         f"{fb.get(key, float('nan')):.2f} | {rq(key)} | {mix} |")
-        lines.append(f"| the disk's sequential read (8 MiB chunks) | {f(seq)} | 1.00 | - | - | {rq('dd')} | - | - | - |")
+                         f"{fb.get(key, float('nan')):.2f} | {rq(key)} | {cpus} | {mix} |")
+        lines.append(f"| the disk's sequential read (8 MiB chunks) | {f(seq)} | 1.00 | - | - | {rq('dd')} | - | - | - | - |")
+        for key, label in (("random", "the disk's random record reads, 16 in flight, page cache"),
+                           ("random_direct", "the same with O_DIRECT (doctor's probe)")):
+            if key in m:
+                lines.append(f"| {label} | {f(m[key])} | {m[key] / seq:.2f} | - | - | - | - | - | - | - |")
+        if "random" in m:
+            lines.append(f"permutation / random record reads: {m['permutation'] / m['random']:.2f}x (page cache)"
+                         + (f", {m['permutation'] / m['random_direct']:.2f}x (O_DIRECT)" if "random_direct" in m else ""))
         lines += [f"modelled HDD epoch: block shuffle {cg['hdd_block_s']:,.0f} s vs permutation {cg['hdd_perm_s']:,.0f} s",
                   ""]
     elif cg is not None:

@@ -19,11 +19,14 @@ so the prediction is ``min(disk rate, decode rate x cores)``):
   memory; the permutation mixes best: use it.
 * sequential: ``seq`` (the Loader reads it ahead in long requests).
 * permutation: ``cq * R``: random record reads at the Loader's queue depth
-  (16 ``preadv`` in flight), measured by a short probe of the largest data
-  file when ``doctor`` runs cold, else ``doctor``'s cold record reads. The
-  probe reads through the page cache; a Loader whose store does not fit
-  reads them with ``O_DIRECT`` (``describe()["direct_reads"]``), measured
-  as fast or faster with a third of the system CPU, so this is a floor.
+  (16 in flight), measured by a short probe of the largest data file when
+  ``doctor`` runs cold, else ``doctor``'s cold record reads. The probe reads
+  the way the Loader will: a store that does not fit (records of at least
+  ``SMALL_RECORD_BYTES``) is read with ``O_DIRECT`` (``describe()
+  ["direct_reads"]``, NOTE [record reads in one submit] in
+  ``mmstore/torch/_aio.py``), so the probe reads with ``O_DIRECT`` too
+  (:func:`probe_random_direct`); where ``O_DIRECT`` is refused, or the store
+  fits, through the page cache. ``permutation_probe`` says which.
 * block shuffle and sequential orders whose store does not fit are read
   with ``O_DIRECT`` into huge-page window buffers, in requests of the
   device's largest size: measured at the disk's sequential rate (0.9-1.0x
@@ -40,8 +43,15 @@ reads are nearly as fast here, and it mixes best).
 
 from __future__ import annotations
 
+import mmap
+import os
+import threading
+import time
 from typing import Any
 
+import numpy as np
+
+from .._runs import SMALL_RECORD_BYTES
 from .._sys import random_read_speed
 from ..order import BlockShuffle, plan_memory
 from ._common import fmt_bytes, fmt_seconds
@@ -71,6 +81,65 @@ def probe_random(path: str | None, record_bytes: int, threads: int, seconds: flo
     return sp.ops_per_s or None
 
 
+_ALIGN = 4096  # O_DIRECT offset, length and address alignment (as the Loader's staged reads)
+
+
+def probe_random_direct(path: str | None, record_bytes: int, threads: int, seconds: float) -> float | None:
+    """Random record-sized reads of ``path`` with ``O_DIRECT`` (no page
+    cache, nothing to evict), ``threads`` in flight, for at most
+    ``seconds``: records/s, as a Loader reads a permutation of a store that
+    does not fit. None when not measured (no path, ``O_DIRECT`` refused
+    here: tmpfs, some network file systems)."""
+    flag = getattr(os, "O_DIRECT", 0)
+    if path is None or seconds <= 0 or not flag or record_bytes <= 0:
+        return None
+    try:
+        fd = os.open(path, os.O_RDONLY | flag | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        nrec = os.fstat(fd).st_size // record_bytes
+        if nrec < 1:
+            return None
+        rng = np.random.default_rng(7)
+        n = min(nrec, 64 * threads)
+        offs = (rng.choice(nrec, size=n, replace=False).astype(np.int64) * record_bytes).tolist()
+        span = -(-(record_bytes + _ALIGN) // _ALIGN) * _ALIGN
+        counts, errors = [0] * threads, []
+        deadline = time.perf_counter() + seconds
+
+        def reader(t: int) -> None:
+            buf = mmap.mmap(-1, span)
+            view = memoryview(buf)
+            try:
+                for off in offs[t::threads]:
+                    a0 = off - off % _ALIGN
+                    a1 = -(-(off + record_bytes) // _ALIGN) * _ALIGN
+                    if os.preadv(fd, [view[: a1 - a0]], a0) < off + record_bytes - a0:
+                        break  # the end of the file: what was read counts
+                    counts[t] += 1
+                    if time.perf_counter() > deadline:
+                        break
+            except OSError as exc:  # O_DIRECT refused for this file after all
+                errors.append(exc)
+            finally:
+                view.release()
+                buf.close()
+
+        t0 = time.perf_counter()
+        ts = [threading.Thread(target=reader, args=(t,), daemon=True) for t in range(threads)]
+        for th in ts:
+            th.start()
+        for th in ts:
+            th.join()
+        dt = time.perf_counter() - t0
+        if errors or dt <= 0 or not sum(counts):
+            return None
+        return sum(counts) / dt
+    finally:
+        os.close(fd)
+
+
 def order_advice(rep: Any, probe: str | None = None, probe_s: float = 1.0) -> dict[str, Any]:
     """The order section of a doctor report (a dict; see the module docstring).
 
@@ -81,7 +150,16 @@ def order_advice(rep: Any, probe: str | None = None, probe_s: float = 1.0) -> di
     plan = plan_memory(batch_bytes=BATCH * R, record_bytes=R, records=n, hold=1, prefetch=None, mem_bytes=None)
     seq = _rate((rep.seq_mb_per_s or 0) * 1e6)
     c1, warm = _rate(rep.cold_reads_per_s_1), _rate(rep.warm_reads_per_s)
-    cq = _rate(probe_random(probe, R, QUEUE_DEPTH, probe_s)) or _rate(rep.cold_reads_per_s)
+    # the permutation's reads as the Loader will do them (module docstring)
+    cq, how = None, "doctor's cold record reads"
+    if not plan["fits"] and R >= SMALL_RECORD_BYTES:
+        cq = _rate(probe_random_direct(probe, R, QUEUE_DEPTH, probe_s))
+        how = "O_DIRECT random reads, as the Loader reads a store that does not fit"
+    if cq is None:
+        cq = _rate(probe_random(probe, R, QUEUE_DEPTH, probe_s))
+        how = "random reads through the page cache"
+    if cq is None:
+        cq, how = _rate(rep.cold_reads_per_s), "doctor's cold record reads"
     decode = _rate(getattr(rep, "decode_reads_per_s", None))
     cap = decode * R if decode else warm * R if warm else float("inf")
     block = BlockShuffle.auto_sizes(n, R, 1)["block"]
@@ -100,6 +178,7 @@ def order_advice(rep: Any, probe: str | None = None, probe_s: float = 1.0) -> di
         "cgroup_limit": plan["cgroup_limit"], "store_bytes": S, "cache_bytes": plan["cache_bytes"],
         "block": block, "window": window, "window_bytes": window * block * R,
         "rates_MBps": {k: (None if v is None else v / 1e6) for k, v in rates.items()},
+        "permutation_probe": how if cq else None,
     }
     if plan["fits"]:
         order, rate = "permutation", (cap if cap < float("inf") else None)
@@ -142,7 +221,8 @@ def order_lines(adv: dict[str, Any] | None) -> list[str]:
         f"{fmt_bytes(adv['cache_bytes'])} of page cache for a Loader (budget {fmt_bytes(adv['budget'])} from "
         f"{adv['budget_source']}{lim})",
         f"order rates    sequential {f(r['sequential'])}, block shuffle {f(r['block'])} (block {adv['block']}, "
-        f"window {adv['window']}), permutation {f(r['permutation'])}",
+        f"window {adv['window']}), permutation {f(r['permutation'])}"
+        + (f" ({adv['permutation_probe']}, {QUEUE_DEPTH} in flight)" if adv.get("permutation_probe") else ""),
         f"order          Loader(store, {BATCH}, order={adv['order']!r}): expect ~{f(rate)}"
         + (f", {fmt_seconds(adv['epoch_s'])} an epoch" if adv.get("epoch_s") else "") + f"; {adv['why']}",
     ]

@@ -264,9 +264,10 @@ def doctor_store(
             rep.decode_reads_per_s = rep.warm_reads_per_s * rep.cores
         if cold:
             _note_disk_kind(rep)
-        _predict(rep)
+        # the order section first: the advice follows it for a store that does not fit
         rep.order = order_advice(rep, probe=big if cold and store.backend.positional else None,
                                  probe_s=0.1 * budget_s)
+        _predict(rep)
         if codecs:
             from ._codec_advice import codec_advice
 
@@ -381,6 +382,14 @@ def _advise(rep: DoctorReport, sizes: dict[str, Any] | None, t_cold: float | Non
     if avail is None:
         return "available memory is unknown: use the block shuffle (order='block') to be safe"
     ratio = S / max(avail, 1)
+    adv = rep.order
+    if adv and not adv["fits"] and adv.get("expected_MBps") and adv.get("permutation_probe"):
+        # the order section measured the reads the Loader will do (O_DIRECT for a
+        # permutation of a store that does not fit): its choice, not this table's
+        return (f"the store is {ratio:.1f}x your available memory: use order={adv['order']!r} "
+                f"(Loader(store, batch_size, order={adv['order']!r})), about {adv['expected_MBps']:,.0f} MB/s"
+                + (f", {fmt_seconds(adv['epoch_s'])} per epoch" if adv.get("epoch_s") else "")
+                + " (see `order` below)")
     blk = f"block={sizes['block']}, window={sizes['window']}" if sizes else "auto sizes"
     bp = next((x for x in rep.predictions if x.order.startswith("block")), None)
     fp = rep.predictions[0] if rep.predictions else None

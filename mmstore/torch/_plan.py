@@ -47,10 +47,15 @@ The sizing rule (NOTE [memory plan]; every figure is in ``describe()``)
 ``direct_reads``
     A shuffled order read per batch (a permutation) whose store does not
     fit, ``method`` not ``"mmap"``: each record (each run of consecutive
-    ones) is read with ``O_DIRECT`` into a reader thread's aligned buffer and
-    copied into its row (``_direct.read_records_direct``), no ``WILLNEED``:
-    no record is read twice in an epoch, so the page cache only costs its
-    inserts and reclaim (NOTE [direct record reads]).
+    ones) is read with ``O_DIRECT`` straight into its ring row where the row
+    is aligned to the record's file offset modulo the device block (the
+    ring's rows are allocated so: NOTE [rows read in place] in ``_ring.py``),
+    else into a reader thread's aligned buffer and copied into its row
+    (``_direct.read_records_direct``); a batch is read in a few pieces, each
+    piece's reads in one Linux AIO submit (NOTE [record reads in one submit]
+    in ``_aio.py``; one ``preadv`` per record where AIO is missing). No
+    ``WILLNEED``: no record is read twice in an epoch, so the page cache
+    only costs its inserts and reclaim (NOTE [direct record reads]).
 ``window_direct``
     A block shuffle or a sequential order, the store does not fit,
     ``window_prefetch="read"`` and ``cache`` is at least 64 MiB: the windows

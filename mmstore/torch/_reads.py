@@ -36,6 +36,7 @@ from ..backends.segmented import limit_error
 from ..errors import ResourceLimitError
 from ..order import contiguous_ranges
 from ..reader import Store
+from . import _aio
 from ._direct import open_direct, read_records_direct
 from ._ring import InFlight, WindowPass
 from ._tuning import LoaderTuning
@@ -48,6 +49,7 @@ __all__ = [
 PREAD_MIN_BYTES = SMALL_RECORD_BYTES  # smaller fields are gathered by the backend, not pread
 _MiB = 1 << 20
 _CHUNK = 8 * _MiB  # the longest single read of the window pass ("read")
+_AIO_PIECES = 4  # pieces per batch when its records are read with AIO (NOTE [record reads in one submit])
 
 
 # -- the store's files -------------------------------------------------------------
@@ -288,6 +290,10 @@ class EpochReads:
         for ff in files.values():  # the loader's files serve every epoch: set or reset
             ff.use_direct(self.direct and ff in self.files.values())
         self.direct = self.direct and any(ff.direct for ff in self.files.values())
+        if self.direct and _aio.available():
+            # each piece's reads go out in one AIO submit (NOTE [record reads in one
+            # submit] in _aio.py): a few long pieces per batch, not one per thread
+            self.piece_rows = min(_aio.MAX_EVENTS, max(1, -(-batch_size // _AIO_PIECES)))
         self.willneed = 0  # hint the records of the batch this many batches ahead
         if tuning.hints and self.files and not self.direct:
             for ff in self.files.values():

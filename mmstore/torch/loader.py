@@ -615,7 +615,10 @@ class Loader(Resumable):
             res.files = open_field_files(self.store, self._fixed, self.tuning.method)
         if res.ring is None:
             shapes = {f: (self.store.schema[f].shape, torch_dtype(self.store.schema[f].dtype)) for f in self._fixed}
-            res.ring = Ring(self.ring_size, self.batch_size, shapes, self.pin_memory)
+            # rows of the preadv fields at their records' file offsets mod the block (NOTE [rows read in place])
+            align = {f: ff.offs[0] for f, ff in res.files.items()}
+            res.ring = Ring(self.ring_size, self.batch_size, shapes, self.pin_memory, align=align,
+                            huge=bool(self._plan["direct_reads"]))
 
     def _do_warm(self) -> None:
         self._warmed = True

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -311,3 +313,41 @@ def test_an_encoded_store_s_decode_time_is_not_taken_for_the_disk(monkeypatch):
     assert rep.predictions[0].epoch2_s == pytest.approx(2400 / 1180.0)
     rep.warm_reads_per_s = 400.0  # a cold read no slower than a warm one: the disk is not what limits
     assert disk_reads_per_s(rep) == float("inf") and disk_kind(rep) == "flash"
+
+
+def test_order_advice_predicts_the_permutation_from_the_reads_the_loader_will_do(tmp_path, monkeypatch):
+    """issue 16: a store that does not fit is read by the Loader with O_DIRECT
+    (no page cache), so doctor predicts its permutation from an O_DIRECT probe
+    and says so; a store that fits, or a file system that refuses O_DIRECT,
+    gets the page-cache probe, also named."""
+    from mmstore.tools import _order_advice as oa
+
+    p = tmp_path / "data.bin"
+    p.write_bytes(np.random.default_rng(0).integers(0, 256, 300 * 15_000, dtype=np.uint8).tobytes())
+    measured = oa.probe_random_direct(str(p), 15_000, 4, 0.3)
+    fd = None
+    try:
+        fd = os.open(str(p), os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+    except OSError:
+        pass
+    if fd is not None and getattr(os, "O_DIRECT", 0):
+        os.close(fd)
+        assert measured is not None and measured > 0
+    else:
+        assert measured is None
+    monkeypatch.setattr(oa, "probe_random_direct", lambda path, r, t, s: None if path is None else 1000.0)
+    monkeypatch.setattr(oa, "probe_random", lambda path, r, t, s: None if path is None else 400.0)
+    big = oa.order_advice(_rep(10**9, 15_000, None), probe=str(p))
+    assert not big["fits"] and "O_DIRECT" in big["permutation_probe"]
+    assert big["rates_MBps"]["permutation"] == pytest.approx(1000.0 * 15_000 / 1e6)
+    assert "O_DIRECT random reads" in "\n".join(oa.order_lines(big))
+    small = oa.order_advice(_rep(100, 15_000, None), probe=str(p))
+    assert small["fits"] and "page cache" in small["permutation_probe"]
+    assert small["rates_MBps"]["permutation"] == pytest.approx(400.0 * 15_000 / 1e6)
+    monkeypatch.setattr(oa, "probe_random_direct", lambda path, r, t, s: None)  # O_DIRECT refused
+    refused = oa.order_advice(_rep(10**9, 15_000, None), probe=str(p))
+    assert "page cache" in refused["permutation_probe"]
+    assert refused["rates_MBps"]["permutation"] == pytest.approx(400.0 * 15_000 / 1e6)
+    none = oa.order_advice(_rep(10**9, 15_000, None))  # no probe file: doctor's own cold reads
+    assert none["permutation_probe"] == "doctor's cold record reads"
+    assert none["rates_MBps"]["permutation"] == pytest.approx(20000.0 * 15_000 / 1e6)

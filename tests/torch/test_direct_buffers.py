@@ -133,6 +133,7 @@ def test_a_store_that_fits_or_is_cached_keeps_the_page_cache(stores, monkeypatch
     L = Loader(path, 16, "permutation", mem_bytes=1 << 34)
     assert not L.describe()["direct_reads"]
     _epochs_exact(L, ref, (0,))
+    assert not L._res.ring._huge  # rows filled by copies: small pages, as before
     L.close()
     monkeypatch.setattr(_reads, "resident_fraction", lambda paths: 1.0)  # found cached
     L = Loader(path, 16, "permutation", mem_bytes=20 * 16, method="pread")
@@ -191,3 +192,115 @@ def test_plan_says_o_direct_only_where_fields_are_read_positionally(stores, monk
             assert (d["direct_reads"] if kind == "permutation" else d["window_direct"]) == want, (name, method, kind)
             _epochs_exact(L, ref, (0,))
             L.close()
+
+
+# -- records read in place: ring rows aligned to their records' file offsets -----------
+
+class _Everything(set):
+    def __contains__(self, x: object) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("mode", ["aio", "preadv", "staged"])
+@pytest.mark.parametrize("image", [(32, 32, 3), (24, 32, 3)])
+def test_permutation_reads_records_in_place_into_aligned_rows(build_store, tmp_path, monkeypatch, mode, image):
+    """NOTE [rows read in place] (_ring.py): the ring's rows of a preadv field
+    start at the field's data offset modulo 4096, so a record whose size is a
+    multiple of the device block (32x32x3 = 6 x 512) is read by O_DIRECT
+    straight into its row: in one AIO submit per piece ("aio"), one preadv
+    each where AIO is missing ("preadv"), through the staging buffer where
+    the device refuses ("staged"). A record size that is not a multiple
+    (24x32x3 = 4.5 x 512) puts every other row off the block: those are
+    staged. Batches byte-exact, each record once, in every case."""
+    from mmstore.torch import _aio, _reads
+
+    schema = {"image": ("|u1", image), "label": ("<i8", ()), "idx": ("<i8", ())}
+    path = build_store(str(tmp_path / "s"), 150, holes=(3, 90), schema=schema)
+    ref = mmstore.open(path)
+    rec = sum(ref.schema[f].nbytes for f in ref.fields)
+    seg = ref.backend.field_segments("image")[0]
+    monkeypatch.setattr(_reads, "resident_fraction", lambda paths: 0.0)
+    if mode == "preadv":
+        monkeypatch.setitem(_aio._off, "unavailable", True)
+    if mode == "staged":
+        monkeypatch.setattr(_direct, "_no_in_place", _Everything())
+    counts = {"aio": 0, "sync": 0}  # records read in place (a run of consecutive ones is one read)
+    rv, rip = _aio.read_vectors, _direct._read_in_place
+    nb = int(np.prod(image))
+
+    def aio(c, f, o, iov):
+        res = rv(c, f, o, iov)
+        counts["aio"] += int((iov["len"].sum(axis=1) // nb)[res > 0].sum())  # less than a record of padding
+        return res
+
+    def sync(dfd, off, length, dst, row):
+        counts["sync"] += length // nb
+        return rip(dfd, off, length, dst, row)
+
+    monkeypatch.setattr(_aio, "read_vectors", aio)
+    monkeypatch.setattr(_direct, "_read_in_place", sync)
+    L = Loader(path, 7, "permutation", mem_bytes=20 * rec, threads=3, seed=4)
+    assert L.describe()["direct_reads"]
+    _epochs_exact(L, ref)
+    ring = L._res.ring
+    assert all(v["image"].ctypes.data % 4096 == seg.offset % 4096 for v in ring.views)
+    assert ring._huge  # a plan of O_DIRECT record reads asks for huge pages (NOTE [rows read in place])
+    L.close()
+    can = _direct.open_direct(seg.path)
+    if can is None:  # no O_DIRECT on this file system: nothing is read in place
+        assert counts == {"aio": 0, "sync": 0}
+        return
+    os.close(can)
+    n = 2 * len(ref)  # records read, two epochs
+    whole = image[0] * image[1] * image[2] % _direct._BLOCK == 0
+    in_place = counts["aio"] + counts["sync"]
+    if mode == "staged":
+        assert in_place == 0
+    elif whole:
+        assert in_place == n  # every row congruent
+    else:
+        assert 0 < in_place < n
+    if mode == "preadv" or _aio._SYS is None:
+        assert counts["aio"] == 0
+    elif mode == "aio":
+        assert counts["sync"] == 0 and counts["aio"] > 0
+
+
+def test_read_vectors_reads_each_vector_and_reports_short_reads(tmp_path):
+    """``_aio.read_vectors``: every read lands in its iovecs (head, middle,
+    tail pieces of 512-byte multiples), a read past the end of the file
+    reports the bytes it got, a read of a bad descriptor is reported
+    failed, never raised."""
+    import mmap
+
+    from mmstore.torch import _aio
+
+    data = np.random.default_rng(3).integers(0, 256, 40_000 + 100, dtype=np.uint8)
+    p = tmp_path / "f.bin"
+    p.write_bytes(data.tobytes())
+    fd = _direct.open_direct(str(p))
+    ctx = _aio.context()
+    if fd is None or ctx is None:
+        assert _aio._SYS is None or fd is None or _aio._off["unavailable"]
+        return
+    buf = mmap.mmap(-1, 1 << 16)
+    base = np.frombuffer(buf, np.uint8).ctypes.data
+    try:
+        iov = np.zeros((3, 3), _aio.IOVEC)
+        iov[0] = [(base, 512), (base + 4096, 1024), (base + 8192, 512)]  # 2,048 bytes at 4,096
+        iov[1][0] = (base + 12288, 4096)  # 4,096 bytes at 36,864: 3,236 before the end
+        iov[2][0] = (base + 20480, 512)
+        res = _aio.read_vectors(ctx, np.array([fd, fd, fd]), np.array([4096, 36864, 512]), iov)
+        assert res.tolist() == [2048, 40_100 - 36864, 512]
+        got = np.frombuffer(buf, np.uint8)
+        assert np.array_equal(got[:512], data[4096:4608])
+        assert np.array_equal(got[4096:5120], data[4608:5632])
+        assert np.array_equal(got[8192:8704], data[5632:6144])
+        assert np.array_equal(got[12288:12288 + 3236], data[36864:])
+        assert np.array_equal(got[20480:20992], data[512:1024])
+        del got
+        bad = _aio.read_vectors(ctx, np.array([fd + 1000]), np.array([0]), iov[2:])
+        assert bad.tolist()[0] < 0
+    finally:
+        os.close(fd)
+        buf.close()
