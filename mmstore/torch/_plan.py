@@ -47,8 +47,10 @@ The sizing rule (NOTE [memory plan]; every figure is in ``describe()``)
 ``direct_reads``
     A shuffled order read per batch (a permutation) whose store does not
     fit, ``method`` not ``"mmap"``: each record (each run of consecutive
-    ones) is read with ``O_DIRECT`` straight into its ring row where the row
-    is aligned to the record's file offset modulo the device block (the
+    ones) of a field of at least ``PREAD_MIN_BYTES`` (2 KiB) a record (not
+    the small fields ``method="pread"`` also reads with ``preadv``: a disk
+    read each, where their file stays cached) is read with ``O_DIRECT``
+    straight into its ring row where the row is aligned to the record's file offset modulo the device block (the
     ring's rows are allocated so: NOTE [rows read in place] in ``_ring.py``),
     else into a reader thread's aligned buffer and copied into its row
     (``_direct.read_records_direct``); a batch is read in a few pieces, each

@@ -153,7 +153,15 @@ from ._direct import DirectWindows
 from ._epoch import EpochBatches, EpochIterator
 from ._plan import LoaderPlan, plan_memory, widen_ring
 from ._ragged import RaggedReader, check_mode, split_fields
-from ._reads import EpochReads, WindowPrefetch, data_paths, open_field_files, preadv_fields, prepare_store
+from ._reads import (
+    PREAD_MIN_BYTES,
+    EpochReads,
+    WindowPrefetch,
+    data_paths,
+    open_field_files,
+    preadv_fields,
+    prepare_store,
+)
 from ._resources import Resources, check_device, check_pin_memory, torch_dtype
 from ._ring import InFlight, Ring
 from ._source import resolve_source, transform_call
@@ -485,7 +493,10 @@ class Loader(Resumable):
             out.update(widen_ring(p))
         # a store that does not fit, read per batch: records read with O_DIRECT
         # (NOTE [direct record reads] in _direct.py)
-        direct_reads = not windows and not p["fits"] and preadv and not isinstance(o, Sequential)
+        # (fields of at least PREAD_MIN_BYTES a record: method="pread"'s small ones keep the page cache)
+        large = any(self.store.schema[f].nbytes >= PREAD_MIN_BYTES for f in preadv_fields(self.store, self._fixed,
+                                                                                           t.method))
+        direct_reads = not windows and not p["fits"] and large and not isinstance(o, Sequential)
         out.update(
             readahead="windows" if windows else "per batch", window_records=records if windows else 0,
             window_direct=direct, drop_behind=windows and not p["fits"] and not direct,

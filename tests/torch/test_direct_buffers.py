@@ -338,3 +338,38 @@ def test_read_vectors_reads_each_vector_and_reports_short_reads(tmp_path):
     finally:
         os.close(fd)
         buf.close()
+
+
+def test_method_pread_reads_only_large_records_with_o_direct(stores, build_store, tmp_path, monkeypatch):
+    """With ``method="pread"`` the small fields (an 8-byte label) are read
+    with ``preadv`` too, but not with O_DIRECT: each of their records would
+    cost a 4 KiB disk read of its own (a second random read per record) where
+    their small file stays in the page cache. Only the fields of at least
+    ``PREAD_MIN_BYTES`` a record are read with O_DIRECT; the epochs are exact."""
+    from mmstore.torch import _reads
+
+    path = stores["big"]
+    ref = mmstore.open(path)
+    rec = sum(ref.schema[f].nbytes for f in ref.fields)
+    monkeypatch.setattr(_reads, "resident_fraction", lambda paths: 0.0)
+    sizes = []
+    orig = _reads.read_records_direct
+    monkeypatch.setattr(_reads, "read_records_direct", lambda *a: (sizes.append(a[4]), orig(*a))[1])
+    L = Loader(path, 7, "permutation", mem_bytes=20 * rec, threads=3, seed=4, method="pread")
+    assert L.describe()["direct_reads"]
+    _epochs_exact(L, ref)
+    assert set(L._res.files) >= {"image", "label"}  # both read with preadv
+    L.close()
+    can = _direct.open_direct(ref.backend.field_segments("image")[0].path)
+    if can is None:  # no O_DIRECT on this file system
+        assert sizes == []
+        return
+    os.close(can)
+    assert sizes and min(sizes) >= _reads.PREAD_MIN_BYTES, sorted(set(sizes))
+    # a store of small fields only: describe() promises no O_DIRECT
+    schema = {"image": ("|u1", (4, 4, 1)), "label": ("<i8", ()), "idx": ("<i8", ())}
+    small = build_store(str(tmp_path / "small"), 300, schema=schema)
+    L = Loader(small, 7, "permutation", mem_bytes=20 * 32, threads=2, method="pread")
+    assert not L.describe()["fits"] and not L.describe()["direct_reads"]
+    _epochs_exact(L, mmstore.open(small), (0,))
+    L.close()
