@@ -120,50 +120,21 @@ class Schema:
         codecs: Mapping[str, Any] | None = None,
         classes: Mapping[str, Any] | None = None,
     ) -> None:
-        items: list[tuple[Any, Any, Any, Any]] = []
-        given: dict[str, Any] = {}  # field -> classes carried by the fields given
-        if isinstance(fields, Schema):
-            items = [(f.name, f.kind if f.kind in TEXT_KINDS else f.dtype, f.shape, f.codec)
-                     for f in fields.fields]
-            given = {f.name: f.classes for f in fields.fields if f.classes is not None}
-        elif isinstance(fields, Mapping):
-            for name, spec in fields.items():
-                if isinstance(spec, Field):
-                    items.append((name, spec.kind if spec.kind in TEXT_KINDS else spec.dtype, spec.shape,
-                                  spec.codec))
-                    if spec.classes is not None:
-                        given[name] = spec.classes
-                    continue
-                if spec in (str, bytes, "str", "bytes"):
-                    spec = (spec, None)
-                if not isinstance(spec, (tuple, list)) or len(spec) not in (2, 3):
-                    raise SchemaError(
-                        f"field {name!r}: expected (dtype, shape) or (dtype, shape, codec), found {spec!r}"
-                    )
-                items.append((name, spec[0], spec[1], spec[2] if len(spec) == 3 else None))
-        else:
-            for ent in fields:
-                if isinstance(ent, Field):
-                    ent = (ent.name, ent.kind if ent.kind in TEXT_KINDS else ent.dtype, ent.shape, ent.codec,
-                           ent.classes)
-                if not isinstance(ent, (tuple, list)) or len(ent) not in (3, 4, 5):
-                    raise SchemaError(f"expected (name, dtype, shape[, codec[, classes]]), found {ent!r}")
-                items.append((ent[0], ent[1], ent[2], ent[3] if len(ent) >= 4 else None))
-                if len(ent) == 5 and ent[4] is not None:
-                    given[ent[0]] = ent[4]
+        items = _entries(fields)
         if not items:
             raise SchemaError("a schema needs at least one field")
+        names = [it[0] for it in items]
         extra = {}
         if codecs:
             from .codecs import parse_codec_specs
 
             extra = parse_codec_specs(codecs)
-            unknown = [k for k in extra if k not in {it[0] for it in items}]
+            unknown = [k for k in extra if k not in names]
             if unknown:
-                raise SchemaError(f"codecs name unknown field(s) {unknown}; the schema has {[it[0] for it in items]}")
+                raise SchemaError(f"codecs name unknown field(s) {unknown}; the schema has {names}")
         out: list[Field] = []
         seen: set[str] = set()
-        for name, dtype, shape, codec in items:
+        for name, dtype, shape, codec, _ in items:
             if not isinstance(name, str) or not FIELD_NAME_RE.match(name):
                 raise SchemaError(
                     f"field name {name!r} is not allowed: use 1-63 letters, digits and _, "
@@ -172,36 +143,8 @@ class Schema:
             if name in seen:
                 raise SchemaError(f"field {name!r} appears twice")
             seen.add(name)
-            kind = {str: "str", bytes: "bytes"}.get(dtype, dtype) if isinstance(dtype, (type, str)) else None
-            cod = extra.get(name, None) or parse_codec(codec, where=f"field {name!r}")
-            if kind in TEXT_KINDS:
-                if shape not in (None, (), [], (None,), [None]):
-                    raise SchemaError(f"field {name!r}: a {kind} field has no shape (or (None,)), found {shape!r}")
-                _check_ragged_codec(name, cod)
-                out.append(Field(name, np.dtype("|u1"), (None,), cod, str(kind)))
-                continue
-            try:
-                dt = normalize_dtype(dtype, where=f"field {name!r}")
-            except FormatError as exc:
-                raise SchemaError(str(exc)) from None
-            if isinstance(shape, (int, np.integer)) or shape is None:
-                shape = (shape,)
-            try:
-                shp = tuple(None if (k == 0 and d is None) else int(d) for k, d in enumerate(shape))
-            except TypeError:
-                raise SchemaError(f"field {name!r}: shape must be a tuple of ints (the first may be None), "
-                                  f"found {shape!r}") from None
-            if any(d is not None and d < 0 for d in shp):
-                raise SchemaError(f"field {name!r}: negative dimension in shape {shp}")
-            if shp[:1] == (None,):
-                _check_ragged_codec(name, cod)
-                if dt.itemsize * math.prod(shp[1:]) == 0:
-                    raise SchemaError(f"field {name!r}: the rows of a ragged field must have at least one byte, "
-                                      f"found shape {shp} of {dt.str}")
-                out.append(Field(name, dt, shp, cod))
-                continue
-            cod.check(dt, shp, where=f"field {name!r}")
-            out.append(Field(name, dt, shp, cod))
+            out.append(_make_field(name, dtype, shape, extra.get(name, None) or parse_codec(codec, where=f"field {name!r}")))
+        given = {it[0]: it[4] for it in items if it[4] is not None}  # field -> classes the fields given carry
         given.update(classes or {})
         unknown = [k for k in given if k not in seen]
         if unknown:
@@ -358,6 +301,68 @@ def normalize_classes(f: Field, classes: Any) -> tuple[tuple[int, str], ...]:
             raise SchemaError(f"{where}: id {int(i)} appears twice ({out[int(i)]!r} and {n!r})")
         out[int(i)] = n
     return tuple(sorted(out.items()))
+
+
+def _as_entry(f: Field) -> tuple[Any, ...]:
+    return (f.name, f.kind if f.kind in TEXT_KINDS else f.dtype, f.shape, f.codec, f.classes)
+
+
+def _entries(fields: Mapping[str, Any] | Iterable[Any]) -> list[tuple[Any, ...]]:
+    """The fields given to :class:`Schema`, in any of its forms, as
+    ``(name, dtype, shape, codec, classes)`` entries (not yet checked)."""
+    if isinstance(fields, Schema):
+        return [_as_entry(f) for f in fields.fields]
+    out: list[tuple[Any, ...]] = []
+    if isinstance(fields, Mapping):
+        for name, spec in fields.items():
+            if isinstance(spec, Field):
+                out.append((name, *_as_entry(spec)[1:]))
+                continue
+            if spec in (str, bytes, "str", "bytes"):
+                spec = (spec, None)
+            if not isinstance(spec, (tuple, list)) or len(spec) not in (2, 3):
+                raise SchemaError(f"field {name!r}: expected (dtype, shape) or (dtype, shape, codec), found {spec!r}")
+            out.append((name, spec[0], spec[1], spec[2] if len(spec) == 3 else None, None))
+        return out
+    for ent in fields:
+        if isinstance(ent, Field):
+            ent = _as_entry(ent)
+        if not isinstance(ent, (tuple, list)) or len(ent) not in (3, 4, 5):
+            raise SchemaError(f"expected (name, dtype, shape[, codec[, classes]]), found {ent!r}")
+        out.append((*ent, *(None,) * (5 - len(ent))))
+    return out
+
+
+def _make_field(name: str, dtype: Any, shape: Any, cod: Codec) -> Field:
+    """One checked field: its dtype normalised, its shape ints (a ragged
+    field's first ``None``), the codec fitting it."""
+    kind = {str: "str", bytes: "bytes"}.get(dtype, dtype) if isinstance(dtype, (type, str)) else None
+    if kind in TEXT_KINDS:
+        if shape not in (None, (), [], (None,), [None]):
+            raise SchemaError(f"field {name!r}: a {kind} field has no shape (or (None,)), found {shape!r}")
+        _check_ragged_codec(name, cod)
+        return Field(name, np.dtype("|u1"), (None,), cod, str(kind))
+    try:
+        dt = normalize_dtype(dtype, where=f"field {name!r}")
+    except FormatError as exc:
+        raise SchemaError(str(exc)) from None
+    if isinstance(shape, (int, np.integer)) or shape is None:
+        shape = (shape,)
+    try:
+        shp = tuple(None if (k == 0 and d is None) else int(d) for k, d in enumerate(shape))
+    except TypeError:
+        raise SchemaError(f"field {name!r}: shape must be a tuple of ints (the first may be None), "
+                          f"found {shape!r}") from None
+    if any(d is not None and d < 0 for d in shp):
+        raise SchemaError(f"field {name!r}: negative dimension in shape {shp}")
+    if shp[:1] == (None,):
+        _check_ragged_codec(name, cod)
+        if dt.itemsize * math.prod(shp[1:]) == 0:
+            raise SchemaError(f"field {name!r}: the rows of a ragged field must have at least one byte, "
+                              f"found shape {shp} of {dt.str}")
+    else:
+        cod.check(dt, shp, where=f"field {name!r}")
+    return Field(name, dt, shp, cod)
 
 
 def _check_ragged_codec(name: str, codec: Codec) -> None:
