@@ -16,6 +16,7 @@ import xxhash
 from support.compare import store_bytes
 from support.faults import edit_manifest, sync_manifest
 from support.images import photo
+from support.stores import finish_resumed
 
 import mmstore
 from mmstore import format as fmt
@@ -279,15 +280,7 @@ def test_sigkill_then_resume_gives_the_same_bytes(tmp_path, store):
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert r.returncode == -signal.SIGKILL, r.stderr
     assert not os.path.exists(dest) and os.path.isdir(str(dest) + ".partial")
-    with mmstore.StoreWriter(dest, SCHEMA, slots=N, resume=True, backend=backend) as w:
-        w.mark_written([s for s in range(10) if s not in HOLES])
-        w.write(3, make(3))  # what a resumed ingest does: committed ranges stay, others are redone
-        for s in range(N):
-            w.set_key(s, f"in/{s}")
-            if s in HOLES:
-                w.skip(s, f"in/{s}", f"corrupt: hole {s}")
-            elif s >= 10:
-                w.write(s, make(s))
+    finish_resumed(dest, SCHEMA, N, HOLES, make, 10, backend)
     assert store_bytes(dest) == store_bytes(store)
 
 

@@ -17,6 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.compare import store_bytes
 from support.faults import edit_manifest
+from support.stores import finish_resumed
 
 import mmstore
 from mmstore.errors import EntryDecodeError, FormatError, SchemaError, VersionError
@@ -181,15 +182,7 @@ def test_resume_keeps_committed_slots_and_gives_the_same_bytes(tmp_path, store):
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=False)
     assert r.returncode == -signal.SIGKILL, r.stderr
-    with mmstore.StoreWriter(dest, SCHEMA, slots=N, resume=True, backend=backend) as w:
-        w.mark_written([s for s in range(8) if s not in HOLES])
-        w.write(3, make(3))  # what a resumed ingest does: committed ranges stay, others are redone
-        for s in range(N):
-            w.set_key(s, f"in/{s}")
-            if s in HOLES:
-                w.skip(s, f"in/{s}", f"corrupt: hole {s}")
-            elif s >= 8:
-                w.write(s, make(s))
+    finish_resumed(dest, SCHEMA, N, HOLES, make, 8, backend)
     assert store_bytes(dest) == store_bytes(store)
 
 

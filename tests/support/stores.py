@@ -84,6 +84,32 @@ def write_merged(path, n, cuts, **kw) -> str:
     return merge(write_parts(f"{path}.parts", n, cuts, **kw), str(path))
 
 
+def write_every_layout(root, n, cuts, **kw) -> dict[str, str]:
+    """The same records as a memmap, an lmdb and a merged (cut at ``cuts``)
+    store under ``root``: ``{"memmap": path, "lmdb": path, "merged": path}``."""
+    return {
+        "memmap": write_store(os.path.join(root, "m"), n, **kw),
+        "lmdb": write_store(os.path.join(root, "l"), n, **{**kw, "backend": "lmdb"}),
+        "merged": write_merged(os.path.join(root, "g"), n, cuts, **kw),
+    }
+
+
+def finish_resumed(dest, schema, n, holes, make, committed, backend="memmap") -> None:
+    """What a resumed ingest does with ``dest.partial`` after a kill: slots
+    ``0..committed`` (holes aside) are committed and kept, slot 3 is written
+    again, the rest are written (or skipped, for ``holes``) as ``write_store``
+    with keys ``in/<slot>`` and reasons ``corrupt: hole <slot>`` would."""
+    with mmstore.StoreWriter(dest, schema, slots=n, resume=True, backend=backend) as w:
+        w.mark_written([s for s in range(committed) if s not in holes])
+        w.write(3, make(3))  # what a resumed ingest does: committed ranges stay, others are redone
+        for s in range(n):
+            w.set_key(s, f"in/{s}")
+            if s in holes:
+                w.skip(s, f"in/{s}", f"corrupt: hole {s}")
+            elif s >= committed:
+                w.write(s, make(s))
+
+
 def write_indexed(path, n, backend="memmap", holes=(), schema=IDX_SCHEMA, cuts=None) -> str:
     """The torch layer's stores: ``indexed`` records keyed ``k<slot>``; merged
     from parts cut at ``cuts`` when given."""

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 from support.images import photo
-from support.stores import write_merged, write_store
+from support.stores import write_every_layout, write_store
 from torch.utils.data import DataLoader
 
 import mmstore
@@ -33,12 +33,8 @@ def make(slot):
 @pytest.fixture(scope="module")
 def compact(tmp_path_factory):
     root = tmp_path_factory.mktemp("compact")
-    kw = {"holes": HOLES, "schema": SCHEMA, "make": make, "keys": "k{}", "reason": "test hole"}
-    return {
-        "memmap": write_store(os.path.join(root, "m"), N, **kw),
-        "lmdb": write_store(os.path.join(root, "l"), N, backend="lmdb", **kw),
-        "merged": write_merged(os.path.join(root, "g"), N, [30, 30, 61], **kw),
-    }
+    return write_every_layout(root, N, [30, 30, 61], holes=HOLES, schema=SCHEMA, make=make, keys="k{}",
+                              reason="test hole")
 
 
 def _truth(path):

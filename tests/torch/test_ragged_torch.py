@@ -7,12 +7,11 @@ merged stores, for every order."""
 from __future__ import annotations
 
 import json
-import os
 
 import numpy as np
 import pytest
 import torch
-from support.stores import write_merged, write_store
+from support.stores import write_every_layout
 from torch.utils.data import DataLoader, default_collate
 
 import mmstore
@@ -36,12 +35,8 @@ def make(slot: int) -> dict:
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory):
     root = tmp_path_factory.mktemp("raggedtorch")
-    kw = {"holes": HOLES, "schema": SCHEMA, "make": make, "keys": "k{}", "reason": "hole"}
-    return {
-        "memmap": write_store(os.path.join(root, "m"), N, **kw),
-        "lmdb": write_store(os.path.join(root, "l"), N, backend="lmdb", **kw),
-        "merged": write_merged(os.path.join(root, "g"), N, [20, 20, 45], **kw),
-    }
+    return write_every_layout(root, N, [20, 20, 45], holes=HOLES, schema=SCHEMA, make=make, keys="k{}",
+                              reason="hole")
 
 
 @pytest.fixture(scope="module", params=["memmap", "lmdb", "merged"])
