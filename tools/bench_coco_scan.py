@@ -9,7 +9,7 @@ Writes (once, kept in ``--dir``) a synthetic instances JSON: ``--images`` image 
 ``CocoSource.scan()`` is timed: the parent's one parse of the JSON plus the grouping into numpy
 arrays. Reported: scan seconds, the child's peak RSS (the parsed JSON's Python objects), its RSS
 after the scan (what the workers inherit by fork) and the bytes of the kept arrays; then
-``record_fields`` (boxes and polygons mapped to a 640x480 letterbox in a 640x640 record,
+``annotation_fields`` (boxes and polygons mapped to a 640x480 letterbox in a 640x640 record,
 clipped) per record, averaged over the first 2,000 records.
 """
 
@@ -35,10 +35,10 @@ kept = sum(getattr(s, a).nbytes for a in ("ann_offsets", "ann_id", "ann_cat", "a
 n = min(2000, len(s.listing))
 t = time.perf_counter()
 for i in range(n):
-    s.record_fields(i, ((0, 0, 640, 480), (0, 80, 640, 560)))
+    s.annotation_fields(i, ((0, 0, 640, 480), (0, 80, 640, 560)))
 per = (time.perf_counter() - t) / n
 print(f"scan {dt:.1f} s; peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e3:,.0f} MB; "
-      f"RSS after the scan {rss / 1e6:,.0f} MB (arrays {kept / 1e6:,.0f} MB); record_fields {per * 1e6:.0f} us/record")
+      f"RSS after the scan {rss / 1e6:,.0f} MB (arrays {kept / 1e6:,.0f} MB); annotation_fields {per * 1e6:.0f} us/record")
 """
 
 

@@ -320,6 +320,6 @@ def list_fields_for_repair(prov: dict[str, Any], schema: Any) -> Callable[[bytes
         if i in ls.listing.label_errors:
             raise ValueError(f"the list's row of this record is now a hole ({ls.listing.label_errors[i]})")
         return {n: schema[n].codec.encode(coerce_ragged(schema[n], v))
-                for n, v in ls.input_extras(i).items() if n in schema}
+                for n, v in ls.record_fields(i).items() if n in schema}
 
     return fields

@@ -381,7 +381,15 @@ class CocoSource(Source):
         raise InputError(f"wrong-shape: the annotation file says {w}x{h} (width x height), the decoded image is "
                          f"{orig_size[1]}x{orig_size[0]}{turned}; its annotations would land in the wrong place")
 
-    def record_fields(self, i: int, transform: tuple[Any, Any]) -> dict[str, np.ndarray]:
+    def record_fields(self, i: int, decoded: Any) -> dict[str, np.ndarray]:
+        """The annotation fields of input ``i``, whose image decoded to
+        ``decoded`` (a :class:`~mmstore.decode.Decoded`); taken by
+        :class:`mmstore.ingest.records.RecordJob` and by ``verify --repair``.
+        ``InputError`` (a hole) when the JSON's size is not the decoded one."""
+        self.check_size(i, decoded.orig_size)
+        return self.annotation_fields(i, (decoded.box, decoded.dst))
+
+    def annotation_fields(self, i: int, transform: tuple[Any, Any]) -> dict[str, np.ndarray]:
         """The annotation fields of input ``i`` in stored pixels (see the module docstring)."""
         a, b = int(self.ann_offsets[i]), int(self.ann_offsets[i + 1])
         dst = np.asarray(transform[1])
@@ -424,7 +432,7 @@ class CocoSource(Source):
     def geometry_counts(self, box: np.ndarray, dst: np.ndarray, slots: np.ndarray) -> dict[str, int]:
         """Boxes clipped and dropped over the records at ``slots`` (whose
         stored ``box`` and ``dst`` are given): the clip rule of
-        :func:`record_fields`, vectorised, for the summary."""
+        :func:`annotation_fields`, vectorised, for the summary."""
         if len(slots) == 0:
             return {}
         start, end = self.ann_offsets[slots], self.ann_offsets[slots + 1]

@@ -413,9 +413,10 @@ class ListSource(Source):
         self.fields = tags.finish(self.path, self.listing)
         return self.listing
 
-    def input_extras(self, i: int) -> dict[str, Any]:
+    def record_fields(self, i: int, decoded: Any = None) -> dict[str, Any]:
         """The fields of input ``i`` beside its image and label (``tags``,
-        ``text``); taken by :class:`mmstore.ingest.records.RecordJob`."""
+        ``text``; ``decoded`` is not needed); taken by
+        :class:`mmstore.ingest.records.RecordJob`."""
         return self.tags.values(i)
 
     def _resolve(self, key: bytes) -> bytes:

@@ -58,10 +58,10 @@ class RecordJob:
         self.label_errors = source.listing.label_errors  # input -> hole reason (a list's bad label cells)
         self.has_label = "label" in schema
         self.full = "box" in schema  # image fields with orig_size / box / dst
-        self.annotated = hasattr(source, "record_fields")  # a source with per-record fields of its own (COCO)
         self.extra = isinstance(source, DatasetSource) and source.fields is not None  # from_dataset(fields=)
-        # a source's per-input fields beside image and label (a list's tags/text): input_extras(i) -> {name: value}
-        self.input_extras = getattr(source, "input_extras", None)
+        # a source's own fields of input i beside image and label (a COCO image's annotations, a list's
+        # tags/text): record_fields(i, decoded) -> {name: value}; raises InputError for a hole
+        self.own_fields = getattr(source, "record_fields", None)
 
     def checked(self, rec: dict[str, Any]) -> dict[str, np.ndarray]:
         """``rec`` as the schema's arrays: a cheap exact check when every value
@@ -96,15 +96,14 @@ class RecordJob:
             out["orig_size"] = np.array(d.orig_size, ORIG_SIZE_DTYPE)
             out["box"] = np.array(d.box, BOX_DTYPE)
             out["dst"] = np.array(d.dst, DST_DTYPE)
-        if self.annotated:
-            self.source.check_size(i, d.orig_size)
-            out.update(self.source.record_fields(i, (d.box, d.dst)))
+        if self.own_fields is not None:
+            out.update(self.own_fields(i, d))
         out.update(extras)
         return out
 
     def _load(self, reader: Any, i: int) -> tuple[Any, Any, dict[str, Any]]:
         if not isinstance(self.source, DatasetSource):
-            return reader.load(i), None, self.input_extras(i) if self.input_extras is not None else {}
+            return reader.load(i), None, {}
         item = reader.load(i)
         img, label = self.source.split(item)
         if img is None:

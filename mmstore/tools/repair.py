@@ -245,8 +245,7 @@ class _Source:
             if slot is None or not 0 <= i < len(coco.listing) or coco.listing.key(i) != bytes(key):
                 raise ValueError("the annotation file no longer lists this record's image at its place (the "
                                  "file changed since the ingest)")
-            coco.check_size(i, d.orig_size)
-            out.update(coco.record_fields(i, (d.box, d.dst)))
+            out.update(coco.record_fields(i, d))
         return out
 
     def close(self) -> None:

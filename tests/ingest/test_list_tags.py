@@ -252,7 +252,7 @@ def test_tag_cells_property(tmp_path_factory, cells):
     (f,) = src.fields
     assert f.class_names == names
     for k, w in enumerate(want):
-        assert [names[int(t)] for t in src.input_extras(k)["tags"]] == w
+        assert [names[int(t)] for t in src.record_fields(k)["tags"]] == w
 
 
 def test_a_caption_longer_than_the_csv_modules_default_cell_limit_is_kept(tmp_path):
