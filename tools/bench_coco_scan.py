@@ -22,10 +22,10 @@ import subprocess
 import sys
 
 CHILD = r"""
-import gc, resource, sys, time
+import gc, os, resource, sys, time
 from mmstore.ingest.coco import CocoSource
 t = time.perf_counter()
-s = CocoSource(sys.argv[1], root="/nonexistent")
+s = CocoSource(sys.argv[1], root=os.path.dirname(os.path.abspath(sys.argv[1])))  # an existing folder without the images
 s.scan()
 dt = time.perf_counter() - t
 gc.collect()
