@@ -21,7 +21,8 @@ pytestmark = pytest.mark.subprocess
 N, BS, WORLD, EPOCHS = 101, 8, 2, 2
 
 _JOB = r"""
-import json, os, sys
+import faulthandler, json, os, sys
+faulthandler.dump_traceback_later(110, exit=True)  # a hang shows where every thread of this rank waits
 import numpy as np
 import torch
 import torch.distributed as dist
@@ -93,7 +94,8 @@ def test_ddp_two_ranks_exactly_once(tmp_path):
             env=env, capture_output=True, text=True, timeout=150, check=False,
         )
     except subprocess.TimeoutExpired as e:
-        pytest.fail(f"the DDP job hung (a rank waiting in an all-reduce for another?): {str(e.stderr)[-2000:]}")
+        pytest.fail(f"the DDP job hung past the ranks' own 110 s traceback dump (torchrun itself?): "
+                    f"{str(e.stderr)[-2000:]}")
     assert r.returncode == 0, r.stderr[-4000:]
     results = json.loads(out.read_text())
     assert len(results) == 2 * 2 * 2 * EPOCHS
