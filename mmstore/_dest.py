@@ -18,19 +18,23 @@ lock). The rule:
 
 Deleting never follows symlinks: ``shutil.rmtree`` unlinks a symlink found
 inside a store instead of descending into it, and the top directory is
-checked to be a real directory first.
+checked to be a real directory first. Besides a store (``overwrite``) and
+our own ``.partial``, the only thing ever deleted is ``DEST.replaced-XXXXXXXX``,
+a store a publish moved aside (format.py, "Replacing a store").
 """
 
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import stat
 from collections.abc import Iterable
 
 from .errors import DestinationError
-from .format import MANIFEST_FILE, MANIFEST_MAX_BYTES, PARTIAL_SUFFIX, read_manifest
+from .format import MANIFEST_FILE, MANIFEST_MAX_BYTES, PARTIAL_SUFFIX, REPLACED_INFIX, read_manifest
 
-__all__ = ["PARTIAL_MARK", "check_dest", "is_own_partial", "is_store", "make_partial"]
+__all__ = ["PARTIAL_MARK", "check_dest", "is_own_partial", "is_store", "make_partial", "remove_replaced"]
 
 # the first file of every .partial a writer creates; with the bookkeeping
 # files of older versions it is how a .partial is recognised as ours
@@ -158,3 +162,30 @@ def make_partial(partial: str) -> None:
     os.makedirs(partial)
     fd = os.open(os.path.join(partial, PARTIAL_MARK), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
     os.close(fd)
+
+
+def remove_replaced(dest: str) -> list[str]:
+    """Delete the ``DEST.replaced-XXXXXXXX`` directories a killed publish
+    left next to ``dest`` (a store moved aside: the old one, or a new one
+    that was never swapped in); called under the destination lock. Only real
+    directories of exactly that name holding only regular files are ours;
+    returns what was deleted."""
+    dest = os.path.abspath(dest)
+    parent, base = os.path.split(dest)
+    mine = re.compile(re.escape(base + REPLACED_INFIX) + r"[0-9a-f]{8}\Z")
+    removed = []
+    try:
+        with os.scandir(parent) as it:
+            aside = [e.path for e in it if mine.match(e.name) and e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return removed
+    for path in aside:
+        try:
+            with os.scandir(path) as it:
+                if not all(e.is_file(follow_symlinks=False) for e in it):
+                    continue
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed

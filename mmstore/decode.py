@@ -69,6 +69,13 @@ Decoding (how the source image ``S`` is obtained)
 * **First frame only**: animated GIF/WebP/PNG and multi-page TIFF give their
   first frame/page, which is what ``cv2.imdecode`` returns.
 * Floating-point decoder output is ``unsupported``.
+* **Float arrays** given to :func:`fit_array` (what ``ToTensor()`` makes)
+  must hold values in ``[0, 1]``; they become ``uint8`` by
+  :func:`float_to_uint8`: ``round(x * 255)`` with ties to even, computed in
+  float64 (exact for float16/float32 input), done before everything else.
+  Values outside ``[0, 1]`` (a normalised image: ``Normalize(mean, std)``
+  gives negative values), NaN or infinity are refused (``unsupported``,
+  with the dtype, minimum and maximum found).
 
 Channels and order
 ------------------
@@ -227,6 +234,7 @@ __all__ = [
     "Decoded",
     "decode_image",
     "fit_array",
+    "float_to_uint8",
     "read_bytes",
     "sniff_image",
 ]
@@ -678,8 +686,9 @@ def fit_array(img: np.ndarray, spec: DecodeSpec) -> Decoded:
     ----------
     img : numpy.ndarray
         ``(H, W)`` or ``(H, W, C)`` with C in 1, 2 (gray + alpha), 3 (RGB) or
-        4 (RGBA); ``uint8``, or ``uint16`` (reduced by ``>> 8``).  Not
-        modified and never aliased by the result.
+        4 (RGBA); ``uint8``, ``uint16`` (reduced by ``>> 8``), or float with
+        values in ``[0, 1]`` (see :func:`float_to_uint8`).  Not modified and
+        never aliased by the result.
     spec : DecodeSpec
         Target shape and policies (``fast_decode``, ``strict_jpeg`` and
         ``max_pixels`` do not apply).
@@ -693,7 +702,7 @@ def fit_array(img: np.ndarray, spec: DecodeSpec) -> Decoded:
     ------
     DecodeError
         ``wrong-shape`` (policy ``none``, or an array that is not an image)
-        or ``unsupported`` (dtype).
+        or ``unsupported`` (dtype; float values outside ``[0, 1]``).
     """
     import cv2
 
@@ -706,7 +715,7 @@ def fit_array(img: np.ndarray, spec: DecodeSpec) -> Decoded:
         raise DecodeError(f"empty: array of shape {img.shape}")
     private = False
     if img.dtype != np.uint8:
-        img = _to_8bit(img)
+        img = float_to_uint8(img) if img.dtype.kind == "f" else _to_8bit(img)
         private = True
     if img.ndim == 3:
         c = img.shape[2]
@@ -716,3 +725,48 @@ def fit_array(img: np.ndarray, spec: DecodeSpec) -> Decoded:
         elif c == 1:
             img = img[..., 0]
     return _finish(img, "rgb", spec, cv2, None, private=private)
+
+
+def float_to_uint8(img: np.ndarray) -> np.ndarray:
+    """Float pixels with values in ``[0, 1]`` as ``uint8``, exactly.
+
+    Each value ``x`` becomes ``round(x * 255)``, ties to even, computed in
+    float64 (``numpy.rint(x.astype(float64) * 255)``): for float16 and
+    float32 input the product is exact, so a ``ToTensor()`` image
+    (``k / 255`` in float32) gives back ``k``.  The result is a new array of
+    the same shape.
+
+    Raises
+    ------
+    DecodeError
+        ``unsupported``: a value outside ``[0, 1]``, NaN or infinity (a
+        normalised image, a float image in 0..255); the message gives the
+        dtype, minimum and maximum and what to pass instead.
+    """
+    img = np.asarray(img)
+    if img.dtype.kind != "f":
+        raise TypeError(f"float_to_uint8 needs a float array, got {img.dtype}")
+    if img.size:
+        lo, hi = img.min(), img.max()
+        if not (lo >= 0 and hi <= 1):  # also False when there is a NaN
+            raise DecodeError(_float_range_reason(img))
+    return np.rint(np.asarray(img, np.float64, order="C") * 255).astype(np.uint8)
+
+
+def _float_range_reason(img: np.ndarray) -> str:
+    finite = np.isfinite(img)
+    hint = "pass the image with values in [0, 1] (clip it if a transform overshot), or convert it to uint8 yourself"
+    if finite.all():
+        lo, hi = float(img.min()), float(img.max())
+        found = f"min {lo:.6g}, max {hi:.6g}"
+        if lo < 0:
+            hint = ("negative values look normalised (Normalize(mean, std)): pass the image before normalising "
+                    "(ToTensor() gives [0, 1]), or convert it to uint8 yourself")
+        elif 2 < hi <= 255:
+            hint = "values up to 255 look like 0..255 pixels: pass them as uint8, or divide by 255"
+    else:
+        vals = img[finite]
+        found = f"{img.size - vals.size} NaN or infinite value(s)" + (
+            f", finite min {float(vals.min()):.6g}, max {float(vals.max()):.6g}" if vals.size else "")
+    return (f"unsupported: {img.dtype} pixels outside [0, 1] ({found}); a float image is stored as "
+            f"uint8 round(x * 255) only from [0, 1]: {hint}")

@@ -11,7 +11,10 @@ to do next.
 
 from __future__ import annotations
 
+import errno
+
 __all__ = [
+    "AllInputsFailedError",
     "ChecksumError",
     "DecodeError",
     "DestinationError",
@@ -33,6 +36,7 @@ __all__ = [
     "StoreAccessError",
     "StoreChangedError",
     "StoreExistsError",
+    "TruncatedReadError",
     "VersionError",
 ]
 
@@ -69,6 +73,28 @@ class StoreChangedError(FormatError):
     """A store's files were replaced, truncated or removed after it was opened
     (for example by ``ingest --overwrite`` at the same path): a ``Store``
     reads the store it opened or raises this, never the new files."""
+
+
+class TruncatedReadError(StoreChangedError, OSError, EOFError):
+    """A read of a store file hit its end before the bytes the store says
+    are there: the file was truncated (or replaced by a shorter one) after
+    the store was opened. Also an :class:`OSError` (``errno.EIO``,
+    ``filename`` set) and an :class:`EOFError`; attributes ``offset``,
+    ``expected``, ``received`` (bytes) and ``file_size`` (None if unknown)."""
+
+    def __init__(self, filename: str, offset: int, expected: int, received: int, file_size: int | None) -> None:
+        size = "unknown" if file_size is None else f"{file_size:,}"
+        msg = (f"expected {expected:,} bytes at file offset {offset:,} but got only {received:,} before the end "
+               f"of the file (file size {size}): it was truncated or replaced after the store was opened; run "
+               "mmstore verify on the store, and reopen it once it is whole")
+        OSError.__init__(self, errno.EIO, msg, filename)
+        self.offset = offset
+        self.expected = expected
+        self.received = received
+        self.file_size = file_size
+
+    def __str__(self) -> str:
+        return OSError.__str__(self)
 
 
 class StoreAccessError(MmstoreError, PermissionError):
@@ -127,6 +153,25 @@ class GeometryError(MmstoreError, ValueError):
 class IngestError(MmstoreError, RuntimeError):
     """An ingest stopped (too many errors, a worker died, disk full ...);
     the ``.partial`` directory is kept so the run can resume."""
+
+
+class AllInputsFailedError(IngestError):
+    """Every input of an ingest failed: not one record was made.
+
+    Nothing is published: no manifest is written and ``DEST``, if it
+    existed, is unchanged. ``DEST.partial`` is kept with an
+    ``errors.jsonl`` (slot, key, reason of every failure; same lines as a
+    store's). Attributes: ``failed`` (the count), ``reasons`` (a
+    ``Counter`` of reasons), ``key`` (an input that failed for the most
+    common reason) and ``errors_path``."""
+
+    def __init__(self, message: str, failed: int = 0, reasons: dict[str, int] | None = None, key: str | None = None,
+                 errors_path: str | None = None) -> None:
+        super().__init__(message)
+        self.failed = failed
+        self.reasons = reasons
+        self.key = key
+        self.errors_path = errors_path
 
 
 class ResumeMismatchError(IngestError, ValueError):

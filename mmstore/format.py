@@ -32,7 +32,9 @@ reserved for the store's own bookkeeping, so field names never start with one.
 While a writer works, the directory is named ``STORE.partial`` (see
 ``PARTIAL_SUFFIX``) and may hold extra bookkeeping files; a writer MUST only
 rename it to ``STORE`` after everything above is written and fsynced, and
-MUST fsync the parent directory after the rename.
+MUST fsync the parent directory after the rename. A finished store's files
+are never changed in place; a store at ``STORE`` is replaced as a whole
+(see "Replacing a store").
 
 Slots, records, holes
 ---------------------
@@ -348,6 +350,43 @@ Every file of a store is untrusted input. Readers MUST:
   process with SIGBUS, or read as zeros within its last page); an entry read
   with ``pread`` instead comes from a descriptor whose identity was checked
   the same way, and a short read is the file having changed.
+
+Replacing a store
+-----------------
+
+``overwrite`` (``ingest --overwrite``, ``merge``, ``convert``) builds the new
+store in ``STORE.partial`` under the writer lock (``STORE.lock``) and, once
+its manifest is written, replaces the old one so that ``STORE`` names one
+complete store at every moment:
+
+1. rename ``STORE.partial`` to ``STORE.replaced-XXXXXXXX`` (8 random hex
+   digits, ``REPLACED_INFIX``);
+2. exchange that name and ``STORE`` in one atomic step (``renameat2`` with
+   ``RENAME_EXCHANGE``): ``STORE`` is the new store, the other name the old;
+3. fsync the parent directory, then delete the old store.
+
+A file system that cannot exchange two names gets two renames instead
+(``STORE`` to ``STORE.replaced-XXXXXXXX``, then ``STORE.partial`` to
+``STORE``), between which there is no ``STORE``, only a finished
+``STORE.partial``. A writer killed at any point leaves a complete store at
+``STORE``, the old or the new one (with two renames: or a finished
+``STORE.partial``, which ``--resume`` publishes), plus ``STORE.replaced-*``
+directories, which the next publish at ``STORE`` deletes first. A published
+directory never comes back under ``STORE`` once moved away from it (but for
+a publish by two renames whose second one fails: the old store is renamed
+back, and an open that ran meanwhile may fail as if files were missing).
+
+An open MUST see one store, never the manifest of one and files of another:
+it holds the directory ``STORE`` names open while it reads (so that no other
+directory can take its inode), reads the manifest inside it, checks the
+files, then checks that ``STORE`` still names that directory. If it does
+not, or if a check failed while it did not, the store was replaced during
+the open: the open starts over on the new store, a bounded number of times,
+then raises ``StoreChangedError`` (the store is being replaced again and
+again; retry once the writer is done). A check that fails while ``STORE``
+still names the directory it was opened in is the store's own fault, and is
+raised as it is. With no ``STORE`` but a finished ``STORE.partial`` (a
+publish by two renames, under way), the open waits briefly before it says so.
 """
 
 from __future__ import annotations
@@ -388,6 +427,7 @@ __all__ = [
     "RAGGED_VERSION",
     "RAGGED_ZSTD_MAX_BYTES",
     "READ_MAJORS",
+    "REPLACED_INFIX",
     "SEGMENTED_VERSION",
     "VARIABLE_VERSION",
     "SUPPORTED_BACKENDS",
@@ -423,6 +463,7 @@ MANIFEST_FILE = "manifest.json"
 MANIFEST_MAX_BYTES = 64 * 1024 * 1024
 MAX_STORE_BYTES = 2**62  # no file of a store, and no field's data, is larger (so sizes fit int64)
 PARTIAL_SUFFIX = ".partial"
+REPLACED_INFIX = ".replaced-"  # STORE.replaced-XXXXXXXX: a store being swapped in or out (see "Replacing a store")
 CHECKSUMS_FILE = "_checksums.npy"
 KEYS_OFFSETS_FILE = "_keys_offsets.npy"
 KEYS_BLOB_FILE = "_keys.bin"
@@ -618,12 +659,20 @@ _FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pip
                (stat.S_ISSOCK, "a socket"))
 
 
-def open_store_file(path: str, missing: str | None = None) -> int:
+def open_store_file(
+    path: str, missing: str | None = None, *, dir_fd: int | None = None,
+    ident: dict[str, tuple[int, int, int, int]] | None = None,
+) -> int:
     """Open a store file for reading (see "Reading a store from someone
     else"); return the descriptor, a regular file's.
 
     ``missing``: the message of the ``FormatError`` for a file that is not
     there; None lets ``FileNotFoundError`` through (the caller words it).
+    ``dir_fd``: a descriptor of the store's directory; the file is then its
+    entry ``basename(path)`` (``path`` names it in messages).
+    ``ident``: the identities noted when the store was opened (see
+    ``note_identity``); a file noted there that is gone now raises
+    ``StoreChangedError`` instead (the store was moved, deleted or replaced).
 
     Raises
     ------
@@ -631,10 +680,16 @@ def open_store_file(path: str, missing: str | None = None) -> int:
         A symbolic link (dangling or not), a directory, FIFO, device or socket.
     StoreAccessError
         Permission denied.
+    StoreChangedError
+        ``path`` is in ``ident`` but no longer there.
     """
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+        flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd = os.open(path, flags) if dir_fd is None else os.open(os.path.basename(path), flags, dir_fd=dir_fd)
     except (FileNotFoundError, NotADirectoryError):
+        if ident and path in ident:
+            raise StoreChangedError(f"{path}: missing; the store was moved, deleted or replaced since it was "
+                                    "opened: reopen it (mmstore.open)") from None
         if missing is None:
             raise
         raise FormatError(missing) from None
@@ -689,6 +744,11 @@ def _unfinished(store_dir: str) -> str:
     it (an ingest, a merge or a ``StoreWriter``) says which."""
     partial = store_dir + PARTIAL_SUFFIX
     head = f"{store_dir}: no store here, but {partial} exists: "
+    if os.path.isfile(os.path.join(partial, MANIFEST_FILE)):
+        return (head + "it holds a finished store waiting to be published (renamed to "
+                f"{os.path.basename(store_dir)}): a writer is publishing it right now (open the store again in a "
+                "moment) or was stopped just before; to publish it, rerun the same `mmstore ingest ... --resume` "
+                "command (Python: ingest(..., resume=True)), or rerun the merge")
     if os.path.isfile(os.path.join(partial, "_ingest.json")):
         return (head + "an ingest into it did not finish; rerun the same `mmstore ingest ... --resume` command "
                 "(Python: the same ingest(..., resume=True) call) to complete it")
@@ -720,15 +780,19 @@ def _no_manifest(store_dir: str) -> str:
             f"files in it: mmstore ingest {shlex.quote(store_dir)} DEST.store")
 
 
-def read_manifest(store_dir: str) -> dict[str, Any]:
-    """Read and validate ``store_dir/manifest.json`` (size capped first)."""
+def read_manifest(store_dir: str, *, dir_fd: int | None = None) -> dict[str, Any]:
+    """Read and validate ``store_dir/manifest.json`` (size capped first).
+
+    ``dir_fd``: a descriptor of the directory ``store_dir`` named when the
+    caller opened it; the manifest is read from that directory even if
+    ``store_dir`` names another one by now (see "Replacing a store")."""
     from .errors import IncompleteStoreError
 
     path = os.path.join(store_dir, MANIFEST_FILE)
-    if os.path.exists(store_dir) and not os.path.isdir(store_dir):
+    if dir_fd is None and os.path.exists(store_dir) and not os.path.isdir(store_dir):
         raise IncompleteStoreError(f"{store_dir}: is a file, not a store (a store is a directory)")
     try:
-        fd = open_store_file(path)
+        fd = open_store_file(path, dir_fd=dir_fd)
     except FileNotFoundError:
         if os.path.isdir(store_dir + PARTIAL_SUFFIX) and not os.path.isdir(store_dir):
             raise IncompleteStoreError(_unfinished(store_dir)) from None

@@ -28,19 +28,32 @@ Kinds
     window_bounds`, :func:`contiguous_ranges`) and then serve from the page
     cache, while a batch still draws from ``window`` places spread over the
     whole store.  :meth:`BlockShuffle.auto` picks ``block`` from the disk's
-    seek time and bandwidth and ``window`` from the available memory.
+    seek time and bandwidth and ``window`` from a fixed byte budget
+    (:data:`WINDOW_BYTES`), the same on every rank and in every process.
 
 Distributed split
 -----------------
 With ``world_size > 1`` every rank builds the same global order of the epoch
-and keeps ``len(order)`` of it, exactly like ``torch.utils.data.
-DistributedSampler``:
+and keeps its part of it. What happens when ``n`` is not a multiple of
+``world_size``:
 
-* ``drop_last=False``: each rank gets ``ceil(n / world_size)`` indices; the
+* ``pad=True`` (default, ``drop_last=False``): as ``torch.utils.data.
+  DistributedSampler``: each rank gets ``ceil(n / world_size)`` indices; the
   global order is extended by wrap-around (its first indices repeated,
-  cyclically if ``world_size > n``) to ``world_size * ceil(n / world_size)``.
-* ``drop_last=True``: each rank gets ``n // world_size`` indices; the tail of
-  the global order is dropped.
+  cyclically if ``world_size > n``) to ``world_size * ceil(n / world_size)``,
+  so up to ``world_size - 1`` records are read twice per epoch.
+* ``pad=False``: every record exactly once. Ranks ``r < n % world_size``
+  get ``n // world_size + 1`` indices, the others ``n // world_size``. With
+  ``batch_size`` (a loader's batch size) every rank still gets the same
+  number of batches (only the last batch of a rank is short, and its size
+  differs between ranks), except when ``n // world_size`` is a multiple of
+  ``batch_size`` and ``n`` is not a multiple of ``world_size``: then the
+  ranks with fewer indices would have one batch less, and each of them takes
+  one more index by wrap-around (``world_size - n % world_size`` records read
+  twice, :meth:`Order.repeated` says how many) so that no rank waits for the
+  others at the last step.
+* ``drop_last=True``: each rank gets ``n // world_size`` indices; the tail
+  of the global order is dropped (``pad`` is not used).
 
 The ranks' slices are disjoint and cover the (extended or truncated) global
 order exactly once.  ``split`` chooses how it is cut:
@@ -49,10 +62,15 @@ order exactly once.  ``split`` chooses how it is cut:
   rank ``r`` takes positions ``r, r + world_size, ...``, element for element
   what ``DistributedSampler`` yields for the same global order.
 * ``"contiguous"`` (default for :class:`BlockShuffle`): rank ``r`` takes
-  positions ``[r * len, (r + 1) * len)``, i.e. whole windows of whole blocks
-  (only the two windows at the edges of its slice are shared with a
-  neighbour), so each rank's reads stay local.  A stride split of a block
-  shuffle would make every rank touch every block.
+  one run of consecutive positions (rank 0 the first, then rank 1, ...),
+  i.e. whole windows of whole blocks (only the two windows at the edges of
+  its slice are shared with a neighbour), so each rank's reads stay local.
+  A stride split of a block shuffle would make every rank touch every block.
+
+Every rank must compute the same global order, so an order depends only on
+its parameters and the epoch: nothing measured at run time (free memory, a
+thread count) enters it. :meth:`BlockShuffle.auto` sizes its window from a
+fixed byte budget for that reason, not from the memory of the machine.
 
 Splitting a rank's indices further across DataLoader workers is the torch
 layer's job; :func:`split_for_worker` does it in whole batches, round-robin,
@@ -80,8 +98,7 @@ import numpy as np
 import numpy.random  # noqa: F401
 
 from ._args import _bad, _bool, _fraction, _int, _positive_float
-from ._memplan import _mem_available, memory_budget, plan_memory
-from ._memplan import local_world_size as _local_world_size
+from ._memplan import memory_budget, plan_memory
 from ._ordermetrics import contiguous_ranges, count_seeks, modelled_hdd_seconds, shuffle_quality
 
 __all__ = [
@@ -89,6 +106,7 @@ __all__ = [
     "Order",
     "Permutation",
     "Sequential",
+    "WINDOW_BYTES",
     "contiguous_ranges",
     "count_seeks",
     "make_order",
@@ -101,58 +119,71 @@ __all__ = [
 
 _SPLITS = ("contiguous", "stride")
 
+WINDOW_BYTES = 128 << 20
+"""The default byte budget of a block shuffle's window (:meth:`BlockShuffle.auto_sizes`)."""
+
 
 # --------------------------------------------------------------------------
 # the rank split (shared by every kind)
 
 
-def _rank_len(n: int, world_size: int, drop_last: bool) -> int:
-    # DistributedSampler: ceil(n / W) without drop_last; with drop_last and
-    # n % W != 0 it is ceil((n - W) / W), which equals n // W.
-    return n // world_size if drop_last else -(-n // world_size)
+def _rank_lengths(n: int, world_size: int, drop_last: bool, pad: bool, batch_size: int) -> np.ndarray:
+    """Indices each rank takes (the "Distributed split" rules), as an array of ``world_size``."""
+    q, extra = divmod(n, world_size)
+    if drop_last:
+        return np.full(world_size, q, dtype=np.int64)
+    if pad:
+        return np.full(world_size, q + (extra > 0), dtype=np.int64)
+    lengths = np.full(world_size, q, dtype=np.int64)
+    lengths[:extra] += 1
+    if extra and q % batch_size == 0:  # the shorter ranks would have one batch less: one more each
+        lengths[extra:] += 1
+    return lengths
 
 
-def _rank_positions(length: int, rank: int, world_size: int, split: str) -> np.ndarray:
-    """Positions in the extended/truncated global order that ``rank`` takes."""
-    if split == "stride":
-        return np.arange(rank, length * world_size, world_size, dtype=np.int64)
-    return np.arange(rank * length, (rank + 1) * length, dtype=np.int64)
-
-
-def _take_rank(
-    glob: np.ndarray, length: int, rank: int, world_size: int, split: str
+def _rank_positions(
+    n: int, world_size: int, drop_last: bool, pad: bool, batch_size: int, rank: int, split: str
 ) -> np.ndarray:
-    """This rank's part of the global order ``glob``; a fresh array unless the
-    rank takes all of ``glob`` (so the global order can be freed)."""
+    """Positions in the extended (or truncated) global order that ``rank``
+    takes, increasing; a position ``p >= n`` is ``p % n`` of the global order
+    (wrap-around)."""
+    lengths = _rank_lengths(n, world_size, drop_last, pad, batch_size)
+    length = int(lengths[rank])
+    if split == "stride":
+        return np.arange(rank, rank + length * world_size, world_size, dtype=np.int64)[:length]
+    if drop_last or pad:
+        return np.arange(rank * length, (rank + 1) * length, dtype=np.int64)
+    q, extra = divmod(n, world_size)
+    base = q + (rank < extra)  # the rank's own records, then (maybe) one by wrap-around
+    start = rank * q + min(rank, extra)
+    pos = np.arange(start, start + length, dtype=np.int64)
+    if length > base:
+        pos[base:] = n + (rank - extra)
+    return pos
+
+
+def _take_rank(glob: np.ndarray, pos: np.ndarray) -> np.ndarray:
+    """This rank's part of the global order ``glob`` at positions ``pos``; a
+    fresh array unless the rank takes all of ``glob`` (so the global order can
+    be freed)."""
     n = glob.shape[0]
-    total = length * world_size
-    if world_size == 1 and total == n:
+    if pos.shape[0] == n and (n == 0 or (pos[0] == 0 and pos[-1] == n - 1)):
         return glob
-    if total <= n:  # nothing to pad (drop_last truncates to ``total``)
-        if split == "stride":
-            return glob[rank:total:world_size].copy()
-        return glob[rank * length : (rank + 1) * length].copy()
-    # wrap-around padding: position p of the extended order is glob[p % n]
-    pos = _rank_positions(length, rank, world_size, split)
-    np.remainder(pos, n, out=pos)
+    if pos.shape[0] and pos[-1] >= n:  # wrap-around padding
+        return glob[np.remainder(pos, n)]
     return glob[pos]
 
 
-def _rank_bounds(
-    glob_bounds: np.ndarray, n: int, length: int, rank: int, world_size: int, split: str
-) -> np.ndarray:
+def _rank_bounds(glob_bounds: np.ndarray, n: int, pos: np.ndarray) -> np.ndarray:
     """Map segment bounds of the global order (0 = b0 < ... < bk = n) to bounds
-    in this rank's array: ``[0, ..., length]``, strictly increasing."""
+    in this rank's array (its positions ``pos``): ``[0, ..., len(pos)]``,
+    strictly increasing."""
+    length = pos.shape[0]
     if length == 0:
         return np.zeros(1, dtype=np.int64)
-    total = length * world_size
-    reps = -(-total // n)  # copies of the global order the extension spans
+    reps = int(pos[-1] // n) + 1  # copies of the global order the positions span
     ext = (glob_bounds[None, :-1] + n * np.arange(reps, dtype=np.int64)[:, None]).ravel()
-    if split == "contiguous":
-        local = ext - rank * length
-    else:  # position p of the rank holds global position rank + p * W
-        local = -((rank - ext) // world_size)  # ceil((ext - rank) / W)
-    local = np.clip(local, 0, length)
+    local = np.searchsorted(pos, ext, side="left")
     return np.unique(np.concatenate([local, [0, length]])).astype(np.int64)
 
 
@@ -175,7 +206,14 @@ class Order(ABC):
         This process's rank in ``[0, world_size)``.
     drop_last : bool, keyword-only
         As ``DistributedSampler``: drop the tail of the global order so it
-        divides evenly (True) or pad it by wrap-around (False).
+        divides evenly (True), else keep every record (False).
+    pad : bool, keyword-only
+        With ``drop_last=False``: pad the global order by wrap-around to equal
+        rank lengths, as ``DistributedSampler`` does (True, default), or give
+        every record exactly once (False; see "Distributed split").
+    batch_size : int, keyword-only
+        With ``pad=False``: the batch size whose batch count every rank must
+        share (default 1: lengths differ by at most one).
     split : {"stride", "contiguous"} or None, keyword-only
         How the global order is cut between ranks (see the module docstring);
         None picks the kind's default.
@@ -193,6 +231,8 @@ class Order(ABC):
     world_size: int = 1
     drop_last: bool = False
     split: str | None = None
+    pad: bool = True
+    batch_size: int = 1
 
     kind: ClassVar[str] = ""
     _default_split: ClassVar[str] = "stride"
@@ -211,13 +251,20 @@ class Order(ABC):
         if split not in _SPLITS:
             raise _bad("split", self.split, f"one of {_SPLITS} or None")
         set_(self, "split", split)
+        set_(self, "pad", _bool("pad", self.pad))
+        set_(self, "batch_size", _int("batch_size", self.batch_size, 1))
 
     # -- public ------------------------------------------------------------
 
     def __len__(self) -> int:
         """Indices per rank and epoch: ``ceil(n / world_size)``, or
         ``n // world_size`` with ``drop_last``."""
-        return _rank_len(self.n, self.world_size, self.drop_last)
+        return int(self._lengths()[self.rank])
+
+    def repeated(self) -> int:
+        """Records read twice per epoch over all ranks (wrap-around padding;
+        0 with ``pad=False`` unless the equal batch count needs it)."""
+        return max(0, int(self._lengths().sum()) - self.n)
 
     def epoch(self, epoch: int) -> np.ndarray:
         """This rank's dataset indices for ``epoch``.
@@ -233,9 +280,7 @@ class Order(ABC):
             ``int64`` array of length ``len(self)``.
         """
         epoch = _int("epoch", epoch, 0)
-        return _take_rank(
-            self.global_order(epoch), len(self), self.rank, self.world_size, self.split
-        )
+        return _take_rank(self.global_order(epoch), self._positions())
 
     @abstractmethod
     def global_order(self, epoch: int) -> np.ndarray:
@@ -252,12 +297,21 @@ class Order(ABC):
             "world_size": self.world_size,
             "drop_last": self.drop_last,
             "split": self.split,
+            "pad": self.pad,
+            "batch_size": self.batch_size,
         }
 
     # -- helpers -----------------------------------------------------------
 
     def _rng(self, epoch: int) -> np.random.Generator:
         return np.random.default_rng([self.seed, epoch])
+
+    def _lengths(self) -> np.ndarray:
+        return _rank_lengths(self.n, self.world_size, self.drop_last, self.pad, self.batch_size)
+
+    def _positions(self) -> np.ndarray:
+        return _rank_positions(self.n, self.world_size, self.drop_last, self.pad, self.batch_size,
+                               self.rank, self.split)  # type: ignore[arg-type]
 
 
 @dataclass(frozen=True)
@@ -277,9 +331,8 @@ class Sequential(Order):
 
     def epoch(self, epoch: int) -> np.ndarray:
         _int("epoch", epoch, 0)
-        length = len(self)
-        pos = _rank_positions(length, self.rank, self.world_size, self.split)
-        if length * self.world_size > self.n:  # wrap-around padding
+        pos = self._positions()
+        if pos.shape[0] and pos[-1] >= self.n:  # wrap-around padding
             np.remainder(pos, self.n, out=pos)
         return pos
 
@@ -382,19 +435,23 @@ class BlockShuffle(Order):
             mixing for the same memory); on an SSD (``seek_s=1e-4``,
             ``bandwidth=2e9``) the same rule gives 0.8 MB.
         ``block = clamp(ceil(block_bytes / record_bytes), 1, n)``
-        ``window_bytes = mem_fraction * mem_bytes / local_world_size``
-            ``mem_bytes`` defaults to the page cache this process can fill:
-            ``MemAvailable`` of ``/proc/meminfo``, capped by the room left
-            under its memory cgroup's limit (``_sys.effective_available``; a
-            container's limit, not the host's free memory).  A loader
-            holds the window it serves and prefetches the next one, so two
-            windows (40 % with the default 20 %) must fit, leaving the rest to
-            the training process, its workers and pinned buffers.  Ranks on one
-            node share the page cache, hence the division by
-            ``local_world_size`` (default: ``$LOCAL_WORLD_SIZE`` as set by
-            torchrun, else 1).
+        ``window_bytes = WINDOW_BYTES`` (128 MiB) by default
+            The window is part of the order, so it must not depend on
+            anything that differs between ranks or between a run and its
+            resume (free memory, the machine): ranks that sized it from
+            their own free memory would build different global orders and
+            read some records twice and others never. A loader holds the
+            window it serves and reads the next one ahead, so two windows
+            per rank on a node must fit in its page cache; the Loader says
+            so when they do not (``window=`` then sets a smaller one, the
+            same on every rank). ``mem_bytes``, when given, sizes it
+            instead: ``mem_fraction * mem_bytes / local_world_size``
+            (``local_world_size`` default 1: pass the ranks that share the
+            memory), a choice the caller makes the same everywhere.
         ``window = clamp(floor(window_bytes / (block * record_bytes)), 1, ceil(n / block))``
-            A window as large as the memory allows mixes best; when the whole
+            A wider window mixes better (a batch draws from ``window``
+            places): with memory to spare, pass a larger ``window=`` (the
+            same on every rank and in every resumed run); when the whole
             store fits, the window is every block and the order is a uniform
             permutation.
 
@@ -402,18 +459,16 @@ class BlockShuffle(Order):
         -------
         dict
             ``block``, ``window``, ``block_bytes`` (of one block),
-            ``window_bytes`` (of one window), ``mem_bytes``,
+            ``window_bytes`` (of one window), ``mem_bytes`` (None: the
+            fixed budget was used),
             ``local_world_size``, ``blocks``, ``windows``.  ``block``, when
             given, is used as is and only ``window`` is computed.
         """
         n = _int("n", n, 0)
         record_bytes = _int("record_bytes", record_bytes, 1)
-        if mem_bytes is None:
-            mem_bytes = _mem_available()
-        mem_bytes = _int("mem_bytes", mem_bytes, 1)
-        if local_world_size is None:
-            local_world_size = _local_world_size()
-        local_world_size = _int("local_world_size", local_world_size, 1)
+        if mem_bytes is not None:
+            mem_bytes = _int("mem_bytes", mem_bytes, 1)
+        local_world_size = _int("local_world_size", 1 if local_world_size is None else local_world_size, 1)
         seek_s = _positive_float("seek_s", seek_s)
         bandwidth = _positive_float("bandwidth", bandwidth)
         seek_fraction = _fraction("seek_fraction", seek_fraction)
@@ -425,7 +480,7 @@ class BlockShuffle(Order):
         else:
             block = _int("block", block, 1)
         blocks = -(-n // block)
-        budget = mem_fraction * mem_bytes / local_world_size
+        budget = WINDOW_BYTES if mem_bytes is None else mem_fraction * mem_bytes / local_world_size
         window = min(max(1, int(budget // (block * record_bytes))), max(blocks, 1))
         return {
             "block": block,
@@ -452,6 +507,8 @@ class BlockShuffle(Order):
         world_size: int = 1,
         drop_last: bool = False,
         split: str | None = None,
+        pad: bool = True,
+        batch_size: int = 1,
         local_world_size: int | None = None,
         seek_s: float = 0.008,
         bandwidth: float = 150e6,
@@ -464,17 +521,16 @@ class BlockShuffle(Order):
         other one is then computed for the given one).
         """
         _int("record_bytes", record_bytes, 1)
+        ranks = {"seed": seed, "rank": rank, "world_size": world_size, "drop_last": drop_last, "split": split,
+                 "pad": pad, "batch_size": batch_size}
         if block is not None and window is not None:
-            return cls(n, block, window, seed=seed, rank=rank, world_size=world_size,
-                       drop_last=drop_last, split=split)
+            return cls(n, block, window, **ranks)
         sizes = cls.auto_sizes(
             n, record_bytes, mem_bytes, block=block, local_world_size=local_world_size,
             seek_s=seek_s, bandwidth=bandwidth, seek_fraction=seek_fraction,
             mem_fraction=mem_fraction,
         )
-        return cls(n, sizes["block"], sizes["window"] if window is None else window,
-                   seed=seed, rank=rank, world_size=world_size, drop_last=drop_last,
-                   split=split)
+        return cls(n, sizes["block"], sizes["window"] if window is None else window, **ranks)
 
     # -- orders ------------------------------------------------------------
 
@@ -545,7 +601,7 @@ class BlockShuffle(Order):
             return np.zeros(1, dtype=np.int64)
         perm, short, last = self._layout(self._rng(epoch))
         glob = self._window_bounds(perm.shape[0], short, last)
-        return _rank_bounds(glob, self.n, length, self.rank, self.world_size, self.split)
+        return _rank_bounds(glob, self.n, self._positions())
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "block": self.block, "window": self.window}

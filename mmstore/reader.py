@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -30,6 +31,8 @@ from .format import (
     KEY_DTYPE,
     KEYS_BLOB_FILE,
     KEYS_OFFSETS_FILE,
+    MANIFEST_FILE,
+    PARTIAL_SUFFIX,
     decode_key,
     note_identity,
     open_store_file,
@@ -40,6 +43,38 @@ from .ragged import read_ragged
 from .schema import Schema
 
 __all__ = ["Store", "open_store"]
+
+# This process's id for ``store[i]``, kept current across ``fork`` (``os.getpid()``
+# is a system call, and the one-record path runs per sample).
+_PID = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
+
+_OPEN_TRIES = 8  # tries of an open whose store is replaced under it (NOTE [open during an overwrite])
+_PUBLISH_WAIT_S = 0.002  # x the try number: the wait for a publish by two renames to finish
+_DIR_FLAGS = os.O_DIRECTORY | os.O_CLOEXEC | getattr(os, "O_PATH", os.O_RDONLY)
+
+
+def _pin_dir(path: str) -> int | None:
+    """A descriptor of the directory ``path`` names now (``O_PATH``: no
+    permission on it is needed), or None when it names none."""
+    try:
+        return os.open(path, _DIR_FLAGS)
+    except OSError:
+        return None
+
+
+def _names_dir(path: str, dir_fd: int) -> bool:
+    """``path`` still names the directory ``dir_fd`` holds."""
+    try:
+        now, pinned = os.stat(path), os.fstat(dir_fd)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == (pinned.st_dev, pinned.st_ino)
+
+
+def _publishing(path: str) -> bool:
+    """No ``path``, but a finished ``path.partial``: a publish is between its two renames (or was stopped there)."""
+    return not os.path.lexists(path) and os.path.isfile(os.path.join(path + PARTIAL_SUFFIX, MANIFEST_FILE))
 
 
 class Store:
@@ -58,10 +93,58 @@ class Store:
         ident: dict[str, tuple[int, int, int, int]], store_id: str | None,
     ) -> None:
         """Open (``ident`` and ``store_id`` empty) or reopen in another process
-        (they are the opener's: the files must be the ones it opened)."""
+        (they are the opener's: the files must be the ones it opened).
+
+        NOTE [open during an overwrite]: another process may replace the
+        store at this path while it is opened (format.py, "Replacing a
+        store"). Each try pins the directory the path names, reads the
+        manifest inside it and checks the files; it counts only if the path
+        still names that directory at the end (then every file it looked at
+        by path was that directory's). Otherwise, or if a check failed
+        while the path no longer named it, the store was replaced meanwhile:
+        try again on the new one, ``_OPEN_TRIES`` times in all."""
         self.path = os.path.abspath(os.fspath(path))
         self._lmdb_readahead = lmdb_readahead
-        self.manifest: dict[str, Any] = read_manifest(self.path)
+        why: BaseException | None = None
+        for attempt in range(1, _OPEN_TRIES + 1):
+            pin = _pin_dir(self.path)
+            if pin is None:  # nothing there, or not a directory
+                if attempt < _OPEN_TRIES and _publishing(self.path):
+                    time.sleep(_PUBLISH_WAIT_S * attempt)  # a publish by two renames: STORE is back soon
+                    continue
+                read_manifest(self.path)  # raises the error that says what is there
+                continue  # a store appeared just now: open it
+            try:
+                try:
+                    self._load(pin, dict(ident), store_id)
+                except Exception as exc:  # noqa: BLE001 - re-raised unless the store was replaced meanwhile
+                    if _names_dir(self.path, pin):
+                        raise
+                    why = exc
+                else:
+                    if _names_dir(self.path, pin):
+                        break
+                    why = None
+            finally:
+                os.close(pin)
+        else:
+            raise StoreChangedError(
+                f"{self.path}: the store kept being replaced while it was being opened ({_OPEN_TRIES} tries): "
+                "another process is overwriting it (`mmstore ingest --overwrite` or a StoreWriter with "
+                "overwrite=True at this path); open it again once that writer is done"
+            ) from why
+        self._pid = -1
+        self._backend: BackendReader | None = None
+        self._maps: dict[str, tuple[mmap.mmap | None, int]] = {}  # bookkeeping file -> (mapping, size)
+        self._index: np.ndarray | None = None
+        self._key_offsets: np.ndarray | None = None
+        self._key_blob: Any = None
+        self._item: Callable[[int], dict[str, Any]] | None = None  # this process's one-record reader
+
+    def _load(self, dir_fd: int, ident: dict[str, tuple[int, int, int, int]], store_id: str | None) -> None:
+        """One try of ``_open``: the manifest of the directory ``dir_fd`` and
+        the checks of its files."""
+        self.manifest: dict[str, Any] = read_manifest(self.path, dir_fd=dir_fd)
         m = self.manifest
         if store_id is not None and m["store_id"] != store_id:
             raise StoreChangedError(
@@ -80,13 +163,6 @@ class Store:
         # files (see format.py, "Reading a store from someone else")
         self._ident = ident
         self._check_files()
-        self._pid = -1
-        self._backend: BackendReader | None = None
-        self._maps: dict[str, tuple[mmap.mmap | None, int]] = {}  # bookkeeping file -> (mapping, size)
-        self._index: np.ndarray | None = None
-        self._key_offsets: np.ndarray | None = None
-        self._key_blob: Any = None
-        self._item: Callable[[int], dict[str, Any]] | None = None  # this process's one-record reader
 
     # -- opening ------------------------------------------------------------------
     def _check_files(self) -> None:
@@ -118,7 +194,8 @@ class Store:
                 f"{j(KEYS_BLOB_FILE)}: expected {files[KEYS_BLOB_FILE]} bytes, found {blob_size}; "
                 "the file was truncated or extended"
             )
-        fd = open_store_file(j(KEYS_OFFSETS_FILE))
+        fd = open_store_file(j(KEYS_OFFSETS_FILE), missing=f"{j(KEYS_OFFSETS_FILE)}: missing, but the manifest "
+                             "lists it; the store is damaged", ident=self._ident)
         try:
             last = int.from_bytes(os.pread(fd, 8, self._ko_offset + 8 * self.slots), "little")
         finally:
@@ -142,7 +219,8 @@ class Store:
     def _stat(self, name: str) -> int:
         """The size of bookkeeping file ``name`` (a regular file; its identity noted)."""
         path = os.path.join(self.path, name)
-        fd = open_store_file(path, missing=f"{path}: missing, but the manifest lists it; the store is damaged")
+        fd = open_store_file(path, missing=f"{path}: missing, but the manifest lists it; the store is damaged",
+                             ident=self._ident)
         try:
             st = os.fstat(fd)
         finally:
@@ -175,7 +253,8 @@ class Store:
         Store was opened with, or ``StoreChangedError``."""
         path = os.path.join(self.path, name)
         size = int(self.manifest["files"][name])
-        fd = open_store_file(path, missing=f"{path}: missing; the store was moved or deleted while open")
+        fd = open_store_file(path, missing=f"{path}: missing; the store was moved or deleted while open",
+                             ident=self._ident)
         try:
             note_identity(self._ident, path, os.fstat(fd))
             mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None
@@ -310,7 +389,7 @@ class Store:
         if not 0 <= j < n:
             raise IndexError(f"index {i} is out of range for a store of {n} records")
         read = self._item
-        if read is None or self._pid != os.getpid():
+        if read is None or self._pid != _PID[0]:  # first use, or a forked child
             read = self._item = self._b().item_reader()
         if n != self.slots:
             ix = self.index

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ._crash import crash_point
-from ._dest import check_dest, is_own_partial, is_store, make_partial
+from ._dest import check_dest, is_own_partial, is_store, make_partial, remove_replaced
 from ._io import (
     atomic_write,
     check_space,
@@ -52,6 +52,7 @@ from .format import (
     MANIFEST_FILE,
     PARTIAL_SUFFIX,
     RAGGED_FEATURE,
+    REPLACED_INFIX,
     SUPPORTED_BACKENDS,
     decode_key,
     encode_key,
@@ -709,7 +710,9 @@ def publish(path: str) -> None:
     """Rename a finished ``PATH.partial`` (manifest written) to ``PATH``.
 
     Bookkeeping files that are not part of the store (writer and ingest
-    state) are removed first; an existing ``PATH`` is replaced.
+    state) are removed first; an existing ``PATH`` is replaced by an atomic
+    exchange, so ``PATH`` always names one complete store (format.py,
+    "Replacing a store"). Called under the writer lock.
     """
     partial = path + PARTIAL_SUFFIX
     man = read_manifest(partial)
@@ -717,6 +720,7 @@ def publish(path: str) -> None:
     if replace and (os.path.islink(path) or not is_store(path)):  # the last line of defence
         raise DestinationError(f"{path}: exists and is not an mmstore store; it is never replaced: move it "
                                f"away yourself, then rerun to publish {partial}")
+    remove_replaced(path)  # what a killed publish left aside
     keep = set(man["files"]) | {MANIFEST_FILE}
     for name in os.listdir(partial):
         if name not in keep:
@@ -726,17 +730,71 @@ def publish(path: str) -> None:
             else:
                 os.unlink(p)
     fsync_dir(partial)
-    old = None
-    if replace:
-        old = f"{path}.replaced-{uuid.uuid4().hex[:8]}"
-        os.rename(path, old)
+    old = _swap_in(partial, path) if replace else None
+    if old is None:
+        crash_point("rename")
+        try:
+            os.rename(partial, path)
+        except OSError as exc:
+            raise OSError(exc.errno or errno.EIO, f"{partial} -> {path}: rename failed ({exc.strerror})") from None
+    fsync_dir(os.path.dirname(path) or ".")
+    if old is not None:
+        crash_point("rename")  # (a kill while the old store is deleted: the next publish finishes it)
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _swap_in(partial: str, path: str) -> str:
+    """Replace the store at ``path`` by the finished ``partial`` with no
+    moment where ``path`` names no store or a mix (format.py, "Replacing a
+    store"); return where the old store now is (to delete). On a file
+    system that cannot exchange two names: two renames, the old way."""
+    aside = f"{path}{REPLACED_INFIX}{uuid.uuid4().hex[:8]}"
+    crash_point("rename")
+    os.rename(partial, aside)  # PATH is untouched; a kill now leaves the new store aside, for cleaning
+    crash_point("rename")
+    try:
+        swapped = _exchange(aside, path)
+    except OSError as exc:
+        os.rename(aside, partial)  # back to a finished .partial, published by a rerun (--resume)
+        raise OSError(exc.errno or errno.EIO, f"{aside} <-> {path}: exchange failed ({exc.strerror})") from None
+    if swapped:
+        return aside
+    os.rename(aside, partial)
+    old = f"{path}{REPLACED_INFIX}{uuid.uuid4().hex[:8]}"
+    os.rename(path, old)
     crash_point("rename")
     try:
         os.rename(partial, path)
     except OSError as exc:
-        if old is not None:
-            os.rename(old, path)
+        os.rename(old, path)
         raise OSError(exc.errno or errno.EIO, f"{partial} -> {path}: rename failed ({exc.strerror})") from None
-    fsync_dir(os.path.dirname(path) or ".")
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+    return old
+
+
+_RENAME_EXCHANGE = 2  # linux/fs.h
+_AT_FDCWD = -100
+_renameat2: Any = None
+
+
+def _exchange(a: str, b: str) -> bool:
+    """Swap the names ``a`` and ``b`` atomically (``renameat2`` with
+    ``RENAME_EXCHANGE``); False where the system or file system cannot."""
+    import ctypes
+
+    global _renameat2
+    if _renameat2 is None:
+        try:
+            fn = ctypes.CDLL(None, use_errno=True).renameat2
+            fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+            fn.restype = ctypes.c_int
+        except (AttributeError, OSError):  # not glibc >= 2.28 (or not Linux)
+            fn = False
+        _renameat2 = fn
+    if _renameat2 is False:
+        return False
+    if _renameat2(_AT_FDCWD, os.fsencode(a), _AT_FDCWD, os.fsencode(b), _RENAME_EXCHANGE) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)):
+        return False  # a kernel or file system without RENAME_EXCHANGE
+    raise OSError(err, os.strerror(err), a, None, b)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import os
 import sys
 from typing import Any
@@ -10,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from .._runs import find_runs
+from ..errors import TruncatedReadError
 from .files import fd_name, fileno
 
 __all__ = [
@@ -21,26 +21,6 @@ _HAS_PREADV = hasattr(os, "preadv")
 _HAS_PREAD = hasattr(os, "pread")
 
 
-class TruncatedReadError(OSError, EOFError):
-    """A read hit end of file before the requested bytes were all there.
-
-    An :class:`OSError` (``errno.EIO``, ``filename`` set) and an
-    :class:`EOFError`. Attributes: ``offset`` (file offset of the read that
-    came up short), ``expected`` and ``received`` (bytes), ``file_size``
-    (``None`` if unknown).
-    """
-
-    def __init__(self, filename: str, offset: int, expected: int,
-                 received: int, file_size: int | None) -> None:
-        size = "unknown" if file_size is None else f"{file_size:,}"
-        msg = (f"expected {expected:,} bytes at file offset {offset:,} but got "
-               f"only {received:,} before end of file (file size {size}); "
-               f"file truncated?")
-        super().__init__(errno.EIO, msg, filename)
-        self.offset = offset
-        self.expected = expected
-        self.received = received
-        self.file_size = file_size
 
 
 def pread_records(fd: Any, offsets: Any, nbytes: int, out: np.ndarray) -> None:

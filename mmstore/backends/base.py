@@ -330,11 +330,12 @@ def check_npy(
         that is not exactly header + data (numpy itself accepts appended junk
         silently).
     StoreChangedError
-        ``ident`` says the file was another one when the store was opened.
+        ``ident`` says the file was another one when the store was opened,
+        or that it was there then and is gone now.
     """
     fd = open_store_file(path, missing=(
         f"{path}: missing, but the manifest lists it; the store is damaged: "
-        "restore the file from a copy or re-create the store"))
+        "restore the file from a copy or re-create the store"), ident=ident)
     with os.fdopen(fd, "rb") as fh:
         st = os.fstat(fd)
         note_identity(ident, path, st)

@@ -283,7 +283,7 @@ class LmdbBackend(Backend):
         path = os.path.join(self.root, self.file)
         fd = open_store_file(path, missing=(
             f"{path}: missing, but the manifest lists it; the store is damaged: restore "
-            "the file or re-create the store"))
+            "the file or re-create the store"), ident=self.ident)
         try:
             st = os.fstat(fd)
             note_identity(self.ident, path, st)

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import mmap
 import os
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from .._runs import SMALL_RECORD_BYTES
-from .._safecopy import MappingFault, copy_entries
+from .._safecopy import MappingFault, read_entries
 from ..errors import EntryDecodeError, FormatError, StoreChangedError
 from ..format import KEY_DTYPE, field_file, note_identity, open_store_file, variable_files
 from ..schema import Schema
@@ -19,10 +20,11 @@ from .base import Backend, FieldSegment, SlotFile, check_npy, entry_error, packe
 
 __all__ = ["MemmapBackend"]
 
-# Entries of at least SMALL_RECORD_BYTES are copied by the kernel, in one call
-# a batch (``_safecopy.copy_entries``: SIGBUS-proof, and as a ctypes foreign
-# call it releases the GIL, so reader threads overlap their page faults);
-# smaller ones are gathered with one numpy ``take``.
+# Entries of at least SMALL_RECORD_BYTES are read with ``os.preadv`` from a
+# descriptor of their file, straight into the caller's rows
+# (``_safecopy.read_entries``: SIGBUS-proof, the GIL released, a big batch
+# shared by a few threads); smaller ones are gathered out of the mapping with
+# one numpy ``take``.
 
 
 class MemmapBackend(Backend):
@@ -30,6 +32,7 @@ class MemmapBackend(Backend):
 
     name = "memmap"
     positional = True
+    _fd_finalizer: weakref.finalize | None = None  # closes the preadv descriptors of a backend dropped unclosed
 
     def __init__(
         self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | None = None,
@@ -93,7 +96,7 @@ class MemmapBackend(Backend):
         opath, bpath = os.path.join(self.root, off_name), os.path.join(self.root, bin_name)
         off = check_npy(opath, KEY_DTYPE, (self.slots + 1,), self.files.get(off_name), self.ident)
         fd = open_store_file(bpath, missing=f"{bpath}: missing, but the manifest lists it; the store is damaged: "
-                             "restore the file from a copy or re-create the store")
+                             "restore the file from a copy or re-create the store", ident=self.ident)
         try:
             st = os.fstat(fd)
         finally:
@@ -104,7 +107,8 @@ class MemmapBackend(Backend):
             what = "truncated (a copy or write did not finish?)" if st.st_size < want else "has extra bytes appended"
             raise FormatError(f"{bpath}: expected {want} bytes, found {st.st_size}: the file {what}; run "
                               "`mmstore verify` and re-create or repair the store")
-        fd = open_store_file(opath)
+        fd = open_store_file(opath, missing=f"{opath}: missing, but the manifest lists it; the store is damaged",
+                             ident=self.ident)
         try:
             first = int.from_bytes(os.pread(fd, 8, off), "little")
             last = int.from_bytes(os.pread(fd, 8, off + 8 * self.slots), "little")
@@ -178,7 +182,8 @@ class MemmapBackend(Backend):
     def _open_checked(self, path: str, name: str) -> int:
         """A descriptor of field ``name``'s file: the very file the store was
         opened with (identity checked on this descriptor), at its exact size."""
-        fd = open_store_file(path, missing=f"{path}: missing; the store was moved or deleted while open")
+        fd = open_store_file(path, missing=f"{path}: missing; the store was moved or deleted while open",
+                             ident=self.ident)
         try:
             st = os.fstat(fd)
             note_identity(self.ident, path, st)
@@ -200,40 +205,52 @@ class MemmapBackend(Backend):
         finally:
             os.close(fd)
 
+    def _field_fd(self, name: str) -> int:
+        """This process's descriptor of fixed field ``name``'s file for
+        ``preadv`` reads, opened once and checked like a mapping
+        (``_open_checked``); two threads' first reads keep one."""
+        fd = self._fds.get(name, -1)
+        if fd < 0:
+            if not self._offsets:
+                self.check()
+            if self._fd_finalizer is None:
+                self._fd_finalizer = weakref.finalize(self, _close_fds, self._fds, os.getpid())
+            mine = self._open_checked(os.path.join(self.root, field_file(name, self.segment)), name)
+            fd = self._fds.setdefault(name, mine)
+            if fd != mine:
+                os.close(mine)
+        return fd
+
     def item_reader(self) -> Callable[[int], dict[str, Any]]:
-        """See NOTE [one-record path] (base.py). A fixed field of
-        ``SMALL_RECORD_BYTES`` and more is read with one ``os.preadv`` of its
-        entry from a descriptor opened once per process and checked like a
-        mapping (``_open_checked``): measured on this project's VM, a 150 KB
-        entry costs ~15 us that way against ~17 us for a copy out of a numpy
-        memmap and ~32 us for the SIGBUS-proof kernel copy a batch uses
-        (``_safecopy``), whose fixed cost one entry does not amortise. Such a
-        read cannot fault: a file truncated while open gives a short read, a
-        ``StoreChangedError``; it releases the GIL. A smaller entry is copied
-        out of the mapping after the size check, as :meth:`read_into` does
-        (0.7 us against 1.4 us for a ``preadv`` into a new array). Variable-size
-        fields are decoded as in :meth:`read_into`."""
+        """See NOTE [one-record path] (base.py). Every fixed field is read with
+        one ``os.preadv`` of its entry from a descriptor opened once per process
+        and checked like a mapping (``_field_fd``), into a new array (a 0-d
+        field gives its numpy scalar, as indexing an array does): such a read
+        cannot fault (a file truncated while open gives a short read, a
+        ``StoreChangedError``) and releases the GIL. Variable-size fields are
+        decoded as in :meth:`read_into`."""
+        # measured on this project's VM: a 150 KB entry costs 0.87-0.92x the time
+        # of a copy out of a numpy memmap that way (np.empty + preadv) and about
+        # half of the process_vm_readv copy (_safecopy.copy_entries), whose fixed
+        # cost one entry does not amortise; an 8-byte label ~1.2 us against ~2.2 us
+        # for the mapping's size check (an fstat) plus the copy out of it
         if not self._offsets:
             self.check()
-        plan: list[tuple[str, Any, int, int, int, Any]] = []
+        # (name, kind, shape, dtype, fd, offset, entry bytes); kind: 0 an array, 1 a 0-d
+        # field's scalar, 2 an empty entry, 3 ragged, 4 variable-size (decoded)
+        plan: list[tuple[str, int, Any, Any, int, int, int]] = []
         for f in self.schema:
             if f.ragged:
-                plan.append((f.name, f, -1, 0, -2, None))
+                plan.append((f.name, 3, f, None, -1, 0, 0))
             elif f.variable:
-                plan.append((f.name, (f.shape, f.dtype), -1, 0, -1, None))
-            elif f.nbytes >= SMALL_RECORD_BYTES:
-                fd = self._fds.get(f.name, -1)
-                if fd < 0:
-                    mine = self._open_checked(os.path.join(self.root, field_file(f.name, self.segment)), f.name)
-                    fd = self._fds.setdefault(f.name, mine)  # two threads' first reads: one descriptor kept
-                    if fd != mine:
-                        os.close(mine)
-                plan.append((f.name, (f.shape, f.dtype), fd, self._offsets[f.name], f.nbytes, None))
-            else:  # small (or empty) entries: from the mapping, its size checked first
-                plan.append((f.name, f.shape, -1, 0, 0, self.array(f.name)))
+                plan.append((f.name, 4, f.shape, f.dtype, -1, 0, 0))
+            elif f.nbytes == 0:
+                plan.append((f.name, 2, f.shape, f.dtype, -1, 0, 0))
+            else:
+                plan.append((f.name, 1 if f.shape == () else 0, f.shape, f.dtype, self._field_fd(f.name),
+                             self._offsets[f.name], f.nbytes))
         slots, live = self.slots, self._live
         preadv, empty = os.preadv, np.empty
-        check = self.check_mapped
 
         def read(slot: int) -> dict[str, Any]:
             if not 0 <= slot < slots:
@@ -241,23 +258,20 @@ class MemmapBackend(Backend):
             if not live[0]:
                 raise ValueError(f"{self.root}: read from a closed backend")
             out: dict[str, Any] = {}
-            for name, how, fd, off, nb, arr in plan:
-                if nb > 0:
-                    a = empty(*how)
+            for name, kind, shape, dtype, fd, off, nb in plan:
+                if kind <= 1:
+                    a = empty(shape, dtype)
                     if preadv(fd, (a,), off + slot * nb) != nb:
                         raise self._short_read(name, fd)
-                elif nb == 0:
-                    check(name)  # see NOTE [truncated under a mapping]
-                    a = arr[slot]
-                    if how:
-                        a = a.copy()
-                elif nb == -2:  # ragged: its own number of rows
-                    a = self.ragged_entry(how, slot)
+                    out[name] = a[()] if kind else a
+                elif kind == 2:
+                    out[name] = empty(shape, dtype)
+                elif kind == 3:  # ragged: its own number of rows
+                    out[name] = self.ragged_entry(shape, slot)
                 else:  # variable-size: decoded into a one-row array
-                    a = empty((1, *how[0]), how[1])
+                    a = empty((1, *shape), dtype)
                     self._read_entries(name, np.array([slot], np.int64), np.zeros(1, np.int64), a)
-                    a = a[0]
-                out[name] = a
+                    out[name] = a[0]
             return out
 
         return read
@@ -269,6 +283,14 @@ class MemmapBackend(Backend):
             f"{self._sizes[name]}); the store was modified in use: reopen it, or run `mmstore verify`"
         )
 
+    def check_read(self, name: str, fd: int) -> None:
+        """``check_mapped`` for a field read with ``preadv`` through ``fd``:
+        ``StoreChangedError`` when its file is shorter than it was (one
+        ``fstat``). The read itself cannot fault; this makes a truncation an
+        error for every batch, not only for those reaching past the new end."""
+        if os.fstat(fd).st_size < self._sizes[name]:
+            raise self._short_read(name, fd)
+
     def check_mapped(self, name: str) -> None:
         """Raise ``StoreChangedError`` when field ``name``'s mapped file is
         shorter than it was (one ``fstat`` of the mapping's descriptor, ~1 us).
@@ -278,8 +300,9 @@ class MemmapBackend(Backend):
         last page, reads zeros), so every copy out of a mapping is preceded by
         this check. A truncation between the check and the end of the copy
         that follows cannot fault the copies of big entries (``_gather``:
-        mmstore/_safecopy.py); small entries (numpy ``take``, microseconds
-        a batch) remain exposed to that race."""
+        mmstore/_safecopy.py: they are read with ``preadv``, not copied out of
+        the mapping); small entries (numpy ``take``, microseconds a batch)
+        remain exposed to that race."""
         if self.schema[name].variable:
             bin_name, off_name = variable_files(name, self.segment)
             self._check_map(off_name, off_name)
@@ -320,9 +343,13 @@ class MemmapBackend(Backend):
 
     def prepare(self, fields: Sequence[str] | None = None) -> None:
         for name in self.schema.names if fields is None else fields:
-            if self.schema[name].variable:
+            f = self.schema[name]
+            if f.variable:
                 self.entry_offsets(name)
                 self._entry_data(name)
+            elif f.nbytes >= SMALL_RECORD_BYTES:  # read with preadv (no mapping), its descriptor opened on first use
+                if not self._offsets:
+                    self.check()
             else:
                 self.array(name)
 
@@ -399,32 +426,30 @@ class MemmapBackend(Backend):
             if self.schema[name].variable:
                 self._read_entries(name, slots, rows, out[name])
                 continue
-            src = self.array(name)
             dst = out[name]
             nbytes = self.schema[name].nbytes
             if nbytes == 0:
                 continue
-            self.check_mapped(name)  # see NOTE [truncated under a mapping]
-            if nbytes < SMALL_RECORD_BYTES:
-                if identity_rows and rows[0] == 0 and rows[-1] == n - 1:
-                    np.take(src, slots, axis=0, out=dst)
-                else:
-                    dst[rows] = np.take(src, slots, axis=0)
+            if nbytes >= SMALL_RECORD_BYTES:
+                self._gather(name, dst, slots, rows, nbytes)
                 continue
-            self._gather(name, src, dst, slots, rows, nbytes)
+            src = self.array(name)
+            self.check_mapped(name)  # see NOTE [truncated under a mapping]
+            if identity_rows and rows[0] == 0 and rows[-1] == n - 1:
+                np.take(src, slots, axis=0, out=dst)
+            else:
+                dst[rows] = np.take(src, slots, axis=0)
 
-    def _gather(self, name: str, src: np.ndarray, dst: np.ndarray, slots: np.ndarray, rows: np.ndarray,
-                nbytes: int) -> None:
-        """Copy big entries out of the mapping; a truncation racing the copy is
-        a ``StoreChangedError``, not SIGBUS (see mmstore/_safecopy.py)."""
+    def _gather(self, name: str, dst: np.ndarray, slots: np.ndarray, rows: np.ndarray, nbytes: int) -> None:
+        """Read big entries with ``preadv`` into their rows (mmstore/_safecopy.py:
+        a truncation is a ``StoreChangedError``, never SIGBUS)."""
+        fd = self._field_fd(name)
+        self.check_read(name, fd)
+        off = self._offsets[name]
         try:
-            copy_entries(dst.ctypes.data + rows.astype(np.int64) * nbytes,
-                         src.ctypes.data + slots.astype(np.int64) * nbytes, nbytes)
+            read_entries(fd, (slots * nbytes + off).tolist(), nbytes, dst, rows.tolist())
         except MappingFault:
-            self.check_mapped(name)  # names the file and its new size
-            path = os.path.join(self.root, field_file(name, self.segment))
-            raise StoreChangedError(f"{path}: part of the file could not be read while the store was open; "
-                                    "it was modified in use: reopen the store, or run `mmstore verify`") from None
+            raise self._short_read(name, fd) from None
 
     def iter_packed(self, start: int, stop: int) -> Iterator[tuple[int, memoryview | None]]:
         if self.schema.has_variable:
@@ -478,3 +503,16 @@ class MemmapBackend(Backend):
             except BufferError:  # a caller still holds a view; the GC unmaps later
                 pass
         self._maps.clear()
+
+
+def _close_fds(fds: dict[str, int], pid: int) -> None:
+    """Close the descriptors of a backend that was dropped without ``close()``
+    (in the process that opened them: a forked child's copies are its own)."""
+    if os.getpid() != pid:
+        return
+    for fd in list(fds.values()):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    fds.clear()

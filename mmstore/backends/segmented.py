@@ -21,15 +21,16 @@ from typing import Any
 import numpy as np
 
 from .._runs import SMALL_RECORD_BYTES, find_runs
-from .._safecopy import MappingFault, copy_entries
-from ..errors import ResourceLimitError, StoreChangedError
+from .._safecopy import MappingFault, read_entries
+from ..errors import ResourceLimitError
 from ..schema import Schema
 from .base import Backend, BackendReader, FieldSegment
 
 __all__ = ["SegmentedBackend"]
 
-# Entries of SMALL_RECORD_BYTES and more: one kernel copy a batch (releases
-# the GIL, SIGBUS-proof: mmstore/_safecopy.py). Smaller ones: memmove called
+# Entries of SMALL_RECORD_BYTES and more: ``preadv`` from each segment's file
+# into the rows (releases the GIL, SIGBUS-proof: mmstore/_safecopy.py,
+# ``read_entries``). Smaller ones: memmove called
 # *without* releasing the GIL, where a GIL hand-off per 8-byte copy cost more
 # than the copy (2 reader threads ran 20% slower than a single store's np.take)
 _memmove_gil = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
@@ -75,13 +76,15 @@ class SegmentedBackend(BackendReader):
 
     def _make_room(self) -> None:
         """NOTE [open files]: each mapped segment file holds a descriptor
-        (Python's mmap keeps one), so a store merged from 1,000 parts with 4
-        fields holds 4,000 while reading; the soft limit is often 1,024.
-        Done on the first read, not on open (opening maps nothing)."""
+        (Python's mmap keeps one), and each fixed field read with ``preadv``
+        (every one by ``store[i]``, the big ones by batches) one more, so a
+        store merged from 1,000 parts with 4 fields may hold 8,000 while
+        reading; the soft limit is often 1,024. Done on the first read, not
+        on open (opening maps nothing)."""
         if not self._room:
             from .._sys import raise_open_files_limit
 
-            raise_open_files_limit(len(self.parts) * self.files_per_segment)
+            raise_open_files_limit(2 * len(self.parts) * self.files_per_segment)
             self._room = True
 
     def prepare(self, fields: Sequence[str] | None = None) -> None:
@@ -189,16 +192,20 @@ class SegmentedBackend(BackendReader):
         """NOTE [gather]: measured with 300 segments and 160-byte records, the
         per-segment path cost ~9 us per record in batches of 256 (each touched
         segment costs a few numpy calls per field), against 0.2 us for a
-        single store. Here the addresses of every record in its segment's
-        mapping are computed at once, then copied in one kernel call a batch
-        (big entries, as a single store does) or one ``memmove`` a run of
-        consecutive slots and rows (small entries): the cost no longer depends
-        on how many segments a batch touches."""
+        single store. Here the places of every record in its segment are
+        computed at once, then read with ``preadv`` from each segment's file
+        (big entries, as a single store does: one call per run of
+        consecutive slots of a segment) or copied with one ``memmove`` a run
+        of consecutive slots and rows out of the mappings (small entries): the
+        cost no longer depends on how many segments a batch touches."""
         seg = np.repeat(np.arange(len(self.parts)), np.diff(cuts))  # slots are sorted
         local = slots - self.first[seg]
         for name in fields:
             nb = self.schema[name].nbytes
             if nb == 0:
+                continue
+            if nb >= SMALL_RECORD_BYTES:
+                self._read_big(name, nb, seg, local, rows, out[name], touched)
                 continue
             held = self._bases.get(name)
             if held is None:
@@ -210,20 +217,30 @@ class SegmentedBackend(BackendReader):
             dst = out[name]
             src_addr = bases[seg] + local * nb
             dst_addr = dst.ctypes.data + rows.astype(np.int64) * nb
-            if nb >= SMALL_RECORD_BYTES:  # one kernel copy a batch, SIGBUS-proof (mmstore/_safecopy.py)
-                try:
-                    copy_entries(dst_addr, src_addr, nb)
-                except MappingFault:
-                    for k in touched.tolist():
-                        self.parts[k].check_mapped(name)  # names the file
-                    raise StoreChangedError(f"{self.root}: a file of field {name!r} could not be read while the "
-                                            "store was open; it was modified in use: reopen the store, or run "
-                                            "`mmstore verify`") from None
-                continue
             starts, ends = find_runs(nb, src_addr, dst_addr)
             sa, da = src_addr.tolist(), dst_addr.tolist()
             for a, b in zip(starts, ends):
                 _memmove_gil(da[a], sa[a], (b - a) * nb)
+
+    def _read_big(self, name: str, nb: int, seg: np.ndarray, local: np.ndarray, rows: np.ndarray, dst: np.ndarray,
+                  touched: np.ndarray) -> None:
+        """Big entries of field ``name`` over several segments: ``preadv`` from
+        each touched segment's descriptor (``MemmapBackend._field_fd``, checked
+        like its mapping), one call per run of consecutive slots of a segment."""
+        parts = [self.parts[k] for k in touched.tolist()]
+        fds = np.full(len(self.parts), -1, np.int64)
+        offs = np.zeros(len(self.parts), np.int64)
+        for k, part in zip(touched.tolist(), parts):
+            fd = part._field_fd(name)  # type: ignore[attr-defined]
+            part.check_read(name, fd)  # type: ignore[attr-defined]
+            fds[k] = fd
+            offs[k] = part._offsets[name]  # type: ignore[attr-defined]
+        try:
+            read_entries(fds[seg].tolist(), (offs[seg] + local * nb).tolist(), nb, dst, rows.tolist())
+        except MappingFault as exc:
+            k = int(seg[exc.entry])
+            part = self.parts[k]
+            raise part._short_read(name, int(fds[k])) from None  # type: ignore[attr-defined]
 
     def iter_packed(self, start: int, stop: int) -> Iterator[tuple[int, memoryview | None]]:
         self._make_room()

@@ -142,6 +142,21 @@ def ingest(
     -------
     IngestResult
         Counts, reasons of the skipped inputs, timing; ``summary()`` renders it.
+
+    Raises
+    ------
+    AllInputsFailedError
+        At least one input, and every one failed (no record): the message
+        gives the count, the most common reason with its count and an input
+        that failed for it. Nothing is published (a store already at DEST,
+        replaced with ``overwrite``, is unchanged); ``DEST.partial`` is kept
+        with ``errors.jsonl`` listing every failure; rerun with
+        ``overwrite=True`` once the inputs are fixed. One of several shards
+        is published instead, with a note in ``warnings`` (the merge needs
+        its slots; :func:`merge` raises this error when no part holds a
+        record). A source with no inputs at all raises
+        :class:`~mmstore.errors.IngestError` ("no inputs found"), and
+        nothing is created.
     """
     spec_kw, src_kw = split_options(options)
     if isinstance(source, Source):
@@ -191,9 +206,23 @@ def from_dataset(
     tensors (``CHW`` 3-D tensors are made ``HWC``), PIL images, ``(image,
     label)`` pairs or ``{"image": ..., "label": ...}`` dicts. Without ``size``
     every image must have the shape and dtype of item 0 and is stored as is
-    (only ``image`` and ``label``); with ``size`` each is fitted like a decoded
-    file (``resize`` policy etc.) and ``orig_size``/``box`` are stored too.
-    ``label_names`` defaults to ``ds.classes`` when present.
+    (only ``image`` and ``label``; a float image stays float, 4 bytes a
+    value); with ``size`` each is fitted like a decoded file (``resize``
+    policy etc.), stored as ``uint8``, and ``orig_size``/``box``/``dst`` are
+    stored too. ``label_names`` defaults to ``ds.classes`` when present.
+
+    Float images with ``size`` (what ``ToTensor()`` gives: a float32 tensor,
+    ``CHW``, values in ``[0, 1]``; a numpy float array ``HWC`` or ``CHW``):
+    converted to ``uint8`` as ``round(x * 255)`` (ties to even, computed in
+    float64, so ``ToTensor()`` of a uint8 image gives back its exact pixels),
+    before any resize (see :func:`mmstore.decode.float_to_uint8`). A 3-D
+    array is ``CHW`` when its first axis is 1, 3 or 4 and its last is not 1
+    to 4. Values outside ``[0, 1]`` (after ``Normalize(mean, std)``), NaN or
+    infinity are refused: in the first item (of the shard) before any work
+    (``SchemaError``: dtype, min and max found, and what to pass instead),
+    in a later item as a hole with that reason. Pass the dataset without its
+    ``Normalize`` (normalise batch-wise at training time), or give uint8
+    images.
 
     ``fields``: more fields of dict items, stored as they are, as a schema
     (``{"boxes": ("<f4", (None, 4)), "tokens": ("<i8", (None,)), "caption":
@@ -203,7 +232,9 @@ def from_dataset(
 
     Workers are forked processes that inherit ``ds`` (nothing is pickled);
     pass ``workers=0`` for a dataset that must stay in this process. Other
-    keyword arguments are those of :func:`ingest`.
+    keyword arguments are those of :func:`ingest`; when every item fails it
+    raises :class:`~mmstore.errors.AllInputsFailedError` as :func:`ingest`
+    does.
     """
     src = DatasetSource(ds, label_names=label_names, fields=fields)
     return ingest(src, dest, size, workers=workers, **kwargs)

@@ -72,6 +72,7 @@ from ..format import (
 )
 from ..reader import Store, open_store
 from ..writer import acquire_lock, errors_jsonl, publish, release_lock, write_durable, write_manifest
+from .pipeline import all_failed_error
 from .plan import fingerprint
 
 __all__ = ["merge"]
@@ -200,7 +201,9 @@ def merge(
     IngestError
         Parts of different ingests, a missing or duplicate shard, different
         backends, schemas or label names; hard links refused by the file
-        system (the message suggests ``copy=True``).
+        system (the message suggests ``copy=True``);
+        :class:`~mmstore.errors.AllInputsFailedError` when the parts hold
+        slots but not one record (nothing is created).
     StoreExistsError
         ``dest`` exists (without ``overwrite``).
     DestinationError
@@ -227,6 +230,8 @@ def merge(
                 raise IngestError(f"{p}: schema {s.schema!r} differs from {paths[0]}'s {first.schema!r}")
             if s.label_names != first.label_names:
                 raise IngestError(f"{p}: label names differ from {paths[0]}'s")
+        if sum(s.slots for s in stores) and not sum(s.records for s in stores):
+            raise _no_records(dest, stores)
         _check_dest(dest, paths, overwrite)
         os.makedirs(os.path.dirname(dest), exist_ok=True)
         lock = acquire_lock(dest)
@@ -239,6 +244,14 @@ def merge(
         for s in stores:
             s.close()
     return dest
+
+
+def _no_records(dest: str, stores: list[Store]) -> Exception:
+    """The parts hold holes only: merging them would publish a store of no
+    record (every input of the ingest failed)."""
+    holes = [(str(e["key"]), str(e["reason"])) for s in stores for e in s.skipped()]
+    return all_failed_error(dest, holes, ", ".join(os.path.join(s.path, ERRORS_FILE) for s in stores[:3]),
+                            "Nothing was created; every failure is listed in the parts' errors.jsonl")
 
 
 _CHUNK = 1 << 20  # slots per bookkeeping chunk (8 MiB of offsets)

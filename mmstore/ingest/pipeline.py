@@ -14,6 +14,19 @@ the writer (``mark_written`` / ``skip``), and its commit thread fsyncs the
 store's files and only then appends the finished ranges to the commit log
 (``resume.py``). A clean finish writes the manifest and publishes DEST.
 
+A run in which every input failed (at least one input, not one record) is
+not a finish: it raises :class:`~mmstore.errors.AllInputsFailedError`
+(the CLI's exit code 1) naming the count, the most common reason and an
+input that failed for it. No manifest is written and nothing is published,
+so a DEST that existed before (``overwrite``) is unchanged; ``DEST.partial``
+is kept with an ``errors.jsonl`` of every failure (a rerun with
+``--overwrite`` discards it; ``--resume`` fails the same way again). A
+source with no inputs at all is refused earlier (``plan.py``), and a shard
+that got no inputs publishes its empty store, as before. One of several
+shards (``--shard K/N``, N > 1) whose every input failed is published with a
+note in the result's ``warnings`` (the merge needs every part's slots); the
+merge raises the same error when the parts hold no record at all.
+
 Slot ``s`` is input ``lo + s`` of the sorted listing, so the bytes do not
 depend on the worker count, the chunk size, the completion order or how often
 the run was interrupted.
@@ -31,10 +44,10 @@ from typing import Any, Callable
 import numpy as np
 
 from .._dest import check_dest
-from .._io import describe_write_error
-from ..errors import IngestError, MmstoreError, ResumeMismatchError, StoreExistsError
-from ..format import MANIFEST_FILE, PARTIAL_SUFFIX, read_manifest
-from ..writer import StoreWriter, acquire_lock, publish, release_lock
+from .._io import atomic_write, describe_write_error
+from ..errors import AllInputsFailedError, IngestError, MmstoreError, ResumeMismatchError, StoreExistsError
+from ..format import ERRORS_FILE, MANIFEST_FILE, PARTIAL_SUFFIX, read_manifest
+from ..writer import StoreWriter, acquire_lock, errors_jsonl, publish, release_lock
 from .committer import CommitThread, Tally
 from .options import DEFAULT_RESUME_HINT, ErrorLimit, kept_message
 from .plan import Plan, make_plan, mismatch_message
@@ -45,7 +58,7 @@ from .schedule import Scheduler, WorkerFailed, chunk_size
 from .sources import Source
 from .workers import WorkerPool, default_workers
 
-__all__ = ["IngestResult", "RunOptions", "run_ingest"]
+__all__ = ["IngestResult", "RunOptions", "all_failed_error", "run_ingest"]
 
 
 @dataclass
@@ -157,10 +170,32 @@ def _run(source: Source, dest: str, spec: Any, o: RunOptions) -> IngestResult:
     tally = run.execute(resuming, nworkers, limit)
     m = read_manifest(dest)
     warnings = dict(plan.listing.warnings)
+    if run.part and m["slots"] and not m["records"]:
+        warnings["inputs failed, every one of this shard's: the part is published so that the merge keeps the "
+                 "numbering; the merge refuses parts that together hold no record"] = m["slots"]
     if hasattr(source, "geometry_counts") and "dst" in plan.schema:
         warnings.update(_geometry_counts(source, dest, plan.lo))
     return IngestResult(dest, m["slots"], m["records"], m["slots"] - m["records"], tally.reasons,
                         time.monotonic() - t_start, run.already, warnings)
+
+
+def all_failed_error(dest: str, holes: list[tuple[str, str]], errors_path: str, then: str) -> AllInputsFailedError:
+    """The error of an ingest (or merge) at ``dest`` whose every input failed:
+    ``holes`` are (key, reason) of them all; ``then`` says what happened to
+    the store and what to do."""
+    n = len(holes)
+    reasons: Counter = Counter(r for _, r in holes)
+    cats: Counter = Counter()
+    for r, c in reasons.items():
+        cats[r.split(":", 1)[0]] += c
+    cat, count = cats.most_common(1)[0]
+    example = next(r for r, _ in reasons.most_common() if r.split(":", 1)[0] == cat)
+    key = next(k for k, r in holes if r == example)
+    others = ("; other reasons: " + ", ".join(f"{k} {v}" for k, v in cats.most_common()[1:4])) if len(cats) > 1 else ""
+    return AllInputsFailedError(
+        f"{dest}: no input became a record: all {n} inputs failed; most common reason: {cat} ({count} of {n}), "
+        f"e.g. input {key!r}: {example}{others}. {then}",
+        failed=n, reasons=reasons, key=key, errors_path=errors_path)
 
 
 def _annotation_errors(source: Source, plan: Plan) -> list[dict[str, Any]]:
@@ -326,8 +361,31 @@ class _Run:
         missing = np.flatnonzero(~self.tally.done)
         if len(missing):  # pragma: no cover - a bug guard
             raise IngestError(f"{self.dest}: {len(missing)} slots were not processed (first {missing[:5].tolist()})")
+        if self.plan.slots and self.tally.nerr >= self.plan.slots and not self.part:
+            raise self._all_failed()  # execute() keeps DEST.partial, unpublished
         self.log.close()
         self.writer.close()
+
+    def _all_failed(self) -> AllInputsFailedError:
+        """Every input failed: write ``DEST.partial/errors.jsonl`` (every
+        hole, from the commit log) and the error that says what happened."""
+        holes = sorted({s: r for _, _, errs in self.log.entries() for s, r in errs}.items())
+        key_of = self.plan.listing.key
+        lo = self.plan.lo
+        path = os.path.join(self.partial, ERRORS_FILE)
+        atomic_write(path, errors_jsonl([(s, key_of(lo + s), r) for s, r in holes], self.writer.annotation_errors))
+        before = (f"{self.dest} (the store there before) is unchanged" if os.path.exists(self.dest)
+                  else f"no store was created at {self.dest}")
+        return all_failed_error(
+            self.dest, [(os.fsdecode(key_of(lo + s)), r) for s, r in holes], path,
+            f"Nothing was published ({before}); every failure (slot, key, reason) is listed in {path}. Fix the "
+            f"inputs or options, then rerun with --overwrite (overwrite=True), which discards {self.partial}, "
+            "or remove it")
+
+    @property
+    def part(self) -> bool:
+        """This run writes one of several shards (a part a merge joins)."""
+        return self.o.shard is not None and self.o.shard[1] > 1
 
     def _abort(self) -> None:
         if self.pool is not None:

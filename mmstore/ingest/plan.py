@@ -6,10 +6,12 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import xxhash
 
 from ..codecs import library_versions
-from ..errors import IngestError
+from ..decode import float_to_uint8
+from ..errors import DecodeError, IngestError, SchemaError
 from ..schema import Schema
 from .options import shard_range
 from .records import schema_for
@@ -45,15 +47,32 @@ class Plan:
 
 def _first_item(source: Source, spec: Any, index: int) -> Any:
     """Item ``index`` when the schema needs it (arrays stored as they are);
-    notes on a dataset source whether its items carry labels."""
-    if not (source.decoded and spec is None) and not isinstance(source, DatasetSource):
+    notes on a dataset source whether its items carry labels. With a target
+    size, a float image there that cannot become uint8 (values outside
+    ``[0, 1]``: normalised) refuses the run before any work (``SchemaError``)."""
+    if not source.decoded:
         return None
     item = source.reader().load(index)
-    if not isinstance(source, DatasetSource):
+    if isinstance(source, DatasetSource):
+        img, lab = source.split(item)
+        source.has_labels = lab is not None
+        if spec is None:
+            return to_array(img)
+        try:
+            img = to_array(img)
+        except Exception:  # noqa: BLE001 - not an image: the worker makes it a hole with its reason
+            return None
+    elif spec is None:
         return item
-    img, lab = source.split(item)
-    source.has_labels = lab is not None
-    return to_array(img) if spec is None else None
+    else:
+        img = item
+    if isinstance(img, np.ndarray) and img.dtype.kind == "f":
+        try:
+            float_to_uint8(img)
+        except DecodeError as exc:
+            where = source.path or "the dataset"
+            raise SchemaError(f"{where}: item {index}: {exc.reason}; nothing was created") from None
+    return None
 
 
 def make_plan(source: Source, spec: Any, backend: str, shard: tuple[int, int] | None,

@@ -11,7 +11,7 @@ from ..errors import SchemaError
 from ..schema import Schema
 from ..writer import SlotWriter
 from ._listing import InputError, Source, reason_of
-from .sources import DatasetSource, to_array
+from .sources import DatasetSource, as_hwc, to_array
 
 __all__ = ["BOX_DTYPE", "DST_DTYPE", "LABEL_DTYPE", "ORIG_SIZE_DTYPE", "RecordJob", "process_range", "schema_for"]
 
@@ -58,6 +58,7 @@ class RecordJob:
         self.label_errors = source.listing.label_errors  # input -> hole reason (a list's bad label cells)
         self.has_label = "label" in schema
         self.full = "box" in schema  # image fields with orig_size / box / dst
+        self.dataset = isinstance(source, DatasetSource)
         self.extra = isinstance(source, DatasetSource) and source.fields is not None  # from_dataset(fields=)
         # a source's own fields of input i beside image and label (a COCO image's annotations, a list's
         # tags/text): record_fields(i, decoded) -> {name: value}; raises InputError for a hole
@@ -88,7 +89,7 @@ class RecordJob:
         if not self.source.decoded:
             d = decode_image(img, self.spec)
         elif self.spec is not None:
-            d = fit_array(img, self.spec)
+            d = fit_array(as_hwc(img) if self.dataset else img, self.spec)  # float [0, 1] -> uint8 there
         out["image"] = img if d is None else d.image
         if self.has_label:
             out["label"] = self._label(i, label)

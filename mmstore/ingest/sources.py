@@ -53,6 +53,7 @@ from .lists import ListSource
 __all__ = [
     "IMAGE_EXTENSIONS",
     "ArraySource",
+    "as_hwc",
     "CocoSource",
     "DatasetSource",
     "FolderSource",
@@ -313,7 +314,9 @@ class ArraySource(Source):
     (``label``, ``labels``, ``y``, ``target(s)`` or ``arr_1``) of length N.
 
     Items are stored as they are (no decode); with a target size, 2-D/3-D
-    image items are fitted with ``decode.fit_array``.
+    image items are fitted with ``decode.fit_array`` (float items with
+    values in ``[0, 1]`` become uint8 ``round(x * 255)``; others are
+    refused: the first item before any work, a later one as a hole).
     """
 
     kind = "arrays"
@@ -464,6 +467,16 @@ def to_array(img: Any) -> np.ndarray:
             img = img.convert("L")
         return np.asarray(img)
     return np.asarray(img)
+
+
+def as_hwc(arr: np.ndarray) -> np.ndarray:
+    """A dataset image to fit to a target size, as ``(H, W, C)``: a 3-D array
+    whose first axis is 1, 3 or 4 and whose last axis cannot be channels (not
+    1 to 4) is ``(C, H, W)``, what ``ToTensor()`` gives, and is transposed
+    (a C-contiguous copy); any other array is returned as it is."""
+    if arr.ndim == 3 and arr.shape[0] in (1, 3, 4) and arr.shape[2] not in (1, 2, 3, 4):
+        return np.ascontiguousarray(arr.transpose(1, 2, 0))
+    return arr
 
 
 def detect_source(path: str, **opts: Any) -> Source:

@@ -350,7 +350,8 @@ def _predict(rep: DoctorReport) -> None:
     latency = (rep.latency_ms or 8.0) / 1e3
     bw = seq or 150e6
     try:
-        sizes = BlockShuffle.auto_sizes(n, R, int(avail) if avail else None, seek_s=max(latency, 1e-5), bandwidth=bw)
+        # the window the Loader uses: a fixed budget, the same on every rank (not this machine's memory)
+        sizes = BlockShuffle.auto_sizes(n, R, seek_s=max(latency, 1e-5), bandwidth=bw)
     except ValueError:
         sizes = None
     rep.block = sizes

@@ -44,6 +44,15 @@ The sizing rule (NOTE [memory plan]; every figure is in ``describe()``)
     next window in offset order, ahead of the batches); ``"per batch"`` for
     a permutation (every record is a random read at queue depth
     ``threads``; ``WILLNEED`` on the records of later batches).
+``reads``
+    The epoch in progress (or the last one), as it reads now: ``cached``
+    (its records are in the page cache: one piece per core, no
+    ``WILLNEED``; else a piece per reader thread and ``WILLNEED``
+    ``willneed`` batches ahead), ``piece_rows``, ``willneed``, ``direct``,
+    ``resident`` (the fraction cached when the epoch started) and
+    ``switches`` (how often the cut changed within the epoch: the page cache
+    is sampled on records ahead every few batches, NOTE [warm vs cold
+    reads] in ``_reads.py``). Not there before the first epoch.
 ``direct_reads``
     A shuffled order read per batch (a permutation) whose store does not
     fit, ``method`` not ``"mmap"``: each record (each run of consecutive
@@ -154,7 +163,19 @@ class LoaderPlan(dict):  # type: ignore[type-arg]
                 + ("; each window is dropped from the page cache once read" if d["drop_behind"] else "")
             )
         else:
+            if d.get("windows_do_not_fit"):
+                lines.append("two windows of the block shuffle do not fit in the page cache left: "
+                             "no window read-ahead (pass a smaller window= to get it)")
             lines.append(f"read-ahead: per batch ({d['threads']} reader threads"
                          + (", each record read with O_DIRECT: no page cache)" if d.get("direct_reads") else
                             f", WILLNEED {d['willneed']} batches ahead)"))
+        r = d.get("reads")
+        if r:  # the epoch in progress (or the last one): EpochReads.state
+            lines.append(
+                "this epoch: " + ("records in the page cache: memory copies" if r["cached"] else
+                                  "records from disk" + (" (O_DIRECT)" if r.get("direct") else ""))
+                + f", {r['piece_rows']} rows a piece"
+                + (f", WILLNEED {r['willneed']} batches ahead" if r["willneed"] else "")
+                + (f"; switched {r['switches']} time(s) as the page cache changed" if r["switches"] else "")
+            )
         return "\n".join(lines)

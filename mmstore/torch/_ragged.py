@@ -17,7 +17,7 @@ modes. Every batch's ragged tensors are fresh (nothing of them is reused).
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -33,6 +33,7 @@ __all__ = [
     "concat",
     "multi_hot",
     "pad_list",
+    "check_pad",
     "pad_of",
     "ragged_batch",
     "sample_of",
@@ -73,9 +74,14 @@ def _values_tensor(r: Ragged) -> torch.Tensor:
     return torch.from_numpy(v)
 
 
-def pad_of(pad_value: Any, dtype: np.dtype) -> Any:
-    """``pad_value`` as a value of ``dtype``; one that would change (``0.5``
-    or ``nan`` into an integer field, ``300`` into uint8) is refused."""
+def pad_of(pad_value: Any, dtype: np.dtype, field: str | None = None) -> Any:
+    """``pad_value`` as a value of ``dtype`` (a mapping: the entry of
+    ``field``, default 0); one that would change (``0.5`` or ``nan`` into an
+    integer field, ``-1`` or ``300`` into uint8) is refused, naming the field
+    and values that fit."""
+    if isinstance(pad_value, Mapping):
+        pad_value = pad_value.get(field, 0)
+    dtype = np.dtype(dtype)
     try:
         with np.errstate(invalid="ignore", over="ignore"):
             cast = np.asarray(pad_value).astype(dtype)
@@ -83,13 +89,39 @@ def pad_of(pad_value: Any, dtype: np.dtype) -> Any:
     except (TypeError, ValueError, OverflowError):
         same = False
     if not same:
-        raise ValueError(f"pad_value={pad_value!r} is not a value of the ragged field's dtype {np.dtype(dtype)} "
-                         "(it would change when stored); give one that is, e.g. 0 or -1")
+        if dtype.kind == "u":
+            fits = f"0 .. {np.iinfo(dtype).max}"
+        elif dtype.kind == "i":
+            fits = f"{np.iinfo(dtype).min} .. {np.iinfo(dtype).max}"
+        elif dtype.kind == "b":
+            fits = "False or True"
+        else:
+            fits = "a number"
+        name = "a ragged field" if field is None else f"the ragged field {field!r}"
+        per_field = "" if field is None else f", or one per field: pad_value={{{field!r}: 0, ...}}"
+        raise ValueError(f"pad_value={pad_value!r} is not a value of {name} of dtype {dtype} (it would change "
+                         f"when stored in it); give a value in {fits}{per_field}")
     return cast.item()
 
 
-def ragged_batch(r: Ragged, mode: str, pad_value: Any = 0) -> list[Any] | Padded:
-    """A :class:`~mmstore.ragged.Ragged` as the torch form of ``mode``."""
+def check_pad(store: Any, fields: Sequence[str], mode: str, pad_value: Any) -> Any:
+    """``pad_value`` checked against the ragged ``fields`` it pads (mode
+    ``"pad"``), before any batch is read; a mapping names unknown fields."""
+    if isinstance(pad_value, Mapping):
+        unknown = sorted(set(pad_value) - set(fields))
+        if unknown:
+            raise ValueError(f"pad_value names {unknown}, which are not ragged fields read here "
+                             f"(those are {sorted(fields)})")
+    if mode == "pad":
+        for f in fields:
+            if store.schema[f].kind == "array":
+                pad_of(pad_value, store.schema[f].dtype, f)
+    return pad_value
+
+
+def ragged_batch(r: Ragged, mode: str, pad_value: Any = 0, field: str | None = None) -> list[Any] | Padded:
+    """A :class:`~mmstore.ragged.Ragged` as the torch form of ``mode`` (``field``: its name, for
+    a per-field ``pad_value`` and the messages)."""
     if r.kind != "array":
         return r.split()
     lengths = r.lengths
@@ -98,7 +130,7 @@ def ragged_batch(r: Ragged, mode: str, pad_value: Any = 0) -> list[Any] | Padded
     v = r.values
     n = len(lengths)
     width = int(lengths.max()) if n else 0
-    padded = np.full((n * width, *v.shape[1:]), pad_of(pad_value, v.dtype), dtype=v.dtype)
+    padded = np.full((n * width, *v.shape[1:]), pad_of(pad_value, v.dtype, field), dtype=v.dtype)
     if len(v):  # row i of record j goes to j * width + i: one numpy scatter (torch's index_put is ~50x slower)
         starts = np.arange(n, dtype=np.int64) * width - r.offsets[:-1]
         padded[np.repeat(starts, lengths) + np.arange(len(v), dtype=np.int64)] = v
@@ -118,7 +150,7 @@ class RaggedReader:
 
     def form(self, got: dict[str, Ragged]) -> dict[str, Any]:
         """Each field's :class:`~mmstore.ragged.Ragged` in this reader's torch form."""
-        return {f: ragged_batch(got[f], self.mode, self.pad_value) for f in self.fields}
+        return {f: ragged_batch(got[f], self.mode, self.pad_value, f) for f in self.fields}
 
     def piece(self, got: dict[str, Ragged]) -> dict[str, Any]:
         """A piece of a batch (read by a reader thread with its fixed fields):
@@ -200,12 +232,12 @@ def multi_hot(tags: Any, num_classes: int, dtype: torch.dtype = torch.float32) -
     return out
 
 
-def pad_list(items: Sequence[torch.Tensor], pad_value: Any = 0) -> Padded:
+def pad_list(items: Sequence[torch.Tensor], pad_value: Any = 0, field: str | None = None) -> Padded:
     """Per-record tensors ``(n_j, *row)`` as a :class:`Padded` (the collate path)."""
     lengths = torch.tensor([len(x) for x in items], dtype=torch.int64)
     width = int(lengths.max()) if len(items) else 0
     first = items[0]
-    pad = pad_of(pad_value, first.numpy().dtype if first.device.type == "cpu" else np.float64)
+    pad = pad_of(pad_value, first.numpy().dtype if first.device.type == "cpu" else np.float64, field)
     values = torch.full((len(items), width, *first.shape[1:]), pad, dtype=first.dtype)
     for j, x in enumerate(items):
         values[j, : len(x)] = x

@@ -4,16 +4,18 @@
   ``PREAD_MIN_BYTES`` per record is read with ``os.preadv`` of each record
   (consecutive records in one call) from the field's files, at
   ``data_offset + slot * entry_bytes``, straight into the batch buffer, through
-  the loader's own descriptors (queue depth = reader threads).
-* **memmove** (``Store.read_batch``): cached memmap stores, small fields
-  (labels), LMDB stores: ``ctypes.memmove`` out of the mapping (GIL released;
-  a numpy gather for small fields).
+  the loader's own descriptors, in every epoch (cached or not: NOTE [warm vs
+  cold reads]).
+* **read_batch** (``Store.read_batch``): small fields (labels; a numpy
+  gather out of the mapping), LMDB stores, ``method="mmap"`` (the backend's
+  own reads: ``preadv`` for big entries, ``mmstore/_safecopy.py``).
 * **window prefetch** (:class:`WindowPrefetch`): for a block shuffle, a thread
   brings each window's blocks into the page cache (long ``WILLNEED`` ranges,
   or long ``preadv`` reads) one window ahead of the batches.
 
-:class:`EpochReads` picks, per epoch, which of them are used and gives the
-kernel its hints. :func:`field_segments` is the one place that asks the
+:class:`EpochReads` picks, per epoch, which of them are used, cuts the
+batches into pieces and gives the kernel its hints, following the page cache
+as the epoch runs. :func:`field_segments` is the one place that asks the
 backend where a field's records lie.
 """
 
@@ -77,16 +79,41 @@ def data_paths(store: Store, fields: Sequence[str]) -> list[str]:
 
 
 def resident_fraction(paths: Sequence[str]) -> float:
-    """Fraction of the bytes of ``paths`` in the page cache (0.0 when unknown)."""
-    tot = res = 0
+    """Fraction of the bytes of ``paths`` in the page cache (0.0 when
+    unknown). A file of more than ``RESIDENCY_WHOLE_BYTES`` is sampled:
+    ``RESIDENCY_SAMPLES`` ranges of ``RESIDENCY_SAMPLE_BYTES`` spread evenly
+    over it (``mincore`` of a whole file asks the page cache about every page
+    of it, a cost per epoch that grows with the store)."""
+    tot = res = 0.0
     for p in paths:
         try:
-            r, s = _sys.resident_bytes(p)
+            fd = os.open(p, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            try:
+                size = os.fstat(fd).st_size
+                r = _sampled_residency(fd, size)
+            finally:
+                os.close(fd)
         except (OSError, NotImplementedError):
             return 0.0
-        res += r
-        tot += s
+        res += r * size
+        tot += size
     return res / tot if tot else 1.0
+
+
+RESIDENCY_WHOLE_BYTES = 32 * _MiB
+RESIDENCY_SAMPLES = 32
+RESIDENCY_SAMPLE_BYTES = 128 << 10
+
+
+def _sampled_residency(fd: int, size: int) -> float:
+    """The resident fraction of an open file of ``size`` bytes (see :func:`resident_fraction`)."""
+    if size == 0:
+        return 1.0
+    if size <= RESIDENCY_WHOLE_BYTES:
+        return _sys.resident_fd(fd, size) / size
+    step = (size - RESIDENCY_SAMPLE_BYTES) / (RESIDENCY_SAMPLES - 1)
+    got = sum(_sys.resident_fd(fd, size, int(k * step), RESIDENCY_SAMPLE_BYTES) for k in range(RESIDENCY_SAMPLES))
+    return got / (RESIDENCY_SAMPLES * RESIDENCY_SAMPLE_BYTES)
 
 
 def _fd_limit(store: Store, exc: OSError) -> OSError:
@@ -109,7 +136,17 @@ def prepare_store(store: Store, fields: Sequence[str]) -> None:
 
 class FieldFiles:
     """A memmap field's open files for ``preadv`` epochs: one per segment of
-    the store (a merged store has several; see format.py, "Segments")."""
+    the store (a merged store has several; see format.py, "Segments").
+
+    NOTE [page-cache reads in one submit]: a piece's records are read with
+    one Linux AIO ``io_submit`` of a ``preadv`` each (``_aio.read_vectors``)
+    where AIO is there: on a descriptor without ``O_DIRECT`` the kernel does
+    each read (a copy out of the page cache, or a read from the disk) inside
+    the submit, so the reader thread gives up the GIL once per piece, not once
+    per record: with 16 reader threads and the consumer, a ``preadv`` per
+    record made every record wait for the GIL again (NOTE [record reads in one
+    submit] in ``_aio.py``). Elsewhere, one ``preadv`` per run of consecutive
+    records."""
 
     def __init__(self, segments: list[FieldSegment]) -> None:
         self.fds: list[int] = []
@@ -154,11 +191,28 @@ class FieldFiles:
             read_records_direct(self.dfds, self.fds, seg, offs, nb, out)  # type: ignore[arg-type]
             return
         if len(self.fds) == 1:
-            _sys.pread_records(self.fds[0], self.offs[0] + slots * nb, nb, out)
+            fds = None
+            offs = self.offs[0] + slots * nb
+        else:
+            seg = np.searchsorted(self.firsts, slots, side="right") - 1
+            fds = np.asarray(self.fds, np.int64)[seg]
+            offs = np.asarray(self.offs, np.int64)[seg] + (slots - self.firsts[seg]) * nb
+        ctx = _aio.context() if len(slots) > 1 and out.flags.c_contiguous else None
+        if ctx is not None:  # NOTE [page-cache reads in one submit]
+            fda = np.full(len(slots), self.fds[0], np.int64) if fds is None else fds
+            iov = np.zeros((len(slots), 1), _aio.IOVEC)
+            iov["base"][:, 0] = out.ctypes.data + np.arange(len(slots), dtype=np.uint64) * nb
+            iov["len"][:, 0] = nb
+            bad = np.flatnonzero(_aio.read_vectors(ctx, fda, offs, iov) != nb)
+            # a record the submit did not read whole is read again with preadv,
+            # which retries a short read and raises the typed error at the end of a file
+            for j in bad.tolist():
+                _sys.pread_records(int(fda[j]), offs[j : j + 1], nb, out[j : j + 1])
             return
-        seg = np.searchsorted(self.firsts, slots, side="right") - 1
-        offs = np.asarray(self.offs, np.int64)[seg] + (slots - self.firsts[seg]) * nb
-        _sys.pread_records_multi(np.asarray(self.fds, np.int64)[seg], offs, nb, out)
+        if fds is None:
+            _sys.pread_records(self.fds[0], offs, nb, out)
+        else:
+            _sys.pread_records_multi(fds, offs, nb, out)
 
     def ranges(self, a: int, b: int) -> list[tuple[int, int, int]]:
         """``(fd, offset, length)`` of the global slot range ``[a, b)``, cut at
@@ -245,13 +299,25 @@ class EpochReads:
     """How one epoch reads its pieces: ``preadv`` for the fields in
     ``self.files``, ``Store.read_batch`` for the rest; and the kernel hints.
 
-    NOTE [warm vs cold reads]: measured here (2 cores, 150 KB records),
-    memmove out of the mapping (GIL released) served ~2x more samples/s than
-    preadv when the store is in the page cache (no page-table faults once
-    mapped; a user-space copy), while preadv did ~1.5x better cold (one read
-    per record at queue depth ``threads``, where a fault reads around the
-    faulting page). So method "auto" picks per epoch, from the residency of
-    the fields' files at the start of the epoch (``self.cached``)."""
+    NOTE [warm vs cold reads]: the fields in ``self.files`` are read with
+    ``preadv`` into the batch rows in every epoch, from the page cache or the
+    disk alike (a kernel copy that cannot fault and releases the GIL; a copy
+    out of the mapping would need the slower SIGBUS-proof kernel copy of
+    ``mmstore._safecopy``). What follows the page cache is how a batch is cut
+    (method "auto"; "pread" keeps the second cut) and hinted
+    (``state["cached"]``):
+
+    * cached: a batch is a memory copy, bound by the CPU: one piece per core
+      (the fewest Python tasks), no ``WILLNEED``;
+    * not cached: a piece per reader thread (queue depth ``threads`` for the
+      disk), ``WILLNEED`` on the records ``willneed`` batches ahead.
+
+    The residency is measured over the fields' files when the epoch starts,
+    then sampled every ``FOLLOW_BATCHES`` delivered batches on records of the
+    batches not yet submitted (:meth:`follow`), so an epoch whose store is
+    warmed or evicted while it runs changes its cut from the next batch on.
+    ``state`` (``Loader.describe()["reads"]``) says what is in use.
+    """
 
     def __init__(
         self, store: Store, fields: Sequence[str], files: dict[str, FieldFiles], tuning: LoaderTuning, *,
@@ -261,49 +327,96 @@ class EpochReads:
         self.fields = tuple(fields)
         resident = resident_fraction(data_paths(store, fields)) if (files or block) else 1.0
         self.cached = resident >= 0.99
-        self.files = {} if (tuning.method == "auto" and self.cached) else files
+        self.files = files
         self.rest = [f for f in self.fields if f not in self.files]
         # ragged fields read with the pieces' fixed ones, in the same read_batch:
         # a backend whose one lookup per record gives every field (lmdb), where
         # a read of their own would look every record up again (_ragged.py)
         self.ragged = tuple(ragged) if (ragged and self.rest and store.backend.ragged_lists) else ()
         rb = sum(store.schema[f].nbytes for f in fields) or 1
-        self.piece_rows = max(1, tuning.piece_bytes // rb)
-        if not self.files or block:
-            # memmove epochs, and epochs whose window pass brings the records
-            # into the page cache ahead of the batches, are CPU-bound: one
-            # piece per core (measured ~2x faster than 2 MiB pieces here:
-            # fewer Python calls per batch)
-            self.piece_rows = max(self.piece_rows, -(-batch_size // max(2, os.cpu_count() or 2)))
-        elif shuffled:
-            # random record reads (one request each, whatever the piece): a batch
-            # is spread over every reader thread, so the batch the consumer waits
-            # for next (the first one above all) is not read by a few threads
-            # while the others read batches after it
-            self.piece_rows = min(self.piece_rows, max(1, -(-batch_size // max(1, int(tuning.threads or 1)))))
+        base = max(1, tuning.piece_bytes // rb)
+        # memmove epochs (no preadv fields), epochs whose window pass brings the
+        # records into the page cache ahead of the batches, and cached epochs are
+        # CPU-bound: one piece per core (measured ~2x faster than 2 MiB pieces
+        # here: fewer Python calls per batch)
+        self._warm_rows = max(base, -(-batch_size // max(2, os.cpu_count() or 2)))
+        # random record reads from the disk (one request each, whatever the piece):
+        # a batch is spread over every reader thread, so the batch the consumer waits
+        # for next (the first one above all) is not read by a few threads while the
+        # others read batches after it
+        self._cold_rows = min(base, max(1, -(-batch_size // max(1, int(tuning.threads or 1))))) if shuffled else base
+        self._batch_size = batch_size
+        self._tuning = tuning
+        self._shuffled = shuffled
+        self._block = block
         self.decode_gate = _decode_gate(store, self.rest, batch_size, block)
-        if self.decode_gate is not None:
-            self.piece_rows = -(-batch_size // self.decode_gate[1])
         # a store that does not fit, read record by record (a permutation): O_DIRECT
         # reads, no page cache (NOTE [direct record reads] in _direct.py)
         self.direct = bool(direct and self.files and not self.cached and not block)
         # the loader's files serve every epoch: set or reset. Not the small fields
         # method="pread" reads: a 4 KiB disk read each, where their file stays cached
         for ff in files.values():
-            ff.use_direct(self.direct and ff in self.files.values() and ff.nb >= PREAD_MIN_BYTES)
+            ff.use_direct(self.direct and ff.nb >= PREAD_MIN_BYTES)
         self.direct = self.direct and any(ff.direct for ff in self.files.values())
-        if self.direct and _aio.available():
-            # each piece's reads go out in one AIO submit (NOTE [record reads in one
-            # submit] in _aio.py): a few long pieces per batch, not one per thread
-            self.piece_rows = min(_aio.MAX_EVENTS, max(1, -(-batch_size // _AIO_PIECES)))
-        self.willneed = 0  # hint the records of the batch this many batches ahead
         if tuning.hints and self.files and not self.direct:
             for ff in self.files.values():
                 ff.advise(os.POSIX_FADV_RANDOM if shuffled else os.POSIX_FADV_SEQUENTIAL)
-            # a window pass reads the records of later batches with long
-            # requests; per-record WILLNEED would race it with small ones
-            if tuning.willneed and shuffled and not self.cached and not block:
-                self.willneed = tuning.willneed
+        self.state: dict[str, Any] = {"cached": self.cached, "resident": round(resident, 3), "switches": 0}
+        self._idx: np.ndarray | None = None
+        self._set_cut()
+
+    def _set_cut(self) -> None:
+        """``piece_rows`` and ``willneed`` for the residency in ``self.cached``."""
+        t = self._tuning
+        # method="pread" keeps the disk's cut whatever the cache (preadv asked for)
+        if not self.files or self._block or (self.cached and t.method == "auto"):
+            self.piece_rows = self._warm_rows
+        else:
+            self.piece_rows = self._cold_rows
+        if self.decode_gate is not None:
+            self.piece_rows = -(-self._batch_size // self.decode_gate[1])
+        if self.direct and _aio.available():
+            # each piece's reads go out in one AIO submit (NOTE [record reads in one
+            # submit] in _aio.py): a few long pieces per batch, not one per thread
+            self.piece_rows = min(_aio.MAX_EVENTS, max(1, -(-self._batch_size // _AIO_PIECES)))
+        self.willneed = 0  # hint the records of the batch this many batches ahead
+        # a window pass reads the records of later batches with long
+        # requests; per-record WILLNEED would race it with small ones
+        if (t.hints and self.files and not self.direct and t.willneed and self._shuffled and not self.cached
+                and not self._block):
+            self.willneed = t.willneed
+        self.state.update(cached=self.cached, piece_rows=self.piece_rows, willneed=self.willneed,
+                          direct=self.direct)
+
+    def watch(self, idx: np.ndarray, ahead: int) -> None:
+        """Let :meth:`follow` sample the records of ``idx`` (the epoch's order
+        from its first batch read), past the ``ahead`` batches already queued."""
+        if self.files and not self.direct and not self._block and len(idx):
+            self._idx = idx
+            self._ahead = ahead
+
+    def follow(self, k: int) -> None:
+        """Batch ``k`` (of the epoch's ``idx``) was delivered: every
+        ``FOLLOW_BATCHES`` batches, sample the page-cache residency of records
+        of the batches after those queued and switch the cut when it changed.
+        Called between submits, in the consumer's thread (the cut of a batch
+        never changes while it is being queued)."""
+        idx = self._idx
+        if idx is None or (k + 1) % FOLLOW_BATCHES:
+            return
+        a = (k + 1 + self._ahead) * self._batch_size
+        b = min(len(idx), a + FOLLOW_BATCHES * self._batch_size)
+        if a >= b:
+            return
+        pos = np.linspace(a, b - 1, num=min(FOLLOW_SAMPLES, b - a)).astype(np.int64)
+        try:
+            cached = _all_resident(self.files, self.store.slots_of(idx[pos]))
+        except (OSError, NotImplementedError, ValueError):
+            return
+        if cached != self.cached:
+            self.cached = cached
+            self.state["switches"] += 1
+            self._set_cut()
 
     def range_sources(self) -> list[FieldFiles]:
         """Where the window pass finds the byte ranges of a run of slots:
@@ -343,6 +456,22 @@ class EpochReads:
             for a, b in zip(starts.tolist(), stops.tolist()):
                 for fd, pos, length in ff.ranges(a, b):
                     os.posix_fadvise(fd, pos, length, os.POSIX_FADV_WILLNEED)
+
+
+# how often (delivered batches) and on how many records of the batches ahead
+# an epoch samples the page cache (EpochReads.follow): a few mincore calls
+FOLLOW_BATCHES = 8
+FOLLOW_SAMPLES = 16
+
+
+def _all_resident(files: dict[str, FieldFiles], slots: np.ndarray) -> bool:
+    """Whether every record ``slots`` of every field in ``files`` is wholly in the page cache."""
+    for ff in files.values():
+        for s in slots.tolist():
+            for fd, off, length in ff.ranges(s, s + 1):
+                if _sys.resident_fd(fd, off + length, off, length) < length:
+                    return False
+    return True
 
 
 def _decode_gate(store: Store, fields: Sequence[str], batch_size: int,

@@ -87,7 +87,9 @@ def _as_index_array(indices: Any, n: int, what: str) -> np.ndarray:
     idx = np.asarray(indices)
     if idx.dtype == bool:
         raise RecordIndexError(f"{what}: a boolean mask was given; pass np.flatnonzero(mask)")
-    idx = idx.reshape(-1)
+    if idx.ndim != 1:
+        raise RecordIndexError(f"{what} must be a 1-D sequence of record indices, got an array of shape "
+                               f"{idx.shape}; pass np.ravel(...) of it if the flattened order is what you mean")
     if idx.size and idx.dtype.kind not in "iu":
         raise RecordIndexError(f"{what} must be integers, got dtype {idx.dtype}")
     if idx.dtype.kind == "u":  # compare before the cast: 2**64 - 1 as int64 is -1, the last record

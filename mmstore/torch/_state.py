@@ -10,17 +10,36 @@ depend on the epoch and the batch index only), then the next epochs.
 The state is a plain dict of ints, strings and lists (``torch.save``,
 ``json`` and pickle all take it)::
 
-    {"version": 1,
+    {"version": 2,
      "epoch": 3, "batches": 120,          # epoch 3, batches 0..119 delivered
      "batch_size": 256, "drop_last": False,
      "order": {"kind": "permutation", "n": ..., "seed": 0, "rank": 0,
-               "world_size": 1, "drop_last": False, "split": None, ...},
+               "world_size": 1, "drop_last": False, "split": "stride",
+               "pad": False, "batch_size": 256, ...},
      "seed": 0, "rank": 0, "world_size": 1,   # the order's, for reading
      "store": {"store_id": "...", "records": 1281167},
      "subset": None or {"len": ..., "blake2b": "..."}}
 
-A state taken after the last batch of an epoch (or between epochs) is
-``(next epoch, 0 batches)``. ``load_state_dict`` refuses
+A state is the position reached: taken in the loop body it counts the
+batch just delivered; taken after the loop was left (``break``, an
+exception) it still says how many batches of that epoch were delivered, so a
+resume yields the rest; taken after the last batch of epoch ``e`` (in the
+loop body or after the loop) it is ``(e, all of its batches)``. A loaded
+complete epoch resumes as nothing: ``set_epoch(e)`` then an iteration yields
+no batch and moves on to ``e + 1``; ``set_epoch(e + 1)``, or no
+``set_epoch`` at all, runs ``e + 1``. So both checkpoint scripts are right::
+
+    state = torch.load("ckpt.pt")
+    loader.load_state_dict(state["loader"])
+    for epoch in range(state["loader"]["epoch"], epochs):   # the state's epoch
+        loader.set_epoch(epoch)
+        for batch in loader:
+            ...
+            torch.save({"loader": loader.state_dict(), ...}, "ckpt.pt")
+
+A ``set_epoch`` that drops the rest of a loaded epoch warns. Before any
+iteration the state is ``(the epoch the next iteration runs, 0)``.
+``load_state_dict`` refuses
 (:class:`~mmstore.errors.LoaderResumeError`) a state of another store
 (``store_id``, ``records``), subset, ``batch_size``, ``drop_last`` or order
 (kind and every parameter, seed and rank/world_size included): resuming it
@@ -43,7 +62,7 @@ from ..order import Order
 
 __all__ = ["STATE_VERSION", "Resumable", "check_state", "loader_identity", "order_state"]
 
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 
 def order_state(order: Order) -> dict[str, Any]:
@@ -138,6 +157,8 @@ class Resumable:
     _epoch: int | None
     _next_epoch: int
     _resume: tuple[int, int] | None
+    _pos: tuple[int, int] | None
+    _pos_used: bool
 
     def __len__(self) -> int:
         raise NotImplementedError
@@ -150,15 +171,17 @@ class Resumable:
 
     def state_dict(self) -> dict[str, Any]:
         """Where this loader is: the epoch and the batches of it delivered
-        (torchdata's ``StatefulDataLoader`` convention), with what a resume
+        (torchdata's ``StatefulDataLoader`` convention: the position reached,
+        also after a ``break`` or an exception left the loop; after the last
+        batch of epoch ``e``, ``e`` with all its batches), with what a resume
         must match (store, subset, batch size, order, seed, rank/world size).
-        Take it between batches (in the loop body, or between epochs); the
-        layout is in ``mmstore/torch/_state.py``."""
+        The layout and the checkpoint recipe are in ``mmstore/torch/_state.py``."""
         run = self._active() if self._active is not None else None
-        if run is not None and run.live():
-            epoch, done = run.epoch, run.offset + run.k
-            if done >= run.offset + run.nbatches:  # the epoch's last batch was delivered
-                epoch, done = epoch + 1, 0
+        live = run is not None and run.live()
+        if self._pos is not None and (live or self._pos_used):
+            # the latest iteration's position, also after its loop was left (a peek,
+            # next(iter(loader)), used nothing: the state stays where it was)
+            epoch, done = self._pos
         elif self._resume is not None:
             epoch, done = self._resume
         else:
@@ -168,7 +191,8 @@ class Resumable:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Resume from :meth:`state_dict`: the next iteration yields the
         batches of its epoch not yet delivered (same order, same
-        ``transform`` draws), later ones the next epochs. A state of another
+        ``transform`` draws), later ones the next epochs (a complete epoch:
+        see the module docstring). A state of another
         store, subset, batch size or order raises
         :class:`~mmstore.errors.LoaderResumeError`."""
         epoch, done = check_state(state, self._identity())
@@ -183,8 +207,9 @@ class Resumable:
                 f"the Loader state says {done} batches of epoch {epoch} were delivered, but an epoch of this "
                 f"loader has {len(self)}; it was not taken from a loader like this one"
             )
-        if done == len(self):
-            epoch, done = epoch + 1, 0
         self._epoch = None
-        self._next_epoch = epoch
+        self._pos = None
+        # a complete epoch: the next iteration runs the one after it, unless set_epoch(epoch)
+        # asks for it again (then it yields nothing and moves on)
+        self._next_epoch = epoch + 1 if done == len(self) else epoch
         self._resume = (epoch, done) if done else None

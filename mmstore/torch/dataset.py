@@ -45,7 +45,7 @@ from torch.utils.data import Dataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate, default_collate_fn_map
 
 from ..reader import Store
-from ._ragged import Padded, check_mode, pad_list, ragged_batch, sample_of, split_fields
+from ._ragged import Padded, check_mode, check_pad, pad_list, ragged_batch, sample_of, split_fields
 
 __all__ = ["Padded", "StoreBatch", "StoreDataset", "collate", "open_store_arg"]
 
@@ -200,7 +200,7 @@ def collate(batch: Any, *, ragged_fields: Sequence[Any] | None = None, ragged: s
         col = [s[k] for s in batch]
         if _is_ragged(col, k, ragged_fields):
             tensors = all(isinstance(x, torch.Tensor) for x in col)
-            out[k] = pad_list(col, pad_value) if ragged == "pad" and tensors else col
+            out[k] = pad_list(col, pad_value, k if isinstance(k, str) else None) if ragged == "pad" and tensors else col
         else:
             out[k] = default_collate(col)
     if isinstance(first, Mapping):
@@ -249,8 +249,10 @@ class StoreDataset(Dataset):
         record's rows. ``str`` / ``bytes`` fields: a list of ``str`` /
         ``bytes`` either way. ``ds[i]`` gives the record's own tensor (or
         ``str`` / ``bytes``).
-    pad_value : number, default 0
-        The padding of ``ragged="pad"``.
+    pad_value : number or dict, default 0
+        The padding of ``ragged="pad"``; a dict gives one per field (fields
+        it does not name: 0). A value a field's dtype cannot hold (``-1`` for
+        a uint8 field) is refused here, naming the field.
 
     Notes
     -----
@@ -276,8 +278,8 @@ class StoreDataset(Dataset):
         self.store = open_store_arg(store)
         self.fields = tuple(self.store.field_list(fields))
         self.ragged = check_mode(ragged)
-        self.pad_value = pad_value
         self._fixed, self._ragged = split_fields(self.store, self.fields)
+        self.pad_value = check_pad(self.store, self._ragged, self.ragged, pad_value)
         # store[i] (the one-record path) reads every field: used when all are asked for
         self._whole = set(self.fields) == set(self.store.schema.names)
         self.transform = transform
@@ -344,7 +346,7 @@ class StoreDataset(Dataset):
         }
         got = self.store.read_batch(idx, fields=self.fields, out={f: t.numpy() for f, t in tensors.items()})
         for f in self._ragged:  # Ragged (values + offsets): a list of tensors, or Padded
-            tensors[f] = ragged_batch(got[f], self.ragged, self.pad_value)
+            tensors[f] = ragged_batch(got[f], self.ragged, self.pad_value, f)
         return {f: tensors[f] for f in self.fields}
 
     def __getitems__(self, indices: Sequence[int]) -> Any:

@@ -101,13 +101,16 @@ Lifetime: epochs, threads, processes (the contract)
   that was used moves the next iteration to the next epoch by itself;
   ``set_epoch`` always wins** (so ``set_epoch(epoch)`` each epoch, as with
   ``DistributedSampler``, and no ``set_epoch`` at all give the same epochs).
-* **Resume.** ``state_dict()`` between batches says which epoch and how many
-  of its batches were delivered; ``load_state_dict()`` (in this process or a
-  new one) makes the next iteration yield exactly the remaining batches of
-  that epoch, in the same order and with the same ``transform`` draws, and
-  the iterations after it the next epochs. ``set_epoch`` with the state's
-  epoch keeps the resume; another epoch drops it (``_state.py`` has the
-  layout and what must match).
+* **Resume.** ``state_dict()`` says which epoch and how many of its batches
+  were delivered: the position reached, also after the loop was left
+  (``break``, an exception), and ``(e, all of its batches)`` after the last
+  batch of epoch ``e``; ``load_state_dict()`` (in this process or a new one)
+  makes the next iteration yield exactly the remaining batches of that
+  epoch (none for a complete one), in the same order and with the same
+  ``transform`` draws, and the iterations after it the next epochs.
+  ``set_epoch`` with the state's epoch keeps the resume; another epoch drops
+  it, with a warning when batches of it were left (``_state.py`` has the
+  layout, the checkpoint recipe and what must match).
 * **Threads.** An iterator is consumed by one thread at a time: a
   ``next()`` while another thread is inside ``next()`` raises
   ``LoaderStateError`` (and so does a second thread's ``iter(loader)``, by
@@ -135,6 +138,7 @@ Lifetime: epochs, threads, processes (the contract)
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import warnings
@@ -152,7 +156,7 @@ from ..order import BlockShuffle, Order, Sequential
 from ._direct import DirectWindows
 from ._epoch import EpochBatches, EpochIterator
 from ._plan import LoaderPlan, plan_memory, widen_ring
-from ._ragged import RaggedReader, check_mode, split_fields
+from ._ragged import RaggedReader, check_mode, check_pad, split_fields
 from ._reads import (
     PREAD_MIN_BYTES,
     EpochReads,
@@ -221,8 +225,11 @@ class Loader(Resumable):
         kept-batch check does not concern them; ``copy=True`` does not copy
         them again); with ``device`` they are moved there too. Default: the
         dataset's, else ``"list"``.
-    pad_value : number, optional
-        The padding of ``ragged="pad"`` (default: the dataset's, else 0).
+    pad_value : number or dict, optional
+        The padding of ``ragged="pad"`` (default: the dataset's, else 0); a
+        dict gives one per field (``{"boxes": -1, "iscrowd": 0}``, fields it
+        does not name: 0). A value a field's dtype cannot hold (``-1`` for a
+        uint8 field) is refused here, naming the field.
     indices : array of int, optional
         Read only these records (record indices of the store; negative ones
         from the end; out of range: :class:`~mmstore.errors.RecordIndexError`).
@@ -241,9 +248,20 @@ class Loader(Resumable):
         batches of epoch ``e`` across ranks (this rank's batch ``j`` is
         ``j * world_size + rank``, so ranks draw different parameters), the
         same after a resume; else ``transform(batch)``.
-    seed, rank, world_size, rank_drop_last
-        For building ``order`` from a kind (``rank_drop_last`` is
-        ``DistributedSampler``'s ``drop_last``).
+    seed, rank, world_size
+        For building ``order`` from a kind.
+    rank_pad, rank_drop_last : bool, default False
+        How a kind's order is split over ranks when ``world_size`` does not
+        divide the records (see "Distributed split" in
+        :mod:`mmstore.order`). Default: every record exactly once per epoch
+        and every rank the same number of batches (the last batch's size
+        differs between ranks; where no split gives equal counts, the
+        shorter ranks each take one record twice, with a warning).
+        ``rank_pad=True``: equal lengths by wrap-around padding, as
+        ``DistributedSampler(drop_last=False)``; ``rank_drop_last=True``:
+        the tail dropped, as ``DistributedSampler(drop_last=True)``. An
+        ``Order`` object is split as it says (an exact one, ``pad=False``,
+        with this loader's batch size).
     tuning : LoaderTuning, optional
         How to read: ``prefetch``, ``hold``, ``threads``, ``warm``, ``hints``,
         ``willneed``, ``method``, ``piece_bytes``, ``window_prefetch``,
@@ -296,21 +314,22 @@ class Loader(Resumable):
         rank: int | None = None,
         world_size: int | None = None,
         rank_drop_last: bool = False,
+        rank_pad: bool = False,
         tuning: LoaderTuning | None = None,
         **kw: Any,
     ) -> None:
+        batch_size = _count("batch_size", batch_size)
         src = resolve_source(store, indices)
         self._own_store = src.own
         self.store = src.store
-        if int(batch_size) < 1:
-            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
         self.tuning, order_kw = split_tuning(tuning, kw)
-        self.batch_size = int(batch_size)
+        self.batch_size = batch_size
         self.fields = tuple(self.store.field_list(src.defaults.get("fields") if fields is None else fields))
         # ragged fields are read per batch beside the ring (_ragged.py), the others into it
         self._fixed, self._ragged = split_fields(self.store, self.fields)
         self.ragged = check_mode(src.defaults.get("ragged", "list") if ragged is None else ragged)
-        self.pad_value = src.defaults.get("pad_value", 0) if pad_value is None else pad_value
+        self.pad_value = check_pad(self.store, self._ragged, self.ragged,
+                                   src.defaults.get("pad_value", 0) if pad_value is None else pad_value)
         self.device, self._cuda = check_device(device)
         self.copy = bool(copy)
         # batches yielded straight from the ring are checked for references
@@ -325,11 +344,18 @@ class Loader(Resumable):
             prefetch=self.tuning.prefetch, mem_bytes=self.tuning.mem_bytes,
         )
         if order == "block":
-            order_kw = _block_sizes(order_kw, n, sb, self._plan["window_bytes"])
+            order_kw = _block_sizes(order_kw, n, sb)
+        if isinstance(order, str):  # every record once, the same batch count on every rank
+            order_kw = {"pad": _flag("rank_pad", rank_pad), "batch_size": self.batch_size, **order_kw}
         self.order = build_order(
             order, n, seed=seed, rank=rank, world_size=world_size,
-            drop_last=rank_drop_last, record_bytes=sb, **order_kw,
+            drop_last=_flag("rank_drop_last", rank_drop_last), record_bytes=sb, **order_kw,
         )
+        if not self.order.pad and self.order.batch_size != self.batch_size:  # an exact order object
+            self.order = dataclasses.replace(self.order, batch_size=self.batch_size)
+        _warn_repeated(self.order)
+        if isinstance(self.order, BlockShuffle):
+            _check_windows(self.order, sb, self._plan)
         self._plan.update(self._readahead_plan(sb))
         self.indices: np.ndarray | None = src.indices
         """The subset's record indices, as the order's positions map them (None: every record)."""
@@ -353,6 +379,8 @@ class Loader(Resumable):
         self._epoch: int | None = None
         self._next_epoch = 0
         self._resume: tuple[int, int] | None = None  # (epoch, batches delivered) from load_state_dict
+        self._pos: tuple[int, int] | None = None  # (epoch, batches delivered) of the latest iteration
+        self._pos_used = False  # that iteration used its epoch (a peek does not: the state stays put)
         # per-process resources; released without blocking when the loader is
         # garbage (see "Lifetime" in the module docstring)
         self._res = Resources()
@@ -372,10 +400,13 @@ class Loader(Resumable):
         resume loaded with :meth:`load_state_dict` is kept when ``epoch`` is
         its epoch, dropped otherwise, with a warning: the rest of the resumed
         epoch is then never delivered)."""
-        self._epoch = int(epoch)
+        self._epoch = _count("epoch", epoch, 0)
+        self._pos = None  # the state now says where the next iteration starts
         if self._resume is not None and self._resume[0] != self._epoch:
             e, done = self._resume
             self._resume = None
+            if done >= len(self):  # the resumed epoch was complete: nothing is dropped
+                return
             warnings.warn(
                 f"mmstore.torch.Loader.set_epoch({self._epoch}) drops the resume loaded by load_state_dict "
                 f"(epoch {e}, {done} of {len(self)} batches delivered): the rest of epoch {e} will not be "
@@ -405,6 +436,7 @@ class Loader(Resumable):
                 self._do_warm()
             run = self._start_epoch(epoch, start)
             self._active = weakref.ref(run)
+            self._pos, self._pos_used = (epoch, start), False
         return run
 
     def close(self) -> None:
@@ -477,6 +509,13 @@ class Loader(Resumable):
             records = max(self.batch_size, p["window_bytes"] // record_bytes)
             out["window_bytes"] = records * record_bytes
         windows = bool(t.window_prefetch) and records > 0
+        if (windows and isinstance(o, BlockShuffle) and not p["fits"]
+                and min(2 * records, len(o)) * record_bytes > p["cache_bytes"]):
+            # the memory cannot hold the window served and the next one (the order is the
+            # same on every rank, not sized from this memory): a window read ahead would be
+            # evicted before its batches read it, so batches read their own records
+            windows = False
+            out["windows_do_not_fit"] = True
         if windows:  # the pass's read buffers come out of the page cache's share
             chunk = int(min(8 << 20, max(1 << 20, p["cache_bytes"] // 16 // t.window_threads)))
             out["window_chunk"] = chunk
@@ -529,7 +568,7 @@ class Loader(Resumable):
         return {
             "store": self.store, "own_store": self._own_store, "order": self.order, "config": self._config,
             "epoch": self._epoch, "next_epoch": self._next_epoch, "warmed": self._warmed,
-            "indices": self.indices, "resume": self._resume,
+            "indices": self.indices, "resume": self._resume, "pos": self._pos, "pos_used": self._pos_used,
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -541,6 +580,7 @@ class Loader(Resumable):
         self._own_store = state["own_store"]
         self._epoch, self._next_epoch, self._warmed = state["epoch"], state["next_epoch"], state["warmed"]
         self._resume = state["resume"]
+        self._pos, self._pos_used = state.get("pos"), state.get("pos_used", False)
 
     # -- epochs --------------------------------------------------------------------
     def _guard(self) -> threading.Lock:
@@ -595,19 +635,32 @@ class Loader(Resumable):
         elif bounds is not None and not reads.cached:
             window = WindowPrefetch(reads, idx, bounds, str(t.window_prefetch), t.window_threads, inflight,
                                     drop_behind=bool(self._plan["drop_behind"]), chunk=self._plan["window_chunk"])
+        self._plan["reads"] = reads.state  # describe()["reads"]: the cut in use, as the cache changes
+        if window is None:
+            reads.watch(idx, self.prefetch)  # the epoch follows the page cache (EpochReads.follow)
         batches = EpochBatches(
             idx, batch_size=self.batch_size, drop_last=self.drop_last, prefetch=self.prefetch,
             ring=res.ring, pool=res.pool, reads=reads, inflight=inflight, window=window,  # type: ignore[arg-type]
             device=self.device if self._cuda else None, guard_pinned=self.pin_memory and not self._cuda,
             owner=self, check_kept=self._check, ragged=RaggedReader(self.store, self._ragged, self.ragged, self.pad_value) if self._ragged else None,
         )
+        wrap = self._wrap
+
+        def deliver(tensors: dict[str, torch.Tensor], epoch: int, k: int) -> Any:
+            # called by the iterator in the consumer's thread after it queued the
+            # next batch: where the reads may change their cut (EpochReads.follow)
+            reads.follow(k - start)
+            return wrap(tensors, epoch, k)
+
         return EpochIterator(
-            batches, epoch, prefetch=self.prefetch, copy=self.copy, on_used=self._commit, wrap=self._wrap,
+            batches, epoch, prefetch=self.prefetch, copy=self.copy, on_used=self._commit, wrap=deliver,
             offset=start,
         )
 
     def _commit(self, epoch: int) -> None:
         """Epoch ``epoch`` counts as used: the next iteration takes the next one."""
+        if self._pos is not None and self._pos[0] == epoch:
+            self._pos_used = True
         if self._epoch == epoch:
             self._epoch = None
         if self._resume is not None and self._resume[0] == epoch:
@@ -659,6 +712,7 @@ class Loader(Resumable):
             # ranks draw different augmentation parameters, the same after a resume
             world, rank = getattr(self.order, "world_size", 1), getattr(self.order, "rank", 0)
             out = self._transform(out, epoch, k * world + rank)
+        self._pos = (epoch, k + 1)  # delivered: what state_dict() reports, also after the loop is left
         return out
 
 
@@ -676,13 +730,73 @@ DIRECT_MIN_CACHE = 64 << 20  # the smallest page-cache share for O_DIRECT window
 DIRECT_ORDERS: tuple[type, ...] = (BlockShuffle, Sequential)
 
 
-def _block_sizes(kw: dict[str, Any], n: int, record_bytes: int, window_bytes: int) -> dict[str, Any]:
-    """``order="block"``'s sizes: ``block`` as ``BlockShuffle.auto`` picks it
-    (or the one given), ``window`` from the loader's window budget (unless
-    given)."""
+def _block_sizes(kw: dict[str, Any], n: int, record_bytes: int) -> dict[str, Any]:
+    """``order="block"``'s sizes: as ``BlockShuffle.auto`` picks them (or the
+    ones given). Nothing measured here enters them (the order must be the same
+    on every rank and in a resumed process); the memory only sizes the reads
+    (:func:`_check_windows`)."""
     if "window" in kw or "mem_bytes" in kw:
         return kw
-    block = kw["block"] if "block" in kw else BlockShuffle.auto_sizes(n, record_bytes, 1)["block"]
-    blocks = max(1, -(-n // int(block)))
-    window = min(blocks, max(1, window_bytes // (int(block) * record_bytes)))
-    return {**kw, "block": block, "window": window}
+    sizes = BlockShuffle.auto_sizes(n, record_bytes, block=kw.get("block"))
+    return {**kw, "block": sizes["block"], "window": sizes["window"]}
+
+
+def _check_windows(order: BlockShuffle, record_bytes: int, plan: dict[str, Any]) -> None:
+    """Warn when this loader's memory cannot hold the two windows the
+    read-ahead keeps (the window served and the next one): the order stays
+    what every rank computes, the reads then go back to disk."""
+    if plan["fits"]:
+        return
+    window_bytes = order.block * order.window * record_bytes
+    need = min(2 * window_bytes, len(order) * record_bytes)
+    cache = int(plan["cache_bytes"])
+    if need <= cache:
+        return
+    fit = cache // 2 // max(1, order.block * record_bytes)
+    smaller = (f"window={fit} (or smaller)" if fit >= 1 else
+               f"block={max(1, cache // 2 // record_bytes)}, window=1 (or smaller)")
+    warnings.warn(
+        f"mmstore.torch.Loader(order='block'): a window is {order.window} block(s) of {order.block} records "
+        f"({_mb(window_bytes)}; the order is the same on every rank and in every run, so it is not sized from "
+        f"this machine's memory), and the read-ahead holds two, {_mb(need)}, but this loader may fill "
+        f"{_mb(cache)} of page cache ({plan['budget_source']}; see describe()): records will be read from disk "
+        f"more than once. Pass {smaller} on every rank and in every run that resumes this one, or give the "
+        "process more memory",
+        UserWarning, stacklevel=3,
+    )
+
+
+def _mb(n: int) -> str:
+    return f"{n / 1e6:,.1f} MB" if n >= 1e5 else f"{n:,} bytes"
+
+
+def _warn_repeated(order: Order) -> None:
+    """Say when an exactly-once split still reads records twice (the equal batch count needs it)."""
+    if order.pad or order.drop_last or order.world_size == 1:
+        return
+    extra = order.repeated()
+    if extra:
+        n, w, b = order.n, order.world_size, order.batch_size
+        warnings.warn(
+            f"mmstore.torch.Loader: {n} records over {w} ranks in batches of {b}: {n % w} of the ranks would get one "
+            f"batch more than the others (a DDP step the others never take), so {extra} record(s) are read "
+            f"twice per epoch to give every rank {-(-len(order) // b)} batches. For every record exactly once "
+            f"choose a batch size for which {n} // {w} is not a multiple of it, or rank_drop_last=True to "
+            "drop instead",
+            UserWarning, stacklevel=3,
+        )
+
+
+def _count(name: str, value: Any, minimum: int = 1) -> int:
+    """An integer argument: ints and numpy integers, never a bool, a float or a string."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"mmstore.torch.Loader: {name} must be an integer, got {value!r} ({type(value).__name__})")
+    if int(value) < minimum:
+        raise ValueError(f"mmstore.torch.Loader: {name} must be >= {minimum}, got {value}")
+    return int(value)
+
+
+def _flag(name: str, value: Any) -> bool:
+    if not isinstance(value, (bool, np.bool_)):
+        raise TypeError(f"mmstore.torch.Loader: {name} must be True or False, got {value!r}")
+    return bool(value)

@@ -250,9 +250,7 @@ def _check_state(state: Any, expect: dict[str, Any], what: str) -> tuple[int, in
                 detail = f"saved {got!r}, now {want!r}"
             raise StateMismatchError(
                 f"{what}.load_state_dict: the state was taken from a sampler with another {key} ({detail}); "
-                "resume with the same dataset, order, seed, rank/world_size, drop_last and batch size (an "
-                "order='block' sized automatically depends on the memory of the machine: pass block= and "
-                "window= explicitly to resume elsewhere)"
+                "resume with the same dataset, order, seed, rank/world_size, drop_last and batch size"
             )
     epoch, yielded = state["epoch"], state.get("yielded")
     if not (isinstance(epoch, int) and epoch >= 0 and isinstance(yielded, int) and yielded >= 0):

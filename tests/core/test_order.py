@@ -18,6 +18,7 @@ from mmstore.order import (
     BlockShuffle,
     Order,
     Permutation,
+    WINDOW_BYTES,
     Sequential,
     contiguous_ranges,
     count_seeks,
@@ -332,12 +333,16 @@ def test_make_order_block_auto_follows_the_documented_rule(monkeypatch, n, recor
     """block = clamp(ceil(seek_s * bandwidth * (1 - f) / f / record), 1, n);
     window = clamp(floor(0.2 * mem / lws / (block * record)), 1, ceil(n / block))
     (BlockShuffle.auto_sizes' docstring)."""
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", lws)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "7")  # never read: the order is the same wherever it is built
     seek_s, bandwidth = disk.get("seek_s", 0.008), disk.get("bandwidth", 150e6)
     block = min(max(1, math.ceil(seek_s * bandwidth * 0.8 / 0.2 / record)), n)
     window = min(max(1, math.floor(0.2 * mem / int(lws) / (block * record))), -(-n // block))
-    o = make_order("block", n, record_bytes=record, mem_bytes=mem, seed=2, **disk)
+    o = make_order("block", n, record_bytes=record, mem_bytes=mem, seed=2, local_world_size=int(lws), **disk)
     assert (o.block, o.window, o.seed) == (block, window, 2)
+    # without mem_bytes the window comes from the fixed budget, not from this machine's memory
+    default = make_order("block", n, record_bytes=record, seed=2, **disk)
+    fixed = min(max(1, WINDOW_BYTES // (block * record)), -(-n // block))
+    assert (default.block, default.window) == (block, fixed)
 
 
 def test_numpy_integer_arguments():
@@ -392,11 +397,15 @@ def test_auto_sizes_formulas():
     assert BlockShuffle.auto_sizes(10**6, 1 << 30, 1 << 20)["window"] == 1
 
 
-def test_auto_reads_memavailable_and_env(monkeypatch):
+def test_auto_reads_neither_memory_nor_env(monkeypatch):
+    """The default window is a fixed budget: ranks and resumed processes that
+    see different free memory or another $LOCAL_WORLD_SIZE build one order."""
     s = BlockShuffle.auto_sizes(10**6, 1000)
-    assert s["mem_bytes"] > 0
+    assert s["mem_bytes"] is None and s["local_world_size"] == 1
+    assert s["window"] == WINDOW_BYTES // (s["block"] * 1000)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")
-    assert BlockShuffle.auto_sizes(10**6, 1000, 1 << 30)["local_world_size"] == 8
+    assert BlockShuffle.auto_sizes(10**6, 1000) == s
+    assert BlockShuffle.auto_sizes(10**6, 1000, 1 << 30)["local_world_size"] == 1
 
 
 def test_auto_overrides():
@@ -549,3 +558,30 @@ def test_large_epoch_is_one_int64_array_covering_everything():
         assert e.shape == (n,) and e.dtype == np.int64
         assert np.array_equal(np.bincount(e, minlength=n), np.ones(n, np.int64))
         del e
+
+
+@FAST
+@given(n=st.integers(0, 400), world=st.integers(1, 9), batch=st.integers(1, 40), seed=st.integers(0, 3),
+       kind=st.sampled_from(["sequential", "permutation", "block"]), split=st.sampled_from(["stride", "contiguous"]))
+def test_exact_split_every_record_once_and_equal_batch_counts(n, world, batch, seed, kind, split):
+    """pad=False: the ranks' slices hold every record once, every rank has
+    the same number of batches, and a record is read twice only where no
+    split gives equal counts (n // world a multiple of the batch size), at
+    most once per shorter rank; window bounds stay inside each rank's array."""
+    kw = {"block": 7, "window": 3} if kind == "block" else {}
+    orders = [make_order(kind, n, seed=seed, rank=r, world_size=world, split=split, pad=False, batch_size=batch,
+                         **kw) for r in range(world)]
+    parts = [o.epoch(1) for o in orders]
+    allv = np.concatenate(parts)
+    extra = orders[0].repeated()
+    assert len(allv) == n + extra
+    if n:
+        assert np.array_equal(np.unique(allv), np.arange(n))
+        assert len({-(-len(p) // batch) for p in parts}) == 1, [len(p) for p in parts]
+    no_split = n % world != 0 and (n // world) % batch == 0
+    assert extra == (world - n % world if no_split and n else 0)
+    assert max(len(p) for p in parts) - min(len(p) for p in parts) <= 1
+    if kind == "block":
+        for o, p in zip(orders, parts):
+            wb = o.window_bounds(1)
+            assert wb[0] == 0 and wb[-1] == len(p) and np.all(np.diff(wb) > 0) or len(p) == 0

@@ -322,7 +322,7 @@ def test_fit_array_does_not_alias_and_accepts_views():
 
 def test_fit_array_inputs():
     assert reason_of(fit_array, np.zeros((4, 4, 5), np.uint8), DecodeSpec((2, 2))).startswith("wrong-shape")
-    assert reason_of(fit_array, np.zeros((4, 4), np.float32), DecodeSpec((2, 2))).startswith("unsupported")
+    assert reason_of(fit_array, np.full((4, 4), -1.0, np.float32), DecodeSpec((2, 2))).startswith("unsupported")
     assert reason_of(fit_array, np.zeros((0, 4), np.uint8), DecodeSpec((2, 2))).startswith("empty")
     a16 = (np.arange(12 * 10 * 3, dtype=np.uint16).reshape(12, 10, 3) * 181)
     got = fit_array(a16, DecodeSpec((12, 10), resize="none"))

@@ -24,6 +24,7 @@ from hypothesis import strategies as st
 
 import mmstore._sys as msys
 from mmstore._sys import cache, files, memory, pread, proc
+from mmstore.errors import MmstoreError, StoreChangedError
 
 LINUX = sys.platform.startswith("linux")
 linux_only = pytest.mark.skipif(not LINUX, reason="Linux page-cache behaviour")
@@ -632,9 +633,10 @@ def test_pread_records_truncated_file_names_offset(tmp_path):
             msys.pread_records(f, [0, 900], 300, out)
         e = ei.value
         assert isinstance(e, OSError) and isinstance(e, EOFError)
+        assert isinstance(e, MmstoreError) and isinstance(e, StoreChangedError)  # typed: one except catches it
         assert (e.offset, e.expected, e.received, e.file_size) == (900, 300, 100, 1000)
         msg = str(e)
-        assert "900" in msg and "300" in msg and "truncated?" in msg
+        assert "900" in msg and "300" in msg and "truncated or replaced" in msg
         if LINUX:
             assert e.filename == str(p)
         with pytest.raises(OSError, match="got only 0"):

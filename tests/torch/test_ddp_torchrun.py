@@ -1,9 +1,12 @@
 """DDP under a real launcher: torchrun starts 2 processes (gloo, CPU) that train
 a tiny DistributedDataParallel model through Loader and through DataLoader +
-OrderSampler; every epoch covers every sample exactly once across ranks (as
+OrderSampler; every epoch covers every sample exactly once across ranks (the
+Loader's default; with ``rank_pad=True`` and through OrderSampler as
 DistributedSampler pads or drops) and every rank takes the same number of
 steps (a rank with one step more would hang in DDP's all-reduce: the child
-has a timeout)."""
+has a timeout). A block shuffle sized automatically is the same order on
+ranks whose memory budgets differ (one rank has loaded its model, another
+has not)."""
 
 from __future__ import annotations
 
@@ -38,14 +41,19 @@ torch.manual_seed(0)
 model = DDP(torch.nn.Linear(24 * 32 * 3, 1))
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
 store = mmstore.open(path)
+rec = store.stored_record_bytes(("image", "idx"))
 results = []
-for mode in ("loader", "dataloader"):
+for mode in ("loader", "loader-pad", "loader-mem", "dataloader"):
     for kind in ("permutation", "block"):
         for drop in (False, True):
             kw = {"block": 6, "window": 3} if kind == "block" else {}
-            if mode == "loader":  # rank and world size from torch.distributed
+            if mode == "loader-mem":  # the window sized automatically, each rank another memory budget
+                if kind != "block" or drop:
+                    continue
+                kw = {"block": 6, "mem_bytes": (200 + 200 * rank) * rec}
+            if mode.startswith("loader"):  # rank and world size from torch.distributed
                 src = Loader(store, bs, kind, fields=("image", "idx"), drop_last=drop, rank_drop_last=drop,
-                             seed=3, **kw)
+                             rank_pad=mode == "loader-pad", seed=3, **kw)
                 order = src.order
             else:
                 ds = StoreDataset(store, fields=("image", "idx"))
@@ -70,7 +78,7 @@ for mode in ("loader", "dataloader"):
                                                   "rank": (order.rank, order.world_size)})
                 if rank == 0:
                     results.append({"mode": mode, "kind": kind, "drop": drop, "epoch": epoch, "ranks": gathered})
-            if mode == "loader":
+            if mode.startswith("loader"):
                 src.close()
 if rank == 0:
     with open(out, "w") as fh:
@@ -98,7 +106,7 @@ def test_ddp_two_ranks_exactly_once(tmp_path):
                     f"{str(e.stderr)[-2000:]}")
     assert r.returncode == 0, r.stderr[-4000:]
     results = json.loads(out.read_text())
-    assert len(results) == 2 * 2 * 2 * EPOCHS
+    assert len(results) == (3 * 2 * 2 + 1) * EPOCHS
     per_rank = -(-N // WORLD)
     for res in results:
         ranks = res["ranks"]
@@ -111,10 +119,13 @@ def test_ddp_two_ranks_exactly_once(tmp_path):
         if res["drop"]:
             assert steps == {N // WORLD // BS}, what
             assert len(set(allids)) == len(allids) == WORLD * (N // WORLD // BS * BS), what  # each at most once
+        elif res["mode"] in ("loader", "loader-mem"):  # the default: every sample exactly once
+            assert steps == {-(-per_rank // BS)}, what
+            assert allids == list(range(N)), what
         else:
             assert steps == {-(-per_rank // BS)}, what
             assert set(allids) == set(range(N)), what  # every sample ...
             assert len(allids) == per_rank * WORLD, what  # ... once, plus DistributedSampler's padding
-    for mode in ("loader", "dataloader"):
+    for mode in ("loader", "loader-pad", "loader-mem", "dataloader"):
         e0, e1 = ([r["ranks"][0]["seen"] for r in results if r["mode"] == mode and r["epoch"] == e] for e in (0, 1))
         assert all(a != b for a, b in zip(e0, e1)), f"{mode}: epoch 1 repeated epoch 0"

@@ -75,11 +75,11 @@ def test_transform_batch_numbers_are_distinct_across_ranks(stores):
     seen = {}
     for rank in (0, 1, 2):
         got = []
-        L = Loader(stores["big"], 20, "permutation", rank=rank, world_size=3, fields=("idx",),
+        L = Loader(stores["big"], 16, "permutation", rank=rank, world_size=3, fields=("idx",),
                    transform=lambda b, *, epoch, batch_index, got=got: got.append(batch_index) or b)
         list(L)
         seen[rank] = got
-    assert seen[0] == [0, 3, 6, 9, 12, 15] and seen[1] == [1, 4, 7, 10, 13, 16] and seen[2][:2] == [2, 5]
+    assert seen[0] == [0, 3, 6, 9, 12, 15, 18] and seen[1] == [1, 4, 7, 10, 13, 16, 19] and seen[2][:2] == [2, 5]
     assert len(set(sum(seen.values(), []))) == sum(len(v) for v in seen.values())
 
 
@@ -148,9 +148,9 @@ def test_resume_any_point(stores, k, epoch, world):
     rest = [b["idx"].clone() for b in M]
     if k < len(L):
         assert np.array_equal(torch.cat(got + rest).numpy(), full)
-        assert M.state_dict()["epoch"] == epoch + 1 and M.state_dict()["batches"] == 0
-    else:  # everything was delivered: the state is the next epoch's start
-        assert (state["epoch"], state["batches"]) == (epoch + 1, 0)
+        assert (M.state_dict()["epoch"], M.state_dict()["batches"]) == (epoch, len(M))  # the epoch is complete
+    else:  # everything was delivered: the state says so, and the next loop runs the next epoch
+        assert (state["epoch"], state["batches"]) == (epoch, len(L))
         assert np.array_equal(torch.cat(got).numpy(), full)
         assert np.array_equal(torch.cat(rest).numpy(), M.order.epoch(epoch + 1))
     L.close()
@@ -163,8 +163,8 @@ def test_state_between_epochs_and_set_epoch(stores):
     assert (L.state_dict()["epoch"], L.state_dict()["batches"]) == (0, 0)
     for _ in L:
         last = L.state_dict()
-    assert (last["epoch"], last["batches"]) == (1, 0)  # taken after the last batch: the next epoch
-    assert (L.state_dict()["epoch"], L.state_dict()["batches"]) == (1, 0)
+    assert (last["epoch"], last["batches"]) == (0, 19)  # taken at the last batch: epoch 0, all delivered
+    assert (L.state_dict()["epoch"], L.state_dict()["batches"]) == (0, 19)  # after the loop: the same
     it = iter(L)
     _run(it, 3)
     s = L.state_dict()
@@ -277,7 +277,7 @@ def test_resume_with_the_window_pass(stores, monkeypatch, mode):
     if mode.startswith("O_DIRECT"):
         monkeypatch.setattr(loader_mod, "DIRECT_MIN_CACHE", 0)
         rec = sum(ref.schema[f].nbytes for f in ref.fields)
-        kw = {"mem_bytes": 64 * rec}
+        kw = {"mem_bytes": 128 * rec}  # room for the two windows of 20 records the read-ahead holds
     mk = lambda: Loader(path, 7, order, threads=3, **kw)
     L = mk()
     assert L.describe()["readahead"] == "windows"
@@ -324,7 +324,7 @@ def test_peek_after_load_keeps_the_resume(stores):
     assert len(nxt) == len(e1) and all(torch.equal(a, b) for a, b in zip(nxt, e1))
     R = _loader(path)
     R.load_state_dict(state)
-    _run(R, 2)  # two batches of the resumed epoch: used
-    assert (R.state_dict()["epoch"], R.state_dict()["batches"]) == (1, 0)
+    _run(R, 2)  # two batches of the resumed epoch: used (the state is the position reached)
+    assert (R.state_dict()["epoch"], R.state_dict()["batches"]) == (0, 7)
     nxt = _run(R)[0]
     assert all(torch.equal(a, b) for a, b in zip(nxt, e1)) and len(nxt) == len(e1)

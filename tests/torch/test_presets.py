@@ -121,7 +121,7 @@ def test_readme_porting_snippet_runs(tmp_path):
     }
     exec(compile(_snippet(), "README.md", "exec"), ns)  # noqa: S102 - the README snippet is the test
     assert ns["images"].shape[1:] == (3, 224, 224) and ns["target"].dtype == torch.int64
-    assert (ns["checkpoint"]["loader"]["epoch"], ns["checkpoint"]["loader"]["batches"]) == (2, 0)
+    assert (ns["checkpoint"]["loader"]["epoch"], ns["checkpoint"]["loader"]["batches"]) == (1, len(ns["train_loader"]))
     assert 0 <= ns["correct"] <= 6
     val = [t for _, t in ns["val_loader"]]
     assert torch.cat(val).tolist() == [0, 0, 0, 1, 1, 1]  # the sorted class folders
