@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from . import cache, memory
-from .files import HAS_FADVISE, MiB, PAGE_SIZE, GiB, PathLike, open_ro
+from .files import MiB, PAGE_SIZE, GiB, PathLike, open_ro
 from .pread import pread_into
 
 __all__ = ["WarmHandle", "WarmReport", "warm", "warm_in_background"]
@@ -104,10 +104,10 @@ def warm(paths: PathLike | Iterable[PathLike], *, chunk_bytes: int = 16 * MiB,
 
     Notes
     -----
-    Hints: ``POSIX_FADV_SEQUENTIAL`` for each file, ``POSIX_FADV_WILLNEED``
-    for the next chunk while the current one is copied (none past the stop
-    point). The kernel's own readahead can still pull in up to one readahead
-    window (typically 128 KiB - a few MiB) past the stop point. A file that
+    Hints: ``POSIX_FADV_SEQUENTIAL`` for each file; the kernel's own
+    readahead reads ahead of the copies (NOTE [sequential pages]) and can pull
+    in up to one readahead window (typically 128 KiB - a few MiB) past the
+    stop point. A file that
     shrinks during the pass ends early without error. Residency is not
     guaranteed afterwards: memory pressure and other readers decide that.
     Where residency cannot be measured (no mincore), every byte counts as not
@@ -205,8 +205,14 @@ def _read_pass(fds: list[int], sizes: list[int], stop: tuple[int, int], chunk: i
             if stop_event is not None and stop_event.is_set():
                 return done, True
             n = min(chunk, limit - off)
-            if off + n < limit and HAS_FADVISE:
-                os.posix_fadvise(fd, off + n, min(chunk, limit - off - n), os.POSIX_FADV_WILLNEED)
+            # NOTE [sequential pages]: plain reads, no WILLNEED ahead of them. The
+            # kernel's sequential readahead (FADV_SEQUENTIAL doubles its window)
+            # fills the page cache with large folios where the file system has
+            # them, while WILLNEED and random reads fill it with single pages; a
+            # later memory copy out of single pages (preadv or a mapping's page
+            # faults) costs a lookup per 4 KiB, so every warm epoch that follows
+            # reads slower. The readahead also keeps the disk busy during the copy,
+            # which is what the WILLNEED hint was for.
             got = _read_chunk(fd, mv[:n], off)
             done += got
             off += got

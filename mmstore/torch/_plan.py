@@ -169,6 +169,11 @@ class LoaderPlan(dict):  # type: ignore[type-arg]
             lines.append(f"read-ahead: per batch ({d['threads']} reader threads"
                          + (", each record read with O_DIRECT: no page cache)" if d.get("direct_reads") else
                             f", WILLNEED {d['willneed']} batches ahead)"))
+        w = d.get("warm")
+        if w and w != "none":
+            lines.append("warm: " + ("a sequential pass read the fields' files into the page cache first"
+                                     if w == "foreground" else
+                                     "a sequential pass reads the fields' files into the page cache in a thread"))
         r = d.get("reads")
         if r:  # the epoch in progress (or the last one): EpochReads.state
             lines.append(

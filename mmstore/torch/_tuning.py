@@ -41,11 +41,22 @@ class LoaderTuning:
     threads : int, optional
         Reader threads (default 16: queue depth for cold reads; the reads
         release the GIL).
-    warm : bool or "background", default False
-        Before the first batch, read the fields' files once sequentially into
-        the page cache (``mmstore._sys.warm``; a warning when they do not fit
-        in the available memory). ``"background"``: start that pass in a
-        thread and read batches meanwhile. The report is ``loader.warm_report``.
+    warm : bool, "background" or "auto", default "auto"
+        True: before the first batch, read the fields' files once
+        sequentially into the page cache (``mmstore._sys.warm``; a warning
+        when they do not fit in the available memory). ``"background"``:
+        start that pass in a thread and read batches meanwhile. ``"auto"``:
+        the pass before the first batch when the first epoch starts with the
+        fields' files mostly out of the page cache (under half, sampled),
+        they fit in the page cache left (``describe()["fits"]``), records are
+        not read with ``O_DIRECT`` and the loader reads at least half of the
+        store's records; otherwise nothing. One sequential pass reads a disk
+        at its sequential speed where the epoch's scattered reads would not,
+        and the pages it leaves make every later epoch's memory copies
+        faster than the pages scattered reads leave (NOTE [sequential pages]
+        in ``mmstore/_sys/warmup.py``). False: never. The report of a pass
+        before the first batch is ``loader.warm_report``;
+        ``describe()["warm"]`` says what was done.
     hints : bool, default True
         Give the kernel access hints (fadvise RANDOM/SEQUENTIAL/WILLNEED).
     willneed : int, default 2
@@ -82,7 +93,7 @@ class LoaderTuning:
     prefetch: int | None = None
     hold: int = 1
     threads: int | None = 16
-    warm: bool | str = False
+    warm: bool | str = "auto"
     hints: bool = True
     willneed: int = 2
     method: str = "auto"
@@ -96,8 +107,8 @@ class LoaderTuning:
             raise ValueError(f"prefetch and hold must be >= 1, got {self.prefetch} and {self.hold}")
         if self.method not in ("auto", "pread", "mmap"):
             raise ValueError(f"method must be 'auto', 'pread' or 'mmap', got {self.method!r}")
-        if self.warm not in (False, True, "background"):
-            raise ValueError(f"warm must be False, True or 'background', got {self.warm!r}")
+        if not any(self.warm is w for w in (False, True)) and self.warm not in ("background", "auto"):
+            raise ValueError(f"warm must be False, True, 'background' or 'auto', got {self.warm!r}")
         window = "willneed" if self.window_prefetch is True else self.window_prefetch
         if window not in (False, None, "read", "willneed"):
             raise ValueError(f"window_prefetch must be 'read', 'willneed' or False, got {window!r}")

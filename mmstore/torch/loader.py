@@ -165,6 +165,7 @@ from ._reads import (
     open_field_files,
     preadv_fields,
     prepare_store,
+    resident_fraction,
 )
 from ._resources import Resources, check_device, check_pin_memory, torch_dtype
 from ._ring import InFlight, Ring
@@ -432,7 +433,7 @@ class Loader(Resumable):
             epoch = self._next_epoch if self._epoch is None else self._epoch
             start = self._resume[1] if self._resume is not None and self._resume[0] == epoch else 0
             self._setup()
-            if self.warm and not self._warmed:
+            if not self._warmed:
                 self._do_warm()
             run = self._start_epoch(epoch, start)
             self._active = weakref.ref(run)
@@ -492,7 +493,8 @@ class Loader(Resumable):
         (the windows are read with ``O_DIRECT`` into private buffers:
         ``_direct.py``), ``drop_behind``, ``direct_reads`` (records read
         one by one with ``O_DIRECT``: a permutation that does not fit),
-        ``threads``, ``willneed``.
+        ``threads``, ``willneed``, ``warm`` (from the first epoch on:
+        ``"background"``, ``"foreground"`` or ``"none"``, ``tuning.warm``).
         """
         return LoaderPlan(self._plan)
 
@@ -685,17 +687,32 @@ class Loader(Resumable):
                             huge=bool(self._plan["direct_reads"]))
 
     def _do_warm(self) -> None:
+        """The first epoch's warm pass (``tuning.warm``), decided once."""
         self._warmed = True
         paths = data_paths(self.store, self.fields)
-        if self.tuning.warm == "background":
+        mode, auto = self.tuning.warm, self.tuning.warm == "auto"
+        if auto:
+            mode = self._auto_warm(paths)
+        self._plan["warm"] = "background" if mode == "background" else ("foreground" if mode else "none")
+        if mode == "background":
             self._res.warm_handle = _sys.warm_in_background(paths)
             return
+        if not mode:
+            return
         self.warm_report = rep = _sys.warm(paths)
-        if not rep.complete:
+        if not rep.complete and not auto:
             warnings.warn(
                 f"mmstore.torch.Loader(warm=True): warmed {rep.bytes_read:,} of {rep.bytes_total:,} bytes "
                 f"({rep.reason}); the rest is read from disk", UserWarning, stacklevel=3,
             )
+
+    def _auto_warm(self, paths: list[str]) -> bool:
+        """``warm="auto"``: whether to warm before the first batch (see ``LoaderTuning.warm``)."""
+        p = self._plan
+        n_read = len(self.store) if self.indices is None else len(self.indices)
+        if not p["fits"] or p.get("direct_reads") or 2 * n_read < len(self.store) or not paths:
+            return False
+        return resident_fraction(paths) < 0.5
 
     # -- output ----------------------------------------------------------------------
     def _wrap(self, tensors: dict[str, torch.Tensor], epoch: int, k: int) -> Any:

@@ -4,7 +4,9 @@ an evicted store it reads the first epoch as from disk (a piece per reader
 thread, WILLNEED ahead) and, once the store is cached, as memory copies (one
 piece per core, no hints), whatever the cache was when it was built.
 ``describe()["reads"]`` says which cut is in use; the batches stay exact
-across a switch."""
+across a switch. (These loaders pass ``warm=False``: by default a loader
+whose first epoch finds a store that fits out of the cache reads it
+sequentially first, the last tests here.)"""
 
 from __future__ import annotations
 
@@ -64,7 +66,7 @@ def _epoch(loader: Loader, after=None) -> tuple[list[dict], list[int]]:
 
 
 def test_the_cut_follows_the_cache_from_epoch_to_epoch(store):
-    loader = Loader(store, BATCH, seed=3, threads=8)
+    loader = Loader(store, BATCH, seed=3, threads=8, warm=False)
     _evict(loader)  # built on a cached store (just written), evicted before the first epoch
     cold, _ = _epoch(loader)
     assert not cold[0]["cached"] and cold[0]["willneed"] > 0
@@ -85,7 +87,7 @@ def test_a_loader_built_on_an_evicted_store_reads_its_warm_epochs_as_cached(stor
     probe = Loader(store, BATCH, seed=1)
     _evict(probe)
     probe.close()
-    cold_built = Loader(store, BATCH, seed=1)
+    cold_built = Loader(store, BATCH, seed=1, warm=False)
     first, _ = _epoch(cold_built)
     second, _ = _epoch(cold_built)
     warm_built = Loader(store, BATCH, seed=1)
@@ -98,7 +100,7 @@ def test_a_loader_built_on_an_evicted_store_reads_its_warm_epochs_as_cached(stor
 
 
 def test_an_epoch_switches_its_cut_when_the_store_is_warmed_while_it_runs(store):
-    loader = Loader(store, BATCH, seed=5, threads=8)
+    loader = Loader(store, BATCH, seed=5, threads=8, warm=False)
     _evict(loader)
     states, _ = _epoch(loader, after=_warm)  # warmed by another reader after the second batch
     assert not states[0]["cached"]
@@ -108,9 +110,62 @@ def test_an_epoch_switches_its_cut_when_the_store_is_warmed_while_it_runs(store)
 
 
 def test_an_epoch_switches_back_when_the_store_is_evicted_while_it_runs(store):
-    loader = Loader(store, BATCH, seed=7, threads=8)
+    loader = Loader(store, BATCH, seed=7, threads=8, warm=False)
     _warm(loader)
     states, _ = _epoch(loader, after=_evict)
     assert states[0]["cached"]
     assert not states[-1]["cached"] and states[-1]["willneed"] > 0 and states[-1]["switches"] == 1
     loader.close()
+
+
+# -- warm="auto" (the default): one sequential pass before a cold first epoch ------------------
+
+def test_a_cold_store_that_fits_is_read_sequentially_before_the_first_batch(store):
+    probe = Loader(store, BATCH, warm=False)
+    _evict(probe)
+    probe.close()
+    loader = Loader(store, BATCH, seed=2)
+    it = iter(loader)
+    first = next(it)
+    assert loader.describe()["warm"] == "foreground"
+    rep = loader.warm_report
+    assert rep is not None and rep.complete and rep.bytes_read == rep.bytes_total > 0
+    res, size = _sys.resident_bytes(_image_file(loader))
+    assert res == size  # every page, before the epoch read more than two batches
+    assert loader.describe()["reads"]["cached"]  # so the epoch reads as memory copies
+    _check(first)
+    seen = first["idx"].tolist()
+    for b in it:
+        _check(b)
+        seen += b["idx"].tolist()
+    assert sorted(seen) == list(range(N))
+    assert "warm: a sequential pass" in str(loader.describe())
+    _epoch(loader)  # decided once: the second epoch does not warm again
+    assert loader.describe()["warm"] == "foreground" and loader.warm_report is rep
+    loader.close()
+
+
+def test_no_warm_pass_when_the_store_is_cached_or_the_loader_reads_a_small_part(store):
+    warm = Loader(store, BATCH)  # just written: in the page cache
+    _epoch(warm)
+    assert warm.describe()["warm"] == "none" and warm.warm_report is None
+    warm.close()
+    part = Loader(store, BATCH, indices=np.arange(0, N, 3), warm="auto")  # a third of the records
+    _evict(part)
+    got = sorted(i for b in part for i in b["idx"].tolist())
+    assert got == list(range(0, N, 3))
+    assert part.describe()["warm"] == "none" and part.warm_report is None
+    res, size = _sys.resident_bytes(_image_file(part))
+    assert res < size  # the other two thirds were not read
+    part.close()
+    off = Loader(store, BATCH, warm=False)
+    _evict(off)
+    _epoch(off)
+    assert off.describe()["warm"] == "none" and off.warm_report is None
+    off.close()
+
+
+@pytest.mark.parametrize("bad", ["yes", 1, 0, None, "Background"])
+def test_warm_takes_only_its_named_values(store, bad):
+    with pytest.raises(ValueError, match="warm must be"):
+        Loader(store, BATCH, warm=bad)
