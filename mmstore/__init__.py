@@ -7,19 +7,38 @@ that imports torch).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
+from . import errors
 from ._version import __version__
-from .errors import (
-    FormatError,
-    IncompleteStoreError,
-    MmstoreError,
-    VersionError,
-)
-from .reader import Store, open_store
-from .schema import Field, Schema
-from .splits import split
-from .writer import StoreWriter
+from .errors import FormatError, IncompleteStoreError, MmstoreError, VersionError
+from .format.schema import Field, Schema
+from .ingest import from_dataset, ingest, merge
+from .order.splits import split
+from .store.reader import Store, open_store
+from .store.writer import StoreWriter
+
+if TYPE_CHECKING:
+    from .check.verify import verify_store as verify
 
 open = open_store  # noqa: A001 - mmstore.open(path) is the public entry point
+
+# `mmstore.ingest` is the function (the package's own entry point, as `mmstore.ingest.merge`
+# is the merge function): `from mmstore.ingest import ...` still reaches the package's names.
+# The checking tools are imported on first use.
+_LAZY = {"verify": ("mmstore.check.verify", "verify_store")}
+
+
+def __getattr__(name: str) -> Any:
+    where = _LAZY.get(name)
+    if where is None:
+        raise AttributeError(f"module 'mmstore' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(where[0]), where[1])
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "Field",
@@ -31,6 +50,11 @@ __all__ = [
     "StoreWriter",
     "VersionError",
     "__version__",
+    "errors",
+    "from_dataset",
+    "ingest",
+    "merge",
     "open",
     "split",
+    "verify",
 ]

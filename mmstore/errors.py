@@ -147,7 +147,7 @@ class DecodeError(MmstoreError, ValueError):
 class GeometryError(MmstoreError, ValueError):
     """Points or boxes cannot be mapped between source and stored pixels: a
     transform that is not one, or a store whose records lack ``dst`` and whose
-    provenance cannot derive it (see :mod:`mmstore.geometry`)."""
+    provenance cannot derive it (see :mod:`mmstore.decode.geometry`)."""
 
 
 class IngestError(MmstoreError, RuntimeError):

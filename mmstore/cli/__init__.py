@@ -6,9 +6,12 @@ report and returns an exit code: 0 ok, 1 the check found a problem, 2 a usage
 error or not a store.
 
 NOTE [lazy commands]: building the parser imports every command module, so a
-command module imports only light modules at its top; the machinery it runs
-(``mmstore.ingest``, ``mmstore.tools.<tool>``, torch, cv2) is imported inside
-its handler, so ``mmstore verify`` never loads the ingest, nor ``--help`` any of it.
+command module imports only light modules at its top; the heavy machinery it
+runs (``mmstore.check.<tool>``, torch, cv2, lmdb) is imported inside its
+handler, so ``--help`` and ``mmstore inspect`` load none of torch, cv2 or lmdb.
+(``import mmstore`` itself brings the ingest package, whose modules import
+numpy and the standard library only: ``mmstore.ingest`` is a top-level
+function.)
 """
 
 from __future__ import annotations
@@ -21,21 +24,23 @@ import os
 import sys
 import traceback
 from collections.abc import Iterator, Sequence
+from typing import NoReturn
 
-from .._names import printable
 from .._version import __version__
 from ..errors import IncompleteStoreError, MmstoreError
+from ..format.names import printable
 
 __all__ = ["COMMANDS", "EXIT_OK", "EXIT_PROBLEM", "EXIT_USAGE", "main"]
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 
 # module names in mmstore.cli, in the order `mmstore --help` lists them
-COMMANDS: tuple[str, ...] = ("demo", "ingest", "merge", "inspect", "verify", "show", "warm", "doctor", "bench", "convert")
+COMMANDS: tuple[str, ...] = ("demo", "ingest", "merge", "inspect", "verify", "show", "warm", "doctor", "bench",
+                             "convert")
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse exits 2 too; keep the usage line
+    def error(self, message: str) -> NoReturn:  # argparse exits 2 too; keep the usage line
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
 
@@ -104,7 +109,8 @@ def _describe(exc: BaseException) -> tuple[int, str]:
         what = exc.strerror or text
         hint = {errno.EACCES: "check the permissions", errno.EPERM: "check the permissions",
                 errno.ENOSPC: "free some space",
-                errno.EFBIG: "a file reached the file size limit (ulimit -f) or the file system's maximum", errno.EIO: "the disk reports errors (see the kernel log)"}
+                errno.EFBIG: "a file reached the file size limit (ulimit -f) or the file system's maximum",
+                errno.EIO: "the disk reports errors (see the kernel log)"}
         return EXIT_PROBLEM, f"{_where(exc)}: {what}" + (f"; {hint[exc.errno]}" if exc.errno in hint else "")
     return EXIT_PROBLEM, (f"{type(exc).__name__}: {text} (unexpected: set MMSTORE_DEBUG=1 to see where, and "
                           "please report it)")

@@ -9,12 +9,13 @@ import argparse
 import sys
 from typing import Any
 
-from ..tools._common import dumps
+from ..check.common import dumps
 
 __all__ = ["add_common", "emit_json", "progress_bar", "subparser", "usage_error"]
 
 
-def subparser(sub: argparse._SubParsersAction, name: str, help: str, description: str, example: str) -> argparse.ArgumentParser:
+def subparser(sub: argparse._SubParsersAction, name: str, help: str, description: str,
+              example: str) -> argparse.ArgumentParser:
     return sub.add_parser(
         name,
         help=help,

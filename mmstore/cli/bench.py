@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
+from ..check.common import fmt_bytes, table
 from ..errors import IncompleteStoreError
-from ..tools._common import fmt_bytes, table
 from ._common import add_common, emit_json, subparser, usage_error
 
 EXAMPLE = """examples:
@@ -48,7 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..tools.bench import ORDERS, bench_store, plot_bench
+    from ..check.bench import ORDERS, bench_store, plot_bench
 
     orders = tuple(x for x in args.orders.split(",") if x)
     if args.paths is None:
@@ -56,8 +56,8 @@ def run(args: argparse.Namespace) -> int:
     paths = tuple(x for x in args.paths.split(",") if x)
     codecs = None
     if args.codecs is not None:
-        from ..codecs import parse_codec
         from ..errors import SchemaError
+        from ..format.codecs import parse_codec
 
         try:
             codecs = tuple(parse_codec(c, where="--codecs").spec for c in args.codecs.split(",") if c.strip())
@@ -79,7 +79,7 @@ def run(args: argparse.Namespace) -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             return usage_error("bench", "--plot needs matplotlib: pip install matplotlib")
-        from ..tools._common import check_output
+        from ..check.common import check_output
 
         check_output(args.store, args.plot)  # before the measurement, not after it
     try:
@@ -124,7 +124,7 @@ def render(rep) -> str:  # noqa: ANN001
         out.append(f"note       {n}")
     if rep.plot:
         out.append(f"plot       {rep.plot}")
-    from ..tools._codec_advice import render_lines
+    from ..check.codec_advice import render_lines
 
     out.extend(render_lines(rep.codecs))
     out.append(f"(ran {rep.seconds:.1f} s)")

@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from .._names import printable
-from ..format import SUPPORTED_BACKENDS
-from ..tools._common import fmt_bytes
+from ..check.common import fmt_bytes
+from ..format.layout import SUPPORTED_BACKENDS
+from ..format.names import printable
 from ._common import emit_json, progress_bar, subparser, usage_error
 
 EXAMPLE = """examples:
@@ -46,8 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from ..check.convert import convert_store
     from ..errors import SchemaError
-    from ..tools.convert import convert_store
 
     if os.path.realpath(args.src) == os.path.realpath(args.dest):
         return usage_error("convert", "DEST must differ from SRC")

@@ -16,14 +16,14 @@ import shutil
 import sys
 import tempfile
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
-from ..reader import open_store
+from ..errors import DecodeError
+from ..store.reader import open_store
 
-# measured with `mmstore demo` (the defaults) on this project's 2-vCPU VM:
-# 204 s while other sessions loaded it (load average 5-7), 90 s of it
+# how long `mmstore demo` (the defaults) takes, a large part of it spent
 # generating the JPEGs; the README states the same figure (a test checks)
 DEMO_TIME = "about 1 minute on an idle 2-core VM, 3.5 when it is shared"
 
@@ -155,16 +155,18 @@ class _JpegFolder:
         import torch
 
         img = cv2.imread(self.files[i], cv2.IMREAD_COLOR)
+        if img is None:
+            raise DecodeError(f"{self.files[i]}: OpenCV cannot read it as an image")
         img = cv2.resize(cv2.cvtColor(img, cv2.COLOR_BGR2RGB), (self.side, self.side), interpolation=cv2.INTER_AREA)
         return torch.from_numpy(img), self.labels[i]
 
 
 def _evict(paths: list[str]) -> None:
-    from .. import _sys  # lazy: NOTE [lazy commands]
+    from .. import _os  # lazy: NOTE [lazy commands]
 
     for p in paths:
         try:
-            _sys.evict(p)
+            _os.evict(p)
         except OSError:
             pass
 
@@ -184,8 +186,9 @@ def _epoch_rate(make_iter: Any, n_expected: int) -> float:
 def _experiment(folder: str, store_path: str, side: int, workers: int, quick: bool) -> list[tuple[str, float, float]]:
     import cv2
     import torch
-    from torch.utils.data import DataLoader
+    from torch.utils.data import DataLoader, Dataset
 
+    from ..order import OrderSpec
     from ..torch import Loader, StoreDataset
 
     # one OpenCV thread per DataLoader worker, and no thread pool alive in this
@@ -209,7 +212,8 @@ def _experiment(folder: str, store_path: str, side: int, workers: int, quick: bo
     g = torch.Generator().manual_seed(0)
 
     def jpeg_loader() -> Any:
-        return DataLoader(jpeg, batch_size=bs, shuffle=True, num_workers=workers, generator=g)
+        # a map-style dataset (len and [i]) without subclassing torch's Dataset at module level
+        return DataLoader(cast("Dataset[Any]", jpeg), batch_size=bs, shuffle=True, num_workers=workers, generator=g)
 
     def store_loader() -> Any:
         return DataLoader(StoreDataset(store_path), batch_size=bs, shuffle=True, num_workers=workers, generator=g)
@@ -223,7 +227,7 @@ def _experiment(folder: str, store_path: str, side: int, workers: int, quick: bo
     r1 = _epoch_rate(store_loader, n_store)
     r2 = _epoch_rate(store_loader, n_store)
     rows.append((f"store, StoreDataset, DataLoader({workers} workers)", r1, r2))
-    loader = Loader(store, batch_size=bs, order="permutation", seed=0)
+    loader = Loader(store, batch_size=bs, order=OrderSpec("permutation", seed=0))
     _evict(store_files)
     r1 = _epoch_rate(lambda: iter(loader), n_store)
     r2 = _epoch_rate(lambda: iter(loader), n_store)
@@ -245,6 +249,7 @@ def _train(store_path: str, quick: bool) -> tuple[float, float, float, int]:
     import torch
     from torch import nn
 
+    from ..order import OrderSpec
     from ..torch import Loader, gpu
 
     torch.manual_seed(0)
@@ -255,7 +260,7 @@ def _train(store_path: str, quick: bool) -> tuple[float, float, float, int]:
     )
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     loss_fn = nn.CrossEntropyLoss()
-    loader = Loader(store_path, batch_size=32, order="permutation", seed=1, fields=["image", "label"])
+    loader = Loader(store_path, batch_size=32, order=OrderSpec("permutation", seed=1), fields=["image", "label"])
     losses, correct, seen = [], 0, 0
     t0 = time.perf_counter()
     limit = 400 if quick else None
@@ -290,8 +295,8 @@ DEMO_MARKER = ".mmstore-demo"  # in a --workdir: the demo's files there are its 
 
 
 def run(args: argparse.Namespace) -> int:
-    from .. import ingest as ingest_mod  # lazy: NOTE [lazy commands]
-    from ..tools import show_store, verify_store
+    from ..check import show_store, verify_store  # lazy: NOTE [lazy commands]
+    from ..ingest import ingest
 
     n, side = int(args.images), int(args.size)
     if n < N_CLASSES or side < 8:
@@ -320,7 +325,7 @@ def run(args: argparse.Namespace) -> int:
         _say(f"   {n:,} JPEGs, {total / 1e6:.0f} MB, plus {broken} broken files ({dt:.1f} s)")
 
         _say(f"\n2. Ingesting: mmstore ingest {folder} {store_path} --size {side}x{side}")
-        res = ingest_mod.ingest(folder, store_path, (side, side), workers=procs)
+        res = ingest(folder, store_path, (side, side), workers=procs)
         _say("   " + res.summary().replace("\n", "\n   "))
 
         _say("\n3. Verifying every record's checksum, and drawing a grid")
@@ -342,7 +347,8 @@ def run(args: argparse.Namespace) -> int:
         rows = _experiment(folder, store_path, side, min(procs, 2), args.quick)
         base1, base2 = rows[0][1], rows[0][2]
         w = max(len(r[0]) for r in rows)
-        _say(f"   {'samples/s':<{w}}  {'epoch 1 (cold)':>15}  {'epoch 2 (warm)':>15}  {'speed-up 1':>10}  {'speed-up 2':>10}")
+        _say(f"   {'samples/s':<{w}}  {'epoch 1 (cold)':>15}  {'epoch 2 (warm)':>15}  {'speed-up 1':>10}  "
+             f"{'speed-up 2':>10}")
         for name, r1, r2 in rows:
             _say(f"   {name:<{w}}  {r1:>15,.0f}  {r2:>15,.0f}  {r1 / base1:>9.1f}x  {r2 / base2:>9.1f}x")
 
@@ -353,7 +359,8 @@ def run(args: argparse.Namespace) -> int:
         _say("\n6. Now your own data:")
         _say("   mmstore ingest /path/to/train train.store --size 224x224     # ImageFolder or a flat folder")
         _say("   mmstore verify train.store && mmstore show train.store -o grid.png")
-        _say("   python -c \"from mmstore.torch import Loader; [b['image'].shape for b in Loader('train.store', 256)]\"")
+        _say("   python -c \"from mmstore.torch import Loader; "
+             "[b['image'].shape for b in Loader('train.store', 256)]\"")
         _say(f"\nDone in {time.perf_counter() - t_all:.0f} s.")
         return 0
     finally:

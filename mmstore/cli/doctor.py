@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..tools._common import fmt_bytes, fmt_seconds, table
+from ..check.common import fmt_bytes, fmt_seconds, table
 from ._common import add_common, emit_json, subparser, usage_error
 
 EXAMPLE = """examples:
@@ -38,7 +38,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..tools.doctor import doctor_store
+    from ..check.doctor import doctor_store
 
     if args.samples < 1 or args.threads < 1 or args.budget <= 0 or args.seq_mb < 1:
         return usage_error("doctor", "--samples, --threads, --budget and --seq-mb must be positive")
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def render(rep) -> str:  # noqa: ANN001
-    from ..tools._order_advice import order_lines
+    from ..check.order_advice import order_lines
 
     def num(x, unit=""):  # noqa: ANN001, ANN202
         return "not measured" if x is None else f"{x:,.0f}{unit}"
@@ -62,9 +62,9 @@ def render(rep) -> str:  # noqa: ANN001
     kind = {"flash": "behaves like flash", "spinning": "behaves like a spinning disk",
             "between": "between flash and a spinning disk"}.get(rep.disk_kind)  # measured, not the kernel's flag
     if kind:
-        from ..tools.doctor import _reads_text
+        from ..check.doctor import reads_text
 
-        kind += f" ({_reads_text(rep.disk_reads_per_s)} cold random reads/s from the disk, 1 reader)"
+        kind += f" ({reads_text(rep.disk_reads_per_s)} cold random reads/s from the disk, 1 reader)"
     disk = ", ".join(str(x) for x in (d.get("fs_type"), d.get("device"), kind) if x)
     out = [f"store          {rep.path} ({rep.backend}, {rep.records:,} records of {fmt_bytes(rep.record_bytes)}, "
            f"{fmt_bytes(rep.store_bytes)} of data)",
@@ -83,7 +83,7 @@ def render(rep) -> str:  # noqa: ANN001
         out.append(f"note           {n}")
     out.append(f"advice         {rep.recommendation}")
     out += order_lines(rep.order)
-    from ..tools._codec_advice import render_lines
+    from ..check.codec_advice import render_lines
 
     out.extend(render_lines(rep.codecs))
     out.append(f"(measured in {rep.seconds:.1f} s)")

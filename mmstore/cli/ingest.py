@@ -9,9 +9,10 @@ import signal
 import sys
 from typing import Any
 
-from .._names import printable
 from ..errors import IngestError
-from ..format import SUPPORTED_BACKENDS
+from ..format.layout import SUPPORTED_BACKENDS
+from ..format.names import printable
+from ..ingest.options import RUN_DEFAULTS, SOURCE_OPTIONS, SPEC_DEFAULTS, SPEC_OPTIONS  # light (the option tables)
 
 EXAMPLE = """examples:
   mmstore ingest photos/ photos.store --size 224x224            # ImageFolder or flat folder
@@ -47,23 +48,29 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("source", help="image folder, .csv/.tsv list, LMDB directory, or .npy/.npz file")
     p.add_argument("dest", help="store directory to create")
+    # defaults: DecodeSpec's (SPEC_DEFAULTS) and RUN_DEFAULTS; a switch is the opposite of its option's default
+    d = SPEC_DEFAULTS
     g = p.add_argument_group("decode")
     g.add_argument("--size", metavar="HxW", help="target size, e.g. 224x224 (required for images)")
-    g.add_argument("--resize", choices=["center-crop", "stretch", "pad", "none"], default="center-crop",
-                   help="how a source becomes the target size (default center-crop)")
-    g.add_argument("--channels", type=int, choices=[1, 3], default=3, help="output channels (default 3)")
-    g.add_argument("--layout", choices=["hwc", "chw"], default="hwc", help="record layout (default hwc)")
+    g.add_argument("--resize", choices=["center-crop", "stretch", "pad", "none"], default=d["resize"],
+                   help="how a source becomes the target size (default %(default)s)")
+    g.add_argument("--channels", type=int, choices=[1, 3], default=d["channels"],
+                   help="output channels (default %(default)s)")
+    g.add_argument("--layout", choices=["hwc", "chw"], default=d["layout"], help="record layout (default %(default)s)")
     g.add_argument("--bgr", action="store_true", help="store BGR instead of RGB")
-    g.add_argument("--interp-up", choices=["linear", "cubic"], default="linear",
-                   help="kernel when enlarging (shrinking uses area; default linear)")
-    g.add_argument("--pad-value", type=int, default=0, help="letterbox fill for --resize pad (default 0)")
+    g.add_argument("--interp-up", choices=["linear", "cubic"], default=d["interp_up"],
+                   help="kernel when enlarging (shrinking uses area; default %(default)s)")
+    g.add_argument("--pad-value", type=int, default=d["pad_value"],
+                   help="letterbox fill for --resize pad (default %(default)s)")
     g.add_argument("--fast-decode", action="store_true",
                    help="let libjpeg decode at 1/2..1/8 scale when the target is small (faster, approximate)")
-    g.add_argument("--max-pixels", type=int, default=None, help="reject sources with more pixels (0: no limit)")
-    g.add_argument("--no-strict-jpeg", action="store_true", help="accept JPEGs whose scan data is corrupt")
-    g.add_argument("--alpha", choices=["black", "white", "drop"], default="black",
+    g.add_argument("--max-pixels", type=int, default=d["max_pixels"],
+                   help="reject sources with more pixels (default %(default)s; 0: no limit)")
+    g.add_argument("--no-strict-jpeg", dest="strict_jpeg", action="store_false",
+                   help="accept JPEGs whose scan data is corrupt")
+    g.add_argument("--alpha", choices=["black", "white", "drop"], default=d["alpha"],
                    help="transparent images (RGBA, gray+alpha, palette with transparency): composite over black "
-                   "(default) or white, or drop the alpha channel as PIL's convert('RGB') does")
+                   "or white, or drop the alpha channel as PIL's convert('RGB') does (default %(default)s)")
     s = p.add_argument_group("source")
     s.add_argument("--labels", choices=["auto", "folders", "none"], default=None,
                    help="folders: class sub-folders give labels; auto (default) decides from the layout")
@@ -103,39 +110,38 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "picture area (default 1)")
     s.add_argument("--image-key", help=".npz: name of the image array")
     s.add_argument("--label-key", help=".npz: name of the label array")
+    rd = RUN_DEFAULTS
     r = p.add_argument_group("run")
-    r.add_argument("--workers", type=int, default=None, help="decoder processes (default: CPU cores; 0: none)")
-    r.add_argument("--on-error", choices=["skip", "fail"], default="skip",
-                   help="skip (default): a bad input becomes a hole; fail: stop at the first")
-    r.add_argument("--max-errors", metavar="N|P%", help="stop once more than N (or P%%) inputs failed")
+    r.add_argument("--workers", type=int, default=rd["workers"],
+                   help="decoder processes (default: CPU cores; 0: none)")
+    r.add_argument("--on-error", choices=["skip", "fail"], default=rd["on_error"],
+                   help="skip: a bad input becomes a hole; fail: stop at the first (default %(default)s)")
+    r.add_argument("--max-errors", metavar="N|P%", default=rd["max_errors"],
+                   help="stop once more than N (or P%%) inputs failed")
     r.add_argument("--resume", action="store_true", help="continue DEST.partial left by an interrupted run")
     r.add_argument("--overwrite", action="store_true",
                    help="replace DEST if it is an mmstore store (and discard our DEST.partial); anything else, "
                    "or a DEST that is, contains or lies inside SOURCE, is refused")
-    r.add_argument("--shard", metavar="K/N|auto",
+    r.add_argument("--shard", metavar="K/N|auto", default=rd["shard"],
                    help="ingest only part K (from 0) of N; join parts with mmstore merge. auto: from the launcher, "
                    "RANK/WORLD_SIZE (torchrun) or SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT (offset by "
                    "SLURM_ARRAY_TASK_MIN)")
-    r.add_argument("--backend", choices=SUPPORTED_BACKENDS, default="memmap", help="store backend (default memmap)")
-    g.add_argument("--codec", action="append", default=None, metavar="FIELD=CODEC[:PARAM]",
+    r.add_argument("--backend", choices=SUPPORTED_BACKENDS, default=rd["backend"],
+                   help="store backend (default %(default)s)")
+    g.add_argument("--codec", action="append", default=rd["codecs"], metavar="FIELD=CODEC[:PARAM]",
                    help="store FIELD encoded (repeatable): image=jpeg:90 (lossy, ~7-10x smaller), image=png:1 "
                    "(lossless), FIELD=zstd:3 (lossless, any array), FIELD=raw (default)")
-    r.add_argument("--chunk", type=int, default=None, help=argparse.SUPPRESS)
-    r.add_argument("--log-interval", type=float, default=10.0, help=argparse.SUPPRESS)
+    r.add_argument("--chunk", type=int, default=rd["chunk"], help=argparse.SUPPRESS)
+    r.add_argument("--log-interval", type=float, default=rd["progress_interval"], help=argparse.SUPPRESS)
     r.add_argument("--quiet", "-q", action="store_true", help="no progress and no summary")
     p.set_defaults(func=run)
 
 
-_DEFAULTS = {"resize": "center-crop", "alpha": "black", "channels": 3, "layout": "hwc", "interp_up": "linear", "pad_value": 0,
-             "backend": "memmap", "on_error": "skip"}
-
-
 def resume_command(args: argparse.Namespace) -> str:
-    from ..ingest.options import SOURCE_OPTIONS, SPEC_OPTIONS  # lazy: NOTE [lazy commands]
-
-    # the options that must be repeated for a resume (they enter the fingerprint)
-    repeat = ("size", *("no_strict_jpeg" if k == "strict_jpeg" else k for k in SPEC_OPTIONS), *SOURCE_OPTIONS,
-              "shard", "backend", "codec", "workers", "on_error", "max_errors", "quiet")
+    # the options that must be repeated for a resume (they enter the fingerprint); one at its default is left out
+    repeat = ("size", *SPEC_OPTIONS, *SOURCE_OPTIONS, "shard", "backend", "codec", "workers", "on_error",
+              "max_errors", "quiet")
+    defaults = {**SPEC_DEFAULTS, **RUN_DEFAULTS}
     argv = ["mmstore", "ingest", args.source, args.dest]
     for k in repeat:
         v = getattr(args, k, None)
@@ -146,10 +152,12 @@ def resume_command(args: argparse.Namespace) -> str:
             for c in v or []:
                 argv += ["--codec", str(c)]
             continue
-        if v is None or v is False or _DEFAULTS.get(k) == v:
+        if v is None or (k in defaults and v == defaults[k]):
             continue
-        flag = "--" + k.replace("_", "-")
-        argv += [flag] if v is True else [flag, str(v)]
+        if isinstance(v, bool):  # a switch: --bgr, --no-strict-jpeg
+            argv.append(("--" if v else "--no-") + k.replace("_", "-"))
+            continue
+        argv += ["--" + k.replace("_", "-"), str(v)]
     argv.append("--resume")
     return " ".join(shell_quote(a) for a in argv)
 
@@ -169,10 +177,7 @@ def shell_quote(arg: str) -> str:
 
 def _options(args: argparse.Namespace) -> dict[str, Any]:
     """The decode and source options of ``ingest()`` from the parsed flags."""
-    from ..ingest.options import SOURCE_OPTIONS, SPEC_OPTIONS  # lazy: NOTE [lazy commands]
-
-    opts = {k: getattr(args, k) for k in SPEC_OPTIONS if k != "strict_jpeg"}
-    opts["strict_jpeg"] = not args.no_strict_jpeg
+    opts = {k: getattr(args, k) for k in SPEC_OPTIONS}
     opts.update({k: getattr(args, k) for k in SOURCE_OPTIONS if getattr(args, k) is not None})
     return opts
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import re
 
-from .._names import json_text, printable
-from ..tools._common import fmt_bytes, table
+from ..check.common import fmt_bytes, table
+from ..format.names import json_text, printable
 from ._common import add_common, emit_json, subparser, usage_error
 
 EXAMPLE = """examples:
@@ -36,14 +36,14 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..tools.inspect import inspect_store  # lazy: NOTE [lazy commands]
+    from ..check.inspect import inspect_store  # lazy: NOTE [lazy commands]
 
     if args.sample < 0:
         return usage_error("inspect", "--sample must be >= 0")
     rep = inspect_store(args.store, sample=args.sample, seed=args.seed,
                         image_field=args.image_field, label_field=args.label_field)
     if args.json:
-        emit_json(rep)  # names that are not UTF-8 as \udcXX escapes (mmstore/_names.py)
+        emit_json(rep)  # names that are not UTF-8 as \udcXX escapes (mmstore/format/names.py)
     else:
         print(printable(render(rep), keep_newlines=True))  # ... and as \xXX here
     return 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..reader import open_store
+from ..store.reader import open_store
 
 EXAMPLE = """examples:
   # the parts of one sharded ingest: ordered by shard number whatever the
@@ -46,7 +46,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="the stores to join: shard parts (any order), or other stores (in this order)")
     p.add_argument("dest", help="store directory to create")
     p.add_argument("--overwrite", action="store_true",
-                   help="replace DEST if it is an mmstore store (and our left-over DEST.partial); anything else is refused")
+                   help="replace DEST if it is an mmstore store (and our left-over DEST.partial); "
+                        "anything else is refused")
     p.add_argument("--copy", action="store_true",
                    help="copy the data files instead of hard-linking them (DEST on another file system)")
     p.add_argument("--quiet", "-q", action="store_true", help="print nothing on success")

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-from .._names import printable
-from ..tools._common import UsageError
+from ..check.common import UsageError
+from ..format.names import printable
 from ._common import add_common, emit_json, subparser, usage_error
 
 EXAMPLE = """examples:
@@ -42,7 +42,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..tools.show import show_store
+    from ..check.show import show_store
 
     indices = None
     if args.indices:

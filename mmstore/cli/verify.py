@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .._names import printable
-from ..tools._common import fmt_bytes
+from ..check.common import fmt_bytes
+from ..format.names import printable
 from ._common import add_common, emit_json, progress_bar, subparser, usage_error
 
 EXAMPLE = """examples:
@@ -43,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..tools.verify import verify_store
+    from ..check.verify import verify_store
 
     if args.quick and args.decode:
         return usage_error("verify", "--decode reads every entry; drop --quick")
@@ -53,7 +53,7 @@ def run(args: argparse.Namespace) -> int:
         return usage_error("verify", "--threads must be >= 1")
     rep = _verify(args, verify_store)
     if args.repair and not rep.ok:
-        from ..tools.repair import repair_store
+        from ..check.repair import repair_store
 
         rr = repair_store(args.store, rep)
         rep.repair = rr
@@ -86,7 +86,8 @@ def _verify(args: argparse.Namespace, verify_store):  # noqa: ANN001, ANN202
         bar.total = n
 
     try:
-        return verify_store(args.store, quick=args.quick, decode=args.decode, threads=args.threads, progress=bar.update, on_total=on_total)
+        return verify_store(args.store, quick=args.quick, decode=args.decode, threads=args.threads,
+                            progress=bar.update, on_total=on_total)
     finally:
         bar.close()
 
@@ -94,7 +95,8 @@ def _verify(args: argparse.Namespace, verify_store):  # noqa: ANN001, ANN202
 def render(rep, max_listed: int = 20) -> str:  # noqa: ANN001
     out = [f"store      {rep.path}"]
     if rep.store_id:
-        out.append(f"id         {rep.store_id}   backend {rep.backend}   {rep.records:,} records in {rep.slots:,} slots")
+        out.append(f"id         {rep.store_id}   backend {rep.backend}   "
+                   f"{rep.records:,} records in {rep.slots:,} slots")
     for p in rep.problems:  # messages quote names found in the store: escape what a terminal would act on
         out.append(f"PROBLEM    [{p.kind}] {printable(p.message)}")
     if rep.content_checked:
@@ -115,7 +117,7 @@ def render(rep, max_listed: int = 20) -> str:  # noqa: ANN001
             out.append(f"  ... and {rep.bad_count - max_listed:,} more (--json lists them all)")
     out.append(rep.summary())
     if not rep.ok and rep.repair is None:
-        if any(p.kind != "lmdb-keys" for p in rep.problems):  # what --repair refuses (tools/repair.py)
+        if any(p.kind != "lmdb-keys" for p in rep.problems):  # what --repair refuses (benchmarks/repair.py)
             out.append("next       restore the files named above from a copy, or re-create the store "
                        "(`mmstore verify --repair` restores records, not these files)")
         else:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from ..tools._common import fmt_bytes
+from ..check.common import fmt_bytes
 from ._common import add_common, emit_json, progress_bar, subparser, usage_error
 
 WARM_EXAMPLE = """examples:
@@ -50,7 +50,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run_warm(args: argparse.Namespace) -> int:
-    from ..tools.cache import warm_store  # lazy: NOTE [lazy commands]
+    from ..check.cache import warm_store  # lazy: NOTE [lazy commands]
 
     if not 0 < args.max_fraction <= 1:
         return usage_error("warm", "--max-fraction must be in (0, 1]")
@@ -80,7 +80,7 @@ def run_warm(args: argparse.Namespace) -> int:
 
 
 def run_evict(args: argparse.Namespace) -> int:
-    from ..tools.cache import evict_store  # lazy: NOTE [lazy commands]
+    from ..check.cache import evict_store  # lazy: NOTE [lazy commands]
 
     rep = evict_store(args.store, sync=args.sync)
     if args.json:

@@ -18,8 +18,9 @@ Stored fields: ``image`` (``|u1``, ``spec.record_shape()``), ``label``
 ``(h, w)`` after EXIF orientation), ``box`` (``<i4`` ``(4,)``: source
 region ``(x0, y0, x1, y1)``, end exclusive, that was resampled; see
 ``mmstore.decode``) and ``dst`` (``<i4`` ``(4,)``: the record rectangle it
-landed in; ``mmstore.geometry`` maps points and boxes with the two). Arrays stored without a target size keep their own
-dtype and shape and have only ``image`` (and ``label``).
+landed in; ``mmstore.decode.geometry`` maps points and boxes with the two).
+Arrays stored without a target size keep their own dtype and shape and have
+only ``image`` (and ``label``).
 
 Crash safety and resume: see ``resume.py`` (commit log) and ``pipeline.py``
 (the run and how its pieces fit: ``options``, ``plan``, ``records``,
@@ -32,12 +33,13 @@ it, an existing ``DEST.partial`` is an error that says to add ``--resume``.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import IngestError
 from .classes import resolve_class_options
 from .merge import merge
-from .options import make_spec, parse_shard, split_options
+from .options import RUN_DEFAULTS, SOURCE_OPTIONS, SPEC_OPTIONS, make_spec, parse_shard, split_options
 from .pipeline import IngestResult, run_ingest
 from .sources import (
     IMAGE_EXTENSIONS,
@@ -68,25 +70,57 @@ __all__ = [
     "merge",
 ]
 
+_OPTION_NAMES = frozenset(SPEC_OPTIONS) | frozenset(SOURCE_OPTIONS)
+
 
 def ingest(
     source: str | os.PathLike[str] | Source,
     dest: str | os.PathLike[str],
     size: Any = None,
     *,
-    workers: int | None = None,
-    on_error: str = "skip",
-    max_errors: str | int | None = None,
-    resume: bool = False,
-    overwrite: bool = False,
-    shard: Any = None,
-    quiet: bool = False,
-    backend: str = "memmap",
-    codecs: Any = None,
-    chunk: int | None = None,
-    progress_interval: float = 10.0,
-    resume_hint: str | None = None,
-    **options: Any,
+    workers: int | None = RUN_DEFAULTS["workers"],
+    on_error: str = RUN_DEFAULTS["on_error"],
+    max_errors: str | int | None = RUN_DEFAULTS["max_errors"],
+    resume: bool = RUN_DEFAULTS["resume"],
+    overwrite: bool = RUN_DEFAULTS["overwrite"],
+    shard: Any = RUN_DEFAULTS["shard"],
+    quiet: bool = RUN_DEFAULTS["quiet"],
+    backend: str = RUN_DEFAULTS["backend"],
+    codecs: Any = RUN_DEFAULTS["codecs"],
+    chunk: int | None = RUN_DEFAULTS["chunk"],
+    progress_interval: float = RUN_DEFAULTS["progress_interval"],
+    resume_hint: str | None = RUN_DEFAULTS["resume_hint"],
+    # decode options (mmstore.decode.DecodeSpec; None: its default)
+    resize: str | None = None,
+    channels: int | None = None,
+    layout: str | None = None,
+    bgr: bool | None = None,
+    interp_up: str | None = None,
+    pad_value: int | None = None,
+    fast_decode: bool | None = None,
+    max_pixels: int | None = None,
+    strict_jpeg: bool | None = None,
+    alpha: str | None = None,
+    # source options (None: not given; each applies to the kinds of source named below)
+    labels: str | None = None,
+    root: str | os.PathLike[str] | None = None,
+    path_column: str | int | None = None,
+    label_column: str | int | None = None,
+    path_template: str | None = None,
+    delimiter: str | None = None,
+    header: bool | None = None,
+    label_type: str | None = None,
+    missing_label: str | None = None,
+    image_key: str | None = None,
+    label_key: str | None = None,
+    classes_from: str | os.PathLike[str] | None = None,
+    label_names: str | os.PathLike[str] | Sequence[str] | Mapping[str, int] | None = None,
+    new_classes: str | None = None,
+    min_box_size: float | None = None,
+    tags_column: str | int | None = None,
+    tags_sep: str | None = None,
+    text_column: str | int | None = None,
+    tag_names: str | os.PathLike[str] | Sequence[str] | None = None,
 ) -> IngestResult:
     """Decode SOURCE once into a store at DEST.
 
@@ -112,15 +146,19 @@ def ingest(
         parts of the sorted inputs; join the parts with :func:`merge`.
     codecs
         How fields are stored: ``{"image": "jpeg:90"}`` or ``["image=jpeg:90"]``
-        (CLI: ``--codec image=jpeg:90``, repeatable); see :mod:`mmstore.codecs`.
+        (CLI: ``--codec image=jpeg:90``, repeatable); see :mod:`mmstore.format.codecs`.
         Default: every field raw. Entries are encoded in the workers from the
         decoded, resized pixels (the geometry ``raw`` would store); a codec
         that does not fit its field is refused before any work.
-    **options
+    resize, channels, layout, bgr, interp_up, pad_value, fast_decode, max_pixels, strict_jpeg, alpha
         Decode options (``resize``, ``channels``, ``layout``, ``bgr``,
         ``interp_up``, ``pad_value``, ``fast_decode``, ``max_pixels``,
         ``strict_jpeg``, ``alpha``: ``"black"`` (default), ``"white"`` or
-        ``"drop"``, see :mod:`mmstore.decode`) and source options (``labels`` for folders; ``root``,
+        ``"drop"``, see :mod:`mmstore.decode`; None: ``DecodeSpec``'s default).
+    labels, root, path_column, label_column, path_template, delimiter, header, label_type, missing_label, \
+image_key, label_key, classes_from, label_names, new_classes, min_box_size, tags_column, tags_sep, \
+text_column, tag_names
+        Source options (None: not given; ``labels`` for folders; ``root``,
         ``path_column``, ``label_column``, ``path_template``, ``delimiter``,
         ``header``, ``label_type``, ``missing_label`` for lists, see
         :class:`ListSource`; ``image_key``, ``label_key`` for .npz;
@@ -136,7 +174,7 @@ def ingest(
         the result's ``warnings`` (see :mod:`mmstore.ingest.classes`).
         A list's ``tags_column`` (``tags_sep``, ``tag_names``) and
         ``text_column`` give the fields ``tags`` and ``text`` (multi-label
-        tags and captions, see :mod:`mmstore.ingest._tags`).
+        tags and captions, see :mod:`mmstore.ingest.tags`).
 
     Returns
     -------
@@ -158,14 +196,16 @@ def ingest(
         :class:`~mmstore.errors.IngestError` ("no inputs found"), and
         nothing is created.
     """
-    spec_kw, src_kw = split_options(options)
+    # the decode and source options given (None: not given), by name: the signature lists them
+    given = {k: v for k, v in locals().items() if k in _OPTION_NAMES and v is not None}
+    spec_kw, src_kw = split_options(given)
     if isinstance(source, Source):
         if src_kw:
             raise TypeError(f"source options {sorted(src_kw)} need a source path, not a Source object")
         src = source
     else:
         src = detect_source(os.fspath(source), **resolve_class_options(src_kw))
-    from ..codecs import parse_codec_specs
+    from ..format.codecs import parse_codec_specs
 
     codec_map = parse_codec_specs(codecs)  # a typo fails here, before the scan
     spec = make_spec(size, **spec_kw)

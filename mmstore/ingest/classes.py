@@ -6,7 +6,7 @@ store's manifest (``label_names``: label ``k`` is ``label_names[k]``);
 ``label_names="classes.txt"`` (or a list, or a dict ``name -> label`` such as
 torchvision's ``class_to_idx``) gives it directly, one class name per line,
 line ``k`` (from 0) being label ``k`` (UTF-8, a byte that is not UTF-8
-kept as in folder names, see ``mmstore._names``; a byte order mark, ``\r\n``
+kept as in folder names, see ``mmstore.format.names``; a byte order mark, ``\r\n``
 line ends and blank lines after the last name are ignored; a blank line
 before it is refused, as id ``k`` would have no name). The class folders of the source
 are then labelled by name through the mapping instead of by their sorted
@@ -20,8 +20,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .._names import printable
 from ..errors import LabelMappingError, MmstoreError
+from ..format.names import printable
 
 __all__ = ["check_class_names", "class_options", "load_class_names", "map_classes", "resolve_class_options"]
 
@@ -35,7 +35,7 @@ def load_class_names(classes_from: Any = None, label_names: Any = None) -> tuple
     if classes_from is not None and label_names is not None:
         raise ValueError("pass classes_from= (--classes-from) or label_names= (--label-names), not both")
     if classes_from is not None:
-        from ..format import read_manifest
+        from ..format.manifest import read_manifest
 
         path = os.fspath(classes_from)
         try:

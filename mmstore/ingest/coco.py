@@ -16,7 +16,7 @@ bytes, then by id), the record key is the ``file_name`` and the image file is
 without annotations is kept, with zero boxes.
 
 Each annotation is checked; a bad one is *skipped* (its image keeps its other
-annotations) and listed in ``errors.jsonl`` (see ``mmstore/format.py``) with
+annotations) and listed in ``errors.jsonl`` (see ``mmstore/format/__init__.py``) with
 its reason, whose first word is the category:
 
 * ``malformed``: not an object, a missing ``id``/``image_id``/``category_id``/
@@ -43,13 +43,13 @@ A target size is needed (records are fixed-shape, as for any encoded
 image); ``resize="none"`` stores images of exactly that size unresampled,
 and then the transform is the identity (the JSON's boxes as they are, made
 xyxy). The image is decoded as any image (``orig_size``, ``box``, ``dst``: see
-:mod:`mmstore.geometry`). An image entry whose ``width``/``height`` differ
+:mod:`mmstore.decode.geometry`). An image entry whose ``width``/``height`` differ
 from the decoded (EXIF-oriented) size becomes a hole with reason
 ``wrong-shape`` (its annotations would land in the wrong place), as does a
 missing or corrupt image file (the reason the decoder gives). Boxes
 (``[x, y, w, h]`` source pixels -> xyxy) and polygons are mapped to stored
 pixels and clipped to the picture area by the rule of
-:mod:`mmstore.geometry` (``min_box_size``). A crowd annotation's RLE mask is
+:mod:`mmstore.decode.geometry` (``min_box_size``). A crowd annotation's RLE mask is
 not stored (its box is, with ``iscrowd`` 1); the scan counts them.
 
 Stored fields (beside ``image``, ``orig_size``, ``box``, ``dst``):
@@ -67,14 +67,14 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any
+from typing import Any, TypeGuard
 
 import numpy as np
 import xxhash
 
+from ..decode.geometry import MIN_BOX_SIZE, clip_boxes, clip_polygon, to_stored
 from ..errors import IngestError
-from ..geometry import MIN_BOX_SIZE, clip_boxes, clip_polygon, to_stored
-from ..schema import Schema
+from ..format.schema import Schema
 from ._listing import InputError, Listing, Source, _Builder, _stat_key, none_found, read_file
 
 __all__ = ["COCO_FIELDS", "CocoSource", "is_coco_json"]
@@ -92,7 +92,7 @@ def is_coco_json(path: str) -> bool:
 _I64 = 1 << 63  # ids are stored as <i8: an integer outside [-2**63, 2**63) cannot be
 
 
-def _is_int(v: Any) -> bool:
+def _is_int(v: Any) -> TypeGuard[int]:
     """An integer (not a bool) that fits the stored ``<i8``."""
     return isinstance(v, int) and not isinstance(v, bool) and -_I64 <= v < _I64
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import queue
 import threading
 from collections import Counter
-from collections.abc import Iterable
-from typing import Any, Callable
+from collections.abc import Callable, Iterable
+from typing import Any
 
 import numpy as np
 
-from ..writer import StoreWriter
+from ..errors import IngestError
+from ..store.writer import StoreWriter
 from .progress import Progress
 from .resume import CommitLog
 
@@ -122,10 +123,13 @@ class Tally:
 
     def finished(self, a: int, b: int, errs: list[tuple[int, str]]) -> None:
         """Range ``a..b`` is written (``errs`` are its holes): commit and count it."""
-        self.committer.check()  # type: ignore[union-attr] - set by start() before any range is sent
-        self.committer.put(a, b, errs)  # type: ignore[union-attr]
+        committer, progress = self.committer, self.progress
+        if committer is None or progress is None:  # pragma: no cover - a bug guard (start() runs before any range)
+            raise IngestError(f"range {a}..{b} finished before the run started")
+        committer.check()
+        committer.put(a, b, errs)
         self._apply(a, b, errs)
-        self.progress.update(b - a, len(errs))  # type: ignore[union-attr]
+        progress.update(b - a, len(errs))
 
     def _apply(self, a: int, b: int, errs: list[tuple[int, str]]) -> None:
         bad = {s for s, _ in errs}

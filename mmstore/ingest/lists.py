@@ -2,7 +2,7 @@
 per row (a path column, an optional label column, optional tags and caption
 columns), and the rules for its label cells (integers stay the integers they
 are, names become classes, blank or bad cells are that row's error), its tag
-cells and its captions (see :class:`ListSource` and :mod:`._tags`)."""
+cells and its captions (see :class:`ListSource` and :mod:`.tags`)."""
 
 from __future__ import annotations
 
@@ -10,17 +10,17 @@ import csv
 import itertools
 import os
 from array import array
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, cast
 
 import numpy as np
 import xxhash
 
-from ..errors import IngestError, LabelMappingError
-from ..format import decode_key, encode_key
+from ..errors import IngestError, LabelMappingError, MmstoreError
+from ..format.layout import decode_key, encode_key
 from ._listing import Listing, Source, _Builder, _stat_key, none_found, read_file
-from ._tags import TagColumns
 from .classes import class_options, map_classes
+from .tags import TagColumns
 
 _BLANK = frozenset({"", "nan", "na", "<na>", "null", "none"})  # what a blank cell of an integer column may read
 _INT64 = (-(1 << 63), (1 << 63) - 1)
@@ -91,7 +91,8 @@ def _label_values(
     return remap, names, bad
 
 
-def _label_notes(ids: dict[str, int], cells: np.ndarray, bad: dict[int, str], missing: str, is_int: bool) -> dict[str, int]:
+def _label_notes(ids: dict[str, int], cells: np.ndarray, bad: dict[int, str], missing: str,
+                 is_int: bool) -> dict[str, int]:
     """Summary lines (``note: N ...``) saying what happened to odd label cells."""
     notes: dict[str, int] = {}
     if bad:
@@ -215,7 +216,7 @@ class ListSource(Source):
         Column name or index of multi-label tags (``cat;animal``): each row's
         tags, split at ``tags_sep`` (default ``";"``), become the ragged
         field ``tags`` (``<i4 (None,)``, the tag ids in the order written)
-        whose ``classes`` are the tag names. See :class:`._tags.TagColumns`
+        whose ``classes`` are the tag names. See :class:`.tags.TagColumns`
         for the numbering, blank and repeated tags, and ``tag_names`` (a
         mapping file or a store, so train and val number tags alike).
     text_column
@@ -381,7 +382,8 @@ class ListSource(Source):
                 kb = encode_key(key)
                 size, mtime = _stat_key(self._resolve(kb))
                 b.add(kb, size, mtime, lab)
-        missing = none_found(b, self.path, self._resolve(bytes(b.blob[: b.offsets[1]])) if len(b.offsets) > 1 else b"",
+        missing = none_found(b, self.path,
+                             self._resolve(bytes(b.blob[: b.offsets[1]])) if len(b.offsets) > 1 else b"",
                              f"its paths are resolved against the folder {self.root} (--root)"
                              + (f" through --path-template {self.path_template!r}" if self.path_template else "")
                              + ": check them")
@@ -391,9 +393,11 @@ class ListSource(Source):
         if lc is None and self.classes is not None:
             raise LabelMappingError(f"{self.path}: a class mapping (--classes-from/--label-names) was given but the "
                                     "list has no label column; pass --label-column"
-                                    + ("; a tags column is numbered by --tag-names" if self.tags.tc is not None else ""))
+                                    + ("; a tags column is numbered by --tag-names"
+                                       if self.tags.tc is not None else ""))
         if lc is not None:
-            cells = np.frombuffer(b.labels, dtype=np.int64)  # distinct cell number of each row
+            # distinct cell number of each row (a builder made with a label column collects them)
+            cells = np.frombuffer(cast("array[int]", b.labels), dtype=np.int64)
             remap, label_names, bad = _label_values(ids, self.label_type, self.missing_label, header[lc], self.path)
             if self.classes is not None:
                 label_names, remap = self._mapped(label_names, remap, header[lc], notes)
@@ -404,11 +408,13 @@ class ListSource(Source):
         self.listing = b.finish(label_names, extra=extra, warnings=notes)
         self.listing.none_found = missing
         if lc is not None:
-            errs = np.flatnonzero(np.isin(cells, np.fromiter(bad, np.int64, len(bad)))) if bad else []
+            errs: np.ndarray | list[int] = (np.flatnonzero(np.isin(cells, np.fromiter(bad, np.int64, len(bad))))
+                                            if bad else [])
             self.listing.label_errors = {int(i): bad[int(cells[i])] for i in errs}
             # the labels as stored (and which rows are holes) are part of the inputs
             self.listing.fingerprint = xxhash.xxh3_128(
-                self.listing.fingerprint.encode() + labels.tobytes() + repr(sorted(bad.items())).encode("utf-8", "surrogateescape")
+                self.listing.fingerprint.encode() + labels.tobytes()
+                + repr(sorted(bad.items())).encode("utf-8", "surrogateescape")
             ).hexdigest()
         self.fields = tags.finish(self.path, self.listing)
         return self.listing
@@ -426,3 +432,58 @@ class ListSource(Source):
 
     def load(self, i: int) -> Any:
         return read_file(self._resolve(self.listing.key(i)))
+
+
+def list_fields_for_repair(prov: dict[str, Any], schema: Any) -> Callable[[bytes, int], dict[str, bytes]] | None:
+    """For ``verify --repair``: a function ``(key, slot) -> {field: stored
+    entry}`` giving the tags and text entries of a list record again, read
+    from the list the provenance names (``provenance.source``, scanned once,
+    at the first call) with the store's own tag names (so the ids are the
+    stored ones) and encoded with the store's codecs; None when the list had
+    no tags or text column. Row ``range[0] + slot`` (the shard's first input,
+    ``provenance.ingest.range``) must still hold the key, else ``ValueError``
+    (the list changed); a list that cannot be read again, or now names a tag
+    the store lacks, is a ``ValueError`` for every record. The checksum then
+    proves the re-derived record (``mmstore.check.repair``)."""
+    from ..format.schema import coerce_ragged
+
+    src = prov.get("source") if isinstance(prov, dict) else None
+    if not isinstance(src, dict) or src.get("kind") != "list":
+        return None
+    if src.get("tags_column") is None and src.get("text_column") is None:
+        return None
+    ing = prov.get("ingest")
+    rng = ing.get("range") if isinstance(ing, dict) else None
+    lo = rng[0] if isinstance(rng, list) and rng and isinstance(rng[0], int) and rng[0] >= 0 else 0
+    state: dict[str, Any] = {}
+
+    def scanned() -> Any:
+        if "list" not in state:
+            names = None
+            if src.get("tags_column") is not None and "tags" in schema and schema["tags"].classes is not None:
+                pairs = schema["tags"].classes
+                names = [n for _, n in pairs] if [i for i, _ in pairs] == list(range(len(pairs))) else None
+            opts: dict[str, Any] = {k: src.get(k) for k in ("root", "path_column", "path_template", "delimiter",
+                                                            "header", "tags_column", "tags_sep", "text_column")}
+            try:
+                ls = ListSource(src["path"], label_column="", tag_names=names, **opts)
+                ls.scan()
+                state["list"] = ls
+            except (MmstoreError, OSError, ValueError, TypeError, KeyError, IndexError) as exc:
+                state["list"] = None
+                state["error"] = f"the list's tags/text cannot be derived again ({str(exc)[:300]})"
+        if state["list"] is None:
+            raise ValueError(state["error"])
+        return state["list"]
+
+    def fields(key: bytes, slot: int) -> dict[str, bytes]:
+        ls = scanned()
+        i = lo + int(slot)
+        if not 0 <= i < len(ls.listing) or ls.listing.key(i) != bytes(key):
+            raise ValueError("the list no longer has this record's row at its place (it changed since the ingest)")
+        if i in ls.listing.label_errors:
+            raise ValueError(f"the list's row of this record is now a hole ({ls.listing.label_errors[i]})")
+        return {n: schema[n].codec.encode(coerce_ragged(schema[n], v))
+                for n, v in ls.record_fields(i).items() if n in schema}
+
+    return fields

@@ -2,7 +2,7 @@
 copying record data.
 
 The merged store is a *segmented* store (format 1.1, or 2.0 with encoded
-fields; see "Segments" in ``mmstore/format.py``): each part's data files
+fields; see "Segments" in ``mmstore/format/__init__.py``): each part's data files
 (``<field>.npy``, an encoded field's ``<field>.bin`` and
 ``<field>.offsets.npy``, or ``records.mdb``) become one segment of DEST
 (``<field>.<k>.npy``, ``<field>.<k>.bin`` ...) as **hard links** to the same
@@ -52,12 +52,10 @@ from typing import Any
 
 import numpy as np
 
-from .._crash import crash_point
-from .._dest import check_dest, is_own_partial
-from .._io import check_space, copy_range, describe_write_error, fmt_bytes, fsync_dir, fsync_file, pwrite_all
-from ..backends import backend_class, data_file_names
+from .._os.crash import crash_point
+from .._os.io import check_space, copy_range, describe_write_error, fmt_bytes, fsync_dir, fsync_file, pwrite_all
 from ..errors import DestinationError, IngestError, StoreExistsError
-from ..format import (
+from ..format.layout import (
     CHECKSUMS_FILE,
     ERRORS_FILE,
     INDEX_FILE,
@@ -68,10 +66,12 @@ from ..format import (
     PARTIAL_SUFFIX,
     encode_key,
     npy_header,
-    read_manifest,
 )
-from ..reader import Store, open_store
-from ..writer import acquire_lock, errors_jsonl, publish, release_lock, write_durable, write_manifest
+from ..format.manifest import read_manifest
+from ..store.backends import backend_class, data_file_names
+from ..store.dest import check_dest, is_own_partial
+from ..store.reader import Store, open_store
+from ..store.writer import acquire_lock, errors_jsonl, publish, release_lock, write_durable, write_manifest
 from .pipeline import all_failed_error
 from .plan import fingerprint
 
@@ -107,16 +107,17 @@ def _copy_file(src: str, dst: str) -> None:
 def _order(stores: list[Store], paths: list[str]) -> list[int]:
     infos = [s.provenance.get("ingest") or {} for s in stores]
     shards = [i.get("shard") for i in infos]
-    if all(sh is not None for sh in shards):
-        ns = {sh[1] for sh in shards}
+    known = [sh for sh in shards if sh is not None]
+    if len(known) == len(shards):  # every part is a shard
+        ns = {sh[1] for sh in known}
         fps = {i.get("inputs_fingerprint") for i in infos}
         if len(ns) != 1 or len(fps) != 1:
             raise IngestError(
                 "the parts come from different ingests (their inputs, parameters or shard counts differ): "
-                + ", ".join(f"{p}: shard {sh}" for p, sh in zip(paths, shards))
+                + ", ".join(f"{p}: shard {sh}" for p, sh in zip(paths, known))
             )
         n = ns.pop()
-        ks = sorted(sh[0] for sh in shards)
+        ks = sorted(sh[0] for sh in known)
         if ks != list(range(n)):
             missing = sorted(set(range(n)) - set(ks))
             dup = sorted({k for k in ks if ks.count(k) > 1})
@@ -125,8 +126,8 @@ def _order(stores: list[Store], paths: list[str]) -> list[int]:
                 + (f"missing shard(s) {missing}" if missing else "")
                 + (f" duplicate shard(s) {dup}" if dup else "")
             )
-        return sorted(range(len(stores)), key=lambda j: shards[j][0])
-    if any(sh is not None for sh in shards):
+        return sorted(range(len(stores)), key=lambda j: known[j][0])
+    if known:
         raise IngestError("some parts were written with --shard and some were not; merge the parts of one ingest")
     return list(range(len(stores)))
 
@@ -415,7 +416,7 @@ def _skipped_annotations(stores: list[Store]) -> list[dict[str, Any]]:
             out.append({**e, "slot": None if slot is None else base + int(slot),
                         "key": None if e.get("key") is None else encode_key(e["key"])})
         base += s.slots
-    out.sort(key=lambda e: (e.get("annotation") if isinstance(e.get("annotation"), int) else -1))
+    out.sort(key=lambda e: (k if isinstance(k := e.get("annotation"), int) else -1))
     return out
 
 
@@ -451,7 +452,8 @@ def _append_part(out: _Appender, s: Store, base: int, blob_len: int, holes: bool
     ko = os.path.join(s.path, KEYS_OFFSETS_FILE)
     for a in range(0, n, _CHUNK):
         b = min(n, a + _CHUNK)
-        out.put(KEYS_OFFSETS_FILE, (_read_u8(ko, s.data_offset(KEYS_OFFSETS_FILE) + 8 * (a + 1), b - a) + np.uint64(blob_len)).tobytes())
+        offsets = _read_u8(ko, s.data_offset(KEYS_OFFSETS_FILE) + 8 * (a + 1), b - a) + np.uint64(blob_len)
+        out.put(KEYS_OFFSETS_FILE, offsets.tobytes())
     part_blob = int(s.manifest["files"][KEYS_BLOB_FILE])
     out.copy(KEYS_BLOB_FILE, os.path.join(s.path, KEYS_BLOB_FILE), 0, part_blob)
     if holes:

@@ -1,15 +1,21 @@
-"""Ingest options: the one list of decode and source option names, their parsers, and the resume hint."""
+"""Ingest options: the one list of decode, source and run option names with the defaults, their parsers, and the
+resume hint."""
 
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
+from dataclasses import fields
+from types import MappingProxyType
 from typing import Any
 
 from ..decode import DecodeSpec
 
 __all__ = [
     "DEFAULT_RESUME_HINT",
+    "RUN_DEFAULTS",
     "SOURCE_OPTIONS",
+    "SPEC_DEFAULTS",
     "SPEC_OPTIONS",
     "ErrorLimit",
     "kept_message",
@@ -22,17 +28,36 @@ __all__ = [
     "split_options",
 ]
 
-# keyword options of mmstore.ingest.ingest() that shape the decode (DecodeSpec) ...
-SPEC_OPTIONS = ("resize", "channels", "layout", "bgr", "interp_up", "pad_value", "fast_decode", "max_pixels",
-                "strict_jpeg", "alpha")
+# keyword options of mmstore.ingest.ingest() that shape the decode: the fields of DecodeSpec after its size, in its
+# order; their defaults are its field defaults (make_spec, the CLI's flags and so the fingerprint read them here) ...
+SPEC_DEFAULTS: Mapping[str, Any] = MappingProxyType(
+    {f.name: f.default for f in fields(DecodeSpec) if f.name != "size"})
+SPEC_OPTIONS: tuple[str, ...] = tuple(SPEC_DEFAULTS)
 # ... and those that describe the source (see sources.detect_source); the CLI's flags are these names
-SOURCE_OPTIONS = ("labels", "root", "path_column", "label_column", "path_template", "delimiter", "header",
-                  "label_type", "missing_label", "image_key", "label_key", "classes_from", "label_names",
-                  "new_classes")
+SOURCE_OPTIONS: tuple[str, ...] = ("labels", "root", "path_column", "label_column", "path_template", "delimiter",
+                                   "header", "label_type", "missing_label", "image_key", "label_key", "classes_from",
+                                   "label_names", "new_classes")
 SOURCE_OPTIONS += ("min_box_size",)  # COCO (mmstore.ingest.coco)
 
 DEFAULT_RESUME_HINT = "rerun the same ingest with resume=True (CLI: --resume)"
 SOURCE_OPTIONS += ("tags_column", "tags_sep", "text_column", "tag_names")  # a list's tags and captions (_tags.py)
+
+# ... and the keyword options of ingest() that shape the run, with their defaults (the CLI's flags read them here;
+# backend, codecs and shard enter the resume fingerprint)
+RUN_DEFAULTS: Mapping[str, Any] = MappingProxyType({
+    "workers": None,  # the usable CPU cores (workers.default_workers)
+    "on_error": "skip",
+    "max_errors": None,  # no limit
+    "resume": False,
+    "overwrite": False,
+    "shard": None,  # every input
+    "quiet": False,
+    "backend": "memmap",
+    "codecs": None,  # every field raw
+    "chunk": None,  # chosen by the run (schedule.chunk_size)
+    "progress_interval": 10.0,
+    "resume_hint": None,  # then DEFAULT_RESUME_HINT
+})
 
 
 def kept_message(partial: str, hint: str | None = None) -> str:
@@ -50,40 +75,29 @@ def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, An
     return spec_kw, src_kw
 
 
-def make_spec(
-    size: Any = None,
-    *,
-    resize: str = "center-crop",
-    channels: int = 3,
-    layout: str = "hwc",
-    bgr: bool = False,
-    interp_up: str = "linear",
-    pad_value: int = 0,
-    fast_decode: bool = False,
-    max_pixels: int | None = None,
-    strict_jpeg: bool = True,
-    alpha: str = "black",
-) -> DecodeSpec | None:
-    """A :class:`mmstore.decode.DecodeSpec` from ingest options (None without a size)."""
+def make_spec(size: Any = None, **options: Any) -> DecodeSpec | None:
+    """A :class:`mmstore.decode.DecodeSpec` from ingest options (None without a size).
+
+    ``options`` are decode options (:data:`SPEC_OPTIONS`); one not given, and
+    ``max_pixels=None``, takes its :data:`SPEC_DEFAULTS` value (the field
+    default of ``DecodeSpec``). An option whose default is a bool or an int
+    is converted with ``bool()`` / ``int()``. An unknown name is a TypeError.
+    """
+    unknown = set(options) - set(SPEC_DEFAULTS)
+    if unknown:
+        raise TypeError(f"make_spec() got unknown decode option(s): {sorted(unknown)}")
     hw = parse_size(size)
     if hw is None:
         return None
-    kw: dict[str, Any] = {}
-    if max_pixels is not None:
-        kw["max_pixels"] = int(max_pixels)
-    return DecodeSpec(
-        size=hw,
-        resize=resize,
-        channels=int(channels),
-        layout=layout,
-        bgr=bool(bgr),
-        interp_up=interp_up,
-        pad_value=int(pad_value),
-        fast_decode=bool(fast_decode),
-        strict_jpeg=bool(strict_jpeg),
-        alpha=alpha,
-        **kw,
-    )
+    kw = {**SPEC_DEFAULTS, **options}
+    if kw["max_pixels"] is None:
+        kw["max_pixels"] = SPEC_DEFAULTS["max_pixels"]
+    for name, default in SPEC_DEFAULTS.items():
+        if isinstance(default, bool):
+            kw[name] = bool(kw[name])
+        elif isinstance(default, int):
+            kw[name] = int(kw[name])
+    return DecodeSpec(size=hw, **kw)
 
 
 def parse_size(text: str | int | tuple[int, int] | None) -> tuple[int, int] | None:
@@ -98,8 +112,8 @@ def parse_size(text: str | int | tuple[int, int] | None) -> tuple[int, int] | No
     s = str(text).lower().replace("*", "x")
     try:
         if "x" in s:
-            h, w = s.split("x")
-            out = int(h), int(w)
+            hs, ws = s.split("x")
+            out = int(hs), int(ws)
         else:
             out = int(s), int(s)
     except ValueError:

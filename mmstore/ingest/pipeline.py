@@ -3,7 +3,7 @@
 Data flow
 ---------
 The parent scans the source into a :class:`~.sources.Listing` (numpy arrays,
-``plan.py``), creates ``DEST.partial`` with :class:`~mmstore.writer.StoreWriter`
+``plan.py``), creates ``DEST.partial`` with :class:`~mmstore.store.writer.StoreWriter`
 (slot files preallocated), then forks ``workers`` processes (``workers.py``).
 Each worker receives slot ranges (two integers) over a pipe, decodes every
 input of the range and ``pwrite``s the record at its slot, zeroes the slots
@@ -38,18 +38,20 @@ import os
 import sys
 import time
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from .._dest import check_dest
-from .._io import atomic_write, describe_write_error
+from .._os.io import atomic_write, describe_write_error
 from ..errors import AllInputsFailedError, IngestError, MmstoreError, ResumeMismatchError, StoreExistsError
-from ..format import ERRORS_FILE, MANIFEST_FILE, PARTIAL_SUFFIX, read_manifest
-from ..writer import StoreWriter, acquire_lock, errors_jsonl, publish, release_lock
+from ..format.layout import ERRORS_FILE, MANIFEST_FILE, PARTIAL_SUFFIX
+from ..format.manifest import read_manifest
+from ..store.dest import check_dest
+from ..store.writer import StoreWriter, acquire_lock, errors_jsonl, publish, release_lock
 from .committer import CommitThread, Tally
-from .options import DEFAULT_RESUME_HINT, ErrorLimit, kept_message
+from .options import DEFAULT_RESUME_HINT, RUN_DEFAULTS, ErrorLimit, kept_message
 from .plan import Plan, make_plan, mismatch_message
 from .progress import Progress
 from .records import RecordJob
@@ -109,18 +111,18 @@ class IngestResult:
 class RunOptions:
     """The run options of :func:`mmstore.ingest.ingest` (see there)."""
 
-    workers: int | None = None
-    chunk: int | None = None
-    on_error: str = "skip"
-    max_errors: str | int | None = None
-    resume: bool = False
-    overwrite: bool = False
-    shard: tuple[int, int] | None = None
-    quiet: bool = False
-    backend: str = "memmap"
-    codecs: dict[str, Any] | None = None
-    progress_interval: float = 10.0
-    resume_hint: str | None = None
+    workers: int | None = RUN_DEFAULTS["workers"]
+    chunk: int | None = RUN_DEFAULTS["chunk"]
+    on_error: str = RUN_DEFAULTS["on_error"]
+    max_errors: str | int | None = RUN_DEFAULTS["max_errors"]
+    resume: bool = RUN_DEFAULTS["resume"]
+    overwrite: bool = RUN_DEFAULTS["overwrite"]
+    shard: tuple[int, int] | None = RUN_DEFAULTS["shard"]
+    quiet: bool = RUN_DEFAULTS["quiet"]
+    backend: str = RUN_DEFAULTS["backend"]
+    codecs: dict[str, Any] | None = RUN_DEFAULTS["codecs"]
+    progress_interval: float = RUN_DEFAULTS["progress_interval"]
+    resume_hint: str | None = RUN_DEFAULTS["resume_hint"]
     log: Callable[[str], None] | None = None
 
     def say(self, message: str) -> None:
@@ -216,7 +218,7 @@ def _annotation_errors(source: Source, plan: Plan) -> list[dict[str, Any]]:
 def _geometry_counts(source: Any, dest: str, lo: int) -> dict[str, int]:
     """The boxes clipped and dropped by the stored records' transforms (read
     back from the store, so a resumed or parallel run counts them all)."""
-    from ..reader import Store
+    from ..store.reader import Store
 
     with Store(dest) as st:
         slots = st.index if st.index is not None else np.arange(st.records)
@@ -353,8 +355,11 @@ class _Run:
         if self.pool is not None:
             self.pool.close(kill=stopped is not None)
             self.pool = None
-        self.progress.close()  # type: ignore[union-attr] - set by _start
-        self.committer.finish(drain=True)  # type: ignore[union-attr]
+        progress, committer = self.progress, self.committer
+        if progress is None or committer is None:  # pragma: no cover - a bug guard (both set by _start)
+            raise IngestError(f"{self.dest}: the run finished before it started")
+        progress.close()
+        committer.finish(drain=True)
         self.committer = None
         if stopped is not None:
             raise IngestError(f"{self.dest}: {stopped}; {self._kept()}")

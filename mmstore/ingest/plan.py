@@ -9,10 +9,10 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from ..codecs import library_versions
 from ..decode import float_to_uint8
 from ..errors import DecodeError, IngestError, SchemaError
-from ..schema import Schema
+from ..format.codecs import library_versions
+from ..format.schema import Schema
 from .options import shard_range
 from .records import schema_for
 from .sources import DatasetSource, Source, to_array

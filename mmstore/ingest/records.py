@@ -8,8 +8,8 @@ import numpy as np
 
 from ..decode import decode_image, fit_array
 from ..errors import SchemaError
-from ..schema import Schema
-from ..writer import SlotWriter
+from ..format.schema import Schema
+from ..store.writer import SlotWriter
 from ._listing import InputError, Source, reason_of
 from .sources import DatasetSource, as_hwc, to_array
 
@@ -25,7 +25,7 @@ def schema_for(source: Source, spec: Any, first_item: Any) -> Schema:
     """The store's schema: ``image`` (the spec's record shape, or the first
     item's dtype and shape), ``label`` when there are labels, ``orig_size`` /
     ``box`` / ``dst`` when images are fitted to a target size (the transform
-    of :mod:`mmstore.geometry`), then the source's own fields (``fields``)."""
+    of :mod:`mmstore.decode.geometry`), then the source's own fields (``fields``)."""
     fields: dict[str, Any] = {}
     if spec is not None:
         fields["image"] = ("|u1", spec.record_shape())
@@ -93,7 +93,7 @@ class RecordJob:
         out["image"] = img if d is None else d.image
         if self.has_label:
             out["label"] = self._label(i, label)
-        if self.full:
+        if self.full and d is not None:  # d is None only without a decode spec (no transform to store)
             out["orig_size"] = np.array(d.orig_size, ORIG_SIZE_DTYPE)
             out["box"] = np.array(d.box, BOX_DTYPE)
             out["dst"] = np.array(d.dst, DST_DTYPE)

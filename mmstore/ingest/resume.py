@@ -31,8 +31,8 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from .._crash import crash_point
-from .._io import atomic_write, fsync_file, pwrite_all
+from .._os.crash import crash_point
+from .._os.io import atomic_write, fsync_file, pwrite_all
 
 __all__ = ["COMMIT_LOG", "STATE_FILE", "CommitLog", "read_state", "write_state"]
 

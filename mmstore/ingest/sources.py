@@ -35,7 +35,6 @@ Folder scan rule (``FolderSource``)
 
 from __future__ import annotations
 
-import io
 import os
 import stat as _stat
 from typing import Any
@@ -343,7 +342,8 @@ class ArraySource(Source):
             if lk is not None:
                 lab = np.asarray(z[lk])
                 if lab.shape != (len(arr),) or lab.dtype.kind not in "iub":
-                    raise IngestError(f"{self.path}: label array {lk!r} must be ints of shape ({len(arr)},), found {lab.dtype} {lab.shape}")
+                    raise IngestError(f"{self.path}: label array {lk!r} must be ints of shape ({len(arr)},), "
+                                      f"found {lab.dtype} {lab.shape}")
                 if lab.dtype.kind == "u" and lab.dtype.itemsize == 8 and len(lab) and int(lab.max()) > (1 << 63) - 1:
                     raise IngestError(f"{self.path}: label array {lk!r} holds {int(lab.max())}, which does not fit "
                                       "the store's int64 labels (it would wrap around); relabel it first")
@@ -375,6 +375,8 @@ class ArraySource(Source):
         return self.listing
 
     def load(self, i: int) -> Any:
+        if self.arr is None:  # set by scan()
+            raise IngestError(f"{self.path}: load() called before scan()")
         return np.asarray(self.arr[i])
 
 
@@ -396,7 +398,7 @@ class DatasetSource(Source):
         self.ds = ds
         self.fields = None
         if fields:
-            from ..schema import Schema
+            from ..format.schema import Schema
 
             self.fields = fields if isinstance(fields, Schema) else Schema(fields)
             taken = [n for n in self.fields.names if n in ("image", "label", "orig_size", "box", "dst")]
@@ -515,7 +517,7 @@ def detect_source(path: str, **opts: Any) -> Source:
         return ArraySource(path, **only("an array file", array_opts))
     if is_coco_json(path):
         return CocoSource(path, **only("a COCO annotation file", coco_opts))
-    with io.open(path, "rb") as fh:
+    with open(path, "rb") as fh:
         head = fh.read(8)
     if head.startswith(b"\x93NUMPY"):
         return ArraySource(path, **only("an array file", array_opts))

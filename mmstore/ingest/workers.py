@@ -2,7 +2,7 @@
 
 Workers get ``PR_SET_PDEATHSIG = SIGKILL`` so a killed ingest leaves no
 writers behind; they ignore SIGINT (the parent stops them). Each opens its own
-:class:`~mmstore.writer.SlotWriter` and source reader, and answers every
+:class:`~mmstore.store.writer.SlotWriter` and source reader, and answers every
 range with ``("ok", a, b, holes)`` or ``("fatal", a, b, message)``; pixels
 never cross a pipe.
 """
@@ -20,8 +20,8 @@ from collections import deque
 from multiprocessing.connection import wait
 from typing import Any
 
-from .._io import describe_write_error
-from ..writer import SlotWriter
+from .._os.io import describe_write_error
+from ..store.writer import SlotWriter
 from .records import RecordJob, process_range
 
 __all__ = ["WorkerPool", "default_workers"]
@@ -120,12 +120,12 @@ class WorkerPool:
         # fork and restore the caller's setting afterwards.
         cv2 = sys.modules.get("cv2")
         threads = cv2.getNumThreads() if cv2 is not None else 1
-        if threads != 1:
+        if cv2 is not None and threads != 1:
             cv2.setNumThreads(1)
         try:
             p.start()
         finally:
-            if threads != 1:
+            if cv2 is not None and threads != 1:
                 cv2.setNumThreads(threads)
         child_conn.close()
         self.procs[i] = p

@@ -21,9 +21,9 @@
 
 from __future__ import annotations
 
+from ..engine.tuning import LoaderTuning
 from . import augment, gpu
 from ._ragged import Padded, multi_hot
-from ._tuning import LoaderTuning
 from .dataset import StoreBatch, StoreDataset, collate
 from .loader import Loader
 from .presets import ClassificationTransform, classification_loader

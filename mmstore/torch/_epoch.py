@@ -25,11 +25,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from ..engine.direct import DirectWindows
+from ..engine.inflight import InFlight
+from ..engine.reads import EpochReads, WindowPrefetch
 from ..errors import LoaderStateError
-from ._direct import DirectWindows
 from ._ragged import RaggedReader, tensors_of, to_device
-from ._reads import EpochReads, WindowPrefetch
-from ._ring import InFlight, Ring
+from ._ring import Ring
 
 __all__ = ["EpochBatches", "EpochIterator"]
 
@@ -162,7 +163,7 @@ class EpochBatches:
         if copy_rows is None:
             got = self.reads.read(idx, slot, lo, hi)
         else:
-            # window buffers (_direct.py): the positional fields come out of them
+            # window buffers (mmstore/engine/direct.py): the positional fields come out of them
             copy_rows(a + lo, self.reads.store.slots_of(idx[lo:hi]), {f: slot[f][lo:hi] for f in self.reads.files})
             got = self.reads.read(idx, slot, lo, hi, files=False)
         return None if got is None else self.ragged.piece(got)  # type: ignore[union-attr]
@@ -366,7 +367,13 @@ class EpochIterator:
 
     def __del__(self) -> None:
         # dropped (break, del, an exception, garbage collection in any thread):
-        # cancel without waiting; the next iter(loader) waits for what still runs
+        # cancel without waiting; the next iter(loader) waits for what still runs.
+        # An epoch that ended (its last batch, close()) returns at once: a signal's
+        # exception raised inside a finalizer is lost (printed, not raised), so the
+        # finalizer that runs after every finished epoch does as little as it can,
+        # and a Ctrl-C at the end of an epoch stops the loop
+        if self.inflight.cancelled:
+            return
         try:
             self.inflight.cancel("ended")
         except Exception:  # noqa: BLE001

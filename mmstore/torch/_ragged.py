@@ -1,7 +1,7 @@
 """Ragged fields on the torch side (README, "Ragged fields", "Reading with torch").
 
 A ragged field (a variable leading dimension, ``str``, ``bytes``:
-``mmstore/ragged.py``) has no one shape, so it never goes into a batch
+``mmstore/format/ragged.py``) has no one shape, so it never goes into a batch
 buffer. A batch of one is given in one of two forms (``ragged=``):
 
 * ``"list"`` (default): a list of tensors, record ``j``'s of shape
@@ -23,7 +23,7 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from ..ragged import Ragged
+from ..format.ragged import Ragged
 
 __all__ = [
     "RAGGED_MODES",
@@ -74,7 +74,7 @@ def _values_tensor(r: Ragged) -> torch.Tensor:
     return torch.from_numpy(v)
 
 
-def pad_of(pad_value: Any, dtype: np.dtype, field: str | None = None) -> Any:
+def pad_of(pad_value: Any, dtype: np.dtype | type[np.generic], field: str | None = None) -> Any:
     """``pad_value`` as a value of ``dtype`` (a mapping: the entry of
     ``field``, default 0); one that would change (``0.5`` or ``nan`` into an
     integer field, ``-1`` or ``300`` into uint8) is refused, naming the field
@@ -120,7 +120,7 @@ def check_pad(store: Any, fields: Sequence[str], mode: str, pad_value: Any) -> A
 
 
 def ragged_batch(r: Ragged, mode: str, pad_value: Any = 0, field: str | None = None) -> list[Any] | Padded:
-    """A :class:`~mmstore.ragged.Ragged` as the torch form of ``mode`` (``field``: its name, for
+    """A :class:`~mmstore.format.ragged.Ragged` as the torch form of ``mode`` (``field``: its name, for
     a per-field ``pad_value`` and the messages)."""
     if r.kind != "array":
         return r.split()
@@ -131,7 +131,7 @@ def ragged_batch(r: Ragged, mode: str, pad_value: Any = 0, field: str | None = N
     n = len(lengths)
     width = int(lengths.max()) if n else 0
     padded = np.full((n * width, *v.shape[1:]), pad_of(pad_value, v.dtype, field), dtype=v.dtype)
-    if len(v):  # row i of record j goes to j * width + i: one numpy scatter (torch's index_put is ~50x slower)
+    if len(v):  # row i of record j goes to j * width + i: one numpy scatter (torch's index_put is much slower)
         starts = np.arange(n, dtype=np.int64) * width - r.offsets[:-1]
         padded[np.repeat(starts, lengths) + np.arange(len(v), dtype=np.int64)] = v
     return Padded(torch.from_numpy(padded.reshape(n, width, *v.shape[1:])), torch.from_numpy(lengths))
@@ -149,7 +149,7 @@ class RaggedReader:
         return self.form(self.store.read_batch(idx, fields=self.fields))
 
     def form(self, got: dict[str, Ragged]) -> dict[str, Any]:
-        """Each field's :class:`~mmstore.ragged.Ragged` in this reader's torch form."""
+        """Each field's :class:`~mmstore.format.ragged.Ragged` in this reader's torch form."""
         return {f: ragged_batch(got[f], self.mode, self.pad_value, f) for f in self.fields}
 
     def piece(self, got: dict[str, Ragged]) -> dict[str, Any]:
@@ -166,7 +166,7 @@ class RaggedReader:
 
 
 def concat(parts: Sequence[Ragged]) -> Ragged:
-    """Consecutive pieces of a batch's ragged field as one :class:`~mmstore.ragged.Ragged`."""
+    """Consecutive pieces of a batch's ragged field as one :class:`~mmstore.format.ragged.Ragged`."""
     if len(parts) == 1:
         return parts[0]
     lengths = np.concatenate([p.lengths for p in parts])
@@ -188,7 +188,7 @@ def multi_hot(tags: Any, num_classes: int, dtype: torch.dtype = torch.float32) -
     of ``dtype``, 1 where record ``j`` has tag ``k``, else 0 (a tag written
     twice counts once). ``tags`` is a batch of a ragged integer field in any
     of its forms: a list of tensors or arrays (``ragged="list"``), a
-    :class:`Padded` (``ragged="pad"``), a :class:`~mmstore.ragged.Ragged`
+    :class:`Padded` (``ragged="pad"``), a :class:`~mmstore.format.ragged.Ragged`
     (``Store.read_batch``). On the device of the tensors given.
 
     Raises
@@ -262,7 +262,7 @@ def tensors_of(value: Any) -> Iterator[torch.Tensor]:
                 yield x
 
 
-def to_device(value: Any, device: torch.device) -> Any:
+def to_device(value: Any, device: torch.device | None) -> Any:
     """A batched value on ``device`` (``str`` / ``bytes`` stay as they are)."""
     if isinstance(value, torch.Tensor):
         return value.to(device, non_blocking=True)

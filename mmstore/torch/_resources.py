@@ -12,8 +12,8 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 import torch
 
-from .. import _sys
-from ._reads import FieldFiles
+from .. import _os
+from ..engine.reads import FieldFiles
 from ._ring import Ring
 
 __all__ = ["Resources", "check_device", "check_pin_memory", "torch_dtype"]
@@ -57,7 +57,7 @@ class Resources:
         self.pool: ThreadPoolExecutor | None = None
         self.files: dict[str, FieldFiles] = {}
         self.ring: Ring | None = None
-        self.warm_handle: _sys.WarmHandle | None = None
+        self.warm_handle: _os.WarmHandle | None = None
 
     def adopt(self) -> None:
         """Start clean in this process. After ``fork`` the parent's pool, its

@@ -23,7 +23,7 @@ import numpy as np
 from torch.utils.data import Subset
 
 from ..errors import RecordIndexError
-from ..reader import Store
+from ..store.reader import Store
 from .dataset import StoreDataset, open_store_arg
 
 __all__ = ["Source", "resolve_source", "transform_call"]

@@ -14,22 +14,21 @@ of a type registered in torch's ``default_collate_fn_map``: ``default_collate``
 tensors instead of stacking 256 per-sample tensors into a new one.
 :func:`collate` does the same explicitly and can be passed as ``collate_fn``.
 
-Measured on the project's shared 2-core machine (224x224x3 uint8, batch 256,
-warm, ``num_workers=2``, ``tools/bench_loader.py``): the batched path ran
-1.05-1.4x faster than per-sample reads + stacking (3,483 vs 3,318 and 2,988
-vs 2,103 samples/s in two runs). Both are bounded by what every
-worker-process loader pays per batch: a fresh 38 MB shared-memory segment
-(allocation + page faults, ~20-60 ms) that the batch is written into; the
+The batched path is faster than per-sample reads + stacking
+(``benchmarks/bench_loader.py`` compares them). Both are bounded by what every
+worker-process loader pays per batch: a fresh shared-memory segment of the
+batch's size (38 MB for 256 images of 224x224x3; allocation + page faults)
+that the batch is written into; the
 thread-based :class:`mmstore.torch.Loader` avoids it.
 
 Fork safety
 -----------
 The dataset holds a :class:`mmstore.Store`, which holds only plain data and
 per-process handles tagged with the pid that created them (NOTE [fork safety]
-in ``mmstore/reader.py``); it pickles as the store's path. So workers started
+in ``mmstore/store/reader.py``); it pickles as the store's path. So workers started
 by fork, forkserver or spawn, persistent or not, each open their own mappings
 on first use, even when the parent read the store before they started
-(LMDB: NOTE [lmdb and fork] in ``mmstore/backends/lmdb.py``). No per-sample Python
+(LMDB: NOTE [lmdb and fork] in ``mmstore/store/backends/lmdb.py``). No per-sample Python
 objects are held: index data stays in the store's mapped files.
 """
 
@@ -37,14 +36,15 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
 from torch.utils.data import Dataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate, default_collate_fn_map
 
-from ..reader import Store
+from ..format.ragged import Ragged
+from ..store.reader import Store
 from ._ragged import Padded, check_mode, check_pad, pad_list, ragged_batch, sample_of, split_fields
 
 __all__ = ["Padded", "StoreBatch", "StoreDataset", "collate", "open_store_arg"]
@@ -107,9 +107,10 @@ class StoreBatch(Sequence):
             i += self._n
         if not 0 <= i < self._n:
             raise IndexError(f"sample {i} out of range for a batch of {self._n}")
+        s: _SampleTuple | _SampleDict
         if self._as_tuple:
             s = _SampleTuple(sample_of(t, i) for t in self.data)
-        else:
+        else:  # data is a dict when not _as_tuple
             s = _SampleDict((k, sample_of(v, i)) for k, v in self.data.items())  # type: ignore[union-attr]
         s._batch = self
         return s
@@ -346,7 +347,7 @@ class StoreDataset(Dataset):
         }
         got = self.store.read_batch(idx, fields=self.fields, out={f: t.numpy() for f, t in tensors.items()})
         for f in self._ragged:  # Ragged (values + offsets): a list of tensors, or Padded
-            tensors[f] = ragged_batch(got[f], self.ragged, self.pad_value, f)
+            tensors[f] = ragged_batch(cast(Ragged, got[f]), self.ragged, self.pad_value, f)  # read_batch: a Ragged
         return {f: tensors[f] for f in self.fields}
 
     def __getitems__(self, indices: Sequence[int]) -> Any:
@@ -370,7 +371,8 @@ class StoreDataset(Dataset):
         return collate(batch, ragged_fields=keys, ragged=self.ragged, pad_value=self.pad_value)
 
     def __repr__(self) -> str:
-        return f"StoreDataset({self.store.path!r}, fields={list(self.fields)}, as_tuple={self.as_tuple}, chw={self.chw})"
+        return (f"StoreDataset({self.store.path!r}, fields={list(self.fields)}, as_tuple={self.as_tuple}, "
+                f"chw={self.chw})")
 
 
 def _one(v: Any) -> Any:

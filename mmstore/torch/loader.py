@@ -39,12 +39,12 @@ flight: the block shuffle's locality becomes long disk reads.
 
 Where the code is: this module holds the :class:`Loader` (configuration,
 epoch counter, the per-process resources: thread pool, ``preadv``
-descriptors, ring); ``_tuning.py`` the tuning knobs (:class:`LoaderTuning`);
+descriptors, ring); ``mmstore/engine/tuning.py`` the tuning knobs (:class:`LoaderTuning`);
 ``_ring.py`` the ring of buffers and one epoch's reads in flight;
-``_epoch.py`` the epoch's batches and its iterator; ``_reads.py`` the read
+``_epoch.py`` the epoch's batches and its iterator; ``mmstore/engine/reads.py`` the read
 strategies (preadv, memmove, window prefetch, kernel hints); ``_source.py``
 the ``store`` argument (datasets, subsets, ``indices=``) and the
-``transform`` call; ``_state.py`` the resume state.
+``transform`` call; ``mmstore/engine/state.py`` the resume state.
 
 Kept batches (the contract)
 ---------------------------
@@ -109,7 +109,7 @@ Lifetime: epochs, threads, processes (the contract)
   epoch (none for a complete one), in the same order and with the same
   ``transform`` draws, and the iterations after it the next epochs.
   ``set_epoch`` with the state's epoch keeps the resume; another epoch drops
-  it, with a warning when batches of it were left (``_state.py`` has the
+  it, with a warning when batches of it were left (``mmstore/engine/state.py`` has the
   layout, the checkpoint recipe and what must match).
 * **Threads.** An iterator is consumed by one thread at a time: a
   ``next()`` while another thread is inside ``next()`` raises
@@ -150,14 +150,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from .. import _sys
-from ..errors import LoaderStateError
-from ..order import BlockShuffle, Order, Sequential
-from ._direct import DirectWindows
-from ._epoch import EpochBatches, EpochIterator
-from ._plan import LoaderPlan, plan_memory, widen_ring
-from ._ragged import RaggedReader, check_mode, check_pad, split_fields
-from ._reads import (
+from .. import _os
+from ..engine.direct import DirectWindows
+from ..engine.inflight import InFlight
+from ..engine.plan import LoaderPlan, plan_memory, widen_ring
+from ..engine.reads import (
     PREAD_MIN_BYTES,
     EpochReads,
     WindowPrefetch,
@@ -167,11 +164,15 @@ from ._reads import (
     prepare_store,
     resident_fraction,
 )
+from ..engine.state import Resumable
+from ..engine.tuning import TUNING_FIELDS, LoaderTuning, split_tuning
+from ..errors import LoaderStateError
+from ..order import BlockShuffle, Order, OrderSpec, Sequential
+from ._epoch import EpochBatches, EpochIterator
+from ._ragged import RaggedReader, check_mode, check_pad, split_fields
 from ._resources import Resources, check_device, check_pin_memory, torch_dtype
-from ._ring import InFlight, Ring
+from ._ring import Ring
 from ._source import resolve_source, transform_call
-from ._state import Resumable
-from ._tuning import TUNING_FIELDS, LoaderTuning, split_tuning
 from .dataset import image_fields
 from .sampler import build_order
 
@@ -188,10 +189,22 @@ class Loader(Resumable):
         ``fields``/``as_tuple``/``chw`` (defaults for the loader's); a
         ``torch.utils.data.Subset`` of one (nested ones too) also its indices.
     batch_size : int
-    order : Order or str, default "permutation"
-        An :class:`mmstore.order.Order`, or a kind name (``"permutation"``,
-        ``"block"``, ``"sequential"``) built for this rank (``rank``,
-        ``world_size``, else ``torch.distributed``, else a single process).
+    order : str, OrderSpec or Order, default "permutation"
+        What order the records are read in, and how an epoch is split over
+        ranks. A kind name (``"permutation"``, ``"block"``,
+        ``"sequential"``) is ``OrderSpec(kind)``; an
+        :class:`mmstore.order.OrderSpec` carries the seed, the rank and world
+        size (None: ``torch.distributed``'s, else a single process), how a
+        count that the ranks do not divide is split (default: every record
+        exactly once per epoch and every rank the same number of batches;
+        the last batch's size differs between ranks; where no split gives
+        equal counts, the shorter ranks each take one record twice, with a
+        warning; ``pad=True``: equal lengths by wrap-around padding, as
+        ``DistributedSampler``; ``drop_last=True``: the tail dropped) and a
+        block shuffle's ``block``/``window`` (None: sized from the record
+        size, "Distributed split" in :mod:`mmstore.order`). An
+        :class:`~mmstore.order.Order` object is used as it is built (an
+        exact one, ``pad=False``, with this loader's batch size).
     fields : sequence of str, optional
         Fields to read (default all), also the tuple order with ``as_tuple``.
     drop_last : bool, default False
@@ -249,29 +262,17 @@ class Loader(Resumable):
         batches of epoch ``e`` across ranks (this rank's batch ``j`` is
         ``j * world_size + rank``, so ranks draw different parameters), the
         same after a resume; else ``transform(batch)``.
-    seed, rank, world_size
-        For building ``order`` from a kind.
-    rank_pad, rank_drop_last : bool, default False
-        How a kind's order is split over ranks when ``world_size`` does not
-        divide the records (see "Distributed split" in
-        :mod:`mmstore.order`). Default: every record exactly once per epoch
-        and every rank the same number of batches (the last batch's size
-        differs between ranks; where no split gives equal counts, the
-        shorter ranks each take one record twice, with a warning).
-        ``rank_pad=True``: equal lengths by wrap-around padding, as
-        ``DistributedSampler(drop_last=False)``; ``rank_drop_last=True``:
-        the tail dropped, as ``DistributedSampler(drop_last=True)``. An
-        ``Order`` object is split as it says (an exact one, ``pad=False``,
-        with this loader's batch size).
     tuning : LoaderTuning, optional
         How to read: ``prefetch``, ``hold``, ``threads``, ``warm``, ``hints``,
         ``willneed``, ``method``, ``piece_bytes``, ``window_prefetch``,
-        ``window_threads`` (see :class:`LoaderTuning`).
-    **kw
-        Any field of :class:`LoaderTuning` as a keyword (``prefetch=2``; it
-        wins over ``tuning``'s), and the keywords of the order kind
-        (``block=``, ``window=`` for ``"block"``). The tuning values are read
-        back as attributes too (``loader.prefetch``, ``loader.hold`` ...).
+        ``window_threads``, ``mem_bytes`` (see :class:`LoaderTuning`); read
+        back as ``loader.tuning``.
+
+    The keywords of earlier versions still work for this version, each with
+    a ``DeprecationWarning`` that names its new spelling: ``seed``,
+    ``rank``, ``world_size``, ``rank_drop_last``, ``rank_pad``, ``block``,
+    ``window`` (now fields of ``OrderSpec``) and the fields of
+    ``LoaderTuning`` as keywords (now ``tuning=LoaderTuning(...)``).
 
     Iterating yields one epoch; the epoch is the one set with
     :meth:`set_epoch`, else one more than the last one used (starting at 0),
@@ -281,8 +282,7 @@ class Loader(Resumable):
     "Lifetime", for peeks, threads, ``close``, ``fork`` and pickling).
     """
 
-    # the tuning values, read-only: ``loader.prefetch`` is ``loader.tuning.prefetch``
-    prefetch: int
+    # the tuning values, read-only: ``loader.hold`` is ``loader.tuning.hold`` (``prefetch``: the property below)
     hold: int
     threads: int
     warm: bool | str
@@ -298,7 +298,7 @@ class Loader(Resumable):
         self,
         store: Any,
         batch_size: int,
-        order: Order | str = "permutation",
+        order: str | OrderSpec | Order = "permutation",
         *,
         fields: Sequence[str] | None = None,
         drop_last: bool = False,
@@ -311,19 +311,15 @@ class Loader(Resumable):
         pad_value: Any = None,
         indices: Any = None,
         transform: Any = None,
-        seed: int = 0,
-        rank: int | None = None,
-        world_size: int | None = None,
-        rank_drop_last: bool = False,
-        rank_pad: bool = False,
         tuning: LoaderTuning | None = None,
-        **kw: Any,
+        **old_spellings: Any,
     ) -> None:
         batch_size = _count("batch_size", batch_size)
         src = resolve_source(store, indices)
         self._own_store = src.own
         self.store = src.store
-        self.tuning, order_kw = split_tuning(tuning, kw)
+        order, tuning, rank_kw = _old_spellings(order, tuning, old_spellings)
+        self.tuning = split_tuning(tuning, {})[0]
         self.batch_size = batch_size
         self.fields = tuple(self.store.field_list(src.defaults.get("fields") if fields is None else fields))
         # ragged fields are read per batch beside the ring (_ragged.py), the others into it
@@ -340,18 +336,19 @@ class Loader(Resumable):
         n = len(self.store) if src.indices is None else len(src.indices)
         rb = max(1, sum(self.store.schema[f].nbytes for f in self.fields))  # decoded: the ring's
         sb = self.store.stored_record_bytes(self.fields)  # on disk: the page cache's and the windows'
-        self._plan = plan_memory(
+        self._plan = LoaderPlan(**plan_memory(
             batch_bytes=self.batch_size * rb, record_bytes=sb, records=n, hold=self.tuning.hold + self._check,
             prefetch=self.tuning.prefetch, mem_bytes=self.tuning.mem_bytes,
-        )
-        if order == "block":
-            order_kw = _block_sizes(order_kw, n, sb)
-        if isinstance(order, str):  # every record once, the same batch count on every rank
-            order_kw = {"pad": _flag("rank_pad", rank_pad), "batch_size": self.batch_size, **order_kw}
-        self.order = build_order(
-            order, n, seed=seed, rank=rank, world_size=world_size,
-            drop_last=_flag("rank_drop_last", rank_drop_last), record_bytes=sb, **order_kw,
-        )
+        ))
+        if isinstance(order, OrderSpec):  # every record once, the same batch count on every rank
+            kw = order.order_kw()
+            if order.kind == "block":
+                kw = _block_sizes(kw, n, sb)
+            kw["batch_size"] = self.batch_size
+            self.order = build_order(order.kind, n, rank=order.rank, world_size=order.world_size,
+                                     record_bytes=sb, **kw)
+        else:
+            self.order = build_order(order, n, **rank_kw)
         if not self.order.pad and self.order.batch_size != self.batch_size:  # an exact order object
             self.order = dataclasses.replace(self.order, batch_size=self.batch_size)
         _warn_repeated(self.order)
@@ -368,7 +365,7 @@ class Loader(Resumable):
         self.chw = bool(src.defaults.get("chw", False) if chw is None else chw)
         self.transform = transform
         self._transform = transform_call(transform)
-        self.warm_report: _sys.WarmReport | None = None
+        self.warm_report: _os.WarmReport | None = None
         self._warmed = False
         self._images = image_fields(self.store, self.fields) if self.chw else set()
         self._config = {
@@ -393,7 +390,7 @@ class Loader(Resumable):
 
     # -- public ----------------------------------------------------------------
     # class switch for benchmarks: False restores the unchecked ring (batches
-    # overwritten once their buffer comes round; tools/bench_keep.py)
+    # overwritten once their buffer comes round; benchmarks/bench_keep.py)
     _check_kept = True
 
     def set_epoch(self, epoch: int) -> None:
@@ -465,9 +462,9 @@ class Loader(Resumable):
         self.close()
 
     @property
-    def prefetch(self) -> int:  # type: ignore[override]
+    def prefetch(self) -> int:
         """Batches read ahead: ``tuning.prefetch``, else sized from the memory budget."""
-        return int(self._plan["prefetch"])
+        return int(self._plan.prefetch)
 
     @property
     def ring_size(self) -> int:
@@ -477,26 +474,13 @@ class Loader(Resumable):
         return self.prefetch + self.tuning.hold + self._check
 
     def describe(self) -> LoaderPlan:
-        """What this loader chose and why: a dict (the sizing rule of
-        ``mmstore/torch/_plan.py``) whose ``str()`` reads as sentences.
-
-        Keys: ``budget`` (bytes it may fill), ``budget_source``,
-        ``cgroup_limit``, ``batch_bytes``, ``prefetch``, ``hold``
-        (``tuning.hold``, + 1 when CPU batches are yielded without a copy:
-        the buffer of the batch the loop variable holds),
-        ``ring_bytes``, ``cache_bytes`` (budget - ring), ``store_bytes`` (the
-        fields read), ``fits``, ``window_bytes``, ``order``, ``block`` and
-        ``window`` (block shuffles), ``readahead`` (``"windows"`` or ``"per
-        batch"``), ``window_records``, ``window_threads``, ``window_mode``,
-        ``window_chunk`` (the longest read of the window pass, one buffer
-        per window thread, taken from ``cache_bytes``), ``window_direct``
-        (the windows are read with ``O_DIRECT`` into private buffers:
-        ``_direct.py``), ``drop_behind``, ``direct_reads`` (records read
-        one by one with ``O_DIRECT``: a permutation that does not fit),
-        ``threads``, ``willneed``, ``warm`` (from the first epoch on:
-        ``"background"``, ``"foreground"`` or ``"none"``, ``tuning.warm``).
-        """
-        return LoaderPlan(self._plan)
+        """What this loader chose and why: a :class:`~mmstore.engine.plan.LoaderPlan`
+        (the sizing rule of ``mmstore/engine/plan.py``; its attributes are
+        listed there, ``plan["fits"]`` reads one as a mapping would) whose
+        ``str()`` reads as sentences. ``hold`` is ``tuning.hold``, + 1 when
+        CPU batches are yielded without a copy (the buffer of the batch the
+        loop variable holds). A copy: later epochs do not change it."""
+        return self._plan.copy()
 
     def _readahead_plan(self, record_bytes: int) -> dict[str, Any]:
         """The read-ahead part of the plan, for this loader's order."""
@@ -508,52 +492,52 @@ class Loader(Resumable):
             out.update(block=o.block, window=o.window, window_bytes=o.block * o.window * record_bytes)
             records = o.block * o.window
         elif isinstance(o, Sequential) and (o.world_size == 1 or o.split == "contiguous"):
-            records = max(self.batch_size, p["window_bytes"] // record_bytes)
+            records = max(self.batch_size, p.window_bytes // record_bytes)
             out["window_bytes"] = records * record_bytes
         windows = bool(t.window_prefetch) and records > 0
-        if (windows and isinstance(o, BlockShuffle) and not p["fits"]
-                and min(2 * records, len(o)) * record_bytes > p["cache_bytes"]):
+        if (windows and isinstance(o, BlockShuffle) and not p.fits
+                and min(2 * records, len(o)) * record_bytes > p.cache_bytes):
             # the memory cannot hold the window served and the next one (the order is the
             # same on every rank, not sized from this memory): a window read ahead would be
             # evicted before its batches read it, so batches read their own records
             windows = False
             out["windows_do_not_fit"] = True
         if windows:  # the pass's read buffers come out of the page cache's share
-            chunk = int(min(8 << 20, max(1 << 20, p["cache_bytes"] // 16 // t.window_threads)))
+            chunk = int(min(8 << 20, max(1 << 20, p.cache_bytes // 16 // t.window_threads)))
             out["window_chunk"] = chunk
-            out["cache_bytes"] = max(0, p["cache_bytes"] - t.window_threads * chunk)
+            out["cache_bytes"] = max(0, p.cache_bytes - t.window_threads * chunk)
         # private O_DIRECT window buffers are memory that cannot be reclaimed:
         # only with room for them (else the page cache pass, which degrades
         # gracefully under a tight limit)
         # (block shuffles: 2.1x the page-cache pass; sequential orders: 1.4x on the
         # simulated HDD, the same speed for a third of the system CPU here)
         preadv = bool(preadv_fields(self.store, self._fixed, t.method))  # O_DIRECT serves these fields only
-        direct = (windows and not p["fits"] and t.window_prefetch == "read" and isinstance(o, DIRECT_ORDERS)
-                  and p["cache_bytes"] >= DIRECT_MIN_CACHE and preadv)
+        direct = (windows and not p.fits and t.window_prefetch == "read" and isinstance(o, DIRECT_ORDERS)
+                  and p.cache_bytes >= DIRECT_MIN_CACHE and preadv)
         if not windows and t.prefetch is None:  # a store that does not fit: more batches in flight
-            out.update(widen_ring(p))
+            out.update(widen_ring(vars(p)))
         # a store that does not fit, read per batch: records read with O_DIRECT
-        # (NOTE [direct record reads] in _direct.py)
+        # (NOTE [direct record reads] in mmstore/engine/direct.py)
         # (fields of at least PREAD_MIN_BYTES a record: method="pread"'s small ones keep the page cache)
         large = any(self.store.schema[f].nbytes >= PREAD_MIN_BYTES for f in preadv_fields(self.store, self._fixed,
                                                                                            t.method))
-        direct_reads = not windows and not p["fits"] and large and not isinstance(o, Sequential)
+        direct_reads = not windows and not p.fits and large and not isinstance(o, Sequential)
         out.update(
             readahead="windows" if windows else "per batch", window_records=records if windows else 0,
-            window_direct=direct, drop_behind=windows and not p["fits"] and not direct,
+            window_direct=direct, drop_behind=windows and not p.fits and not direct,
             direct_reads=direct_reads, willneed=0 if windows or direct_reads else t.willneed,
         )
         return out
 
     def _window_bounds(self, epoch: int, length: int) -> np.ndarray | None:
         """Where the read-ahead windows of ``epoch`` start and end (None: no window pass)."""
-        if self._plan["readahead"] != "windows" or length == 0:
+        if self._plan.readahead != "windows" or length == 0:
             return None
         if isinstance(self.order, BlockShuffle):
             return self.order.window_bounds(epoch)
         # a sequential order's windows are the loader's own cut: the first is one
         # batch, so the first batch waits for its own records only, not a whole window
-        step = int(self._plan["window_records"])
+        step = int(self._plan.window_records)
         first = min(step, self.batch_size, length)
         return np.append(np.append(0, np.arange(first, length, step, dtype=np.int64)), length)
 
@@ -575,10 +559,12 @@ class Loader(Resumable):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         order = state["order"]
-        self.__init__(  # type: ignore[misc]
-            state["store"], order=order, rank=order.rank, world_size=order.world_size, indices=state["indices"],
-            **state["config"],
-        )
+        with warnings.catch_warnings():  # the order's own rank, whatever torch.distributed says here
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.__init__(  # type: ignore[misc]
+                state["store"], order=order, rank=order.rank, world_size=order.world_size, indices=state["indices"],
+                **state["config"],
+            )
         self._own_store = state["own_store"]
         self._epoch, self._next_epoch, self._warmed = state["epoch"], state["next_epoch"], state["warmed"]
         self._resume = state["resume"]
@@ -626,25 +612,26 @@ class Loader(Resumable):
         reads = EpochReads(
             self.store, self._fixed, res.files, t, batch_size=self.batch_size, ragged=self._ragged,
             shuffled=not isinstance(self.order, Sequential), block=bounds is not None,
-            direct=bool(self._plan["direct_reads"]),
+            direct=bool(self._plan.direct_reads),
         )
         inflight = InFlight(self.ring_size)
         self._tasks = inflight  # from now on the next iter()/close() waits for these reads
-        window = None
-        if bounds is not None and not reads.cached and self._plan["window_direct"] and reads.files:
+        window: DirectWindows | WindowPrefetch | None = None
+        if bounds is not None and not reads.cached and self._plan.window_direct and reads.files:
             window = DirectWindows(reads, idx, bounds, t.window_threads, inflight,
-                                   cap=2 * self._plan["window_bytes"], batch_size=self.batch_size)
+                                   cap=2 * self._plan.window_bytes, batch_size=self.batch_size)
         elif bounds is not None and not reads.cached:
             window = WindowPrefetch(reads, idx, bounds, str(t.window_prefetch), t.window_threads, inflight,
-                                    drop_behind=bool(self._plan["drop_behind"]), chunk=self._plan["window_chunk"])
-        self._plan["reads"] = reads.state  # describe()["reads"]: the cut in use, as the cache changes
+                                    drop_behind=bool(self._plan.drop_behind), chunk=self._plan.window_chunk)
+        self._plan.reads = reads.state  # describe()["reads"]: the cut in use, as the cache changes
         if window is None:
             reads.watch(idx, self.prefetch)  # the epoch follows the page cache (EpochReads.follow)
         batches = EpochBatches(
             idx, batch_size=self.batch_size, drop_last=self.drop_last, prefetch=self.prefetch,
             ring=res.ring, pool=res.pool, reads=reads, inflight=inflight, window=window,  # type: ignore[arg-type]
             device=self.device if self._cuda else None, guard_pinned=self.pin_memory and not self._cuda,
-            owner=self, check_kept=self._check, ragged=RaggedReader(self.store, self._ragged, self.ragged, self.pad_value) if self._ragged else None,
+            owner=self, check_kept=bool(self._check),
+            ragged=RaggedReader(self.store, self._ragged, self.ragged, self.pad_value) if self._ragged else None,
         )
         wrap = self._wrap
 
@@ -684,7 +671,7 @@ class Loader(Resumable):
             # rows of the preadv fields at their records' file offsets mod the block (NOTE [rows read in place])
             align = {f: ff.offs[0] for f, ff in res.files.items()}
             res.ring = Ring(self.ring_size, self.batch_size, shapes, self.pin_memory, align=align,
-                            huge=bool(self._plan["direct_reads"]))
+                            huge=bool(self._plan.direct_reads))
 
     def _do_warm(self) -> None:
         """The first epoch's warm pass (``tuning.warm``), decided once."""
@@ -693,13 +680,13 @@ class Loader(Resumable):
         mode, auto = self.tuning.warm, self.tuning.warm == "auto"
         if auto:
             mode = self._auto_warm(paths)
-        self._plan["warm"] = "background" if mode == "background" else ("foreground" if mode else "none")
+        self._plan.warm = "background" if mode == "background" else ("foreground" if mode else "none")
         if mode == "background":
-            self._res.warm_handle = _sys.warm_in_background(paths)
+            self._res.warm_handle = _os.warm_in_background(paths)
             return
         if not mode:
             return
-        self.warm_report = rep = _sys.warm(paths)
+        self.warm_report = rep = _os.warm(paths)
         if not rep.complete and not auto:
             warnings.warn(
                 f"mmstore.torch.Loader(warm=True): warmed {rep.bytes_read:,} of {rep.bytes_total:,} bytes "
@@ -710,7 +697,7 @@ class Loader(Resumable):
         """``warm="auto"``: whether to warm before the first batch (see ``LoaderTuning.warm``)."""
         p = self._plan
         n_read = len(self.store) if self.indices is None else len(self.indices)
-        if not p["fits"] or p.get("direct_reads") or 2 * n_read < len(self.store) or not paths:
+        if not p.fits or p.direct_reads or 2 * n_read < len(self.store) or not paths:
             return False
         return resident_fraction(paths) < 0.5
 
@@ -743,8 +730,55 @@ for _name in sorted(TUNING_FIELDS - {"prefetch"}):
 
 DIRECT_MIN_CACHE = 64 << 20  # the smallest page-cache share for O_DIRECT window buffers
 # orders whose windows are read with O_DIRECT when the store does not fit (NOTE [huge window
-# buffers] in _direct.py: with huge-page buffers a sequential order reads faster that way too)
+# buffers] in mmstore/engine/direct.py: with huge-page buffers a sequential order reads faster that way too)
 DIRECT_ORDERS: tuple[type, ...] = (BlockShuffle, Sequential)
+
+
+_ORDER_SPELLINGS = {"seed": "seed", "rank": "rank", "world_size": "world_size", "rank_drop_last": "drop_last",
+                    "rank_pad": "pad", "block": "block", "window": "window", "split": "split"}
+
+
+def _old_spellings(order: Any, tuning: LoaderTuning | None, kw: dict[str, Any]
+                   ) -> tuple[OrderSpec | Order, LoaderTuning | None, dict[str, Any]]:
+    """``(order, tuning, rank keywords for an Order object)`` from the
+    arguments, the keywords of earlier versions folded in, each with a
+    ``DeprecationWarning`` naming its new spelling."""
+    if isinstance(order, str):
+        order = OrderSpec(order)
+    elif not isinstance(order, (OrderSpec, Order)):
+        raise TypeError(f"order must be a kind name, an mmstore.order.OrderSpec or an Order, "
+                        f"got {type(order).__name__}")
+    knobs = {k: v for k, v in kw.items() if k in TUNING_FIELDS}
+    old = {k: v for k, v in kw.items() if k in _ORDER_SPELLINGS}
+    unknown = sorted(set(kw) - set(knobs) - set(old))
+    if unknown:
+        raise TypeError(f"Loader() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}")
+    if knobs:
+        given = ", ".join(f"{k}={v!r}" for k, v in knobs.items())
+        warnings.warn(f"Loader({given}) is deprecated: pass tuning=LoaderTuning({given})",
+                      DeprecationWarning, stacklevel=3)
+        tuning, _ = split_tuning(tuning, knobs)
+    rank_kw: dict[str, Any] = {}
+    if old:
+        for k in ("rank_drop_last", "rank_pad"):
+            if k in old:
+                old[k] = _flag(k, old[k])
+        if isinstance(order, OrderSpec):
+            new = {_ORDER_SPELLINGS[k]: v for k, v in old.items()}
+            given = ", ".join(f"{k}={v!r}" for k, v in old.items())
+            warnings.warn(f"Loader({given}) is deprecated: pass order=OrderSpec({order.kind!r}, "
+                          + ", ".join(f"{k}={v!r}" for k, v in new.items()) + ")",
+                          DeprecationWarning, stacklevel=3)
+            order = dataclasses.replace(order, **new)
+        else:
+            if set(old) - {"rank", "world_size"}:
+                raise TypeError(f"{', '.join(sorted(set(old) - {'rank', 'world_size'}))} cannot change an "
+                                f"Order object: build the order with them")
+            warnings.warn("Loader(rank=, world_size=) with an Order object is deprecated: build the order "
+                          "for its rank (dataclasses.replace(order, rank=..., world_size=...))",
+                          DeprecationWarning, stacklevel=3)
+            rank_kw = {k: old[k] for k in ("rank", "world_size") if k in old}
+    return order, tuning, rank_kw
 
 
 def _block_sizes(kw: dict[str, Any], n: int, record_bytes: int) -> dict[str, Any]:
@@ -758,15 +792,15 @@ def _block_sizes(kw: dict[str, Any], n: int, record_bytes: int) -> dict[str, Any
     return {**kw, "block": sizes["block"], "window": sizes["window"]}
 
 
-def _check_windows(order: BlockShuffle, record_bytes: int, plan: dict[str, Any]) -> None:
+def _check_windows(order: BlockShuffle, record_bytes: int, plan: LoaderPlan) -> None:
     """Warn when this loader's memory cannot hold the two windows the
     read-ahead keeps (the window served and the next one): the order stays
     what every rank computes, the reads then go back to disk."""
-    if plan["fits"]:
+    if plan.fits:
         return
     window_bytes = order.block * order.window * record_bytes
     need = min(2 * window_bytes, len(order) * record_bytes)
-    cache = int(plan["cache_bytes"])
+    cache = int(plan.cache_bytes)
     if need <= cache:
         return
     fit = cache // 2 // max(1, order.block * record_bytes)
@@ -776,7 +810,7 @@ def _check_windows(order: BlockShuffle, record_bytes: int, plan: dict[str, Any])
         f"mmstore.torch.Loader(order='block'): a window is {order.window} block(s) of {order.block} records "
         f"({_mb(window_bytes)}; the order is the same on every rank and in every run, so it is not sized from "
         f"this machine's memory), and the read-ahead holds two, {_mb(need)}, but this loader may fill "
-        f"{_mb(cache)} of page cache ({plan['budget_source']}; see describe()): records will be read from disk "
+        f"{_mb(cache)} of page cache ({plan.budget_source}; see describe()): records will be read from disk "
         f"more than once. Pass {smaller} on every rank and in every run that resumes this one, or give the "
         "process more memory",
         UserWarning, stacklevel=3,
@@ -798,8 +832,8 @@ def _warn_repeated(order: Order) -> None:
             f"mmstore.torch.Loader: {n} records over {w} ranks in batches of {b}: {n % w} of the ranks would get one "
             f"batch more than the others (a DDP step the others never take), so {extra} record(s) are read "
             f"twice per epoch to give every rank {-(-len(order) // b)} batches. For every record exactly once "
-            f"choose a batch size for which {n} // {w} is not a multiple of it, or rank_drop_last=True to "
-            "drop instead",
+            f"choose a batch size for which {n} // {w} is not a multiple of it, or OrderSpec(..., drop_last=True) "
+            "to drop instead",
             UserWarning, stacklevel=3,
         )
 

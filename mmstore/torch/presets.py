@@ -22,7 +22,8 @@ import numpy as np
 import torch
 
 from ..errors import SchemaError
-from ..reader import Store
+from ..order import OrderSpec
+from ..store.reader import Store
 from . import augment
 from ._source import resolve_source
 from .dataset import image_fields
@@ -71,7 +72,9 @@ def classification_fields(store: Store, image: str | None = None, label: str | N
             )
         label = cands[0]
     if label not in schema.names or schema[label].shape != () or np.dtype(schema[label].dtype).kind not in "iu":
-        raise SchemaError(f"{store.path}: label field {label!r} must be an integer scalar field; the fields are: {desc}")
+        raise SchemaError(
+            f"{store.path}: label field {label!r} must be an integer scalar field; the fields are: {desc}"
+        )
     return image, label
 
 
@@ -126,9 +129,11 @@ def classification_loader(
         Where the batches are transformed and yielded (``"cuda"``: uint8
         crosses the bus, the crops run on the GPU).
     seed : int
-        Seeds the order and the augmentation draws.
+        Seeds the augmentation draws, and the order when it is a kind name.
     order : optional
-        Overrides the order (an :class:`mmstore.order.Order` or a kind name).
+        Overrides the order (a kind name, an :class:`mmstore.order.OrderSpec`
+        with its own seed, rank and world size, or an
+        :class:`mmstore.order.Order`).
     image, label : str, optional
         Field names (default: found from the schema, see
         :func:`classification_fields`).
@@ -137,7 +142,7 @@ def classification_loader(
         ``(0.449,)`` and ``(0.226,)``).
     **loader_kw
         Any other :class:`Loader` keyword (``drop_last``, ``indices``,
-        ``rank``/``world_size``, tuning ...).
+        ``tuning`` ...).
 
     Each batch is ``(images, target)``: ``images`` float32 ``(N, C, size,
     size)`` normalised (channels-last strides), ``target`` int64 ``(N,)``.
@@ -159,9 +164,11 @@ def classification_loader(
         pipe = augment.imagenet_eval(size, image=0, mean=mean, std=std)
     if order is None:
         order = "permutation" if train else "sequential"
+    if isinstance(order, str):
+        order = OrderSpec(order, seed=seed)
     arg = src.store if src.own else store  # a path was opened here: the loader owns that store
     loader = Loader(arg, batch_size, order, fields=(image, label), as_tuple=True, chw=False, device=device,
-                    seed=seed, transform=ClassificationTransform(pipe), **loader_kw)
+                    transform=ClassificationTransform(pipe), **loader_kw)
     if src.own:
         loader._own_store = True
     return loader

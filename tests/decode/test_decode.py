@@ -1,7 +1,7 @@
 """Tests for mmstore.decode: pixel-exact records, policies, bad input.
 
 Expected records are rebuilt here with plain cv2/numpy calls following the
-rules written in mmstore/decode.py's module docstring, and compared byte for
+rules written in mmstore/decode/__init__.py's module docstring, and compared byte for
 byte.  Test images are generated in memory or in tmp_path (Pillow is a test
 dependency only).
 """
@@ -24,18 +24,10 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
-from mmstore.decode import (
-    Decoded,
-    DecodeError,
-    DecodeSpec,
-    decode_image,
-    fit_array,
-    read_bytes,
-    sniff_image,
-)
 from support.images import encode
 from support.images import marked_photo as photo
+
+from mmstore.decode import Decoded, DecodeError, DecodeSpec, decode_image, fit_array, read_bytes, sniff_image
 
 PIL = pytest.importorskip("PIL")
 from PIL import Image, ImageOps  # noqa: E402

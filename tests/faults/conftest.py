@@ -4,7 +4,6 @@ uninterrupted ingest makes of it (modules that need other sizes define their own
 from __future__ import annotations
 
 import pytest
-
 from support.compare import store_bytes
 from support.faults import ingest_argv, run_forked
 from support.images import make_source

@@ -6,11 +6,11 @@ import os
 
 import numpy as np
 import pytest
-
-import mmstore
-from mmstore.tools import verify_store
 from support.faults import flip_bit
 from support.stores import write_store
+
+import mmstore
+from mmstore.check import verify_store
 
 N = 300
 SCHEMA = {"image": ("|u1", (16, 16, 3)), "label": ("<i8", ()), "box": ("<f4", (4,))}

@@ -8,7 +8,6 @@ import shutil
 import time
 
 import pytest
-
 from support.compare import store_bytes
 from support.faults import CRASHED, ingest_argv, run_forked
 from support.images import make_source

@@ -11,12 +11,12 @@ import threading
 
 import numpy as np
 import pytest
-
-import mmstore
-from mmstore.tools import verify_store
-from mmstore.writer import acquire_lock
 from support.images import make_source
 from support.proc import killable_cli
+
+import mmstore
+from mmstore.check import verify_store
+from mmstore.store.writer import acquire_lock
 
 N = 400
 SCHEMA = {"image": ("|u1", (16, 16, 3)), "label": ("<i8", ())}

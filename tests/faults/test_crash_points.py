@@ -9,10 +9,8 @@ import os
 import shutil
 
 import pytest
-
 from support.compare import store_bytes
 from support.faults import CRASHED, content_ok, ingest_argv, run_forked
-
 
 PHASES = ("write", "fsync", "commit", "rename")
 
@@ -44,7 +42,8 @@ def _walk_crash_points(src, tmp_path, ref, backend, phase, stride=1):
             assert store_bytes(dest) == ref, f"{phase}:{k}: complete-looking store with wrong data"
             assert content_ok(dest)
         else:
-            assert run_forked(ingest_argv(src, dest, "--backend", backend, "--resume")) == 0, f"{phase}:{k}: resume failed"
+            assert run_forked(ingest_argv(src, dest, "--backend", backend, "--resume")) == 0, \
+                f"{phase}:{k}: resume failed"
             assert store_bytes(dest) == ref, f"{phase}:{k}: resumed store differs"
             assert not os.path.exists(dest + ".partial")
         shutil.rmtree(dest, ignore_errors=True)
@@ -52,7 +51,7 @@ def _walk_crash_points(src, tmp_path, ref, backend, phase, stride=1):
 
 
 # every point of the fsync/commit/rename phases; data writes every 3rd point
-# here (all of them in tools/stress_faults.py)
+# here (all of them in benchmarks/stress_faults.py)
 STRIDE = {"write": 3, "fsync": 1, "commit": 1, "rename": 1}
 
 

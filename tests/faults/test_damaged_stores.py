@@ -8,12 +8,12 @@ import shutil
 
 import numpy as np
 import pytest
-
-import mmstore
-from mmstore.errors import FormatError, IncompleteStoreError, VersionError
-from mmstore.tools import verify_store
 from support.faults import edit_manifest
 from support.stores import write_store
+
+import mmstore
+from mmstore.check import verify_store
+from mmstore.errors import FormatError, IncompleteStoreError, VersionError
 
 N = 12
 SCHEMA = {"image": ("|u1", (8, 8, 3)), "label": ("<i8", ())}
@@ -63,7 +63,8 @@ def _refused(path):
 
 
 FILES = {
-    "memmap": ["image.npy", "label.npy", "_checksums.npy", "_keys_offsets.npy", "_keys.bin", "_index.npy", "errors.jsonl"],
+    "memmap": ["image.npy", "label.npy", "_checksums.npy", "_keys_offsets.npy", "_keys.bin", "_index.npy",
+               "errors.jsonl"],
     "lmdb": ["records.mdb", "_checksums.npy", "_keys_offsets.npy", "_keys.bin", "_index.npy", "errors.jsonl"],
 }
 CASES = [(b, f, h) for b in FILES for f in FILES[b] for h in ("minus1", "minus_record", "to_header", "zero", "junk")]
@@ -80,7 +81,8 @@ def test_every_file_truncated_or_extended(pristine, tmp_path, backend, name, how
 
 MANIFEST_CASES = {
     "empty": lambda p: open(os.path.join(p, "manifest.json"), "w").close(),
-    "truncated": lambda p: os.truncate(os.path.join(p, "manifest.json"), os.path.getsize(os.path.join(p, "manifest.json")) // 2),
+    "truncated": lambda p: os.truncate(os.path.join(p, "manifest.json"),
+                                       os.path.getsize(os.path.join(p, "manifest.json")) // 2),
     "wrong_schema_dtype": lambda p: edit_manifest(p, lambda m: m["schema"][1].update(dtype="<i4")),
     "wrong_schema_shape": lambda p: edit_manifest(p, lambda m: m["schema"][0].update(shape=[8, 8, 1])),
     "fewer_records": lambda p: edit_manifest(p, lambda m: m.update(records=m["records"] - 1)),

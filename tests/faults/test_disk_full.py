@@ -12,12 +12,12 @@ import textwrap
 
 import numpy as np
 import pytest
-
-import mmstore
 from support.compare import store_bytes
 from support.faults import content_ok, ingest_argv, mount_tmpfs, run_forked, umount
 from support.images import make_source
 from support.proc import cli_env, run_sub
+
+import mmstore
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_enospc_on_a_small_tmpfs_then_space_freed(src, ref, tmp_path):
 
 def test_lmdb_map_too_small_is_grown(src, tmp_path):
     def tiny_map():
-        import mmstore.backends.lmdb as lb
+        import mmstore.store.backends.lmdb as lb
 
         lb.lmdb_map_size = lambda record_bytes, records: 32 * 1024
 
@@ -95,7 +95,7 @@ def test_lmdb_map_too_small_is_grown(src, tmp_path):
 
 
 def test_lmdb_file_over_the_size_limit_names_the_cause(src, tmp_path):
-    """Building records.mdb past RLIMIT_FSIZE (review of issue 11): liblmdb says
+    """Building records.mdb past RLIMIT_FSIZE: liblmdb says
     only "Input/output error", and a failed put used to surface as an
     "unexpected" BufferError. Now convert and ingest say the file size limit
     was reached; ingest keeps its work and --resume completes it."""

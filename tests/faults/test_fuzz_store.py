@@ -1,4 +1,4 @@
-"""The store fuzzer, a seeded sample (the long run: ``python tools/fuzz_store.py``).
+"""The store fuzzer, a seeded sample (the long run: ``python benchmarks/fuzz_store.py``).
 
 Valid small stores of both backends, plain and merged, with holes, get one
 or two structured mutations each; every public entry point (open, [i],
@@ -19,9 +19,7 @@ import os
 
 import pytest
 from hypothesis import HealthCheck, Phase, given, settings
-
 from support import fuzz
-
 
 CASES = 60
 COMPACT_CASES = 30

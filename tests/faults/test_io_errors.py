@@ -8,7 +8,6 @@ import os
 import shutil
 
 import pytest
-
 from support.compare import store_bytes
 from support.faults import content_ok, ingest_argv, run_forked
 

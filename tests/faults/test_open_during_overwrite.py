@@ -20,11 +20,11 @@ import time
 import numpy as np
 import pytest
 import xxhash
+from support.faults import CRASHED
 
 import mmstore
-from mmstore import _crash
+from mmstore._os import crash as _crash
 from mmstore.errors import IncompleteStoreError, StoreChangedError
-from support.faults import CRASHED
 
 SCHEMA = {"image": ("|u1", (6, 4, 3)), "label": ("<i8", ())}
 # A and B have the same size (a mix of the two passes every size check);
@@ -165,8 +165,8 @@ def test_open_in_a_loop_while_overwritten_sees_one_store_or_a_typed_error(tmp_pa
 def test_open_while_overwritten_by_two_renames_waits_for_the_publish(tmp_path):
     """A file system that cannot exchange two names: the publish is two
     renames, with a moment of no store between them; opens wait it out."""
-    no_exchange = CHILD.replace("import mmstore\n", "import mmstore\nimport mmstore.writer\n"
-                                "mmstore.writer._exchange = lambda a, b: False\n", 1)
+    no_exchange = CHILD.replace("import mmstore\n", "import mmstore\nimport mmstore.store.writer\n"
+                                "mmstore.store.writer._exchange = lambda a, b: False\n", 1)
     assert no_exchange != CHILD
     _race(tmp_path, "memmap", no_exchange)
 

@@ -15,7 +15,6 @@ import time
 
 import numpy as np
 import pytest
-
 from support.compare import store_bytes
 from support.faults import CRASHED, content_ok, ingest_argv, run_forked
 

@@ -1,4 +1,4 @@
-"""Issue 11 item 5: an ingest that cannot fit is refused before it reserves
+"""Space reservation: an ingest that cannot fit is refused before it reserves
 anything, saying how much it needs and how much is free, and a reservation
 that fails half way gives back every block it took (ext4 keeps them)."""
 
@@ -8,13 +8,13 @@ import errno
 import os
 
 import pytest
-
-import mmstore
-from mmstore import _io
-from mmstore import writer as writer_mod
 from support.faults import ingest_argv, mount_ext4, mount_tmpfs, umount
 from support.proc import run_sub
 from support.stores import SMALL_SCHEMA, sample
+
+import mmstore
+from mmstore._os import io as _io
+from mmstore.store import writer as writer_mod
 
 
 def _free(path: str) -> int:

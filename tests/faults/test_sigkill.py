@@ -1,6 +1,6 @@
 """SIGKILL of the ingest's main process at random moments (workers must die
 with it and release the lock), then resume: byte-identical to an uninterrupted
-run. tools/stress_faults.py runs many more seeds."""
+run. benchmarks/stress_faults.py runs many more seeds."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import time
 
 import numpy as np
 import pytest
-
 from support.compare import store_bytes
 from support.images import make_source
 from support.proc import kill_after, killable_cli

@@ -1,6 +1,6 @@
-"""Issue 11 item 3 (a Store reads the store it opened, or fails naming the
-change, in every process) and issue 17 item 5 (a file truncated under an open
-store is a typed error naming the file, never SIGBUS or zeros). Every read
+"""Stale readers: a Store reads the store it opened, or fails naming the
+change, in every process; a file truncated under an open store is a typed
+error naming the file, never SIGBUS or zeros. Every read
 that could crash runs in a forked child (``support.proc.in_child``)."""
 
 from __future__ import annotations
@@ -11,13 +11,12 @@ import shutil
 
 import numpy as np
 import pytest
+from support.proc import in_child
+from support.stores import sample, write_parts, write_store
 
 import mmstore
 from mmstore.errors import StoreChangedError
 from mmstore.ingest.merge import merge
-from support.proc import in_child
-from support.stores import sample, write_parts, write_store
-
 
 N = 12
 HOLES = (3, 7)
@@ -51,7 +50,7 @@ def _old_images():
 
 
 @pytest.mark.parametrize("via", ["rename", "recreate"])
-def test_item3_store_opened_not_read_then_replaced_raises_store_changed(tmp_path, backend, via):
+def test_store_opened_not_read_then_replaced_raises_store_changed(tmp_path, backend, via):
     path = write_store(str(tmp_path / "s"), N, backend=backend, holes=HOLES)
     store = mmstore.open(path)
     _replace(path, backend, via)
@@ -70,7 +69,7 @@ def test_item3_store_opened_not_read_then_replaced_raises_store_changed(tmp_path
     np.testing.assert_array_equal(fresh.read_batch(np.arange(len(fresh)))["image"], _old_images()[..., ::-1])
 
 
-def test_item3_fork_worker_after_replace_raises_parent_keeps_reading_what_it_opened(tmp_path, backend):
+def test_fork_worker_after_replace_raises_parent_keeps_reading_what_it_opened(tmp_path, backend):
     path = write_store(str(tmp_path / "s"), N, backend=backend, holes=HOLES)
     store = mmstore.open(path)
     epoch1 = store.read_batch(np.arange(len(store)))["image"]  # "epoch 1": the parent maps the files
@@ -89,7 +88,7 @@ def test_item3_fork_worker_after_replace_raises_parent_keeps_reading_what_it_ope
     assert [store.key(i) for i in range(2)] == ["in/00000.jpg", "in/00001.jpg"]
 
 
-def test_item3_pickled_store_reopened_after_replace_raises(tmp_path, backend):
+def test_pickled_store_reopened_after_replace_raises(tmp_path, backend):
     path = write_store(str(tmp_path / "s"), N, backend=backend, holes=HOLES)
     blob = pickle.dumps(mmstore.open(path))
     np.testing.assert_array_equal(pickle.loads(blob)[0]["image"], sample(0)["image"])
@@ -98,7 +97,7 @@ def test_item3_pickled_store_reopened_after_replace_raises(tmp_path, backend):
         pickle.loads(blob)
 
 
-def test_item3_file_rewritten_in_place_is_a_change(tmp_path):
+def test_file_rewritten_in_place_is_a_change(tmp_path):
     """``cp -r new/. old/`` keeps the inodes and sizes; the modification time tells."""
     path = write_store(str(tmp_path / "s"), N, holes=HOLES)
     store = mmstore.open(path)
@@ -111,7 +110,7 @@ def test_item3_file_rewritten_in_place_is_a_change(tmp_path):
     assert res.raised("StoreChangedError") and "image.npy" in res.value[1], res
 
 
-def test_item3_dataloader_fork_workers_see_the_change(tmp_path):
+def test_dataloader_fork_workers_see_the_change(tmp_path):
     torch = pytest.importorskip("torch")
     from torch.utils.data import DataLoader
 
@@ -130,7 +129,7 @@ def test_item3_dataloader_fork_workers_see_the_change(tmp_path):
     assert res.raised("StoreChangedError"), res
 
 
-# -- issue 17 item 5: truncated after open ----------------------------------------------------
+# -- truncated after open ----------------------------------------------------
 def _truncate_then_read(path, name, new_size, read):
     store = mmstore.open(path)
     read(store)  # maps the files
@@ -147,7 +146,7 @@ def _read_all(store):
     ("_index.npy", "8-bytes"),
 ])
 @pytest.mark.parametrize("how", ["read_batch", "column", "[i]"])
-def test_issue17_item5_memmap_file_truncated_after_open_is_typed_not_sigbus(tmp_path, name, cut, how):
+def test_memmap_file_truncated_after_open_is_typed_not_sigbus(tmp_path, name, cut, how):
     path = write_store(str(tmp_path / "s"), N, holes=HOLES)
     size = os.path.getsize(os.path.join(path, name))
     entry = {"image.npy": 8 * 6 * 3, "score.npy": 8}.get(name, 8)
@@ -162,7 +161,7 @@ def test_issue17_item5_memmap_file_truncated_after_open_is_typed_not_sigbus(tmp_
     assert f"{name}: truncated to {new} bytes" in res.value[1]
 
 
-def test_issue17_item5_merged_segment_truncated_after_open(tmp_path):
+def test_merged_segment_truncated_after_open(tmp_path):
     parts = write_parts(str(tmp_path / "p"), N, (5, 9), holes=HOLES)
     path = merge(parts, str(tmp_path / "m"))
     seg = "image.00001.npy"
@@ -170,14 +169,14 @@ def test_issue17_item5_merged_segment_truncated_after_open(tmp_path):
     assert res.raised("StoreChangedError") and f"{seg}: truncated" in res.value[1], res
 
 
-def test_issue17_item5_lmdb_file_truncated_after_open(tmp_path):
+def test_lmdb_file_truncated_after_open(tmp_path):
     path = write_store(str(tmp_path / "s"), N, backend="lmdb", holes=HOLES)
     size = os.path.getsize(os.path.join(path, "records.mdb"))
     res = in_child(_truncate_then_read, path, "records.mdb", size - 4096, _read_all)
     assert res.raised("StoreChangedError") and "records.mdb: truncated" in res.value[1], res
 
 
-def test_issue17_item5_keys_truncated_after_open(tmp_path):
+def test_keys_truncated_after_open(tmp_path):
     path = write_store(str(tmp_path / "s"), N, holes=HOLES)
     size = os.path.getsize(os.path.join(path, "_keys.bin"))
     res = in_child(_truncate_then_read, path, "_keys.bin", size - 3, lambda s: [s.key(i) for i in range(len(s))])

@@ -1,4 +1,4 @@
-"""Issue 17 item 5: a store file truncated while a batch is copied out of its
+"""A store file truncated while a batch is copied out of its
 mapping is a StoreChangedError naming the file, never SIGBUS, on a plain and
 on a merged store. The size check before each batch is switched off here, so
 the truncation lands where it would in the race that check cannot close: the
@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from mmstore._safecopy import safe_copy_available
+from mmstore._os.safecopy import safe_copy_available
 
 pytestmark = pytest.mark.skipif(not safe_copy_available(), reason="needs process_vm_readv (Linux)")
 
@@ -21,7 +21,7 @@ CASE = r"""
 import os, sys
 import numpy as np
 import mmstore
-from mmstore.backends.memmap import MemmapBackend
+from mmstore.store.backends.memmap import MemmapBackend
 from mmstore.errors import StoreChangedError
 from support.stores import write_parts, write_store
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import types
 
 import pytest
-
 from support.compare import assert_same_files, store_bytes
 from support.images import make_folder, photo, write_image
 from support.proc import REPO, cli, popen_cli

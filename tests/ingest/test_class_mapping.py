@@ -79,8 +79,8 @@ def test_unknown_class_refused_or_appended(tmp_path, train_val, h, capsys):
     assert "'ant', 'cat'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("names,match", [(["a", "a"], "repeated"), (["a", "b\nc"], "line break"), ("no/such.txt", "cannot read"),
-                                         ([1, 2], "list of strings")])
+@pytest.mark.parametrize("names,match", [(["a", "a"], "repeated"), (["a", "b\nc"], "line break"),
+                                         ("no/such.txt", "cannot read"), ([1, 2], "list of strings")])
 def test_bad_mappings(tmp_path, train_val, names, match):
     _, val, _ = train_val
     with pytest.raises(LabelMappingError, match=match):

@@ -16,8 +16,8 @@ from support.faults import flip_bit, rewrite_file
 from support.proc import run_cli, run_json
 
 import mmstore
+from mmstore.decode.geometry import to_source
 from mmstore.errors import IngestError
-from mmstore.geometry import to_source
 from mmstore.ingest import ingest
 
 cv2 = pytest.importorskip("cv2")
@@ -164,7 +164,8 @@ def test_cli_pad_boxes_polygons_errors_summary(tmp_path, coco, capsys):
     assert "no 'bbox'" in ann[4]["reason"] and "not finite" in ann[3]["reason"]
     for want in ("4 records, 2 skipped", "note: 2 annotations skipped, bad-box",
                  "note: 3 annotations skipped, malformed", "note: 1 annotations skipped, unknown-category",
-                 "note: 1 annotations skipped, unknown-image", "note: 1 crowd annotations whose RLE mask is not stored"):
+                 "note: 1 annotations skipped, unknown-image",
+                 "note: 1 crowd annotations whose RLE mask is not stored"):
         assert want in err, err
     assert "clipped" not in err and "dropped" not in err  # pad keeps every box whole
     rc, rep = run_json(["verify", dest], capsys)
@@ -309,7 +310,8 @@ def test_verify_catches_a_damaged_annotation_line(tmp_path, coco, capsys):
     good = b"\n".join(lines) + b"\n"
     for bad_line, what in ((b'{"slot": 0, "key": "b.png", "annotation": 8, "id": 202, "reason": "x"}', "differs"),
                            (b'{"slot": null, "key": "a.png", "annotation": 7, "id": 201, "reason": "x"}', "has a key"),
-                           (b'{"slot": null, "key": null, "annotation": "7", "id": 201, "reason": "x"}', "not a valid")):
+                           (b'{"slot": null, "key": null, "annotation": "7", "id": 201, "reason": "x"}',
+                            "not a valid")):
         damaged = b"\n".join(lines[:2] + [bad_line] + lines[3:]) + b"\n"
         rewrite_file(dest, "errors.jsonl", damaged, digest=True)
         rc, rep = run_json(["verify", dest], capsys)
@@ -399,9 +401,9 @@ def test_shards_merge_and_convert_keep_the_annotation_lines(tmp_path, coco):
             counts.append(len(st.skipped_annotations()))
     assert counts == [5, 2, 0, 0, 0, 0]
     merged = str(tmp_path / "merged")
-    mmstore.ingest.merge(parts, merged)
+    mmstore.merge(parts, merged)
     conv = str(tmp_path / "conv")
-    from mmstore.tools.convert import convert_store
+    from mmstore.check.convert import convert_store
 
     convert_store(one, conv, backend="lmdb")
 

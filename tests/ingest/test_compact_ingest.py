@@ -1,4 +1,4 @@
-"""Ingest into compact records (issue 13): ``--codec FIELD=CODEC[:PARAM]``,
+"""Ingest into compact records: ``--codec FIELD=CODEC[:PARAM]``,
 ``ingest(codecs=)``, ``from_dataset``; byte-identical output for any worker
 count and across SIGKILL + resume; codecs in the fingerprint and provenance."""
 
@@ -14,8 +14,8 @@ import pytest
 from support.compare import store_bytes
 
 import mmstore
-from mmstore.codecs import library_versions, parse_codec
 from mmstore.errors import ResumeMismatchError, SchemaError
+from mmstore.format.codecs import library_versions, parse_codec
 from mmstore.ingest import from_dataset, ingest
 
 cv2 = pytest.importorskip("cv2")

@@ -1,7 +1,7 @@
-"""Issue 11, data loss, through ``mmstore ingest``: --overwrite never deletes
-the inputs or a folder that is not a store (item 1), CSV integer labels stay
-the integers they are (item 2), names that are not UTF-8 work end to end
-(item 4), and a refused run leaves no DEST.lock (item 12)."""
+"""Data loss, through ``mmstore ingest``: --overwrite never deletes the inputs
+or a folder that is not a store, CSV integer labels stay the integers they
+are, names that are not UTF-8 work end to end, and a refused run leaves no
+DEST.lock."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def _ingest(h, *argv) -> int:
     return h.cli("ingest", *argv, "--size", "8x8", "--workers", "0", "--quiet")
 
 
-# -- item 1 -----------------------------------------------------------------------------
+# -- --overwrite never deletes the inputs or a folder that is not a store ---------------
 
 
 def test_overwrite_refuses_source_folder(h, folder, capsys):
@@ -93,7 +93,7 @@ def test_overwrite_replaces_a_store_and_resume_never_touches_a_foreign_partial(h
     assert not os.path.exists(tmp_path / "t") and not os.path.exists(tmp_path / "t.lock")
 
 
-# -- item 2 -----------------------------------------------------------------------------
+# -- CSV integer labels stay the integers they are --------------------------------------
 
 
 def _list(tmp_path, h, labels, name="l.csv") -> str:
@@ -130,7 +130,7 @@ def test_csv_integer_labels_are_not_renumbered(h, tmp_path, capsys):
 
 def test_csv_missing_label_class_refuses_when_minus_one_is_a_real_label(h, tmp_path, capsys):
     """Blank cells kept as a class get label -1: when the column already uses
-    -1, that would merge them into a real class (review of issue 11)."""
+    -1, that would merge them into a real class."""
     lst = _list(tmp_path, h, ["-1", "10", "", "2"])
     dest = tmp_path / "s"
     assert h.cli("ingest", lst, dest, "--size", "8x8", "--workers", "0", "-q", "--missing-label", "class") == 1
@@ -203,7 +203,7 @@ def test_csv_label_beyond_int64_is_a_row_error(tmp_path):
     assert lab.labels[0] == 5 and "64-bit" in lab.label_errors[1]
 
 
-# -- item 4 -----------------------------------------------------------------------------
+# -- names that are not UTF-8 -----------------------------------------------------------
 
 
 def _bytes_folder(h, root: bytes) -> dict[bytes, bytes]:
@@ -266,7 +266,8 @@ def test_non_utf8_names_work_end_to_end(h, tmp_path):
     out = str(tmp_path / "c")
     assert h.cli("convert", dest, out, "--backend", "lmdb", "--no-progress") == 0
     c = mmstore.open(out)
-    assert c.label_names == s.label_names and [c.key(i) for i in range(c.records)] == [s.key(i) for i in range(s.records)]
+    assert c.label_names == s.label_names
+    assert [c.key(i) for i in range(c.records)] == [s.key(i) for i in range(s.records)]
     assert c.skipped() == s.skipped()
 
 

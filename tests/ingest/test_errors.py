@@ -117,7 +117,8 @@ def test_max_errors_and_on_error_fail(tmp_path, h, capsys):
     bad = make_bad_folder(root, h)  # 2 good, len(bad) bad
     n = 2 + len(bad)
     dest = str(tmp_path / "s.store")
-    assert h.cli("ingest", root, dest, "--size", "8x8", "--on-error", "fail", "-q", "--workers", "1", "--chunk", "1") == 1
+    assert h.cli("ingest", root, dest, "--size", "8x8", "--on-error", "fail", "-q", "--workers", "1",
+                 "--chunk", "1") == 1
     err = capsys.readouterr().err
     assert "--resume" in err and "max-errors" in err
     assert os.path.isdir(dest + ".partial") and not os.path.exists(dest)

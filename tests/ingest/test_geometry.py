@@ -1,4 +1,5 @@
-"""mmstore.geometry: the stored transform (box -> dst) against the decode itself, its inverse, the clip/drop rule."""
+"""mmstore.decode.geometry: the stored transform (box -> dst) against the decode itself, its inverse,
+the clip/drop rule."""
 
 from __future__ import annotations
 
@@ -9,16 +10,8 @@ from hypothesis import strategies as st
 
 import mmstore
 from mmstore.decode import DecodeSpec, decode_image
+from mmstore.decode.geometry import Transform, clip_boxes, clip_polygon, derive_dst, to_source, to_stored, transform_of
 from mmstore.errors import GeometryError
-from mmstore.geometry import (
-    Transform,
-    clip_boxes,
-    clip_polygon,
-    derive_dst,
-    to_source,
-    to_stored,
-    transform_of,
-)
 
 cv2 = pytest.importorskip("cv2")
 
@@ -157,7 +150,9 @@ def test_clip_polygon_stays_in_the_area(pts, rect):
         assert np.array_equal(c, p)
 
     def shoelace(q):
-        return 0.0 if len(q) < 3 else 0.5 * abs(np.dot(q[:, 0], np.roll(q[:, 1], -1)) - np.dot(q[:, 1], np.roll(q[:, 0], -1)))
+        if len(q) < 3:
+            return 0.0
+        return 0.5 * abs(np.dot(q[:, 0], np.roll(q[:, 1], -1)) - np.dot(q[:, 1], np.roll(q[:, 0], -1)))
 
     # a convex input (its hull): the clip's area is the intersection's, measured on a fine grid
     hull = cv2.convexHull(p.astype(np.float32))  # None for points that are all equal: a polygon of one point

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import inspect
 import shlex
 
 import pytest
@@ -10,9 +12,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mmstore.cli import build_parser
-from mmstore.cli.ingest import resume_command
+from mmstore.cli.ingest import _options, resume_command
+from mmstore.decode import DecodeSpec
 from mmstore.ingest import ingest
-from mmstore.ingest.options import SOURCE_OPTIONS, SPEC_OPTIONS, ErrorLimit, make_spec, split_options
+from mmstore.ingest.options import (
+    RUN_DEFAULTS,
+    SOURCE_OPTIONS,
+    SPEC_OPTIONS,
+    ErrorLimit,
+    make_spec,
+    split_options,
+)
+from mmstore.ingest.pipeline import RunOptions
 
 
 def _ingest_parser() -> argparse.ArgumentParser:
@@ -30,8 +41,8 @@ def test_every_option_has_its_cli_flag_and_no_flag_is_unlisted():
     for name in SPEC_OPTIONS + SOURCE_OPTIONS:
         want = "--no-header" if name == "header" else _flag(name)
         assert want in flags, f"option {name!r} has no CLI flag {want}"
-    run = {"--workers", "--on-error", "--max-errors", "--resume", "--overwrite", "--shard", "--backend", "--codec", "--chunk",
-           "--log-interval", "--quiet", "-q", "--size", "-h", "--help"}
+    run = {"--workers", "--on-error", "--max-errors", "--resume", "--overwrite", "--shard", "--backend", "--codec",
+           "--chunk", "--log-interval", "--quiet", "-q", "--size", "-h", "--help"}
     listed = {"--no-header" if n == "header" else _flag(n) for n in SPEC_OPTIONS + SOURCE_OPTIONS}
     assert flags - run - listed == set(), "a CLI flag that is neither a run option nor a listed option"
 
@@ -46,9 +57,20 @@ def test_split_options_routes_every_name_and_refuses_unknown_ones():
 
 
 def test_ingest_refuses_an_unknown_option_before_touching_anything(tmp_path):
-    with pytest.raises(TypeError, match="unknown ingest option"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'colour'"):
         ingest(str(tmp_path / "src"), str(tmp_path / "dest"), 16, colour=3)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_ingest_shows_every_option_in_its_signature():
+    """Every decode and source option is a keyword of ingest(), typed, none hidden in ``**``."""
+    import inspect
+
+    params = inspect.signature(ingest).parameters
+    assert not [p for p in params.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
+    for name in SPEC_OPTIONS + SOURCE_OPTIONS:
+        assert name in params, name
+        assert params[name].default is None and params[name].annotation not in ("Any", inspect.Parameter.empty), name
 
 
 def test_make_spec_takes_exactly_the_spec_options():
@@ -58,6 +80,48 @@ def test_make_spec_takes_exactly_the_spec_options():
             spec.fast_decode, spec.max_pixels, spec.strict_jpeg) == ((24, 32), "pad", 1, "chw", True, "cubic", 7,
                                                                      True, 10**6, False)
     assert make_spec(None, resize="pad") is None
+    with pytest.raises(TypeError, match="unknown decode option.*'colour'"):
+        make_spec("24", colour=3)
+
+
+def test_each_decode_default_is_the_same_in_the_cli_make_spec_and_decodespec():
+    # read from DecodeSpec's fields: a new decode option that is not wired through fails here
+    table = {f.name: f.default for f in dataclasses.fields(DecodeSpec) if f.name != "size"}
+    assert table and tuple(table) == SPEC_OPTIONS
+    p = _ingest_parser()
+    cli = {a.dest: a.default for a in p._actions}
+    made, plain = make_spec((8, 8)), DecodeSpec((8, 8))
+    for name, default in table.items():
+        assert name in cli, f"decode option {name!r} has no CLI flag with dest {name!r}"
+        seen = {"cli": cli[name], "make_spec": getattr(made, name), "DecodeSpec": getattr(plain, name)}
+        assert all(type(v) is type(default) and v == default for v in seen.values()), (name, default, seen)
+    # so the CLI without decode flags, make_spec and DecodeSpec give the same fingerprint input
+    args = p.parse_args(["src", "dest", "--size", "8x8"])
+    from_cli = make_spec(args.size, **_options(args))
+    assert from_cli == made == plain and from_cli.to_dict() == plain.to_dict()
+    assert DecodeSpec.from_dict(plain.to_dict()) == plain
+
+
+def test_the_decode_fingerprint_input_of_the_defaults_is_unchanged():
+    # what the resume fingerprint hashes for the default options: another value refuses every existing --resume
+    assert DecodeSpec((8, 8)).to_dict() == {
+        "size": [8, 8], "resize": "center-crop", "channels": 3, "layout": "hwc", "bgr": False, "interp_up": "linear",
+        "pad_value": 0, "fast_decode": False, "max_pixels": 178_956_970, "strict_jpeg": True}
+    assert DecodeSpec((8, 8), alpha="white").to_dict()["alpha"] == "white"
+
+
+def test_each_run_default_is_the_same_in_the_cli_ingest_and_run_options():
+    sig = inspect.signature(ingest).parameters
+    run = {f.name: f.default for f in dataclasses.fields(RunOptions)}
+    cli = {a.dest: a.default for a in _ingest_parser()._actions}
+    flag_dest = {"codecs": "codec", "progress_interval": "log_interval"}
+    keywords = {n for n, q in sig.items() if q.kind is inspect.Parameter.KEYWORD_ONLY}
+    assert keywords - set(SPEC_OPTIONS) - set(SOURCE_OPTIONS) == set(RUN_DEFAULTS)
+    assert set(run) - {"log"} == set(RUN_DEFAULTS)
+    for name, default in RUN_DEFAULTS.items():
+        assert sig[name].default == default and run[name] == default, name
+        if name != "resume_hint":  # the CLI makes its own
+            assert cli[flag_dest.get(name, name)] == default, name
 
 
 # every option set to a value other than its default, as the user would type it

@@ -103,9 +103,11 @@ def test_jpeg_layout_chw_bgr_gray(tmp_path, h):
     data = (root / "c.jpg").read_bytes()
     buf = np.frombuffer(data, np.uint8)
     for extra, ref in [
-        (["--layout", "chw"], cv2.resize(cv2.imdecode(buf, cv2.IMREAD_COLOR_RGB), (15, 15), interpolation=cv2.INTER_AREA).transpose(2, 0, 1)),
+        (["--layout", "chw"], cv2.resize(cv2.imdecode(buf, cv2.IMREAD_COLOR_RGB), (15, 15),
+                                         interpolation=cv2.INTER_AREA).transpose(2, 0, 1)),
         (["--bgr"], cv2.resize(cv2.imdecode(buf, cv2.IMREAD_COLOR_BGR), (15, 15), interpolation=cv2.INTER_AREA)),
-        (["--channels", "1"], cv2.resize(cv2.imdecode(buf, cv2.IMREAD_GRAYSCALE), (15, 15), interpolation=cv2.INTER_AREA)[..., None]),
+        (["--channels", "1"],
+         cv2.resize(cv2.imdecode(buf, cv2.IMREAD_GRAYSCALE), (15, 15), interpolation=cv2.INTER_AREA)[..., None]),
     ]:
         dest = str(tmp_path / ("s" + "".join(extra)))
         assert h.cli("ingest", str(root), dest, "--size", "15x15", "-q", "--workers", "1", *extra) == 0

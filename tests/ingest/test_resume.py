@@ -15,7 +15,7 @@ from support.compare import assert_reads_same
 import mmstore
 from mmstore.errors import IngestError, LockedError, ResumeMismatchError
 from mmstore.ingest import ingest, merge
-from mmstore.writer import acquire_lock
+from mmstore.store.writer import acquire_lock
 
 cv2 = pytest.importorskip("cv2")
 
@@ -172,7 +172,7 @@ def test_disk_full_then_resume(tmp_path, h, where):
     err = err.decode()
     assert p.returncode == 1, err
     assert "File too large" in err and "Traceback" not in err
-    if where == "setup":  # refused before anything is reserved (issue 11 item 5): nothing is left
+    if where == "setup":  # refused before anything is reserved: nothing is left
         assert "nothing was reserved" in err and not os.path.exists(dest + ".partial")
     else:
         assert "--resume" in err and os.path.isdir(dest + ".partial")
@@ -192,7 +192,8 @@ def test_resume_refuses_other_inputs_or_parameters(tmp_path, h, capsys):
     assert os.path.isdir(dest + ".partial")
     capsys.readouterr()
     # without --resume: a clear message
-    assert h.cli("ingest", root, dest, "--size", "8x8", "-q") == 2  # a partial ingest there: the user chooses (--resume or --overwrite)
+    # a partial ingest there: the user chooses (--resume or --overwrite)
+    assert h.cli("ingest", root, dest, "--size", "8x8", "-q") == 2
     assert "--resume" in capsys.readouterr().err
     # other parameters
     assert h.cli("ingest", root, dest, "--size", "8x9", "-q", "--resume") == 1

@@ -4,7 +4,7 @@ damaged files and manifests, small file systems, dropped root privileges.
 Runs of the ingest happen in forked children of the test process (cheap: no
 new interpreter, no re-import) with ``--workers 0`` so every write, fsync,
 commit and rename happens in that child, where ``NOTE [crash points]`` in
-``mmstore/_crash.py`` can stop it at the k-th occurrence with ``os._exit(77)``.
+``mmstore/_os/crash.py`` can stop it at the k-th occurrence with ``os._exit(77)``.
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import subprocess
 import xxhash
 
 import mmstore
-from mmstore import _crash
+from mmstore._os import crash as _crash
 from mmstore.cli import main
-from mmstore.writer import file_digest
+from mmstore.store.writer import file_digest
 
 CRASHED = 77
 

@@ -2,7 +2,7 @@
 entry point run on the result in a forked child (``support.fuzz``).
 
 ``tests/faults/test_fuzz_store.py`` runs a seeded sample of cases drawn by
-hypothesis; ``tools/fuzz_store.py`` runs many more and prints the figures.
+hypothesis; ``benchmarks/fuzz_store.py`` runs many more and prints the figures.
 
 A case is a base store (memmap or lmdb, plain or merged from parts, with
 holes; raw, or compact: a jpeg image and a zstd field, format 2.0) and one or
@@ -45,10 +45,11 @@ import numpy as np
 from hypothesis import strategies as st
 
 import mmstore
+from mmstore.check import verify_store
 from mmstore.cli import main
 from mmstore.errors import MmstoreError
 from mmstore.ingest.merge import merge
-from mmstore.tools import verify_store
+from mmstore.torch import LoaderTuning
 
 from .stores import write_parts, write_store
 
@@ -116,7 +117,7 @@ def ragged_sample(i: int) -> dict[str, Any]:
 
 def _same(got: Any, want: Any, idx: Any = None) -> bool:
     """Equal reads: arrays, or ragged batches (``want`` reordered by ``idx``)."""
-    from mmstore.ragged import Ragged
+    from mmstore.format.ragged import Ragged
 
     if isinstance(want, Ragged):
         ws = want.split()
@@ -305,7 +306,8 @@ def _mutate_npy_header(path: str, params: dict[str, Any]) -> None:
     head = raw[:off].decode("latin1")
     how = params["how"]
     if how == "rows":
-        head = re.sub(r"'shape': \((\d+)", lambda mm: f"'shape': ({[int(mm.group(1)) + 1, 0, 2**40, 2**63][params['choice'] % 4]}", head)
+        head = re.sub(r"'shape': \((\d+)",
+                      lambda mm: f"'shape': ({[int(mm.group(1)) + 1, 0, 2**40, 2**63][params['choice'] % 4]}", head)
     elif how == "dtype":
         head = head.replace("'descr': '", "'descr': '>" if "<" not in head else "'descr': '|", 1)
     elif how == "fortran":
@@ -549,7 +551,7 @@ def _loader_epoch(s: Any) -> int:
 
     torch.set_num_threads(1)
     total = 0
-    ld = Loader(s, batch_size=5, order="sequential", threads=2, prefetch=2, hints=False)
+    ld = Loader(s, batch_size=5, order="sequential", tuning=LoaderTuning(threads=2, prefetch=2, hints=False))
     try:
         for batch in ld:
             total += len(next(iter(batch.values())))

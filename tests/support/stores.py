@@ -4,7 +4,8 @@ of their slot, so any read can be checked byte for byte."""
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -133,7 +134,7 @@ def image_store(path, n=10_000, backend="memmap", holes=(), side=16, channels=3,
     return path, imgs
 
 
-# compact records (issue 13): an encoded image beside raw fields
+# compact records: an encoded image beside raw fields
 COMPACT_SCHEMA = {"image": ("|u1", (16, 12, 3)), "label": ("<i8", ()), "box": ("<f4", (4,))}
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import os
 
 import pytest
-
 from support.stores import IDX_BIG_SCHEMA, write_indexed
 
 

@@ -1,4 +1,4 @@
-"""Batch augmentation (issue 15) against per-image references written with
+"""Batch augmentation against per-image references written with
 plain torch ops after torchvision's definitions; parameter properties;
 reproducibility across pipelines, processes and devices."""
 
@@ -45,7 +45,8 @@ def ref_pad(img, l, t, r, b, mode, fill):
         out[:] = torch.as_tensor(fill, dtype=img.dtype).view(-1, 1, 1)
         out[:, t:t + img.shape[1], l:l + img.shape[2]] = img
         return out
-    return F.pad(img[None].float(), (l, r, t, b), mode={"edge": "replicate", "reflect": "reflect"}[mode])[0].to(img.dtype)
+    padded = F.pad(img[None].float(), (l, r, t, b), mode={"edge": "replicate", "reflect": "reflect"}[mode])
+    return padded[0].to(img.dtype)
 
 
 def ref_grey(img):
@@ -224,7 +225,8 @@ def test_resize_and_center_crop_match_reference():
     x = images(3, 30, 40)
     y = A.resize(x, 20)  # shorter side 20, aspect kept
     assert y.shape == (3, 20, 26, 3)
-    ref = F.interpolate(x.permute(0, 3, 1, 2).float(), size=(20, 26), mode="bilinear", align_corners=False, antialias=True)
+    ref = F.interpolate(x.permute(0, 3, 1, 2).float(), size=(20, 26), mode="bilinear", align_corners=False,
+                        antialias=True)
     assert (y.permute(0, 3, 1, 2).float() - ref.round()).abs().max() <= 1
     c = A.center_crop(x, (10, 15))
     assert torch.equal(c, x[:, 10:20, 12:27])
@@ -246,7 +248,8 @@ def test_rrc_params_properties(h, w, s, r, seed):
     boxes, ok = _rrc_params(32, h, w, s, r, torch.Generator().manual_seed(seed))
     top, left, bh, bw = boxes.unbind(1)
     assert bool(((bh >= 1) & (bw >= 1) & (top >= 0) & (left >= 0) & (top + bh <= h) & (left + bw <= w)).all())
-    for t, l, hh, ww in boxes[ok].tolist():  # an attempt succeeded: within scale and ratio up to the rounding of sides
+    # an attempt succeeded: within scale and ratio up to the rounding of sides
+    for _t, _l, hh, ww in boxes[ok].tolist():
         assert (hh - 0.5) * (ww - 0.5) <= s[1] * h * w + 1e-9
         assert (hh + 0.5) * (ww + 0.5) >= s[0] * h * w - 1e-9
         assert (ww - 0.5) / (hh + 0.5) <= r[1] + 1e-9 and (ww + 0.5) / (hh - 0.5) >= r[0] - 1e-9
@@ -272,7 +275,8 @@ def test_rrc_params_known_cases():
 
 
 @settings(max_examples=40, deadline=None)
-@given(h=st.integers(1, 40), w=st.integers(1, 40), th=st.integers(1, 40), tw=st.integers(1, 40), seed=st.integers(0, 2**31))
+@given(h=st.integers(1, 40), w=st.integers(1, 40), th=st.integers(1, 40), tw=st.integers(1, 40),
+       seed=st.integers(0, 2**31))
 def test_random_crop_params_inside(h, w, th, tw, seed):
     if th > h or tw > w:
         with pytest.raises(ValueError):

@@ -1,4 +1,4 @@
-"""Compact records (issue 13) through the torch layer: StoreDataset and Loader
+"""Compact records through the torch layer: StoreDataset and Loader
 decode variable-size fields in the reader threads, straight into the batch
 buffer, and return exactly what ``store[i]`` returns, in every order."""
 
@@ -14,9 +14,10 @@ from support.stores import write_every_layout, write_store
 from torch.utils.data import DataLoader
 
 import mmstore
+from mmstore.engine import reads as _reads
 from mmstore.errors import EntryDecodeError
 from mmstore.order import BlockShuffle, Permutation, Sequential
-from mmstore.torch import Loader, OrderSampler, StoreDataset, _reads
+from mmstore.torch import Loader, LoaderTuning, OrderSampler, StoreDataset
 
 SCHEMA = {"image": ("|u1", (24, 32, 3), "jpeg:90"), "label": ("<i8", ()), "idx": ("<i8", ()),
           "feat": ("<f4", (6,), "zstd:3")}
@@ -50,7 +51,7 @@ def test_loader_and_dataset_equal_store_getitem(compact, name, kind):
     n = len(truth)
     order = {"permutation": Permutation(n, seed=3), "block": BlockShuffle(n, 5, 3, seed=3),
              "sequential": Sequential(n)}[kind]
-    loader = Loader(path, 16, order, prefetch=2, threads=3, piece_bytes=4096)
+    loader = Loader(path, 16, order, tuning=LoaderTuning(prefetch=2, threads=3, piece_bytes=4096))
     ds = StoreDataset(path)
     sm = OrderSampler(ds, order)
     seen = []
@@ -96,7 +97,7 @@ def test_variable_fields_are_not_preadv_and_the_window_pass_does_not_decode(comp
     orig = s.schema["image"].codec.decode_into.__func__
     monkeypatch.setattr(type(s.schema["image"].codec), "decode_into",
                         lambda self, data, out: (decoded.append(1), orig(self, data, out)))
-    L = Loader(path, 10, order, prefetch=2, threads=3, method="mmap", window_prefetch="read")
+    L = Loader(path, 10, order, tuning=LoaderTuning(prefetch=2, threads=3, method="mmap", window_prefetch="read"))
     got = [{k: v.clone() for k, v in b.items()} for b in L]
     assert len(decoded) == 2 * n  # image and feat: each entry decoded once, by its batch
     truth = _truth(path)
@@ -113,7 +114,7 @@ def test_a_bad_entry_surfaces_from_the_loader(tmp_path):
     o[7] = o[8] + 5  # decreasing pair at slot 7; slot 6's entry now runs 5 bytes past entry 7's end
     o.flush()
     del o
-    L = Loader(p, 4, Sequential(20), threads=2)
+    L = Loader(p, 4, Sequential(20), tuning=LoaderTuning(threads=2))
     with pytest.raises(EntryDecodeError, match="record 6 \\(slot 6, key 'k6'\\): field 'image'.*trailing bytes"):
         list(L)
     L.close()
@@ -122,12 +123,12 @@ def test_a_bad_entry_surfaces_from_the_loader(tmp_path):
 @pytest.mark.parametrize("cores", [1, 2, 3])
 def test_decode_bound_epochs_decode_one_piece_per_core_at_a_time(compact, monkeypatch, cores):
     """Warm epochs that decode run at most one decoding task per usable core
-    (NOTE [decode-bound reads] in _reads.py), the batch in one contiguous piece
+    (NOTE [decode-bound reads] in mmstore/engine/reads.py), the batch in one contiguous piece
     per core, whatever ``threads`` is; the batches stay exact."""
     import threading
 
     path = compact["memmap"]
-    monkeypatch.setattr(_reads._sys, "usable_cores", lambda: cores)
+    monkeypatch.setattr(_reads._os, "usable_cores", lambda: cores)
     monkeypatch.setattr(_reads, "resident_fraction", lambda paths: 1.0)  # warm
     s = mmstore.open(path)
     busy, peak, pieces, lock = [0], [0], [], threading.Lock()
@@ -145,7 +146,7 @@ def test_decode_bound_epochs_decode_one_piece_per_core_at_a_time(compact, monkey
                 busy[0] -= 1
 
     monkeypatch.setattr(mmstore.Store, "read_batch", counted)
-    L = Loader(path, 12, Permutation(len(s), seed=1), prefetch=4, threads=16)
+    L = Loader(path, 12, Permutation(len(s), seed=1), tuning=LoaderTuning(prefetch=4, threads=16))
     got = [b["idx"].clone() for b in L]
     L.close()
     assert sorted(torch.cat(got).tolist()) == sorted(int(s[i]["idx"]) for i in range(len(s)))

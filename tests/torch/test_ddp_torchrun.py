@@ -32,7 +32,8 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 import mmstore
-from mmstore.torch import Loader, OrderSampler, StoreDataset
+from mmstore.order import OrderSpec
+from mmstore.torch import Loader, LoaderTuning, OrderSampler, StoreDataset
 
 path, out, bs, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 dist.init_process_group("gloo")
@@ -52,8 +53,10 @@ for mode in ("loader", "loader-pad", "loader-mem", "dataloader"):
                     continue
                 kw = {"block": 6, "mem_bytes": (200 + 200 * rank) * rec}
             if mode.startswith("loader"):  # rank and world size from torch.distributed
-                src = Loader(store, bs, kind, fields=("image", "idx"), drop_last=drop, rank_drop_last=drop,
-                             rank_pad=mode == "loader-pad", seed=3, **kw)
+                okw = {k: v for k, v in kw.items() if k in ("block", "window")}
+                spec = OrderSpec(kind, seed=3, drop_last=drop, pad=mode == "loader-pad", **okw)
+                src = Loader(store, bs, spec, fields=("image", "idx"), drop_last=drop,
+                             tuning=LoaderTuning(mem_bytes=kw.get("mem_bytes")))
                 order = src.order
             else:
                 ds = StoreDataset(store, fields=("image", "idx"))
@@ -102,8 +105,9 @@ def test_ddp_two_ranks_exactly_once(tmp_path):
             env=env, capture_output=True, text=True, timeout=150, check=False,
         )
     except subprocess.TimeoutExpired as e:
-        pytest.fail(f"the DDP job hung past the ranks' own 110 s traceback dump (torchrun itself?): "
-                    f"{str(e.stderr)[-2000:]}")
+        err = e.stderr.decode(errors="replace") if isinstance(e.stderr, bytes) else str(e.stderr)
+        pytest.fail(f"the DDP job hung past the ranks' own 110 s traceback dump (torchrun itself?); "
+                    f"its stderr, where the ranks' tracebacks are:\n{err[-12000:]}")
     assert r.returncode == 0, r.stderr[-4000:]
     results = json.loads(out.read_text())
     assert len(results) == (3 * 2 * 2 + 1) * EPOCHS

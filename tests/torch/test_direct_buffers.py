@@ -1,4 +1,4 @@
-"""The O_DIRECT window buffers (``mmstore/torch/_direct.py``): aligned on a
+"""The O_DIRECT window buffers (``mmstore/engine/direct.py``): aligned on a
 huge-page boundary and backed by transparent huge pages where the kernel
 offers them (NOTE [huge window buffers]: the disk requests an O_DIRECT read
 becomes are at most ``max_segments`` contiguous pieces of the buffer)."""
@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 import mmstore
-from mmstore.torch import Loader, _direct
+from mmstore.engine import direct as _direct
+from mmstore.order import OrderSpec
+from mmstore.torch import Loader, LoaderTuning
 
 
 def _thp_mode() -> str | None:
@@ -96,7 +98,7 @@ def test_permutation_that_does_not_fit_reads_records_with_o_direct(stores, monke
     with O_DIRECT (aligned staging buffer, then a copy into its row): batches
     byte-exact (holes, merged segments), each record once; where O_DIRECT is
     refused the same records come through the page cache."""
-    from mmstore.torch import _reads
+    from mmstore.engine import reads as _reads
 
     path = stores[name]
     ref = mmstore.open(path)
@@ -107,7 +109,7 @@ def test_permutation_that_does_not_fit_reads_records_with_o_direct(stores, monke
     calls = []
     orig = _reads.read_records_direct
     monkeypatch.setattr(_reads, "read_records_direct", lambda *a: (calls.append(len(a[3])), orig(*a))[1])
-    L = Loader(path, 7, "permutation", mem_bytes=20 * rec, threads=3, seed=4)
+    L = Loader(path, 7, OrderSpec("permutation", seed=4), tuning=LoaderTuning(mem_bytes=20 * rec, threads=3))
     d = L.describe()
     assert d["direct_reads"] and not d["fits"] and d["willneed"] == 0 and "O_DIRECT" in str(d)
     _epochs_exact(L, ref)
@@ -125,19 +127,19 @@ def test_permutation_that_does_not_fit_reads_records_with_o_direct(stores, monke
 def test_a_store_that_fits_or_is_cached_keeps_the_page_cache(stores, monkeypatch):
     """No O_DIRECT where the page cache serves: a store that fits the budget,
     or one found cached at the start of the epoch."""
-    from mmstore.torch import _reads
+    from mmstore.engine import reads as _reads
 
     path = stores["big"]
     ref = mmstore.open(path)
     calls = []
     monkeypatch.setattr(_reads, "read_records_direct", lambda *a: calls.append(1))
-    L = Loader(path, 16, "permutation", mem_bytes=1 << 34)
+    L = Loader(path, 16, "permutation", tuning=LoaderTuning(mem_bytes=1 << 34))
     assert not L.describe()["direct_reads"]
     _epochs_exact(L, ref, (0,))
     assert not L._res.ring._huge  # rows filled by copies: small pages, as before
     L.close()
     monkeypatch.setattr(_reads, "resident_fraction", lambda paths: 1.0)  # found cached
-    L = Loader(path, 16, "permutation", mem_bytes=20 * 16, method="pread")
+    L = Loader(path, 16, "permutation", tuning=LoaderTuning(mem_bytes=20 * 16, method="pread"))
     assert L.describe()["direct_reads"]
     _epochs_exact(L, ref, (0,))
     L.close()
@@ -150,10 +152,10 @@ def test_direct_record_reads_of_a_truncated_store_raise_the_typed_error(stores, 
     the record; nothing past the cut is delivered as data."""
     import shutil
 
-    from mmstore._sys import TruncatedReadError
-    from mmstore.backends import memmap as memmap_backend
+    from mmstore._os import TruncatedReadError
+    from mmstore.engine import reads as _reads
     from mmstore.errors import MmstoreError, StoreChangedError
-    from mmstore.torch import _reads
+    from mmstore.store.backends import memmap as memmap_backend
 
     monkeypatch.setattr(memmap_backend, "note_identity", lambda *a, **k: None)
     monkeypatch.setattr(_reads, "resident_fraction", lambda paths: 0.0)
@@ -162,7 +164,7 @@ def test_direct_record_reads_of_a_truncated_store_raise_the_typed_error(stores, 
     ref = mmstore.open(stores["big"])
     rec = sum(ref.schema[f].nbytes for f in ref.fields)
     seg = mmstore.open(dst).backend.field_segments("image")[0]
-    L = Loader(dst, 8, "permutation", mem_bytes=20 * rec, threads=3)
+    L = Loader(dst, 8, "permutation", tuning=LoaderTuning(mem_bytes=20 * rec, threads=3))
     assert L.describe()["direct_reads"]
     iter(L).close()
     os.truncate(os.path.join(dst, "image.npy"), seg.offset + 150 * seg.entry_bytes + 100)
@@ -189,7 +191,12 @@ def test_plan_says_o_direct_only_where_fields_are_read_positionally(stores, monk
         rec = sum(ref.schema[f].nbytes for f in ref.fields)
         for kind in ("permutation", "block"):
             sizes = {"block": 5, "window": 1} if kind == "block" else {}  # two windows fit in the budget
-            L = Loader(stores[name], 7, kind, mem_bytes=40 * rec, method=method, threads=2, **sizes)
+            L = Loader(
+                stores[name],
+                7,
+                OrderSpec(kind, **sizes),
+                tuning=LoaderTuning(mem_bytes=40 * rec, method=method, threads=2),
+            )
             d = L.describe()
             assert not d["fits"]
             assert (d["direct_reads"] if kind == "permutation" else d["window_direct"]) == want, (name, method, kind)
@@ -238,7 +245,8 @@ def test_permutation_reads_records_in_place_into_aligned_rows(build_store, tmp_p
     the device refuses ("staged"). A record size that is not a multiple
     (24x32x3 = 4.5 x 512) puts every other row off the block: those are
     staged. Batches byte-exact, each record once, in every case."""
-    from mmstore.torch import _aio, _reads
+    from mmstore.engine import aio as _aio
+    from mmstore.engine import reads as _reads
 
     schema = {"image": ("|u1", image), "label": ("<i8", ()), "idx": ("<i8", ())}
     path = build_store(str(tmp_path / "s"), 150, holes=(3, 90), schema=schema)
@@ -265,7 +273,7 @@ def test_permutation_reads_records_in_place_into_aligned_rows(build_store, tmp_p
 
     monkeypatch.setattr(_aio, "read_vectors", aio)
     monkeypatch.setattr(_direct, "_read_in_place", sync)
-    L = Loader(path, 7, "permutation", mem_bytes=20 * rec, threads=3, seed=4)
+    L = Loader(path, 7, OrderSpec("permutation", seed=4), tuning=LoaderTuning(mem_bytes=20 * rec, threads=3))
     assert L.describe()["direct_reads"]
     _epochs_exact(L, ref)
     ring = L._res.ring
@@ -302,7 +310,7 @@ def test_read_vectors_reads_each_vector_and_reports_short_reads(tmp_path):
     failed, never raised."""
     import mmap
 
-    from mmstore.torch import _aio
+    from mmstore.engine import aio as _aio
 
     data = np.random.default_rng(3).integers(0, 256, 40_000 + 100, dtype=np.uint8)
     p = tmp_path / "f.bin"
@@ -348,7 +356,7 @@ def test_method_pread_reads_only_large_records_with_o_direct(stores, build_store
     cost a 4 KiB disk read of its own (a second random read per record) where
     their small file stays in the page cache. Only the fields of at least
     ``PREAD_MIN_BYTES`` a record are read with O_DIRECT; the epochs are exact."""
-    from mmstore.torch import _reads
+    from mmstore.engine import reads as _reads
 
     path = stores["big"]
     ref = mmstore.open(path)
@@ -357,7 +365,9 @@ def test_method_pread_reads_only_large_records_with_o_direct(stores, build_store
     sizes = []
     orig = _reads.read_records_direct
     monkeypatch.setattr(_reads, "read_records_direct", lambda *a: (sizes.append(a[4]), orig(*a))[1])
-    L = Loader(path, 7, "permutation", mem_bytes=20 * rec, threads=3, seed=4, method="pread")
+    L = Loader(
+        path, 7, OrderSpec("permutation", seed=4), tuning=LoaderTuning(mem_bytes=20 * rec, threads=3, method="pread")
+    )
     assert L.describe()["direct_reads"]
     _epochs_exact(L, ref)
     assert set(L._res.files) >= {"image", "label"}  # both read with preadv
@@ -371,7 +381,7 @@ def test_method_pread_reads_only_large_records_with_o_direct(stores, build_store
     # a store of small fields only: describe() promises no O_DIRECT
     schema = {"image": ("|u1", (4, 4, 1)), "label": ("<i8", ()), "idx": ("<i8", ())}
     small = build_store(str(tmp_path / "small"), 300, schema=schema)
-    L = Loader(small, 7, "permutation", mem_bytes=20 * 32, threads=2, method="pread")
+    L = Loader(small, 7, "permutation", tuning=LoaderTuning(mem_bytes=20 * 32, threads=2, method="pread"))
     assert not L.describe()["fits"] and not L.describe()["direct_reads"]
     _epochs_exact(L, mmstore.open(small), (0,))
     L.close()

@@ -10,7 +10,7 @@ import torch
 
 import mmstore
 from mmstore.order import Permutation
-from mmstore.torch import Loader, gpu
+from mmstore.torch import Loader, LoaderTuning, gpu
 
 cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -20,7 +20,8 @@ def test_normalize_cpu():
     mean, std = (0.485, 0.456, 0.406), (0.229, 0.224, 0.225)
     y = gpu.normalize(x, mean, std)
     assert y.shape == (4, 3, 5, 6) and y.dtype == torch.float32
-    ref = (x.permute(0, 3, 1, 2).float() / 255 - torch.tensor(mean).view(1, 3, 1, 1)) / torch.tensor(std).view(1, 3, 1, 1)
+    ref = ((x.permute(0, 3, 1, 2).float() / 255 - torch.tensor(mean).view(1, 3, 1, 1))
+           / torch.tensor(std).view(1, 3, 1, 1))
     torch.testing.assert_close(y, ref, rtol=1e-5, atol=1e-5)
     y2 = gpu.normalize(x.permute(0, 3, 1, 2).contiguous(), mean, std, layout="NCHW")
     torch.testing.assert_close(y2, ref, rtol=1e-5, atol=1e-5)
@@ -76,7 +77,7 @@ def test_cuda_loader_stream_sync(stores, name):
     n = len(st)
     all_slots = st.slots_of(np.arange(n))
     order = Permutation(n, seed=3)
-    L = Loader(path, 16, order, device="cuda", prefetch=3, threads=4)
+    L = Loader(path, 16, order, device="cuda", tuning=LoaderTuning(prefetch=3, threads=4))
     assert L.pin_memory
     for epoch in range(3):
         L.set_epoch(epoch)
@@ -101,7 +102,7 @@ def test_cuda_loader_stream_sync(stores, name):
 def test_cuda_batches_survive_later_batches(stores):
     """GPU tensors belong to the caller: keeping all of them is safe."""
     path = stores["big"]
-    L = Loader(path, 8, Permutation(301, seed=0), device="cuda", prefetch=4, threads=4)
+    L = Loader(path, 8, Permutation(301, seed=0), device="cuda", tuning=LoaderTuning(prefetch=4, threads=4))
     kept = list(L)
     torch.cuda.synchronize()
     ids = torch.cat([b["idx"] for b in kept]).cpu().numpy()
@@ -115,7 +116,7 @@ def test_cuda_batches_survive_later_batches(stores):
 @cuda
 @pytest.mark.cuda
 def test_cuda_pinned_loader_cpu_output(stores):
-    L = Loader(stores["big"], 8, "permutation", pin_memory=True, threads=2)
+    L = Loader(stores["big"], 8, "permutation", pin_memory=True, tuning=LoaderTuning(threads=2))
     b = next(iter(L))
     assert b["image"].is_pinned()
     L.close()

@@ -13,8 +13,9 @@ import torch
 from torch.utils.data import DataLoader
 
 import mmstore
-from mmstore.order import BlockShuffle, Permutation, Sequential
-from mmstore.torch import Loader, LoaderTuning, OrderSampler, StoreDataset, _reads
+from mmstore.engine import reads as _reads
+from mmstore.order import BlockShuffle, OrderSpec, Permutation, Sequential
+from mmstore.torch import Loader, LoaderTuning, OrderSampler, StoreDataset
 
 
 def _dl_batches(path, order, batch_size, drop_last, epoch):
@@ -38,8 +39,13 @@ def test_loader_equals_dataloader(stores, name, method, kind):
         "sequential": Sequential(n),
     }[kind]
     for drop_last in (False, True):
-        loader = Loader(path, 24, order, drop_last=drop_last, prefetch=3, threads=4, piece_bytes=4096,
-                        method=method)
+        loader = Loader(
+            path,
+            24,
+            order,
+            drop_last=drop_last,
+            tuning=LoaderTuning(prefetch=3, threads=4, piece_bytes=4096, method=method),
+        )
         for epoch in (0, 2):
             loader.set_epoch(epoch)
             ours = list(b.copy() for b in _cloned(loader))
@@ -58,14 +64,15 @@ def test_merged_store_loads_like_the_single_store(stores, method):
     """Batches of a merged store (records scattered over segments within a
     batch) equal those of the single store with the same records."""
     n = len(mmstore.open(stores["merged_ref"]))
-    kw = dict(prefetch=2, threads=3, piece_bytes=1 << 16, method=method)  # a batch is one read task
+    kw = dict(tuning=LoaderTuning(prefetch=2, threads=3, piece_bytes=1 << 16, method=method))  # a batch: one read task
     for order in (Permutation(n, seed=5), BlockShuffle(n, 6, 3, seed=5)):
         a = [{k: v.clone() for k, v in b.items()} for b in Loader(stores["merged"], 13, order, **kw)]
         b = [{k: v.clone() for k, v in b.items()} for b in Loader(stores["merged_ref"], 13, order, **kw)]
         assert len(a) == len(b) == -(-n // 13)
         for x, y in zip(a, b):
             assert all(torch.equal(x[k], y[k]) for k in x)
-        assert sorted(torch.cat([x["idx"] for x in a]).tolist()) == sorted(mmstore.open(stores["merged_ref"]).column("idx").tolist())
+        assert (sorted(torch.cat([x["idx"] for x in a]).tolist())
+                == sorted(mmstore.open(stores["merged_ref"]).column("idx").tolist()))
 
 
 def _cloned(loader):
@@ -75,7 +82,7 @@ def _cloned(loader):
 
 def test_epoch_auto_increment_and_set_epoch(stores):
     n = len(mmstore.open(stores["small"]))
-    L = Loader(stores["small"], 50, Permutation(n, seed=0), fields=("idx",), threads=2)
+    L = Loader(stores["small"], 50, Permutation(n, seed=0), fields=("idx",), tuning=LoaderTuning(threads=2))
     e0 = np.concatenate([b["idx"].numpy().copy() for b in L])
     e1 = np.concatenate([b["idx"].numpy().copy() for b in L])
     assert not np.array_equal(e0, e1)
@@ -94,7 +101,7 @@ def test_ring_reused_when_only_hold_batches_are_kept(stores):
     path = stores["big"]
     st = mmstore.open(path)
     for hold in (1, 2, 3):
-        L = Loader(path, 16, "permutation", prefetch=3, hold=hold, threads=4, piece_bytes=2048)
+        L = Loader(path, 16, "permutation", tuning=LoaderTuning(prefetch=3, hold=hold, threads=4, piece_bytes=2048))
         kept: list[tuple[dict, np.ndarray]] = []
         ptrs = []
         for b in L:
@@ -113,8 +120,8 @@ def test_ring_reused_when_only_hold_batches_are_kept(stores):
 
 
 def test_kept_batch_is_not_overwritten(stores):
-    """The case of issue 15: a batch kept past its buffer's turn stays intact."""
-    L = Loader(stores["big"], 16, Permutation(301, seed=1), fields=("idx",), prefetch=2, threads=2)
+    """A batch kept past its buffer's turn stays intact."""
+    L = Loader(stores["big"], 16, Permutation(301, seed=1), fields=("idx",), tuning=LoaderTuning(prefetch=2, threads=2))
     it = iter(L)
     first = next(it)
     saved = first["idx"].clone()
@@ -125,7 +132,7 @@ def test_kept_batch_is_not_overwritten(stores):
 
 
 def test_copy_true_gives_independent_batches(stores):
-    L = Loader(stores["big"], 16, Permutation(301, seed=1), copy=True, prefetch=2, threads=2)
+    L = Loader(stores["big"], 16, Permutation(301, seed=1), copy=True, tuning=LoaderTuning(prefetch=2, threads=2))
     batches = list(L)
     ids = np.concatenate([b["idx"].numpy() for b in batches])
     assert np.array_equal(ids, Permutation(301, seed=1).epoch(0))
@@ -135,7 +142,7 @@ def test_copy_true_gives_independent_batches(stores):
 
 def test_tuple_chw_and_fields(stores):
     st = mmstore.open(stores["big"])
-    L = Loader(st, 10, "sequential", fields=("image", "label"), as_tuple=True, chw=True, threads=2)
+    L = Loader(st, 10, "sequential", fields=("image", "label"), as_tuple=True, chw=True, tuning=LoaderTuning(threads=2))
     img, lab = next(iter(L))
     assert img.shape == (10, 3, 24, 32) and img.dtype == torch.uint8
     np.testing.assert_array_equal(img.permute(0, 2, 3, 1).numpy(), st[:10]["image"])
@@ -146,8 +153,17 @@ def test_tuple_chw_and_fields(stores):
 def test_ddp_ranks_disjoint(stores):
     n = len(mmstore.open(stores["big"]))
     got = [
-        np.concatenate([b["idx"].numpy().copy() for b in Loader(stores["big"], 32, "block", fields=("idx",), rank=r,
-                                                               world_size=3, rank_drop_last=True, block=6, window=2)])
+        np.concatenate(
+            [
+                b["idx"].numpy().copy()
+                for b in Loader(
+                    stores["big"],
+                    32,
+                    OrderSpec("block", rank=r, world_size=3, drop_last=True, block=6, window=2),
+                    fields=("idx",),
+                )
+            ]
+        )
         for r in range(3)
     ]
     allids = np.concatenate(got)
@@ -155,7 +171,7 @@ def test_ddp_ranks_disjoint(stores):
 
 
 def test_break_mid_epoch_and_restart(stores):
-    L = Loader(stores["big"], 8, "permutation", prefetch=4, threads=4)
+    L = Loader(stores["big"], 8, "permutation", tuning=LoaderTuning(prefetch=4, threads=4))
     for i, _ in enumerate(L):
         if i == 3:
             break
@@ -168,7 +184,7 @@ def test_break_mid_epoch_and_restart(stores):
 
 
 def test_read_errors_propagate(stores, monkeypatch):
-    L = Loader(stores["big"], 8, "permutation", threads=2)
+    L = Loader(stores["big"], 8, "permutation", tuning=LoaderTuning(threads=2))
 
     def boom(*a, **k):
         raise OSError(5, "simulated I/O error")
@@ -182,25 +198,31 @@ def test_read_errors_propagate(stores, monkeypatch):
 
 
 def test_warm_and_hints(stores):
-    L = Loader(stores["big"], 32, "permutation", warm=True, threads=2)
+    L = Loader(stores["big"], 32, "permutation", tuning=LoaderTuning(warm=True, threads=2))
     n = sum(len(b["idx"]) for b in L)
     assert n == 301
     assert L.warm_report is not None and L.warm_report.complete
     L.close()
-    L2 = Loader(stores["big"], 32, "permutation", warm="background", threads=2)
+    L2 = Loader(stores["big"], 32, "permutation", tuning=LoaderTuning(warm="background", threads=2))
     assert sum(len(b["idx"]) for b in L2) == 301
     L2.close()
 
 
 def test_pread_and_mmap_methods_agree(stores):
-    a = [b["image"].clone() for b in Loader(stores["holes"], 9, Permutation(115, seed=2), method="pread", threads=3)]
-    b = [b["image"].clone() for b in Loader(stores["holes"], 9, Permutation(115, seed=2), method="mmap", threads=3)]
+    a = [
+        b["image"].clone()
+        for b in Loader(stores["holes"], 9, Permutation(115, seed=2), tuning=LoaderTuning(method="pread", threads=3))
+    ]
+    b = [
+        b["image"].clone()
+        for b in Loader(stores["holes"], 9, Permutation(115, seed=2), tuning=LoaderTuning(method="mmap", threads=3))
+    ]
     assert all(torch.equal(x, y) for x, y in zip(a, b)) and len(a) == len(b)
 
 
 def test_threads_really_overlap(stores):
     # several batches are in flight: with prefetch=4 the readers fill the ring
-    L = Loader(stores["big"], 8, "permutation", prefetch=4, threads=4)
+    L = Loader(stores["big"], 8, "permutation", tuning=LoaderTuning(prefetch=4, threads=4))
     it = iter(L)
     next(it)
     deadline = time.monotonic() + 10
@@ -216,13 +238,13 @@ def test_threads_really_overlap(stores):
 
 def test_pin_memory_cpu(stores):
     if torch.cuda.is_available():
-        L = Loader(stores["big"], 8, "permutation", pin_memory=True, threads=2)
+        L = Loader(stores["big"], 8, "permutation", pin_memory=True, tuning=LoaderTuning(threads=2))
         b = next(iter(L))
         assert b["image"].is_pinned()
         L.close()
     else:
         with pytest.warns(UserWarning, match="pin_memory"):
-            L = Loader(stores["big"], 8, "permutation", pin_memory=True, threads=2)
+            L = Loader(stores["big"], 8, "permutation", pin_memory=True, tuning=LoaderTuning(threads=2))
         assert sum(len(b["idx"]) for b in L) == 301
         L.close()
 
@@ -231,9 +253,9 @@ def test_bad_arguments(stores):
     with pytest.raises(ValueError):
         Loader(stores["big"], 0)
     with pytest.raises(ValueError):
-        Loader(stores["big"], 8, prefetch=0)
+        Loader(stores["big"], 8, tuning=LoaderTuning(prefetch=0))
     with pytest.raises(ValueError):
-        Loader(stores["big"], 8, method="x")
+        Loader(stores["big"], 8, tuning=LoaderTuning(method="x"))
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="cuda"):
             Loader(stores["big"], 8, device="cuda")
@@ -242,7 +264,7 @@ def test_bad_arguments(stores):
 def test_no_thread_leak(stores):
     before = threading.active_count()
     for _ in range(3):
-        with Loader(stores["big"], 32, "block", block=5, window=3, threads=3) as L:
+        with Loader(stores["big"], 32, OrderSpec("block", block=5, window=3), tuning=LoaderTuning(threads=3)) as L:
             list(L)
     time.sleep(0.05)
     assert threading.active_count() <= before + 1
@@ -255,7 +277,7 @@ def test_cold_paths_window_prefetch_and_willneed(stores, name, mode, monkeypatch
     path = stores[name]
     n = len(mmstore.open(path))
     order = BlockShuffle(n, 4, 3, seed=7)
-    L = Loader(path, 10, order, prefetch=2, threads=3, piece_bytes=4096, window_prefetch=mode)
+    L = Loader(path, 10, order, tuning=LoaderTuning(prefetch=2, threads=3, piece_bytes=4096, window_prefetch=mode))
     monkeypatch.setattr(_reads, "resident_fraction", lambda paths: 0.0)
     windows = []
     orig = _reads.WindowPrefetch.read_window
@@ -270,10 +292,10 @@ def test_cold_paths_window_prefetch_and_willneed(stores, name, mode, monkeypatch
         assert all(torch.equal(a, b) for a, b in zip(ours, ref)) and len(ours) == len(ref)
     assert sum(windows) == 2 * n  # every record read once per epoch by the window pass
     # the window pass reads later batches' records in long requests: no
-    # per-record WILLNEED racing it with small ones (issue 16)
+    # per-record WILLNEED racing it with small ones
     assert not hinted
     L.close()
-    P = Loader(path, 10, Permutation(n, seed=7), prefetch=2, threads=3, piece_bytes=4096)
+    P = Loader(path, 10, Permutation(n, seed=7), tuning=LoaderTuning(prefetch=2, threads=3, piece_bytes=4096))
     assert len([b for b in P]) == -(-n // 10)
     if name != "lmdb":
         assert hinted  # a permutation still hints the records of later batches
@@ -287,8 +309,12 @@ def test_tuning_object_and_tuning_keywords_make_the_same_loader(stores):
     path, ref = stores["big"], mmstore.open(stores["big"])
     t = LoaderTuning(prefetch=2, hold=2, threads=3, method="pread", piece_bytes=4096, window_prefetch=True)
     a = Loader(path, 16, Permutation(301, seed=4), tuning=t)
-    b = Loader(path, 16, Permutation(301, seed=4), prefetch=2, hold=2, threads=3, method="pread", piece_bytes=4096,
-               window_prefetch=True)
+    b = Loader(
+        path,
+        16,
+        Permutation(301, seed=4),
+        tuning=LoaderTuning(prefetch=2, hold=2, threads=3, method="pread", piece_bytes=4096, window_prefetch=True),
+    )
     assert a.tuning == b.tuning == t and t.window_prefetch == "willneed"
     assert (a.prefetch, a.hold, a.threads, a.method, a.ring_size) == (2, 2, 3, "pread", 5)  # + 1: kept-batch check
     got_a = [{k: v.clone() for k, v in x.items()} for x in a]
@@ -299,7 +325,8 @@ def test_tuning_object_and_tuning_keywords_make_the_same_loader(stores):
         want = ref.read_batch(x["idx"].numpy())
         for f in ref.fields:
             assert torch.equal(x[f], y[f]) and np.array_equal(x[f].numpy(), want[f])
-    c = Loader(path, 16, "block", tuning=t, prefetch=5, block=5, window=3)
+    with pytest.warns(DeprecationWarning, match=r"pass tuning=LoaderTuning\(prefetch=5\)"):
+        c = Loader(path, 16, OrderSpec("block", block=5, window=3), tuning=t, prefetch=5)  # the old spelling wins
     assert c.tuning == dataclasses.replace(t, prefetch=5) and c.ring_size == 8
     assert isinstance(c.order, BlockShuffle) and (c.order.block, c.order.window) == (5, 3)
     d = pickle.loads(pickle.dumps(c))
@@ -309,7 +336,7 @@ def test_tuning_object_and_tuning_keywords_make_the_same_loader(stores):
     with pytest.raises(ValueError, match="prefetch and hold"):
         LoaderTuning(hold=0)
     with pytest.raises(ValueError, match="window_prefetch"):
-        Loader(path, 8, tuning=t, window_prefetch="sometimes")
+        Loader(path, 8, tuning=dataclasses.replace(t, window_prefetch="sometimes"))
     with pytest.raises(TypeError, match="LoaderTuning"):
         Loader(path, 8, tuning={"prefetch": 2})  # type: ignore[arg-type]
     with pytest.raises(dataclasses.FrozenInstanceError):

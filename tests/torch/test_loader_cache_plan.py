@@ -1,5 +1,5 @@
 """The Loader's read plan follows the page cache, epoch by epoch and within
-an epoch (NOTE [warm vs cold reads] in ``mmstore/torch/_reads.py``): built on
+an epoch (NOTE [warm vs cold reads] in ``mmstore/engine/reads.py``): built on
 an evicted store it reads the first epoch as from disk (a piece per reader
 thread, WILLNEED ahead) and, once the store is cached, as memory copies (one
 piece per core, no hints), whatever the cache was when it was built.
@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 from support.stores import indexed
 
-from mmstore import _sys
-from mmstore.torch import Loader
+from mmstore import _os
+from mmstore.order import OrderSpec
+from mmstore.torch import Loader, LoaderTuning
 
 N = 1200
 BATCH = 16
@@ -36,14 +37,14 @@ def _image_file(loader: Loader) -> str:
 
 def _evict(loader: Loader) -> None:
     loader.store.evict()
-    res, size = _sys.resident_bytes(_image_file(loader))
+    res, size = _os.resident_bytes(_image_file(loader))
     if res > 0.05 * size:
         pytest.skip(f"the page cache keeps the store here ({res} of {size} bytes after eviction: tmpfs?)")
 
 
 def _warm(loader: Loader) -> None:
-    _sys.warm(loader.store.data_paths())
-    res, size = _sys.resident_bytes(_image_file(loader))
+    _os.warm(loader.store.data_paths())
+    res, size = _os.resident_bytes(_image_file(loader))
     assert res == size
 
 
@@ -66,7 +67,7 @@ def _epoch(loader: Loader, after=None) -> tuple[list[dict], list[int]]:
 
 
 def test_the_cut_follows_the_cache_from_epoch_to_epoch(store):
-    loader = Loader(store, BATCH, seed=3, threads=8, warm=False)
+    loader = Loader(store, BATCH, tuning=LoaderTuning(threads=8, warm=False), order=OrderSpec("permutation", seed=3))
     _evict(loader)  # built on a cached store (just written), evicted before the first epoch
     cold, _ = _epoch(loader)
     assert not cold[0]["cached"] and cold[0]["willneed"] > 0
@@ -84,13 +85,13 @@ def test_a_loader_built_on_an_evicted_store_reads_its_warm_epochs_as_cached(stor
     """The construction-time cache does not stay in the plan: built right
     after the eviction (as a training run starts), its later epochs read the
     cached store with the cut of a loader built on a warm store."""
-    probe = Loader(store, BATCH, seed=1)
+    probe = Loader(store, BATCH, order=OrderSpec("permutation", seed=1))
     _evict(probe)
     probe.close()
-    cold_built = Loader(store, BATCH, seed=1, warm=False)
+    cold_built = Loader(store, BATCH, tuning=LoaderTuning(warm=False), order=OrderSpec("permutation", seed=1))
     first, _ = _epoch(cold_built)
     second, _ = _epoch(cold_built)
-    warm_built = Loader(store, BATCH, seed=1)
+    warm_built = Loader(store, BATCH, order=OrderSpec("permutation", seed=1))
     ref, _ = _epoch(warm_built)
     assert not first[0]["cached"]
     for key in ("cached", "piece_rows", "willneed"):
@@ -100,7 +101,7 @@ def test_a_loader_built_on_an_evicted_store_reads_its_warm_epochs_as_cached(stor
 
 
 def test_an_epoch_switches_its_cut_when_the_store_is_warmed_while_it_runs(store):
-    loader = Loader(store, BATCH, seed=5, threads=8, warm=False)
+    loader = Loader(store, BATCH, tuning=LoaderTuning(threads=8, warm=False), order=OrderSpec("permutation", seed=5))
     _evict(loader)
     states, _ = _epoch(loader, after=_warm)  # warmed by another reader after the second batch
     assert not states[0]["cached"]
@@ -110,7 +111,7 @@ def test_an_epoch_switches_its_cut_when_the_store_is_warmed_while_it_runs(store)
 
 
 def test_an_epoch_switches_back_when_the_store_is_evicted_while_it_runs(store):
-    loader = Loader(store, BATCH, seed=7, threads=8, warm=False)
+    loader = Loader(store, BATCH, tuning=LoaderTuning(threads=8, warm=False), order=OrderSpec("permutation", seed=7))
     _warm(loader)
     states, _ = _epoch(loader, after=_evict)
     assert states[0]["cached"]
@@ -121,16 +122,16 @@ def test_an_epoch_switches_back_when_the_store_is_evicted_while_it_runs(store):
 # -- warm="auto" (the default): one sequential pass before a cold first epoch ------------------
 
 def test_a_cold_store_that_fits_is_read_sequentially_before_the_first_batch(store):
-    probe = Loader(store, BATCH, warm=False)
+    probe = Loader(store, BATCH, tuning=LoaderTuning(warm=False))
     _evict(probe)
     probe.close()
-    loader = Loader(store, BATCH, seed=2)
+    loader = Loader(store, BATCH, order=OrderSpec("permutation", seed=2))
     it = iter(loader)
     first = next(it)
     assert loader.describe()["warm"] == "foreground"
     rep = loader.warm_report
     assert rep is not None and rep.complete and rep.bytes_read == rep.bytes_total > 0
-    res, size = _sys.resident_bytes(_image_file(loader))
+    res, size = _os.resident_bytes(_image_file(loader))
     assert res == size  # every page, before the epoch read more than two batches
     assert loader.describe()["reads"]["cached"]  # so the epoch reads as memory copies
     _check(first)
@@ -150,15 +151,15 @@ def test_no_warm_pass_when_the_store_is_cached_or_the_loader_reads_a_small_part(
     _epoch(warm)
     assert warm.describe()["warm"] == "none" and warm.warm_report is None
     warm.close()
-    part = Loader(store, BATCH, indices=np.arange(0, N, 3), warm="auto")  # a third of the records
+    part = Loader(store, BATCH, indices=np.arange(0, N, 3), tuning=LoaderTuning(warm="auto"))  # a third of the records
     _evict(part)
     got = sorted(i for b in part for i in b["idx"].tolist())
     assert got == list(range(0, N, 3))
     assert part.describe()["warm"] == "none" and part.warm_report is None
-    res, size = _sys.resident_bytes(_image_file(part))
+    res, size = _os.resident_bytes(_image_file(part))
     assert res < size  # the other two thirds were not read
     part.close()
-    off = Loader(store, BATCH, warm=False)
+    off = Loader(store, BATCH, tuning=LoaderTuning(warm=False))
     _evict(off)
     _epoch(off)
     assert off.describe()["warm"] == "none" and off.warm_report is None
@@ -168,4 +169,4 @@ def test_no_warm_pass_when_the_store_is_cached_or_the_loader_reads_a_small_part(
 @pytest.mark.parametrize("bad", ["yes", 1, 0, None, "Background"])
 def test_warm_takes_only_its_named_values(store, bad):
     with pytest.raises(ValueError, match="warm must be"):
-        Loader(store, BATCH, warm=bad)
+        Loader(store, BATCH, tuning=LoaderTuning(warm=bad))

@@ -1,4 +1,4 @@
-"""Issue 15, item 1: batches a user keeps never change; a loop that drops
+"""Kept batches: batches a user keeps never change; a loop that drops
 each batch keeps reusing the ring (NOTE [kept batches] in ``_ring.py``)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 import mmstore
 from mmstore.order import BlockShuffle, Permutation, Sequential
-from mmstore.torch import Loader
+from mmstore.torch import Loader, LoaderTuning
 
 ORDERS = {
     "sequential": lambda n: Sequential(n),
@@ -31,7 +31,7 @@ def _expect(path, ids):
 def test_keep_every_batch_dict(stores, kind):
     """``batches = list(loader)``: every batch intact at the end, two epochs running."""
     path = stores["big"]
-    L = Loader(path, 16, ORDERS[kind](301), prefetch=2, threads=3, piece_bytes=2048)
+    L = Loader(path, 16, ORDERS[kind](301), tuning=LoaderTuning(prefetch=2, threads=3, piece_bytes=2048))
     kept = [list(L), list(L)]  # the second epoch refills the ring while the first is kept
     for e, batches in enumerate(kept):
         ids = np.concatenate([b["idx"].numpy() for b in batches])
@@ -45,10 +45,12 @@ def test_keep_every_batch_dict(stores, kind):
 
 @pytest.mark.parametrize("kind", sorted(ORDERS))
 def test_keep_tuple_chw_and_slices(stores, kind):
-    """The issue's loop (``ys = [y for _, y in loader]``), ``chw`` views and
+    """A loop that keeps every batch (``ys = [y for _, y in loader]``), ``chw`` views and
     ``batch[0:2]`` slices keep their buffers too."""
     path = stores["big"]
-    L = Loader(path, 8, ORDERS[kind](301), fields=("image", "idx"), as_tuple=True, chw=True, prefetch=2)
+    L = Loader(
+        path, 8, ORDERS[kind](301), fields=("image", "idx"), as_tuple=True, chw=True, tuning=LoaderTuning(prefetch=2)
+    )
     ys = [y for _, y in L]
     assert np.array_equal(torch.cat(ys).numpy(), ORDERS[kind](301).epoch(0))
     heads = [(x[0:2], y[0:2].numpy()) for x, y in L]  # a slice and a numpy view: the storage stays alive
@@ -64,7 +66,7 @@ def test_drop_each_batch_reuses_the_ring(stores):
     """The common loop allocates nothing: no fresh buffer, the same ring_size
     addresses over three epochs (memory flat), whatever the order."""
     for kind, make in ORDERS.items():
-        L = Loader(stores["big"], 16, make(301), prefetch=3, threads=2)
+        L = Loader(stores["big"], 16, make(301), tuning=LoaderTuning(prefetch=3, threads=2))
         ptrs = set()
         for _ in range(3):
             for batch in L:
@@ -77,7 +79,7 @@ def test_drop_each_batch_reuses_the_ring(stores):
 
 
 def test_written_batch_changes_only_that_batch(stores):
-    L = Loader(stores["big"], 16, Sequential(301), fields=("idx",), prefetch=2)
+    L = Loader(stores["big"], 16, Sequential(301), fields=("idx",), tuning=LoaderTuning(prefetch=2))
     it = iter(L)
     first = next(it)
     first["idx"][:] = -1  # the user's batch now
@@ -88,7 +90,7 @@ def test_written_batch_changes_only_that_batch(stores):
 
 
 def test_copy_true_uses_the_old_ring(stores):
-    L = Loader(stores["big"], 16, Permutation(301, seed=1), copy=True, prefetch=2, hold=1)
+    L = Loader(stores["big"], 16, Permutation(301, seed=1), copy=True, tuning=LoaderTuning(prefetch=2, hold=1))
     assert L.ring_size == 3
     kept = list(L)
     assert np.array_equal(np.concatenate([b["idx"].numpy() for b in kept]), Permutation(301, seed=1).epoch(0))
@@ -100,7 +102,7 @@ def test_unchecked_ring_would_overwrite(stores, monkeypatch):
     """The check is what keeps them: with it switched off (the old ring) a
     kept batch is overwritten, so the tests above can fail."""
     monkeypatch.setattr(Loader, "_check_kept", False)
-    L = Loader(stores["big"], 16, Sequential(301), fields=("idx",), prefetch=2)
+    L = Loader(stores["big"], 16, Sequential(301), fields=("idx",), tuning=LoaderTuning(prefetch=2))
     ys = [b["idx"] for b in L]
     assert not np.array_equal(torch.cat(ys).numpy(), np.arange(301))
     L.close()
@@ -113,7 +115,13 @@ def test_any_keep_pattern(stores, keep, prefetch, hold, seed):
     """Whichever batches a loop keeps (and for however long), they are intact at
     the end; buffers are renewed no more often than batches were kept."""
     path = stores["big"]
-    L = Loader(path, 16, Permutation(301, seed=seed), fields=("idx", "image"), prefetch=prefetch, hold=hold)
+    L = Loader(
+        path,
+        16,
+        Permutation(301, seed=seed),
+        fields=("idx", "image"),
+        tuning=LoaderTuning(prefetch=prefetch, hold=hold),
+    )
     kept = []
     for k, b in enumerate(L):
         if keep[k]:
@@ -134,7 +142,7 @@ def test_shared_memory_batch_gets_a_fresh_buffer(stores):
     writing into the freed memory (heap corruption) nor yield the moved
     storage's stale rows."""
     path = stores["big"]
-    L = Loader(path, 16, Sequential(301), prefetch=2, threads=2, fields=("idx", "label"))
+    L = Loader(path, 16, Sequential(301), fields=("idx", "label"), tuning=LoaderTuning(prefetch=2, threads=2))
     for b in L:
         b["idx"].share_memory_()
         del b

@@ -1,4 +1,4 @@
-"""Loader lifecycle (issue 17): abandoned loaders, garbage collection in any
+"""Loader lifecycle: abandoned loaders, garbage collection in any
 thread, fork, pickling, threads, a second iter(), close() from another thread,
 read errors at their own batch, SIGINT. Hangs are tested in child processes
 with timeouts."""
@@ -22,10 +22,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import mmstore
-import mmstore.backends.memmap as memmap_backend
+import mmstore.store.backends.memmap as memmap_backend
+from mmstore.engine import reads as _reads
 from mmstore.errors import LoaderStateError
-from mmstore.order import Sequential, make_order
-from mmstore.torch import Loader, _reads
+from mmstore.order import OrderSpec, Sequential, make_order
+from mmstore.torch import Loader, LoaderTuning
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(mmstore.__file__)))
 HANG_S = 120  # a child that has not finished by then is hung (the work takes a few seconds)
@@ -67,12 +68,13 @@ def until(pred, what: str) -> None:
     pytest.fail(f"never reached: {what}")
 
 
-# -- item 1: abandoned loaders, garbage collection at odd moments ----------------------
+# -- abandoned loaders, garbage collection at odd moments ----------------------
 
 ABANDON = """
 import gc, json, os, sys, threading
 import numpy as np
-from mmstore.torch import Loader
+from mmstore.order import OrderSpec
+from mmstore.torch import Loader, LoaderTuning
 path = sys.argv[1]
 
 def counts():
@@ -90,7 +92,8 @@ def settle():  # reader threads exit after their current read: wait (bounded) fo
     return counts()
 
 def one(i):
-    L = Loader(path, 64, "permutation", seed=i, threads=3, prefetch=3, method=("pread", "mmap")[i % 2])
+    L = Loader(path, 64, OrderSpec("permutation", seed=i),
+               tuning=LoaderTuning(threads=3, prefetch=3, method=("pread", "mmap")[i % 2]))
     if i % 3 == 0:  # a peek
         next(iter(L))
     elif i % 3 == 1:  # a capped validation loop
@@ -147,7 +150,7 @@ def test_dropping_the_iterator_ends_the_epoch_at_once(stores):
     import gc
     import weakref
 
-    L = Loader(stores["big"], 16, "permutation", threads=2)
+    L = Loader(stores["big"], 16, "permutation", tuning=LoaderTuning(threads=2))
     gc.disable()
     try:
         it = iter(L)
@@ -169,17 +172,17 @@ def test_dropping_the_iterator_ends_the_epoch_at_once(stores):
         gc.enable()
 
 
-# -- item 2: fork and pickling -------------------------------------------------------
+# -- fork and pickling -------------------------------------------------------
 
 FORK = """
 import json, os, sys, signal, time
 import numpy as np
 from mmstore.errors import LoaderStateError
-from mmstore.torch import Loader
+from mmstore.torch import Loader, LoaderTuning
 import torch
 path = sys.argv[1]
 torch.zeros(1 << 20, dtype=torch.uint8).clone()  # torch's OpenMP threads in use in the parent
-L = Loader(path, 48, "permutation", threads=3, prefetch=4, copy=True)  # copy: the child copies batches
+L = Loader(path, 48, "permutation", tuning=LoaderTuning(threads=3, prefetch=4), copy=True)  # the child copies
 it = iter(L)
 got = [next(it)["idx"].clone()]
 
@@ -233,7 +236,13 @@ def test_forked_child_never_hangs_on_an_inherited_loader(stores):
 
 
 def test_pickle_reopens_with_config_and_epoch(stores):
-    L = Loader(stores["big"], 16, "permutation", seed=3, fields=("idx", "image"), threads=2, hold=2)
+    L = Loader(
+        stores["big"],
+        16,
+        OrderSpec("permutation", seed=3),
+        fields=("idx", "image"),
+        tuning=LoaderTuning(threads=2, hold=2),
+    )
     list(L)  # epoch 0 used
     L2 = pickle.loads(pickle.dumps(L))
     assert (L2.batch_size, L2.fields, L2.hold, L2.order) == (16, ("idx", "image"), 2, L.order)
@@ -256,7 +265,7 @@ def test_pickle_reopens_with_config_and_epoch(stores):
     L.close()
 
 
-# -- item 3: two threads --------------------------------------------------------------
+# -- two threads --------------------------------------------------------------
 
 def _gated(monkeypatch, batch_rows: set[int]):
     """Make the reads of the batch holding ``batch_rows`` wait on a gate."""
@@ -275,7 +284,7 @@ def _gated(monkeypatch, batch_rows: set[int]):
 
 def test_two_threads_on_one_loader_raise_instead_of_corrupting(stores, monkeypatch):
     ref = mmstore.open(stores["big"])
-    L = Loader(stores["big"], 16, Sequential(301), threads=3, prefetch=2)
+    L = Loader(stores["big"], 16, Sequential(301), tuning=LoaderTuning(threads=3, prefetch=2))
     gate, entered = _gated(monkeypatch, set(range(32, 48)))  # batch 2
     it = iter(L)
     got = [{k: v.clone() for k, v in next(it).items()} for _ in range(2)]
@@ -300,10 +309,10 @@ def test_two_threads_on_one_loader_raise_instead_of_corrupting(stores, monkeypat
     L.close()
 
 
-# -- item 4: a second iter(), peeks, close() from another thread -----------------------
+# -- a second iter(), peeks, close() from another thread -----------------------
 
 def test_second_iter_raises_and_the_first_epoch_completes(stores):
-    L = Loader(stores["big"], 40, "permutation", threads=2)
+    L = Loader(stores["big"], 40, "permutation", tuning=LoaderTuning(threads=2))
     it = iter(L)
     got = [next(it)["idx"].clone(), next(it)["idx"].clone()]
     with pytest.raises(LoaderStateError, match="still being iterated") as e:
@@ -319,7 +328,7 @@ def test_second_iter_raises_and_the_first_epoch_completes(stores):
 
 
 def test_peek_uses_no_epoch_and_loses_no_batch(stores):
-    L = Loader(stores["big"], 40, "permutation", threads=2)
+    L = Loader(stores["big"], 40, "permutation", tuning=LoaderTuning(threads=2))
     peek = next(iter(L))["idx"].clone()
     assert np.array_equal(peek.numpy(), L.order.epoch(0)[:40])
     e0 = [b["idx"].clone() for b in L]
@@ -335,7 +344,7 @@ def test_peek_uses_no_epoch_and_loses_no_batch(stores):
 
 
 def test_close_from_another_thread_makes_the_loop_raise(stores, monkeypatch):
-    L = Loader(stores["big"], 16, Sequential(301), threads=3, prefetch=2)
+    L = Loader(stores["big"], 16, Sequential(301), tuning=LoaderTuning(threads=3, prefetch=2))
     # close between two next() calls
     it = iter(L)
     next(it)
@@ -369,7 +378,7 @@ def test_close_from_another_thread_makes_the_loop_raise(stores, monkeypatch):
     L.close()
 
 
-# -- item 6 and item 5's loader part: a read error at its own batch ---------------------
+# -- a read error (a store truncated under the loader) at its own batch ---------------------
 
 @pytest.fixture
 def truncated_copy(stores, tmp_path):
@@ -398,7 +407,7 @@ def test_read_error_is_raised_at_its_batch_after_the_earlier_ones(truncated_copy
     about, so the check is switched off here to put the cut in that window."""
     monkeypatch.setattr(memmap_backend, "note_identity", lambda *a, **k: None)
     dst, ref, cut = truncated_copy
-    L = Loader(dst, 16, Sequential(301), method="pread", threads=3, prefetch=prefetch)
+    L = Loader(dst, 16, Sequential(301), tuning=LoaderTuning(method="pread", threads=3, prefetch=prefetch))
     iter(L).close()  # the store's files opened and size-checked
     path, off, nb = cut(50)  # then truncated, as by another process
     it = iter(L)
@@ -420,7 +429,7 @@ def test_read_error_is_raised_at_its_batch_after_the_earlier_ones(truncated_copy
 
 def test_store_truncated_mid_epoch_on_the_pread_path(truncated_copy):
     dst, ref, cut = truncated_copy
-    L = Loader(dst, 16, Sequential(301), method="pread", threads=3, prefetch=4)
+    L = Loader(dst, 16, Sequential(301), tuning=LoaderTuning(method="pread", threads=3, prefetch=4))
     it = iter(L)
     got = [next(it)]
     check_batch(ref, got[0])
@@ -436,13 +445,14 @@ def test_store_truncated_mid_epoch_on_the_pread_path(truncated_copy):
 
 WINDOW = """
 import glob, sys
-from mmstore import _sys
+from mmstore import _os
 from mmstore.order import BlockShuffle
-from mmstore.torch import Loader, _reads
+from mmstore.engine import reads as _reads
+from mmstore.torch import Loader
 path = sys.argv[1]
 for f in glob.glob(path + "/*.npy"):
-    _sys.evict(f)  # a cold store: the window thread reads ahead while the loop raises
-L = Loader(path, 32, BlockShuffle(301, 4, 3, seed=1), threads=2, prefetch=2, window_prefetch="read")
+    _os.evict(f)  # a cold store: the window thread reads ahead while the loop raises
+L = Loader(path, 32, BlockShuffle(301, 4, 3, seed=1), threads=2, prefetch=2, window_prefetch="read", warm=False)
 _reads.resident_fraction = lambda paths: 0.0  # also where eviction is not possible (tmpfs)
 for k, b in enumerate(L):
     if k == int(sys.argv[2]):
@@ -465,7 +475,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA de
 def test_gpu_path_error_at_its_batch(truncated_copy):
     dst, ref, cut = truncated_copy
     cut(50)
-    L = Loader(dst, 16, Sequential(301), method="pread", device="cuda", threads=2)
+    L = Loader(dst, 16, Sequential(301), device="cuda", tuning=LoaderTuning(method="pread", threads=2))
     got = []
     with pytest.raises(OSError):
         for b in L:
@@ -477,7 +487,7 @@ def test_gpu_path_error_at_its_batch(truncated_copy):
 @cuda
 def test_pinned_cpu_batches_survive_a_user_async_copy(stores):
     ref = mmstore.open(stores["big"])
-    L = Loader(stores["big"], 64, Sequential(301), pin_memory=True, threads=3, prefetch=1)
+    L = Loader(stores["big"], 64, Sequential(301), pin_memory=True, tuning=LoaderTuning(threads=3, prefetch=1))
     outs = []
     for b in L:  # labels are idx % 10 in these stores
         torch.cuda._sleep(20_000_000)  # keep the stream busy so the copy is still pending at next()
@@ -503,7 +513,9 @@ def test_len_matches_batches_yielded(sized_stores, n, bs, drop_last, world, data
     rank = data.draw(st.integers(0, world - 1))
     kw = {"block": 3, "window": 2} if kind == "block" else {}
     order = make_order(kind, n, seed=2, rank=rank, world_size=world, drop_last=data.draw(st.booleans()), **kw)
-    L = Loader(sized_stores[n], bs, order, drop_last=drop_last, fields=("idx",), threads=2, prefetch=2)
+    L = Loader(
+        sized_stores[n], bs, order, drop_last=drop_last, fields=("idx",), tuning=LoaderTuning(threads=2, prefetch=2)
+    )
     got = [b["idx"].clone() for b in L]
     assert len(got) == len(L)
     want = order.epoch(0)
@@ -516,7 +528,9 @@ def test_len_matches_batches_yielded(sized_stores, n, bs, drop_last, world, data
 SIGINT = """
 import sys
 from mmstore.torch import Loader
-L = Loader(sys.argv[1], 8, "permutation", threads=3)
+from mmstore.torch import LoaderTuning
+from mmstore.order import OrderSpec
+L = Loader(sys.argv[1], 8, "permutation", tuning=LoaderTuning(threads=3))
 while True:
     for k, b in enumerate(L):
         if k == 1:
@@ -526,8 +540,11 @@ while True:
 
 def test_sigint_in_the_loop_exits(stores):
     env = dict(os.environ, PYTHONPATH=ROOT)
+    # SIGINT at its default in the child: a run started in the background (nohup, a CI job without
+    # job control) ignores it, and Python then installs no KeyboardInterrupt handler
     p = subprocess.Popen([sys.executable, "-c", SIGINT, stores["big"]], env=env, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         assert p.stdout.readline().strip() == "ready"
         p.send_signal(signal.SIGINT)

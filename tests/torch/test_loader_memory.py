@@ -1,4 +1,4 @@
-"""Loader under a memory budget (issue 16): the sizing rule that
+"""Loader under a memory budget: the sizing rule that
 ``describe()`` reports, the block order's reads reaching the files as long
 offset-ordered requests, and every order reading each record exactly once
 per epoch inside a memory cgroup smaller than the store."""
@@ -15,14 +15,15 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.stores import IDX_BIG_SCHEMA, write_indexed
 
 import mmstore
-from mmstore import _memplan
-from mmstore._memplan import widen_ring
-from mmstore.order import BlockShuffle, plan_memory
-from mmstore.torch import Loader, LoaderTuning, _reads
+from mmstore._os import memplan as _memplan
+from mmstore._os.memplan import widen_ring
+from mmstore.engine import reads as _reads
+from mmstore.order import BlockShuffle, OrderSpec, plan_memory
+from mmstore.torch import Loader, LoaderTuning
 from mmstore.torch import loader as loader_mod
-from support.stores import IDX_BIG_SCHEMA, write_indexed
 
 REC = sum(int(np.dtype(d).itemsize * np.prod(s, dtype=np.int64)) for d, s in IDX_BIG_SCHEMA.values())
 
@@ -105,10 +106,10 @@ def test_describe_follows_the_cgroup_budget(stores, monkeypatch):
         assert d["prefetch"] == L.prefetch == 2 and L.ring_size == 4 and d["ring_bytes"] == 4 * 16 * REC
         assert d["cache_bytes"] == 8 * 16 * REC - d["ring_bytes"]
         assert "ring: 2 prefetch + 2 hold" in str(d)
-    with Loader(path, 16, "permutation", prefetch=1) as L:
+    with Loader(path, 16, "permutation", tuning=LoaderTuning(prefetch=1)) as L:
         assert L.describe()["prefetch"] == 1  # a prefetch the user gave is kept
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")  # two ranks share the cgroup
-    with Loader(path, 16, "permutation", prefetch=2) as L:
+    with Loader(path, 16, "permutation", tuning=LoaderTuning(prefetch=2)) as L:
         d = L.describe()
         assert d["budget"] == 4 * 16 * REC and "2 local ranks" in d["budget_source"] and d["prefetch"] == 2
     monkeypatch.delenv("LOCAL_WORLD_SIZE")
@@ -127,7 +128,7 @@ def test_sequential_windows_start_with_one_batch(stores, monkeypatch):
     path = stores["big"]
     n = len(mmstore.open(path))
     monkeypatch.setattr(_reads, "resident_fraction", lambda paths: 0.0)  # the window pass runs
-    with Loader(path, 10, "sequential", mem_bytes=200 * REC) as L:
+    with Loader(path, 10, "sequential", tuning=LoaderTuning(mem_bytes=200 * REC)) as L:
         d = L.describe()
         step = d["window_records"]
         assert d["readahead"] == "windows" and not d["fits"] and step > 10
@@ -163,7 +164,7 @@ def _window_reads(monkeypatch, path, order, mode):
         return fadvise(fd, pos, length, advice)
 
     monkeypatch.setattr(_reads.os, "posix_fadvise", fadv)
-    L = Loader(path, 10, order, window_prefetch=mode, window_threads=1, mem_bytes=1 << 20)
+    L = Loader(path, 10, order, tuning=LoaderTuning(window_prefetch=mode, window_threads=1, mem_bytes=1 << 20))
     per_epoch = []
     for epoch in (0, 1):
         seen.clear()
@@ -227,9 +228,9 @@ def test_direct_window_buffers_give_exact_records(stores, monkeypatch, name, kin
     monkeypatch.setattr(_reads, "resident_fraction", lambda paths: 0.0)
     order = BlockShuffle(len(ref), 5, 4, seed=2) if kind == "block" else "sequential"
     monkeypatch.setattr(loader_mod, "DIRECT_MIN_CACHE", 0)  # a small store: no room needed
-    L = Loader(path, 7, order, mem_bytes=64 * REC, threads=3)
+    L = Loader(path, 7, order, tuning=LoaderTuning(mem_bytes=64 * REC, threads=3))
     assert L.describe()["window_direct"] and L.describe()["readahead"] == "windows"
-    from mmstore.torch import _direct
+    from mmstore.engine import direct as _direct
     made = []
     orig = _direct.DirectWindows._read
     monkeypatch.setattr(_direct.DirectWindows, "_read",
@@ -255,14 +256,16 @@ _CHILD = textwrap.dedent("""
     import json, os, sys
     import numpy as np
     import torch  # noqa: F401 - what a training process holds
+    from mmstore.order import OrderSpec
     from mmstore.torch import Loader
     cg, memfile, path, n, margin = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), int(sys.argv[5])
-    usage = int(open(os.path.join(cg, "memory.usage_in_bytes" if memfile.endswith("in_bytes") else "memory.current")).read())
+    usage = int(open(os.path.join(
+        cg, "memory.usage_in_bytes" if memfile.endswith("in_bytes") else "memory.current")).read())
     with open(os.path.join(cg, memfile), "w") as f:  # the store does not fit in what is left
         f.write(str(usage + margin))
     out = {}
     for kind in ("sequential", "block", "permutation"):
-        with Loader(path, 32, kind, seed=5) as L:
+        with Loader(path, 32, OrderSpec(kind, seed=5)) as L:
             d = L.describe()
             for epoch in (0, 1):
                 for fd_name in os.listdir(path):
@@ -345,8 +348,8 @@ def test_direct_window_buffers_on_a_truncated_store_raise_the_typed_error(stores
     raise the typed truncation error; nothing past the cut is delivered as data."""
     import shutil
 
-    from mmstore.backends import memmap as memmap_backend
     from mmstore.errors import MmstoreError, StoreChangedError
+    from mmstore.store.backends import memmap as memmap_backend
 
     monkeypatch.setattr(memmap_backend, "note_identity", lambda *a, **k: None)
     monkeypatch.setattr(_reads, "resident_fraction", lambda paths: 0.0)
@@ -356,7 +359,7 @@ def test_direct_window_buffers_on_a_truncated_store_raise_the_typed_error(stores
     ref = mmstore.open(stores["big"])
     seg = mmstore.open(dst).backend.field_segments("image")[0]
     order = BlockShuffle(301, 5, 4, seed=1)
-    L = Loader(dst, 8, order, mem_bytes=64 * REC, threads=3)
+    L = Loader(dst, 8, order, tuning=LoaderTuning(mem_bytes=64 * REC, threads=3))
     assert L.describe()["window_direct"]
     iter(L).close()
     os.truncate(os.path.join(dst, "image.npy"), seg.offset + 150 * seg.entry_bytes)
@@ -391,6 +394,6 @@ def test_random_reads_spread_each_batch_over_every_thread(stores):
         for ff in files.values():
             ff.close()
         st.close()
-    with Loader(path, 10, "permutation", threads=4, method="pread", seed=5) as L:
+    with Loader(path, 10, OrderSpec("permutation", seed=5), tuning=LoaderTuning(threads=4, method="pread")) as L:
         got = np.concatenate([b["idx"].numpy().copy() for b in L])
         assert np.array_equal(got, L.order.epoch(0))

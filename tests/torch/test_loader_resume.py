@@ -1,4 +1,4 @@
-"""Issue 15, items 2 and 4: ``Loader(transform=)`` and mid-epoch resume
+"""Transforms and resume: ``Loader(transform=)`` and mid-epoch resume
 (``state_dict`` / ``load_state_dict``), in this process and in a new one."""
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from mmstore.errors import LoaderResumeError, LoaderStateError
-from mmstore.order import Permutation
-from mmstore.torch import Loader, augment
+from mmstore.order import OrderSpec, Permutation
+from mmstore.torch import Loader, LoaderTuning, augment
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -27,7 +27,7 @@ def _aug():
 
 def _loader(path, kind="permutation", **kw):
     kw.setdefault("fields", ("image", "idx"))
-    return Loader(path, 16, kind, seed=3, prefetch=2, threads=2, transform=_aug(), **kw)
+    return Loader(path, 16, OrderSpec(kind, seed=3), transform=_aug(), **kw, tuning=LoaderTuning(prefetch=2, threads=2))
 
 
 def _run(it, n=None):
@@ -75,7 +75,7 @@ def test_transform_batch_numbers_are_distinct_across_ranks(stores):
     seen = {}
     for rank in (0, 1, 2):
         got = []
-        L = Loader(stores["big"], 16, "permutation", rank=rank, world_size=3, fields=("idx",),
+        L = Loader(stores["big"], 16, OrderSpec("permutation", rank=rank, world_size=3), fields=("idx",),
                    transform=lambda b, *, epoch, batch_index, got=got: got.append(batch_index) or b)
         list(L)
         seen[rank] = got
@@ -132,8 +132,13 @@ def test_resume_any_point(stores, k, epoch, world):
     loader yields exactly the batches not yet delivered."""
     path = stores["big"]
     rank, ws = world
-    mk = lambda: Loader(path, 7, "permutation", seed=1, fields=("idx",), rank=rank, world_size=ws,
-                        prefetch=2, threads=2)
+    mk = lambda: Loader(
+        path,
+        7,
+        OrderSpec("permutation", seed=1, rank=rank, world_size=ws),
+        fields=("idx",),
+        tuning=LoaderTuning(prefetch=2, threads=2),
+    )
     full = mk().order.epoch(epoch)
     L = mk()
     L.set_epoch(epoch)
@@ -189,20 +194,20 @@ def test_refuses_other_states(stores, tmp_path):
     L = _loader(path)
     s = L.state_dict()
     bad = {
-        "batch_size": Loader(path, 8, "permutation", seed=3),
-        "order": Loader(path, 16, "permutation", seed=4),
-        "store": Loader(stores["small"], 16, "permutation", seed=3),
-        "subset": Loader(path, 16, "permutation", seed=3, indices=np.arange(301)),
+        "batch_size": Loader(path, 8, OrderSpec("permutation", seed=3)),
+        "order": Loader(path, 16, OrderSpec("permutation", seed=4)),
+        "store": Loader(stores["small"], 16, OrderSpec("permutation", seed=3)),
+        "subset": Loader(path, 16, OrderSpec("permutation", seed=3), indices=np.arange(301)),
     }
     for key, other in bad.items():
         with pytest.raises(LoaderResumeError, match=key):
             other.load_state_dict(s)
     with pytest.raises(LoaderResumeError, match="drop_last"):
-        Loader(path, 16, "permutation", seed=3, drop_last=True).load_state_dict(s)
+        Loader(path, 16, OrderSpec("permutation", seed=3), drop_last=True).load_state_dict(s)
     with pytest.raises(LoaderResumeError, match="order"):
-        Loader(path, 16, "block", seed=3).load_state_dict(s)
+        Loader(path, 16, OrderSpec("block", seed=3)).load_state_dict(s)
     with pytest.raises(LoaderResumeError, match="order"):
-        Loader(path, 16, "permutation", seed=3, rank=1, world_size=2).load_state_dict(s)
+        Loader(path, 16, OrderSpec("permutation", seed=3, rank=1, world_size=2), ).load_state_dict(s)
     with pytest.raises(LoaderResumeError, match="version"):
         L.load_state_dict({**s, "version": 99})
     with pytest.raises(LoaderResumeError, match="batches"):
@@ -213,11 +218,12 @@ def test_refuses_other_states(stores, tmp_path):
 
 CHILD = r"""
 import sys, numpy as np, torch
-from mmstore.torch import Loader, augment
+from mmstore.order import OrderSpec
+from mmstore.torch import Loader, LoaderTuning, augment
 path, kind, mode, out = sys.argv[1:5]
 ws = int(sys.argv[5]); rank = int(sys.argv[6])
 aug = augment.Pipeline([augment.RandomResizedCrop(12), augment.HorizontalFlip()], seed=7)
-L = Loader(path, 16, kind, seed=3, fields=("image", "idx"), rank=rank, world_size=ws, transform=aug)
+L = Loader(path, 16, OrderSpec(kind, seed=3, rank=rank, world_size=ws), fields=("image", "idx"), transform=aug)
 ids, imgs = [], []
 if mode == "first":
     for k, b in enumerate(L):
@@ -248,7 +254,7 @@ def test_resume_in_a_new_process(stores, tmp_path, kind, ws, rank):
         if mode == "first":
             os.replace(out + "first.state", out + "rest.state")
     a, b = torch.load(out + "first"), torch.load(out + "rest")
-    ref = Loader(path, 16, kind, seed=3, fields=("image", "idx"), rank=rank, world_size=ws, transform=_aug())
+    ref = Loader(path, 16, OrderSpec(kind, seed=3, rank=rank, world_size=ws), fields=("image", "idx"), transform=_aug())
     r_ids, r_img = _run(ref)
     r2_ids, r2_img = _run(ref)
     ids, img = a["ids"] + b["ids"], a["imgs"] + b["imgs"]
@@ -256,7 +262,7 @@ def test_resume_in_a_new_process(stores, tmp_path, kind, ws, rank):
     assert all(torch.equal(x, y) for x, y in zip(ids, r_ids + r2_ids))
     assert all(torch.equal(x, y) for x, y in zip(img, r_img + r2_img))
     assert np.array_equal(torch.cat(r_ids).numpy(), ref.order.epoch(0))
-    assert ref.order == Loader(path, 16, kind, seed=3, rank=rank, world_size=ws).order
+    assert ref.order == Loader(path, 16, OrderSpec(kind, seed=3, rank=rank, world_size=ws), ).order
     assert isinstance(ref.order, Permutation) == (kind == "permutation")
 
 
@@ -265,20 +271,20 @@ def test_resume_with_the_window_pass(stores, monkeypatch, mode):
     """A resumed epoch whose store is read ahead in windows (the pass starts
     at the window of the first batch left): the remaining records exact."""
     from mmstore import open as open_store
+    from mmstore.engine import reads as _reads
     from mmstore.order import BlockShuffle
-    from mmstore.torch import _reads
     from mmstore.torch import loader as loader_mod
 
     path = stores["big"]
     ref = open_store(path)
     monkeypatch.setattr(_reads, "resident_fraction", lambda paths: 0.0)  # not cached: the window pass runs
     order = "sequential" if mode.startswith("sequential") else BlockShuffle(len(ref), 5, 4, seed=2)
-    kw = {}
+    kw: dict = {}
     if mode.startswith("O_DIRECT"):
         monkeypatch.setattr(loader_mod, "DIRECT_MIN_CACHE", 0)
         rec = sum(ref.schema[f].nbytes for f in ref.fields)
         kw = {"mem_bytes": 128 * rec}  # room for the two windows of 20 records the read-ahead holds
-    mk = lambda: Loader(path, 7, order, threads=3, **kw)
+    mk = lambda: Loader(path, 7, order, tuning=LoaderTuning(threads=3, **kw))
     L = mk()
     assert L.describe()["readahead"] == "windows"
     assert L.describe()["window_direct"] == mode.startswith("O_DIRECT")

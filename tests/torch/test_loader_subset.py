@@ -1,4 +1,4 @@
-"""Issue 15, item 5: ``Loader(indices=)``, a ``StoreDataset`` or a ``Subset``
+"""Subsets: ``Loader(indices=)``, a ``StoreDataset`` or a ``Subset``
 of one as the store argument."""
 
 from __future__ import annotations
@@ -15,7 +15,8 @@ from torch.utils.data import Subset
 
 import mmstore
 from mmstore.errors import RecordIndexError
-from mmstore.torch import Loader, StoreDataset
+from mmstore.order import OrderSpec
+from mmstore.torch import Loader, LoaderTuning, StoreDataset
 
 
 def _ids(loader):
@@ -37,8 +38,14 @@ def test_every_subset_entry_once_per_epoch(stores, sub, kind, ws, epoch):
     for rank in range(ws):
         with warnings.catch_warnings(record=True) as said:
             warnings.simplefilter("always")
-            L = Loader(path, 8, kind, seed=2, fields=("idx",), indices=sub, rank=rank, world_size=ws, prefetch=1,
-                       threads=1, **kw)
+            L = Loader(
+                path,
+                8,
+                OrderSpec(kind, seed=2, rank=rank, world_size=ws, **kw),
+                fields=("idx",),
+                indices=sub,
+                tuning=LoaderTuning(prefetch=1, threads=1),
+            )
         assert bool(said) == (L.order.repeated() > 0), [str(w.message) for w in said]
         L.set_epoch(epoch)
         got.append(_ids(L))
@@ -62,7 +69,7 @@ def test_block_order_reads_subset_in_offset_order(stores):
     a run of increasing records."""
     rng = np.random.default_rng(0)
     sub = rng.choice(301, 120, replace=False)
-    L = Loader(stores["big"], 8, "block", block=10, window=3, seed=1, fields=("idx",), indices=sub)
+    L = Loader(stores["big"], 8, OrderSpec("block", block=10, window=3, seed=1), fields=("idx",), indices=sub)
     ids = _ids(L)
     assert sorted(ids.tolist()) == sorted(sub.tolist())
     pos = L.order.epoch(0)
@@ -130,7 +137,7 @@ def test_store_dataset_and_subsets(stores):
 def test_subset_loader_pickles(stores):
     import pickle
 
-    L = Loader(stores["big"], 8, "permutation", seed=1, indices=np.arange(0, 301, 3), fields=("idx",))
+    L = Loader(stores["big"], 8, OrderSpec("permutation", seed=1), indices=np.arange(0, 301, 3), fields=("idx",))
     M = pickle.loads(pickle.dumps(L))
     assert np.array_equal(_ids(L), _ids(M))
 

@@ -1,4 +1,4 @@
-"""Issue 15, items 3 and 6: ``classification_loader`` and the README's
+"""Presets: ``classification_loader`` and the README's
 "Porting from ImageFolder / torchvision" snippet, run on a tiny ImageFolder."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from support.stores import write_store
 import mmstore
 from mmstore.cli import main as cli_main
 from mmstore.errors import SchemaError
+from mmstore.order import OrderSpec
 from mmstore.torch import ClassificationTransform, Loader, augment, classification_loader
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -28,7 +29,7 @@ def test_train_batches_are_the_imagenet_train_pipeline(stores):
     st = mmstore.open(path)
     L = classification_loader(path, 16, size=20, seed=4)
     assert isinstance(L.transform, ClassificationTransform) and L.fields == ("image", "label")
-    raw = Loader(path, 16, "permutation", seed=4, fields=("image", "label"), as_tuple=True)
+    raw = Loader(path, 16, OrderSpec("permutation", seed=4), fields=("image", "label"), as_tuple=True)
     pipe = augment.imagenet_train(20, seed=4, image=0)
     L.set_epoch(1)
     raw.set_epoch(1)

@@ -1,4 +1,4 @@
-"""Ragged fields on the torch side (issue 14): ``StoreDataset``, the collate
+"""Ragged fields on the torch side: ``StoreDataset``, the collate
 functions and the ``Loader`` give each record's boxes / tokens at their own
 length (a list of tensors, or padded values + lengths) and ``str`` / ``bytes``
 as Python objects, exactly what ``store[i]`` gives, on memmap, lmdb and
@@ -15,7 +15,8 @@ from support.stores import write_every_layout
 from torch.utils.data import DataLoader, default_collate
 
 import mmstore
-from mmstore.torch import Loader, Padded, StoreDataset, collate
+from mmstore.order import OrderSpec
+from mmstore.torch import Loader, LoaderTuning, Padded, StoreDataset, collate
 
 SCHEMA = {"image": ("|u1", (6, 5, 3)), "idx": ("<i8", ()), "boxes": ("<f4", (None, 4)),
           "tokens": ("<i8", (None,)), "cap": "str", "blob": "bytes"}
@@ -180,7 +181,7 @@ def test_module_collate_keeps_ragged_values_as_lists(store):
 @pytest.mark.parametrize("mode", ["list", "pad"])
 def test_loader_every_order_every_record_once_exact(store, order, mode):
     kw = {"block": 4, "window": 3} if order == "block" else {}
-    with Loader(store, 8, order=order, ragged=mode, pad_value=-2, seed=1, **kw) as L:
+    with Loader(store, 8, order=OrderSpec(order, seed=1, **kw), ragged=mode, pad_value=-2) as L:
         for epoch in range(2):
             seen = []
             for batch in L:
@@ -192,7 +193,7 @@ def test_loader_every_order_every_record_once_exact(store, order, mode):
 def test_loader_batches_cut_in_pieces(store, mode):
     # tiny pieces: a batch is read by several tasks (lmdb: the ragged fields come with
     # each piece's fixed ones and are joined per batch)
-    L = Loader(store, 9, ragged=mode, piece_bytes=64, seed=2)
+    L = Loader(store, 9, ragged=mode, tuning=LoaderTuning(piece_bytes=64), order=OrderSpec("permutation", seed=2))
     seen = []
     for batch in L:
         seen += check_batch(store, batch, mode)
@@ -232,7 +233,7 @@ def test_loader_only_ragged_fields_and_dataset_defaults(store):
 
 
 def test_loader_kept_batches_stay_intact(store):
-    L = Loader(store, 4, prefetch=1, hold=1)
+    L = Loader(store, 4, tuning=LoaderTuning(prefetch=1, hold=1))
     kept = list(L)  # every batch kept: the ring renews, ragged tensors are fresh anyway
     seen = []
     for b in kept:
@@ -245,17 +246,17 @@ def test_loader_resume_mid_epoch(store, mode):
     def run(L):
         return [check_batch(store, b, mode) for b in L]
 
-    L = Loader(store, 6, seed=4, ragged=mode)
+    L = Loader(store, 6, ragged=mode, order=OrderSpec("permutation", seed=4))
     full = run(L)  # epoch 0
     it = iter(L)  # epoch 1, stopped after 3 batches
     first = [check_batch(store, next(it), mode) for _ in range(3)]
     state = json.loads(json.dumps(L.state_dict()))
     del it
-    M = Loader(store, 6, seed=4, ragged=mode)
+    M = Loader(store, 6, ragged=mode, order=OrderSpec("permutation", seed=4))
     M.load_state_dict(state)
     rest = run(M)
     assert len(first) + len(rest) == len(full)
     assert sorted(i for b in first + rest for i in b) == live_idx()
-    N2 = Loader(store, 6, seed=4, ragged=mode)
+    N2 = Loader(store, 6, ragged=mode, order=OrderSpec("permutation", seed=4))
     N2.set_epoch(1)
     assert first + rest == run(N2)  # the same epoch's batches, in order

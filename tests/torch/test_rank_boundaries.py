@@ -12,7 +12,8 @@ import torch
 
 import mmstore
 from mmstore.errors import LoaderResumeError, RecordIndexError
-from mmstore.torch import Loader
+from mmstore.order import OrderSpec
+from mmstore.torch import Loader, LoaderTuning
 
 
 def _ids(loader_or_iter, k=None):
@@ -35,8 +36,13 @@ def test_block_order_is_the_same_on_ranks_with_different_memory(stores):
     path = stores["big"]
     seen = []
     for rank, budget in ((0, 2 << 20), (1, 4 << 20)):
-        L = Loader(path, 8, "block", block=6, fields=("image", "idx"), rank=rank, world_size=2, seed=5,
-                   mem_bytes=budget)
+        L = Loader(
+            path,
+            8,
+            OrderSpec("block", block=6, rank=rank, world_size=2, seed=5),
+            fields=("image", "idx"),
+            tuning=LoaderTuning(mem_bytes=budget),
+        )
         seen.append(_cat(_ids(L)))
         L.close()
     both = np.concatenate(seen)
@@ -47,13 +53,17 @@ def test_block_resume_in_a_process_with_other_memory(stores):
     """A block-order state resumes in a process that measures other memory
     (a restarted job): the rest of the epoch, not a LoaderResumeError."""
     path = stores["big"]
-    A = Loader(path, 8, "block", block=6, fields=("image", "idx"), seed=2, mem_bytes=2 << 20)
+    A = Loader(
+        path, 8, OrderSpec("block", block=6, seed=2), fields=("image", "idx"), tuning=LoaderTuning(mem_bytes=2 << 20)
+    )
     full = A.order.epoch(0)
     it = iter(A)
     head = _ids(it, 7)
     state = A.state_dict()
     del it
-    B = Loader(path, 8, "block", block=6, fields=("image", "idx"), seed=2, mem_bytes=4 << 20)
+    B = Loader(
+        path, 8, OrderSpec("block", block=6, seed=2), fields=("image", "idx"), tuning=LoaderTuning(mem_bytes=4 << 20)
+    )
     B.load_state_dict(state)
     assert np.array_equal(np.concatenate([_cat(head), _cat(_ids(B))]), full)
 
@@ -63,8 +73,10 @@ def test_memory_too_small_for_the_windows_says_so(stores):
     a window that fits; the order is not changed behind the user's back."""
     path = stores["big"]
     with pytest.warns(UserWarning, match=r"read-ahead holds two.*Pass (block=\d+, )?window=\d+"):
-        L = Loader(path, 8, "block", block=6, fields=("image", "idx"), mem_bytes=500_000)
-    big = Loader(path, 8, "block", block=6, fields=("image", "idx"), mem_bytes=64 << 20)
+        L = Loader(
+            path, 8, OrderSpec("block", block=6), fields=("image", "idx"), tuning=LoaderTuning(mem_bytes=500_000)
+        )
+    big = Loader(path, 8, OrderSpec("block", block=6), fields=("image", "idx"), tuning=LoaderTuning(mem_bytes=64 << 20))
     assert L.order == big.order
 
 
@@ -75,7 +87,7 @@ def test_state_after_leaving_the_loop_is_the_position_reached(stores, leave):
     """A state taken after a ``break`` (or a caught exception) resumes the
     rest of the epoch: no batch skipped, none repeated."""
     path = stores["big"]
-    L = Loader(path, 16, fields=("idx",), seed=1)
+    L = Loader(path, 16, fields=("idx",), order=OrderSpec("permutation", seed=1))
     full = L.order.epoch(0)
     got = []
     try:
@@ -89,7 +101,7 @@ def test_state_after_leaving_the_loop_is_the_position_reached(stores, leave):
         pass
     state = L.state_dict()
     assert (state["epoch"], state["batches"]) == (0, 6)
-    M = Loader(path, 16, fields=("idx",), seed=1)
+    M = Loader(path, 16, fields=("idx",), order=OrderSpec("permutation", seed=1))
     M.load_state_dict(state)
     assert np.array_equal(np.concatenate([_cat(got), _cat(_ids(M))]), full)
 
@@ -100,7 +112,7 @@ def test_checkpoint_at_the_last_batch_runs_each_epoch_once(stores, script):
     epoch 1; the restarted job's natural loop (start at the checkpoint's
     epoch, ``set_epoch`` each epoch) delivers epochs 2.. only: no epoch twice."""
     path, E = stores["big"], 4
-    mk = lambda: Loader(path, 16, fields=("idx",), seed=4)  # noqa: E731
+    mk = lambda: Loader(path, 16, fields=("idx",), order=OrderSpec("permutation", seed=4))  # noqa: E731
     ref = mk()
     want = [ref.order.epoch(e) for e in range(E)]
     L, ckpt, got = mk(), None, []
@@ -141,7 +153,7 @@ def test_ranks_read_every_record_exactly_once_by_default(stores, world, kind):
     path = stores["small"]
     counts, seen = set(), []
     for rank in range(world):
-        L = Loader(path, 16, kind, fields=("idx",), rank=rank, world_size=world, seed=7)
+        L = Loader(path, 16, OrderSpec(kind, rank=rank, world_size=world, seed=7), fields=("idx",), )
         batches = _ids(L)
         counts.add(len(batches))
         assert all(len(b) == 16 for b in batches[:-1])
@@ -153,7 +165,10 @@ def test_ranks_read_every_record_exactly_once_by_default(stores, world, kind):
 
 def test_rank_pad_pads_like_distributed_sampler(stores):
     path = stores["small"]
-    seen = [_cat(_ids(Loader(path, 16, fields=("idx",), rank=r, world_size=2, rank_pad=True))) for r in (0, 1)]
+    seen = [
+        _cat(_ids(Loader(path, 16, fields=("idx",), order=OrderSpec("permutation", rank=r, world_size=2, pad=True))))
+        for r in (0, 1)
+    ]
     assert len(seen[0]) == len(seen[1]) == 102
     assert set(np.concatenate(seen).tolist()) == set(range(203)) and len(np.concatenate(seen)) == 204
 
@@ -165,7 +180,10 @@ def test_equal_steps_need_a_repeat_only_when_no_split_gives_them(stores):
     path = stores["small"]
     idx = np.arange(199)
     with pytest.warns(UserWarning, match=r"2 record\(s\) are read twice"):
-        loaders = [Loader(path, 11, fields=("idx",), rank=r, world_size=3, indices=idx) for r in range(3)]
+        loaders = [
+            Loader(path, 11, fields=("idx",), indices=idx, order=OrderSpec("permutation", rank=r, world_size=3))
+            for r in range(3)
+        ]
     counts = [len(_ids(L)) for L in loaders]
     assert counts == [7, 7, 7]
 
@@ -189,9 +207,9 @@ def test_two_dimensional_indices_are_refused(stores):
 
 def test_resume_refuses_a_state_of_another_rank_split(stores):
     path = stores["small"]
-    s = Loader(path, 16, rank=0, world_size=2, rank_pad=True).state_dict()
+    s = Loader(path, 16, order=OrderSpec("permutation", rank=0, world_size=2, pad=True)).state_dict()
     with pytest.raises(LoaderResumeError, match="order"):
-        Loader(path, 16, rank=0, world_size=2).load_state_dict(s)
+        Loader(path, 16, order=OrderSpec("permutation", rank=0, world_size=2)).load_state_dict(s)
 
 
 # -- pad_value against the fields it pads ---------------------------------------------------

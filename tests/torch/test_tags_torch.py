@@ -7,15 +7,15 @@ import re
 
 import numpy as np
 import pytest
-
-torch = pytest.importorskip("torch")
-
 from support.images import photo, write_image
 
 import mmstore
 from mmstore.cli import main as cli_main
-from mmstore.ragged import Ragged
-from mmstore.torch import Padded, multi_hot
+from mmstore.format.ragged import Ragged
+
+torch = pytest.importorskip("torch")
+
+from mmstore.torch import Padded, multi_hot  # noqa: E402 - needs torch, so after the importorskip
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -1,4 +1,4 @@
-"""Augmentation on whole batches, on the CPU or a CUDA device (issue 15).
+"""Augmentation on whole batches, on the CPU or a CUDA device.
 
 The operations follow torchvision's definitions and parameters (torchvision
 is not needed): :func:`random_resized_crop`, :func:`random_crop` (with
@@ -13,7 +13,7 @@ How they differ from torchvision's per-image transforms:
 - :func:`random_resized_crop` resizes with bilinear interpolation **without
   antialiasing** (``F.interpolate(..., mode="bilinear", align_corners=False,
   antialias=False)`` on each crop, one call per image into one output batch:
-  measured 20x faster on the CPU than a batched gather); torchvision's tensor path antialiases by default, which matters
+  faster on the CPU than a batched gather); torchvision's tensor path antialiases by default, which matters
   only when a crop is shrunk by more than about 2x. :func:`resize` (one size
   for the whole batch) antialiases like torchvision.
 - :func:`color_jitter` applies brightness, contrast and saturation in one

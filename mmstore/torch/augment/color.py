@@ -7,15 +7,8 @@ from typing import Any
 
 import torch
 
-from ._base import (
-    _dense,
-    _layout,
-    _rand,
-    _undense,
-)
-from .geometry import (
-    _check_range,
-)
+from ._base import _dense, _layout, _rand, _undense
+from .geometry import _check_range
 
 # -- flips, normalisation ------------------------------------------------------------
 
@@ -75,7 +68,7 @@ def normalize(
 
 
 def _normalize_nhwc_cpu(x: torch.Tensor, inv: torch.Tensor, shift: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """:func:`normalize` of a dense NHWC batch on the CPU, measured 3x faster than broadcasting
+    """:func:`normalize` of a dense NHWC batch on the CPU, faster than broadcasting
     over C: rows of ``W * C`` values against the per-channel factors repeated ``W`` times, a few
     images at a time (the passes stay in the cache)."""
     n, h, w, c = x.shape
@@ -130,7 +123,7 @@ def color_jitter_params(
             cols.append(torch.ones(n, dtype=torch.float64))
         else:
             cols.append(rng[0] + (rng[1] - rng[0]) * _rand((n,), generator))
-    perm = (0, 1, 2)
+    perm: tuple[int, ...] = (0, 1, 2)
     if order == "batch":
         dev = generator.device if generator is not None else torch.device("cpu")
         perm = tuple(int(i) for i in torch.randperm(3, generator=generator, device=dev).tolist())

@@ -34,8 +34,8 @@ def resized_crop(
     Per image, ``F.interpolate(img[..., top:top+h, left:left+w], size,
     mode="bilinear", align_corners=False, antialias=False)`` into one output
     batch (uint8 on the CPU through PyTorch's uint8 kernel, other cases in
-    float, integers rounded). Measured (``tools/bench_augment.py``) 16x
-    faster on the CPU than computing the whole batch as two gathers.
+    float, integers rounded): faster on the CPU than computing the whole
+    batch as two gathers (``benchmarks/bench_augment.py`` measures it).
     Returns a dense batch in the input's layout and dtype, on its device.
     """
     lay = _layout(batch, layout)
@@ -49,7 +49,7 @@ def resized_crop(
     out = torch.empty((n, oh, ow, c) if nhwc else (n, c, oh, ow), dtype=x.dtype, device=x.device)
     native = x.dtype in (torch.float32, torch.float64) or (x.dtype == torch.uint8 and x.device.type == "cpu")
     for k, (t, l, h, w) in enumerate(b.tolist()):
-        # a dense channels-last crop takes PyTorch's vectorised uint8 kernel on the CPU (measured 3-9x faster)
+        # a dense channels-last crop takes PyTorch's vectorised uint8 kernel on the CPU (much faster)
         img = _image_view(x, k, nhwc, t, l, h, w).contiguous(memory_format=torch.channels_last)
         r = F.interpolate(img if native else img.float(), size=(oh, ow), mode="bilinear",
                           align_corners=False, antialias=False)[0]

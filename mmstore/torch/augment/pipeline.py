@@ -8,27 +8,9 @@ from typing import Any
 
 import torch
 
-from ._base import (
-    _PAD_MODES,
-    IMAGENET_MEAN,
-    IMAGENET_STD,
-    _layout,
-    _pair,
-)
-from .color import (
-    color_jitter,
-    color_jitter_params,
-    normalize,
-)
-from .geometry import (
-    _check_range,
-    _padding4,
-    center_crop,
-    horizontal_flip,
-    random_crop,
-    random_resized_crop,
-    resize,
-)
+from ._base import _PAD_MODES, IMAGENET_MEAN, IMAGENET_STD, _layout, _pair
+from .color import color_jitter, color_jitter_params, normalize
+from .geometry import _check_range, _padding4, center_crop, horizontal_flip, random_crop, random_resized_crop, resize
 
 # -- pipeline ---------------------------------------------------------------------
 

@@ -1,0 +1,743 @@
+"""``verify --repair``: re-ingest the bad records of a store from its source.
+
+Where the source is and how it was decoded comes from the provenance the
+ingest writes (``provenance.source``: kind, path and options;
+``provenance.ingest.params.decode``: the :class:`mmstore.decode.DecodeSpec`).
+A bad slot's key leads back to its input the way the ingest's sources read
+it (folder: ``root/key``; list: ``root/path_template(key)``; lmdb: the
+value of ``key``; arrays: item ``int(key)``; coco: ``root/key``), which is
+decoded again with the same spec. A COCO record's annotation fields are
+derived again from the annotation file the provenance names (parsed once),
+exactly as the ingest did. Fields the decoder does not produce (the label) keep their stored
+bytes, and when those are damaged too every label value is tried.
+
+The re-decoded record is written only when its xxh3_64 equals the checksum
+stored at ingest time: that proves it is the original record byte for byte,
+so the repaired store is byte-identical to a fresh ingest. A record whose
+source is gone, or decodes to other bytes (the file changed), is left as it
+is and reported.
+
+A positional backend (memmap, see ``BackendReader.positional``): each
+field's entry is written in place (``pwrite``), then fsynced. Other backends
+(lmdb: rewriting a value in place would change the page layout): the data
+files of each segment concerned are rebuilt the way a writer builds them
+(the backend's slot files of every record, then its ``finalize``: for lmdb
+the same keys in the same order, same transactions), and replace the old
+ones atomically (the manifest's size entries are updated if they differ).
+
+A store may come from someone else, so its provenance is untrusted input:
+repair writes only to regular files directly inside the store (opened with
+``O_NOFOLLOW``; its work directory is inside the store too), and bounds what
+the provenance can ask for before it allocates or opens anything: the decode
+spec must produce exactly the store's image shape (with at most the default
+pixel limit), a ``path_template`` may only index the key and pad it to at
+most :data:`MAX_TEMPLATE_WIDTH` characters, and a key may not lead out of
+the source root (an absolute path or ``..``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import errno
+import json
+import os
+import re
+import shutil
+import stat
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+import numpy as np
+
+from .._os.io import atomic_write, fsync_dir, fsync_file, fsync_path, pwrite_all
+from ..errors import EntryDecodeError, FormatError
+from ..format.codecs import library_versions
+from ..format.layout import MANIFEST_FILE, decode_key, npy_header, variable_files
+from ..format.names import json_bytes
+from ..store.backends import Backend, SlotFile
+from ..store.backends.base import packed_record
+from ..store.reader import Store, open_store
+from .convert import unpack_record
+from .verify import VerifyReport
+
+__all__ = ["RepairReport", "repair_store"]
+
+REPAIRABLE = ("checksum", "hole-not-zero", "missing", "size", "hole-has-record", "extra-key", "decode")
+MAX_TEMPLATE_WIDTH = 255  # the widest field a provenance path_template may pad to
+MAX_LABELS = 100_000  # label values tried for a record whose stored label is damaged
+LABEL_SEARCH_BYTES = 2 << 30  # record bytes the label search of one repair may hash (bounded time)
+MAX_SOURCE_PATH = 4096  # bytes of a source path built from the provenance and a key
+_TEMPLATE_FIELD = re.compile(r"(id|0|)(\[\d{1,4}\])*")
+_TEMPLATE_SPEC = re.compile(r"(.?[<>=^])?[-+ ]?0?(\d{1,3})?s?")
+
+
+@dataclass
+class RepairReport:
+    attempted: bool = False
+    repaired: list[int] = field(default_factory=list)
+    failed: list[dict[str, Any]] = field(default_factory=list)
+    source: str | None = None
+    message: str = ""
+
+
+class SourceGone(Exception):
+    """The source is not reachable (or not re-readable at all)."""
+
+
+def check_template(tmpl: Any) -> str | None:
+    """A provenance ``path_template``, if it only names the key (``{id}``,
+    ``{id[0]}``, ``{}``, ``{0}``) with at most a small width; else
+    :class:`SourceGone` (a crafted ``{id:>3000000000}`` would allocate 3 GB)."""
+    import string
+
+    if tmpl is None:
+        return None
+    if not isinstance(tmpl, str) or len(tmpl) > MAX_SOURCE_PATH:
+        raise SourceGone(f"the provenance's path_template is not a short string ({type(tmpl).__name__})")
+    try:
+        parts = list(string.Formatter().parse(tmpl))
+    except ValueError as exc:
+        raise SourceGone(f"the provenance's path_template {tmpl[:80]!r} is not a template ({exc})") from None
+    for _, name, spec, conv in parts:
+        if name is None:
+            continue
+        m = _TEMPLATE_SPEC.fullmatch(spec or "")
+        if (not _TEMPLATE_FIELD.fullmatch(name) or conv is not None or m is None
+                or int(m.group(2) or 0) > MAX_TEMPLATE_WIDTH):
+            raise SourceGone(f"the provenance's path_template {tmpl[:80]!r} asks for {{{name}"
+                             + (f"!{conv}" if conv else "") + (f":{spec}" if spec else "") + "}: repair only "
+                             f"expands {{id}}, {{id[N]}} padded to at most {MAX_TEMPLATE_WIDTH} characters")
+    return tmpl
+
+
+def _inside(root: bytes, rel: bytes) -> bytes:
+    """``root/rel``, or ValueError if ``rel`` leads out of ``root``."""
+    parts = rel.split(b"/")
+    if rel.startswith(b"/") or b".." in parts or b"\x00" in rel or len(root) + len(rel) > MAX_SOURCE_PATH:
+        raise ValueError(f"the key {os.fsdecode(rel)[:120]!r} leads outside the source folder; not repaired")
+    return os.path.join(root, rel)
+
+
+class _Source:
+    """Reads one input again, by key, the way the ingest's source did."""
+
+    def __init__(self, prov: dict[str, Any], image_shape: tuple[int, ...] | None = None) -> None:
+        src = prov.get("source")
+        if not isinstance(src, dict) or "kind" not in src:
+            raise SourceGone("the provenance does not say where the records came from (no source); "
+                             "the store was not written by `mmstore ingest`")
+        self.kind = src["kind"]
+        path = src.get("path")
+        self.src = src
+        ing = prov.get("ingest") or {}
+        params = ing.get("params") or {} if isinstance(ing, dict) else {}
+        dec = params.get("decode", prov.get("decode")) if isinstance(params, dict) else None
+        self.spec = None
+        if dec:
+            self.spec = _bounded_spec(dec, image_shape)
+        self.template = check_template(src.get("path_template")) if self.kind == "list" else None
+        for name in ("path", "root"):
+            if src.get(name) is not None and (not isinstance(src[name], str) or len(src[name]) > MAX_SOURCE_PATH
+                                              or "\x00" in src[name]):
+                raise SourceGone(f"the provenance's source {name} is not a path: {str(src[name])[:80]!r}")
+        if self.kind == "dataset":
+            raise SourceGone(f"the records came from a Python dataset ({src.get('type')}), which cannot be "
+                             "re-read from here; re-create the store with from_dataset()")
+        if self.kind not in ("folder", "list", "lmdb", "arrays", "coco"):
+            raise SourceGone(f"unknown source kind {self.kind!r} in the provenance")
+        if not path or not os.path.exists(path):
+            raise SourceGone(f"the source {path!r} ({self.kind}) is gone; restore it, or restore the store "
+                             "from a copy")
+        self.path: str = path
+        # a list's tags/text fields of (key, slot), derived again from the list (set by repair())
+        self.list_fields: Callable[[bytes, int], dict[str, bytes]] | None = None
+        self._env: Any = None
+        self._arr: Any = None
+        self._coco: Any = None  # the COCO source, scanned at its first record
+        rng = ing.get("range") if isinstance(ing, dict) else None
+        self.lo = int(rng[0]) if isinstance(rng, list) and rng and isinstance(rng[0], int) else 0
+        if self.kind == "lmdb":
+            import lmdb
+
+            try:
+                self._env = lmdb.open(self.path, readonly=True, lock=False, readahead=False, subdir=True, max_dbs=0)
+            except lmdb.Error as exc:
+                raise SourceGone(f"the source LMDB {self.path!r} cannot be opened ({exc}); restore it, or "
+                                 "restore the store from a copy") from None
+
+    def describe(self) -> str:
+        return f"{self.kind} {self.path}"
+
+    def load(self, key: bytes) -> Any:
+        """Encoded bytes (uint8 array) or the array item of ``key``."""
+        from ..decode import read_bytes
+        from ..format.layout import decode_key
+
+        if self.kind == "folder":
+            return read_bytes(_inside(os.fsencode(self.path), bytes(key)))
+        if self.kind == "coco":
+            root = self.src.get("root") or os.path.dirname(self.path)
+            return read_bytes(_inside(os.fsencode(root), bytes(key)))
+        if self.kind == "list":
+            k = decode_key(key)
+            try:
+                rel = self.template.format(k, id=k) if self.template else k
+            except (IndexError, KeyError, ValueError) as exc:
+                raise ValueError(f"the path_template does not fit the key {k[:80]!r} ({exc})") from None
+            root = self.src.get("root") or os.path.dirname(self.path)
+            return read_bytes(_inside(os.fsencode(root), os.fsencode(rel)))
+        if self.kind == "lmdb":
+            with self._env.begin() as txn:
+                val = txn.get(bytes(key))
+            if val is None:
+                raise FileNotFoundError(f"key {key!r} is no longer in the source LMDB")
+            return np.frombuffer(val, np.uint8)
+        # arrays
+        if self._arr is None:
+            if self.path.lower().endswith(".npz"):
+                z = np.load(self.path, allow_pickle=False)
+                ik = self.src.get("image_key") or next(
+                    (n for n in ("image", "images", "x", "data", "arr_0") if n in z.files), None)
+                self._arr = z[ik]
+            else:
+                self._arr = np.load(self.path, mmap_mode="r", allow_pickle=False)
+        return np.asarray(self._arr[int(decode_key(key))])
+
+    def _coco_source(self) -> Any:
+        """The COCO source of the provenance, its JSON parsed once (the
+        annotation fields are derived from it as the ingest did)."""
+        if self._coco is None:
+            from ..errors import IngestError
+            from ..ingest.coco import CocoSource
+
+            mbs = self.src.get("min_box_size")
+            try:
+                self._coco = CocoSource(self.path, root=self.src.get("root"),
+                                        min_box_size=mbs if isinstance(mbs, (int, float)) else None)
+                self._coco.scan()
+            except (IngestError, ValueError) as exc:
+                raise SourceGone(f"the source annotation file cannot be read again ({exc})") from None
+        return self._coco
+
+    def decode(self, key: bytes, slot: int | None = None) -> dict[str, np.ndarray]:
+        raw = self.load(key)
+        out: dict[str, np.ndarray] = {}
+        if self.kind == "arrays":
+            if self.spec is None:
+                return {"image": raw}
+            from ..decode import fit_array
+
+            d = fit_array(raw, self.spec)
+        else:
+            from ..decode import decode_image
+
+            if self.spec is None:
+                raise SourceGone("the provenance has no decode spec for encoded inputs")
+            d = decode_image(raw, self.spec)
+        out["image"] = d.image
+        if getattr(d, "orig_size", None) is not None:
+            out["orig_size"] = np.asarray(d.orig_size)
+        if getattr(d, "box", None) is not None:
+            out["box"] = np.asarray(d.box)
+        if getattr(d, "dst", None) is not None:
+            out["dst"] = np.asarray(d.dst)
+        if self.kind == "coco":
+            coco = self._coco_source()
+            i = self.lo + int(slot if slot is not None else -1)
+            if slot is None or not 0 <= i < len(coco.listing) or coco.listing.key(i) != bytes(key):
+                raise ValueError("the annotation file no longer lists this record's image at its place (the "
+                                 "file changed since the ingest)")
+            out.update(coco.record_fields(i, d))
+        return out
+
+    def close(self) -> None:
+        if self._env is not None:
+            self._env.close()
+
+
+def _bounded_spec(dec: Any, image_shape: tuple[int, ...] | None) -> Any:
+    """The provenance's decode spec, if it makes records of the store's image
+    shape with at most the default pixel limit (a crafted spec must not make
+    repair allocate more than one record, or decode a decompression bomb)."""
+    from ..decode import DecodeSpec
+
+    if not isinstance(dec, dict):
+        raise ValueError(f"the decode spec is a {type(dec).__name__}, not an object")
+    try:
+        spec = DecodeSpec.from_dict(dec)
+    except TypeError as exc:
+        raise ValueError(str(exc)) from None
+    limit = cast(int, DecodeSpec.__dataclass_fields__["max_pixels"].default)  # an int field with a default
+    if not 0 < spec.max_pixels <= limit:
+        spec = dataclasses.replace(spec, max_pixels=limit)
+    if image_shape is not None and spec.record_shape() != tuple(image_shape):
+        raise ValueError(f"it makes records of shape {spec.record_shape()}, the store's image field is "
+                         f"{tuple(image_shape)}")
+    return spec
+
+
+def _packed(store: Store, arrays: dict[str, np.ndarray | bytes]) -> bytes:
+    """The record's checksummed bytes; an encoded field's value is its
+    entry (bytes) or an array, which is encoded with the field's codec."""
+    if store.schema.has_variable:
+        fixed = {f.name: np.ascontiguousarray(np.asarray(arrays[f.name]), dtype=f.dtype).reshape(f.shape)
+                 for f in store.schema.fixed_fields}
+        entries = {}
+        for f in store.schema.variable_fields:
+            v = arrays[f.name]
+            a = v if isinstance(v, bytes) else np.ascontiguousarray(np.asarray(v), dtype=f.dtype)
+            entries[f.name] = a if isinstance(a, bytes) else f.codec.encode(a if f.ragged else a.reshape(f.shape))
+        return bytes(packed_record(store.schema, fixed, entries))
+    parts = []
+    for f in store.schema:
+        a = np.ascontiguousarray(np.asarray(arrays[f.name]), dtype=f.dtype)
+        if a.shape != f.shape:
+            a = a.reshape(f.shape)
+        parts.append(a.tobytes())
+    return b"".join(parts)
+
+
+def _stored_fields(store: Store, slot: int) -> dict[str, np.ndarray | bytes]:
+    """The stored (possibly damaged) fields of ``slot``; zeros where absent.
+    An encoded field's value is its stored entry (bytes)."""
+    out: dict[str, Any] = {f.name: np.zeros(f.shape, f.dtype) if not f.variable else b"" for f in store.schema}
+    if store.schema.has_variable:
+        try:
+            for _, packed in store.backend.iter_packed(slot, slot + 1):
+                parts = unpack_record(store.schema, packed) if packed is not None else None
+                if parts is not None:
+                    out.update({k: np.array(v) for k, v in parts[0].items()})
+                    out.update({k: bytes(v) for k, v in parts[1].items()})
+        except (EntryDecodeError, FormatError):  # offsets or an lmdb value off its layout: nothing usable
+            pass
+        return out
+    for _, packed in store.backend.iter_packed(slot, slot + 1):
+        if packed is not None and len(packed) == store.schema.record_bytes:
+            pos = 0
+            for f in store.schema:
+                out[f.name] = np.frombuffer(bytes(packed[pos : pos + f.nbytes]), f.dtype).reshape(f.shape)
+                pos += f.nbytes
+    return out
+
+
+def _rebuild(store: Store, src: _Source, slot: int, want: int, label_range: int, budget: list[int],
+             encoders: str = "") -> bytes:
+    """The original packed record of ``slot`` (checksum ``want``) or raise.
+    ``budget[0]``: bytes the label search may still hash in this repair;
+    ``encoders``: :func:`encoder_mismatch` (said when nothing matches)."""
+    import xxhash
+
+    key = store.slot_key_bytes(slot)
+    if not key:
+        raise ValueError("the slot has no source key")
+    try:
+        fresh = src.decode(key, slot)
+    except SourceGone:
+        raise
+    except (OSError, ValueError) as exc:
+        reason = getattr(exc, "reason", None) or str(exc)
+        raise ValueError(f"the source input cannot be read or decoded again ({reason})") from None
+    rec = _stored_fields(store, slot)
+    for k, v in fresh.items():
+        if k in rec:
+            rec[k] = v
+    if src.list_fields is not None:
+        rec.update(src.list_fields(key, slot))  # entries (bytes), kept as they are below
+    if store.schema.has_variable:  # encode once; the label search below only changes raw bytes
+        rec = _encoded(store, rec)
+    packed = _packed(store, rec)
+    if xxhash.xxh3_64_intdigest(packed) == want:
+        return packed
+    lab = next((f for f in store.schema if f.name == "label" and f.shape == ()), None)
+    if lab is not None:
+        for cand in range(label_range):
+            budget[0] -= len(packed)
+            if budget[0] < 0:
+                raise ValueError("the decoded image does not match, and the label search of this repair has "
+                                 f"used its {LABEL_SEARCH_BYTES >> 30} GiB; not repaired")
+            rec["label"] = np.asarray(cand, lab.dtype)
+            packed = _packed(store, rec)
+            if xxhash.xxh3_64_intdigest(packed) == want:
+                return packed
+    if encoders:
+        raise ValueError(f"the re-encoded record does not match its checksum, and {encoders}; install that "
+                         "version and run the repair again, or re-ingest the store")
+    raise ValueError("the source decodes to other bytes than the ones checksummed at ingest (the input or the "
+                     "decoder changed since); not repaired")
+
+
+def _encoded(store: Store, rec: dict[str, Any]) -> dict[str, Any]:
+    """``rec`` with each encoded field that holds an array encoded (bytes)."""
+    out = dict(rec)
+    for f in store.schema.variable_fields:
+        v = out[f.name]
+        if not isinstance(v, bytes):
+            a = np.ascontiguousarray(np.asarray(v), dtype=f.dtype)
+            out[f.name] = f.codec.encode(a if f.ragged else a.reshape(f.shape))
+    return out
+
+
+def encoder_mismatch(store: Store) -> str:
+    """Why re-encoding may not reproduce the stored entries: the encoder
+    library versions the provenance names that differ from the ones here
+    ("" when they agree, or nothing is encoded)."""
+    if not store.schema.has_variable:
+        return ""
+    here = library_versions(f.codec for f in store.schema.variable_fields)
+    then = store.provenance.get("codec_libraries")
+    then = then if isinstance(then, dict) else {}
+    diff = [f"{k} entries were made by {str(then.get(k, 'an unrecorded version'))[:80]!r}, this machine has {v!r}"
+            for k, v in sorted(here.items()) if then.get(k) != v]
+    return "the store's " + "; its ".join(diff) if diff else ""
+
+
+def repair_store(path: str | os.PathLike[str], report: VerifyReport) -> RepairReport:
+    """Repair the bad records ``report`` (a content :func:`verify_store`
+    report of ``path``) names. Structural problems are not repaired."""
+    rr = RepairReport()
+    if any(p.kind == "offsets" for p in report.problems):
+        rr.message = ("refused: an encoded field's offsets index is damaged, so the entries' positions are not "
+                      "known and no entry can be proven and written back; the store must be re-ingested "
+                      "(`mmstore ingest SOURCE STORE --codec ... --overwrite`, with the store's codecs) or "
+                      "restored from a copy")
+        return rr
+    if any(p.kind != "lmdb-keys" for p in report.problems):  # a key count off is what a rebuild fixes
+        kinds = sorted({p.kind for p in report.problems})
+        rr.message = (f"refused: the store has structural problems ({', '.join(kinds)}); repair only restores "
+                      "records. Restore the named files from a copy or re-create the store")
+        return rr
+    if not report.content_checked:
+        rr.message = "refused: the record content was not checked (run verify without --quick)"
+        return rr
+    bad = [b for b in report.bad_records if b.what in REPAIRABLE]
+    if not bad:
+        rr.message = "nothing to repair"
+        return rr
+    if report.bad_count > len(report.bad_records):
+        rr.message = f"refused: {report.bad_count:,} bad records is more than repair lists; re-create the store"
+        return rr
+    store = open_store(path)
+    try:
+        try:
+            image = store.schema["image"].shape if "image" in store.schema else None
+            src = (_Source(store.provenance, image) if any(b.what in ("checksum", "missing", "size", "decode")
+                                                           for b in bad)
+                   else None)
+        except SourceGone as exc:
+            rr.message = f"refused: {exc}"
+            rr.failed = [{"slot": b.slot, "key": b.key, "reason": "source not reachable"} for b in bad]
+            return rr
+        except ValueError as exc:
+            rr.message = f"refused: the provenance's decode spec is not usable here ({exc})"
+            return rr
+        rr.source = src.describe() if src else None
+        if src is not None:  # a list's tags/text, derived again from the list (mmstore/ingest/tags.py)
+            from ..ingest.lists import list_fields_for_repair
+
+            src.list_fields = list_fields_for_repair(store.provenance, store.schema)
+        ck = np.array(store.checksums())
+        names = store.label_names or []
+        label_range = min(MAX_LABELS, len(names))
+        if "label" in store.schema and not label_range and store.records:
+            col = store.column("label")
+            label_range = int(min(MAX_LABELS, max(0, int(col.max()) + 1)))
+        budget = [LABEL_SEARCH_BYTES]
+        fixes: dict[int, bytes] = {}
+        encoders = encoder_mismatch(store)
+        hole = _hole_record(store)
+        for b in bad:
+            if b.slot < 0 or b.what in ("hole-has-record", "extra-key"):
+                continue  # lmdb: dropped by the rebuild below
+            if b.slot in fixes:
+                continue  # named twice (checksum and decode)
+            if b.what == "hole-not-zero":
+                fixes[b.slot] = hole
+                continue
+            try:
+                assert src is not None
+                fixes[b.slot] = _rebuild(store, src, b.slot, int(ck[b.slot]), label_range, budget, encoders)
+            except (ValueError, SourceGone) as exc:
+                rr.failed.append({"slot": b.slot, "key": b.key, "reason": str(exc)})
+        if src is not None:
+            src.close()
+        dropped = sum(b.what in ("hole-has-record", "extra-key") for b in bad)
+        in_place = store.backend.positional
+        needs_rebuild = not in_place and bool(fixes or dropped)
+        rr.attempted = bool(fixes) or needs_rebuild
+        if in_place and store.schema.has_variable:
+            for slot, reason in _write_encoded_in_place(store, fixes).items():
+                rr.failed.append({"slot": slot, "key": decode_key(store.slot_key_bytes(slot)), "reason": reason})
+                del fixes[slot]
+            rr.attempted = bool(fixes)
+        elif in_place:
+            _write_in_place(store, fixes)
+        elif needs_rebuild:
+            _rebuild_segments(store, fixes, drop=bool(dropped))
+        rr.repaired = sorted(fixes)
+        fixed = len(fixes) + (dropped if needs_rebuild else 0)
+        rr.message = (f"repaired {fixed} of {len(bad)} bad record(s)"
+                      + (f" from {rr.source}" if rr.source and fixes else "")
+                      + (f" (dropped {dropped} LMDB key(s) that are not records)" if dropped else "")
+                      + (f"; {len(rr.failed)} could not be repaired" if rr.failed else ""))
+        return rr
+    finally:
+        store.close()
+
+
+def open_for_repair(store_path: str, path: str, flags: int) -> int:
+    """Open ``path`` for writing only if it is a regular file directly inside
+    the store directory: never through a symbolic link (``O_NOFOLLOW``), a
+    FIFO or device, or into another directory. Raises :class:`FormatError`."""
+    folder, name = os.path.split(os.path.abspath(path))
+    if os.path.realpath(folder) != os.path.realpath(store_path) or name in ("", ".", ".."):
+        raise FormatError(f"{path}: not a file of the store {store_path}; repair writes only inside the store")
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise FormatError(f"{path}: a symbolic link; repair does not write through links (they can lead "
+                              "outside the store): replace it with a copy of the file") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise FormatError(f"{path}: not a regular file; repair writes only to the store's own files")
+    return fd
+
+
+def _write_in_place(store: Store, fixes: dict[int, bytes]) -> None:
+    """Write each fixed record's fields at their positions (a positional backend)."""
+    if not fixes:
+        return
+    for f in store.schema:
+        if not f.nbytes:
+            continue
+        pos = store.schema.offset(f.name)
+        for seg in store.backend.field_segments(f.name):
+            mine = sorted((s, v) for s, v in fixes.items() if seg.first <= s < seg.first + seg.count)
+            if not mine:
+                continue
+            fd = open_for_repair(store.path, seg.path, os.O_WRONLY)
+            try:
+                for s, packed in mine:
+                    pwrite_all(fd, memoryview(packed)[pos : pos + seg.entry_bytes],
+                               seg.offset + (s - seg.first) * seg.entry_bytes)
+                fsync_file(fd)
+            finally:
+                os.close(fd)
+
+
+def _hole_record(store: Store) -> bytes:
+    """The checksummed bytes a hole holds: zero raw fields, empty entries."""
+    return bytes(packed_record(store.schema, {f.name: np.zeros(f.shape, f.dtype) for f in store.schema.fixed_fields},
+                               {f.name: b"" for f in store.schema.variable_fields}))
+
+
+def _write_encoded_in_place(store: Store, fixes: dict[int, bytes]) -> dict[int, str]:
+    """A memmap store with encoded fields: write each fixed record's raw
+    fields at their positions and each entry over its stored one, which
+    must have the same length (the offsets index is never rewritten: it is
+    shared with the parts of a merged store). Returns ``{slot: why not}``
+    for the records left as they were."""
+    failed: dict[int, str] = {}
+    writes: list[tuple[str, int, bytes]] = []  # (file, offset, bytes)
+    for part in store.backend.segment_backends():
+        lo = part.first or 0
+        for s in sorted(x for x in fixes if lo <= x < lo + part.slots):
+            parts = unpack_record(store.schema, fixes[s])
+            if parts is None:  # cannot happen: built by _packed
+                failed[s] = "internal error: the rebuilt record has no valid layout"
+                continue
+            mine: list[tuple[str, int, bytes]] = []
+            for f in store.schema.variable_fields:
+                offs, size = part.entry_offsets(f.name), part.entry_data_size(f.name)
+                a, b = int(offs[s - lo]), int(offs[s - lo + 1])
+                new = bytes(parts[1][f.name])
+                if not a <= b <= size or b - a != len(new):
+                    failed[s] = (f"field {f.name!r}: the proven entry has {len(new)} bytes but the slot holds "
+                                 f"{max(0, b - a)} (its offsets are {a}..{b}); an entry cannot change size in "
+                                 "place: re-ingest the store (`mmstore ingest ... --overwrite` with its codecs) "
+                                 "or restore it from a copy")
+                    break
+                mine.append((variable_files(f.name, part.segment)[0], a, new))
+            else:
+                for f in store.schema.fixed_fields:
+                    if f.nbytes:
+                        seg = part.field_segments(f.name)[0]
+                        mine.append((os.path.basename(seg.path), seg.offset + (s - lo) * seg.entry_bytes,
+                                     parts[0][f.name].tobytes()))
+                writes += mine
+    by_file: dict[str, list[tuple[int, bytes]]] = {}
+    for name, off, data in writes:
+        by_file.setdefault(name, []).append((off, data))
+    for name, items in sorted(by_file.items()):
+        fd = open_for_repair(store.path, os.path.join(store.path, name), os.O_WRONLY)
+        try:
+            for off, data in items:
+                pwrite_all(fd, data, off)
+            fsync_file(fd)
+        finally:
+            os.close(fd)
+    return failed
+
+
+def _build_lmdb_variable(store: Store, part: Any, fixes: dict[int, bytes], holes: np.ndarray, lo: int,
+                         count: int) -> str:
+    """An LMDB segment with encoded fields, built again the way a writer
+    builds it (the same keys, values and transactions) with ``fixes``
+    written in; any other value is copied as it is. Returns the work
+    directory (inside the store) holding the new file."""
+    import lmdb
+
+    from ..format.layout import lmdb_file, lmdb_key
+    from ..store.backends.lmdb import LMDB_TXN_RECORDS, lmdb_map_size_of, put_values
+
+    work = os.path.join(store.path, f".repair-{uuid.uuid4().hex[:8]}")
+    os.mkdir(work)
+    try:
+        present = np.flatnonzero(~holes[lo : lo + count]).tolist()
+        env_old = part.env()
+
+        def value(txn: Any, j: int) -> bytes | None:
+            fix = fixes.get(lo + j)
+            if fix is not None:
+                return _lmdb_value(store, fix)
+            v = txn.get(lmdb_key(j))
+            return bytes(v) if v is not None else None
+
+        with env_old.begin(buffers=True) as txn:
+            sizes = np.array([len(value(txn, j) or b"") for j in present], np.int64)
+        path = os.path.join(work, lmdb_file(None))
+        map_size = lmdb_map_size_of(sizes)
+        env = lmdb.open(path, subdir=False, lock=False, map_size=map_size, readahead=False, meminit=True,
+                        max_dbs=0, sync=True, metasync=True)
+        try:
+            with env_old.begin(buffers=True) as txn:
+                for a in range(0, len(present), LMDB_TXN_RECORDS):
+                    items = [(lmdb_key(j), value(txn, j)) for j in present[a : a + LMDB_TXN_RECORDS]]
+                    map_size = put_values(env, [(k, v) for k, v in items if v is not None], map_size)
+            env.sync(True)
+        finally:
+            env.close()
+        fsync_path(path)
+        return work
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def _lmdb_value(store: Store, packed: bytes) -> bytes:
+    """A record's checksummed bytes as its 2.0 lmdb value (format.py, "lmdb
+    backend": raw fields, the entries' lengths, the entries)."""
+    parts = unpack_record(store.schema, packed)
+    if parts is None:
+        raise ValueError("internal error: the rebuilt record has no valid layout")
+    fixed, entries = parts
+    var = store.schema.variable_fields
+    return b"".join([*(fixed[f.name].tobytes() for f in store.schema.fixed_fields),
+                     *(len(entries[f.name]).to_bytes(8, "little") for f in var),
+                     *(bytes(entries[f.name]) for f in var)])
+
+
+def _rebuild_segments(store: Store, fixes: dict[int, bytes], drop: bool) -> None:
+    """Rebuild the data files of every segment that holds a fix, or (``drop``)
+    an entry that is not a record; the others stay as they are (in a merged
+    store they stay shared with the part they came from). The new files are
+    all built before the first replaces its old one, then the manifest's
+    sizes are updated."""
+    holes = np.ones(store.slots, bool)
+    holes[store.slots_of(np.arange(store.records))] = False
+    todo = []
+    for part in store.backend.segment_backends():
+        lo, count = part.first or 0, part.slots
+        need = any(lo <= s < lo + count for s in fixes)
+        if drop and not need:  # does this segment hold an entry that is not a record?
+            need = part.has_stray_entries(holes[lo : lo + count])
+        if need:
+            todo.append((part, lo, count))
+    built: list[tuple[str, str, str]] = []  # (work directory, new file, the store's file it replaces)
+    try:
+        for part, lo, count in todo:
+            if store.schema.has_variable:
+                work = _build_lmdb_variable(store, part, fixes, holes, lo, count)
+            else:
+                work = _build_segment(store, type(part), fixes, holes, lo, count)
+            names = part.data_file_names(store.schema, part.segment)
+            built += [(work, os.path.join(work, new), name)
+                      for new, name in zip(part.data_file_names(store.schema), names)]
+        store.close()
+        for _, new, name in built:
+            # a new inode: a part store sharing the old file (merge) keeps it
+            os.replace(new, os.path.join(store.path, name))
+        fsync_dir(store.path)
+        sizes = {name: os.path.getsize(os.path.join(store.path, name)) for _, _, name in built}
+        if any(size != store.manifest["files"].get(name) for name, size in sizes.items()):
+            mpath = os.path.join(store.path, MANIFEST_FILE)
+            with open(mpath, "rb") as fh:
+                obj = json.loads(fh.read())
+            obj["files"].update(sizes)
+            atomic_write(mpath, json_bytes(obj, indent=1) + b"\n")
+    finally:
+        for work in {w for w, _, _ in built}:
+            shutil.rmtree(work, ignore_errors=True)
+
+
+def _build_segment(store: Store, cls: type[Backend], fixes: dict[int, bytes], holes: np.ndarray, lo: int,
+                   count: int) -> str:
+    """Build the data files of global slots ``[lo, lo + count)`` the way a
+    writer does (``cls``'s slot files, then its ``finalize``) in a work
+    directory inside the store; return the directory."""
+    work = os.path.join(store.path, f".repair-{uuid.uuid4().hex[:8]}")  # inside the store, never next to it
+    os.mkdir(work)
+    try:
+        layout = cls.write_layout(store.schema)
+        fds = [os.open(os.path.join(work, sf.name), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644) for sf in layout]
+        try:
+            heads = [npy_header(sf.dtype, (count, *sf.entry_shape)) for sf in layout]
+            for fd, sf, head in zip(fds, layout, heads):
+                pwrite_all(fd, head, 0)
+                os.ftruncate(fd, len(head) + count * sf.stride)
+            step = 4096
+            for a in range(lo, lo + count, step):
+                b = min(lo + count, a + step)
+                packed = _packed_chunk(store, fixes, holes, a, b)
+                for fd, sf, head in zip(fds, layout, heads):
+                    pwrite_all(fd, _entries(store, sf, packed), len(head) + (a - lo) * sf.stride)
+            for fd in fds:
+                fsync_file(fd)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        cls.finalize(work, store.schema, count, holes[lo : lo + count])
+        return work
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        raise
+
+
+def _packed_chunk(store: Store, fixes: dict[int, bytes], holes: np.ndarray, a: int, b: int) -> np.ndarray:
+    """The packed records of slots ``[a, b)`` (fixed where ``fixes`` says,
+    zeros for holes and unreadable records), shape ``(b - a, record_bytes)``."""
+    rb = store.schema.record_bytes
+    chunk = np.zeros((b - a, rb), np.uint8)
+    for s, v in store.backend.iter_packed(a, b):
+        if holes[s]:
+            continue
+        val = fixes.get(s)
+        if val is None and v is not None and len(v) == rb:
+            val = bytes(v)
+        if val is not None:
+            chunk[s - a] = np.frombuffer(val, np.uint8)
+    return chunk
+
+
+def _entries(store: Store, sf: SlotFile, packed: np.ndarray) -> np.ndarray:
+    """The entries of slot file ``sf`` for packed records ``packed``."""
+    if sf.stride == packed.shape[1] and all(store.schema.offset(n) == o for n, o in sf.fields.items()):
+        return packed  # a file of packed records (lmdb's staging file)
+    out = np.zeros((len(packed), sf.stride), np.uint8)
+    for name, inner in sf.fields.items():
+        off, nb = store.schema.offset(name), store.schema[name].nbytes
+        out[:, inner : inner + nb] = packed[:, off : off + nb]
+    return out

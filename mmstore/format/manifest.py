@@ -1,0 +1,374 @@
+"""Reading a store's manifest: :func:`read_manifest` (the file, size capped,
+with what to do when there is none) and :func:`parse_manifest` (untrusted
+JSON -> typed values, or ``FormatError`` naming the key). The rules are the
+specification's (:mod:`mmstore.format`); this module enforces them."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+from typing import Any
+
+import numpy as np
+
+from ..errors import FormatError, SchemaError, VersionError
+from . import layout as _fmt  # read at call time: the reader's limits (tests stand in an older reader)
+from .codecs import RAW, codec_from_json
+from .layout import (
+    CHECKSUM_ALGORITHM,
+    CHECKSUMS_FILE,
+    FIELD_NAME_RE,
+    FORMAT_NAME,
+    KEYS_BLOB_FILE,
+    KEYS_OFFSETS_FILE,
+    MANIFEST_FILE,
+    MANIFEST_MAX_BYTES,
+    MAX_STORE_BYTES,
+    PARTIAL_SUFFIX,
+    RAGGED_FEATURE,
+    RAGGED_VERSION,
+    SUPPORTED_BACKENDS,
+    VARIABLE_VERSION,
+    normalize_dtype,
+    open_store_file,
+)
+
+
+def _parse_int(path: str, obj: dict[str, Any], key: str, minimum: int = 0) -> int:
+    val = obj.get(key)
+    if isinstance(val, bool) or not isinstance(val, int) or not minimum <= val <= MAX_STORE_BYTES:
+        raise _fail(path, f"'{key}' must be an integer from {minimum} to {MAX_STORE_BYTES}, found {val!r}")
+    return val
+
+
+def _parse_schema(path: str, raw: object) -> list[tuple[str, np.dtype, tuple[int, ...], Any]]:
+    if not isinstance(raw, list) or not raw:
+        raise _fail(path, f"'schema' must be a non-empty list of fields, found {type(raw).__name__}")
+    out: list[tuple[str, np.dtype, tuple[int, ...], Any]] = []
+    seen: set[str] = set()
+    for i, ent in enumerate(raw):
+        if not isinstance(ent, dict):
+            raise _fail(path, f"schema[{i}] must be an object")
+        name, dts, shape = ent.get("name"), ent.get("dtype"), ent.get("shape")
+        if not isinstance(name, str) or not FIELD_NAME_RE.match(name):
+            raise _fail(path, f"schema[{i}].name {name!r} is not a valid field name (letters, digits, _)")
+        if name in seen:
+            raise _fail(path, f"field {name!r} appears twice in the schema")
+        seen.add(name)
+        if not isinstance(dts, str):
+            raise _fail(path, f"schema[{i}].dtype must be a string, found {dts!r}")
+        codec = codec_from_json(path, ent["codec"], name) if "codec" in ent else RAW
+        if dts in ("str", "bytes") or (isinstance(shape, list) and shape[:1] == [None]):
+            out.append(_parse_ragged(path, name, dts, shape, codec))
+            continue
+        try:
+            dt = normalize_dtype(dts, where=f"{path}: field {name!r}")
+        except FormatError:
+            raise
+        if dt.str != dts:
+            raise _fail(path, f"field {name!r} dtype {dts!r} is not explicit; expected {dt.str!r}")
+        if (
+            not isinstance(shape, list)
+            or len(shape) > 32
+            or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape)
+        ):
+            raise _fail(path, f"field {name!r} shape must be a list of ints >= 0, found {shape!r}")
+        try:
+            codec.check(dt, tuple(shape), where=f"{path}: field {name!r}")
+        except SchemaError as exc:
+            raise _fail(path, str(exc)) from None
+        out.append((name, dt, tuple(shape), codec))
+    return out
+
+
+def _parse_classes(path: str, raw: object, schema: list[tuple[str, Any, tuple[Any, ...], Any]]) -> dict[str, Any]:
+    """The schema entries' optional ``classes`` (see "Class names of a field"),
+    checked, as ``{field: ((id, name), ...)}``."""
+    from .schema import Field, normalize_classes  # schema imports format: at call time
+
+    out: dict[str, Any] = {}
+    for ent, (name, dt, shape, codec) in zip(raw, schema):  # type: ignore[call-overload]
+        if "classes" not in ent:
+            continue
+        kind = dt if isinstance(dt, str) else "array"
+        fld = Field(name, np.dtype("|u1") if isinstance(dt, str) else dt, shape, codec, kind)
+        cls = ent["classes"]
+        if not isinstance(cls, list) or not all(isinstance(p, list) and len(p) == 2 for p in cls):
+            raise _fail(path, f"field {name!r}: 'classes' must be a list of [id, name] pairs")
+        try:
+            norm = normalize_classes(fld, cls)
+        except SchemaError as exc:
+            raise _fail(path, str(exc)) from None
+        if [list(p) for p in norm] != cls:
+            raise _fail(path, f"field {name!r}: 'classes' must be sorted by id")
+        out[name] = norm
+    return out
+
+
+def _parse_ragged(path: str, name: str, dts: str, shape: Any, codec: Any) -> tuple[str, Any, tuple[Any, ...], Any]:
+    """A ragged schema entry (see "Ragged fields"): ``(name, dtype or "str" /
+    "bytes", (None, *row), codec)``."""
+    if (
+        not isinstance(shape, list)
+        or not 1 <= len(shape) <= 32
+        or shape[0] is not None
+        or any(isinstance(d, bool) or not isinstance(d, int) or d < 0 for d in shape[1:])
+    ):
+        raise _fail(path, f"field {name!r}: a ragged field's shape must be [null, ints >= 0...], found {shape!r}")
+    if codec.name not in ("raw", "zstd"):
+        raise _fail(path, f"field {name!r}: a ragged field is stored raw or with zstd, not {codec}")
+    if dts in ("str", "bytes"):
+        if shape != [None]:
+            raise _fail(path, f"field {name!r}: a {dts} field has shape [null], found {shape!r}")
+        return (name, dts, (None,), codec)
+    dt = normalize_dtype(dts, where=f"{path}: field {name!r}")
+    if dt.str != dts:
+        raise _fail(path, f"field {name!r} dtype {dts!r} is not explicit; expected {dt.str!r}")
+    if dt.itemsize * math.prod(shape[1:]) == 0:
+        raise _fail(path, f"field {name!r}: a ragged field's rows must have at least one byte, found {shape!r}")
+    if dt.itemsize * math.prod(shape[1:]) > MAX_STORE_BYTES:
+        raise _fail(path, f"field {name!r} rows of shape {shape[1:]} are larger than any store can hold")
+    return (name, dt, (None, *shape[1:]), codec)
+
+
+def _parse_requires(path: str, obj: dict[str, Any], ver: list[int], schema: list[Any]) -> list[str]:
+    """``requires``: features this reader must know (see "Ragged fields")."""
+    req = obj.get("requires", [])
+    if not isinstance(req, list) or not all(isinstance(r, str) for r in req):
+        raise _fail(path, f"'requires' must be a list of feature names, found {req!r}")
+    unknown = [r for r in req if r not in _fmt.KNOWN_FEATURES]
+    if unknown:
+        raise VersionError(
+            f"{path}: the store requires feature(s) {unknown}, which this mmstore does not know (it knows "
+            f"{', '.join(_fmt.KNOWN_FEATURES)}); upgrade mmstore (pip install -U mmstore) to read it"
+        )
+    ragged = [f[0] for f in schema if f[2][:1] == (None,)]
+    if ragged and (RAGGED_FEATURE not in req or tuple(ver) < RAGGED_VERSION):
+        raise _fail(path, f"ragged field(s) {ragged} need format version {RAGGED_VERSION[0]}.{RAGGED_VERSION[1]} "
+                    f"and 'requires': [{RAGGED_FEATURE!r}]; the manifest says {ver[0]}.{ver[1]}, requires {req}")
+    return req
+
+
+def _parse_version(path: str, ver: Any) -> list[int]:
+    if (
+        not isinstance(ver, list)
+        or len(ver) != 2
+        or any(isinstance(v, bool) or not isinstance(v, int) or v < 0 for v in ver)
+    ):
+        raise _fail(path, f"'version' must be [major, minor], found {ver!r}")
+    if ver[0] not in _fmt.READ_MAJORS:
+        raise VersionError(
+            f"{path}: store format version {ver[0]}.{ver[1]}, but this mmstore reads "
+            f"{' and '.join(f'{m}.x' for m in _fmt.READ_MAJORS)}; upgrade mmstore (pip install -U mmstore) or "
+            "re-create the store with this version"
+        )
+    return ver
+
+
+def _check_field_sizes(path: str, schema: list[Any], slots: int, ver: list[int]) -> None:
+    """Every field's data is representable (``MAX_STORE_BYTES``); codecs need 2.x."""
+    for name, dt, shape, codec in schema:
+        if shape[:1] == (None,):  # ragged: checked by _parse_ragged; its offsets must be representable
+            if 8 * (slots + 1) > MAX_STORE_BYTES:
+                raise _fail(path, f"field {name!r} over {slots} slots is larger than any store can hold")
+            continue
+        entry = dt.itemsize * math.prod(shape)
+        if not codec.raw:
+            if ver[0] < VARIABLE_VERSION[0]:
+                raise _fail(path, f"field {name!r} has codec {codec}, which needs format version "
+                            f"{VARIABLE_VERSION[0]}.{VARIABLE_VERSION[1]}; the manifest says {ver[0]}.{ver[1]}")
+            # entries have any size (bounded by the data file's listed size);
+            # the decoded entry and the offsets file must still be representable
+            if max(entry, 8 * (slots + 1)) > MAX_STORE_BYTES:
+                raise _fail(path, f"field {name!r} of shape {list(shape)} over {slots} slots is larger than any "
+                            f"store can hold ({MAX_STORE_BYTES})")
+            continue
+        if max(entry, slots * entry) > MAX_STORE_BYTES:
+            raise _fail(path, f"field {name!r} of shape {list(shape)} needs {slots * entry} bytes over {slots} "
+                        f"slots, more than any store can hold ({MAX_STORE_BYTES})")
+
+
+def _parse_files(path: str, files: Any) -> dict[str, int]:
+    if not isinstance(files, dict):
+        raise _fail(path, f"'files' must be an object of file sizes, found {type(files).__name__}")
+    for name, size in files.items():
+        if (
+            not isinstance(name, str)
+            or name in ("", ".", "..")
+            or "/" in name
+            or "\\" in name
+            or "\x00" in name
+            or name == MANIFEST_FILE
+        ):
+            raise _fail(path, f"'files' names an unsafe file {name!r}")
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_STORE_BYTES:
+            raise _fail(path, f"'files'[{name!r}] must be a size >= 0, found {size!r}")
+    return files
+
+
+def _parse_segments(path: str, segments: Any, slots: int, ver: list[int]) -> list[int] | None:
+    if segments is None:
+        return None
+    if (
+        not isinstance(segments, list)
+        or not segments
+        or any(isinstance(c, bool) or not isinstance(c, int) or c < 0 for c in segments)
+    ):
+        raise _fail(path, f"'segments' must be a non-empty list of slot counts >= 0, found {segments!r}")
+    if sum(segments) != slots:
+        raise _fail(path, f"'segments' add up to {sum(segments)} slots, but 'slots' is {slots}")
+    if tuple(ver) < (1, 1):
+        raise _fail(path, f"'segments' needs format version 1.1, the manifest says {ver[0]}.{ver[1]}")
+    return segments
+
+
+def parse_manifest(raw: bytes, path: str = MANIFEST_FILE) -> dict[str, Any]:
+    """See :func:`mmstore.format.parse_manifest`."""
+    if len(raw) > _fmt.MANIFEST_MAX_BYTES:
+        raise _fail(path, f"size {len(raw)} bytes exceeds the {_fmt.MANIFEST_MAX_BYTES}-byte limit")
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # ValueError: > 4,300-digit integers
+        raise _fail(path, f"not valid UTF-8 JSON ({exc})") from None
+    if not isinstance(obj, dict):
+        raise _fail(path, f"expected a JSON object, found {type(obj).__name__}")
+    if obj.get("format") != FORMAT_NAME:
+        raise _fail(path, f"'format' must be {FORMAT_NAME!r}, found {obj.get('format')!r}")
+    ver = _parse_version(path, obj.get("version"))
+    store_id = obj.get("store_id")
+    if not isinstance(store_id, str) or not re.fullmatch(r"[0-9a-f]{32}", store_id):
+        raise _fail(path, f"'store_id' must be 32 hex digits, found {store_id!r}")
+    backend = obj.get("backend")
+    if backend not in SUPPORTED_BACKENDS:
+        raise _fail(path, f"'backend' must be one of {SUPPORTED_BACKENDS}, found {backend!r}")
+    records = _parse_int(path, obj, "records")
+    slots = _parse_int(path, obj, "slots")
+    if records > slots:
+        raise _fail(path, f"'records' ({records}) exceeds 'slots' ({slots})")
+    _parse_requires(path, obj, ver, [])  # an unknown feature first: the schema may use it
+    schema = _parse_schema(path, obj.get("schema"))
+    classes = _parse_classes(path, obj["schema"], schema)
+    _check_field_sizes(path, schema, slots, ver)
+    requires = _parse_requires(path, obj, ver, schema)
+    ck = obj.get("checksum")
+    if (
+        not isinstance(ck, dict)
+        or ck.get("algorithm") != CHECKSUM_ALGORITHM
+        or not isinstance(ck.get("digest"), str)
+        or not re.fullmatch(r"[0-9a-f]{16}", ck["digest"])
+    ):
+        raise _fail(path, f"'checksum' must be {{'algorithm': '{CHECKSUM_ALGORITHM}', 'digest': 16 hex}}, found {ck!r}")
+    files = _parse_files(path, obj.get("files"))
+    digests = obj.get("digests", {})
+    if not isinstance(digests, dict) or any(
+        n not in files or not isinstance(d, str) or not re.fullmatch(r"[0-9a-f]{16}", d) for n, d in digests.items()
+    ):
+        raise _fail(path, "'digests' must map files listed in 'files' to 16 hex digits")
+    segments = _parse_segments(path, obj.get("segments"), slots, ver)
+    labels = obj.get("label_names")
+    if labels is not None and (not isinstance(labels, list) or not all(isinstance(s, str) for s in labels)):
+        raise _fail(path, "'label_names' must be a list of strings or null")
+    prov = obj.get("provenance", {})
+    if not isinstance(prov, dict):
+        raise _fail(path, "'provenance' must be an object")
+    out = dict(obj)
+    out.update(
+        version=tuple(ver),
+        records=records,
+        slots=slots,
+        schema=schema,
+        classes=classes,
+        checksum_digest=ck["digest"],
+        files=dict(files),
+        digests=dict(digests),
+        label_names=labels,
+        provenance=prov,
+        segments=list(segments) if segments is not None else None,
+        requires=list(requires),
+    )
+    return out
+
+
+def _fail(path: str, what: str) -> FormatError:
+    return FormatError(f"{path}: {what}; the manifest is damaged or not an mmstore manifest")
+
+
+def _unfinished(store_dir: str) -> str:
+    """Why there is only ``STORE.partial``, and how to finish it: what made
+    it (an ingest, a merge or a ``StoreWriter``) says which."""
+    partial = store_dir + PARTIAL_SUFFIX
+    head = f"{store_dir}: no store here, but {partial} exists: "
+    if os.path.isfile(os.path.join(partial, MANIFEST_FILE)):
+        return (head + "it holds a finished store waiting to be published (renamed to "
+                f"{os.path.basename(store_dir)}): a writer is publishing it right now (open the store again in a "
+                "moment) or was stopped just before; to publish it, rerun the same `mmstore ingest ... --resume` "
+                "command (Python: ingest(..., resume=True)), or rerun the merge")
+    if os.path.isfile(os.path.join(partial, "_ingest.json")):
+        return (head + "an ingest into it did not finish; rerun the same `mmstore ingest ... --resume` command "
+                "(Python: the same ingest(..., resume=True) call) to complete it")
+    if os.path.isfile(os.path.join(partial, "_merging")):
+        return head + "a merge into it did not finish; rerun the same `mmstore merge` command (it starts over)"
+    return (head + "a StoreWriter writing it was not closed (an error inside its `with` block, or the process "
+            "stopped); continue it with StoreWriter(path, <the same schema and slots>, resume=True) (what was "
+            "written keeps its bytes: mark_written() the slots you synced, write the others, then close()), or "
+            "start over with overwrite=True")
+
+
+def _no_manifest(store_dir: str) -> str:
+    """Why directory ``store_dir`` (no manifest) cannot be opened, and what to
+    do: a store that lost its manifest, or a plain folder (of images, say)
+    that was never ingested. Looks at no more than 10,000 names."""
+    import itertools
+    import shlex
+
+    marks = {CHECKSUMS_FILE, KEYS_OFFSETS_FILE, KEYS_BLOB_FILE}
+    try:
+        with os.scandir(store_dir) as it:
+            found = sorted(e.name for e in itertools.islice(it, 10_000) if e.name in marks)
+    except OSError:
+        found = []
+    if found:
+        return (f"{store_dir}: no {MANIFEST_FILE}, but store files ({', '.join(found)}): this is not a finished "
+                "mmstore store; its manifest was deleted or not copied (copy the store again, or re-create it)")
+    return (f"{store_dir}: no {MANIFEST_FILE}: a plain folder, not an mmstore store; to make a store from the "
+            f"files in it: mmstore ingest {shlex.quote(store_dir)} DEST.store")
+
+
+def read_manifest(store_dir: str, *, dir_fd: int | None = None) -> dict[str, Any]:
+    """Read and validate ``store_dir/manifest.json`` (size capped first).
+
+    ``dir_fd``: a descriptor of the directory ``store_dir`` named when the
+    caller opened it; the manifest is read from that directory even if
+    ``store_dir`` names another one by now (see "Replacing a store")."""
+    from ..errors import IncompleteStoreError
+
+    path = os.path.join(store_dir, MANIFEST_FILE)
+    if dir_fd is None and os.path.exists(store_dir) and not os.path.isdir(store_dir):
+        raise IncompleteStoreError(f"{store_dir}: is a file, not a store (a store is a directory)")
+    try:
+        fd = open_store_file(path, dir_fd=dir_fd)
+    except FileNotFoundError:
+        if os.path.isdir(store_dir + PARTIAL_SUFFIX) and not os.path.isdir(store_dir):
+            raise IncompleteStoreError(_unfinished(store_dir)) from None
+        if os.path.isdir(store_dir):
+            raise IncompleteStoreError(_no_manifest(store_dir)) from None
+        raise IncompleteStoreError(f"{store_dir}: no such store (directory not found)") from None
+    except NotADirectoryError:
+        raise IncompleteStoreError(f"{store_dir}: not a store (a path component is a file)") from None
+    try:
+        size = os.fstat(fd).st_size
+        if size > MANIFEST_MAX_BYTES:
+            raise _fail(path, f"size {size} bytes exceeds the {MANIFEST_MAX_BYTES}-byte limit")
+        chunks = []
+        while True:
+            b = os.read(fd, 1 << 20)
+            if not b:
+                break
+            chunks.append(b)
+            if sum(map(len, chunks)) > MANIFEST_MAX_BYTES:
+                raise _fail(path, f"larger than the {MANIFEST_MAX_BYTES}-byte limit")
+    finally:
+        os.close(fd)
+    return parse_manifest(b"".join(chunks), path)

@@ -1,0 +1,393 @@
+"""The interface every backend implements.
+
+``BackendReader`` is the read side, what ``Store.backend`` is: one backend or a
+merged store's segments (``segmented.py``); its capabilities say what callers
+may do beyond reading records. ``Backend`` adds the write side (the slot
+files a writer fills, the finished file names, ``finalize``) for one storage
+format; see format.py for the formats themselves.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any, ClassVar, NamedTuple
+
+import numpy as np
+
+from ...errors import EntryDecodeError, FormatError
+from ...format.layout import note_identity, open_store_file, read_npy_header
+from ...format.schema import Schema
+
+__all__ = ["Backend", "BackendReader", "FieldSegment", "SlotFile", "check_npy", "checksum_parts", "entry_error",
+           "packed_record"]
+
+
+class SlotFile(NamedTuple):
+    """A preallocated file of fixed-size slot entries, as writers see it.
+
+    ``fields`` maps a field name to its byte offset inside one entry
+    (``stride`` bytes); entry ``s`` starts at ``header_len + s * stride``.
+    """
+
+    name: str
+    dtype: np.dtype
+    entry_shape: tuple[int, ...]
+    stride: int
+    fields: dict[str, int]
+
+
+class FieldSegment(NamedTuple):
+    """One file of a positional field: global slot ``first + j`` (``0 <= j <
+    count``) is at byte ``offset + j * entry_bytes`` of ``path``."""
+
+    path: str
+    offset: int
+    entry_bytes: int
+    first: int
+    count: int  # type: ignore[assignment]  # shadows tuple.count: the field's name is public
+
+
+class BackendReader(ABC):
+    """Read access to the record data of one finished store: what
+    ``Store.backend`` is (one backend, or a merged store's segments).
+
+    Instances are created per process (see ``NOTE [fork safety]`` in
+    ``mmstore/store/reader.py``); they map or open their files lazily.
+
+    Capabilities (what callers outside ``backends/`` may ask instead of the
+    backend's name):
+
+    Variable-size (encoded) fields (format.py, "Encoded fields") are read
+    through :meth:`read_into`, which decodes each entry into the caller's
+    array; :meth:`entry_sizes` gives their stored sizes and :meth:`entry_spans`
+    the bytes a run of slots occupies (readahead). The capabilities below are
+    about the fixed (raw) fields only.
+
+    ``positional``
+        Every fixed field's entries sit at fixed positions of its own ``.npy`` file
+        per segment (``Backend.field_file``; entry ``j`` at ``offset + j *
+        entry_bytes``): :meth:`field_segments` says where, so readers may ``pread`` them, ``evict`` may drop exactly
+        their pages, ``verify`` may hash them with large sequential reads and
+        ``repair`` may rewrite one entry in place; :meth:`array` maps a field
+        of one segment and :meth:`check_mapped` guards a copy out of it.
+        Otherwise entries are reached through the backend only
+        (:meth:`read_into`, :meth:`iter_packed`), and ``repair`` rebuilds a
+        damaged segment's files from a staging copy (``write_layout``, then
+        ``finalize``).
+    ``crashes_on_damage``
+        Reading a damaged data file can kill the reading process (LMDB trusts
+        its pages: a flipped byte can make it read outside its mapping), so a
+        tool that must survive damage (``verify``) reads such files in child
+        processes. Otherwise ``verify`` reads them in its own process: with
+        large sequential reads when ``positional``, else through
+        :meth:`iter_packed`.
+    ``segmented``
+        The data is split in segments (a merged store, see format.py,
+        "Segments"); :meth:`segment_backends` lists them, each a
+        single-segment backend whose ``first`` is its first global slot.
+    """
+
+    name: ClassVar[str]
+    ragged_lists: ClassVar[bool] = False
+    """:meth:`read_into` also takes ragged fields, whose ``out`` is a list
+    (it sets item ``rows[j]`` to slot ``slots[j]``'s stored entry, bytes): one
+    pass for a backend that looks each record up once (lmdb)."""
+    positional: ClassVar[bool] = False
+    crashes_on_damage: ClassVar[bool] = False
+    segmented: ClassVar[bool] = False
+
+    def __init__(
+        self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | None = None,
+        ident: dict[str, tuple[int, int, int, int]] | None = None,
+    ) -> None:
+        self.root = root
+        self.schema = schema
+        self.slots = slots
+        self.files = files
+        self.segment = segment  # None: the store's only data files; k: segment k's
+        self.first: int | None = None  # a segment's first global slot (set by SegmentedBackend)
+        # path -> identity of each data file when the store was opened (shared
+        # with the Store): a file opened later must be that file (see format.py)
+        self.ident = ident
+
+    # -- read side --------------------------------------------------------
+    @abstractmethod
+    def check(self) -> None:
+        """Validate the data files against the manifest without reading data
+        (O(fields)). Raise ``FormatError`` naming the file."""
+
+    @abstractmethod
+    def read_into(
+        self, slots: np.ndarray, rows: np.ndarray, fields: Sequence[str], out: dict[str, np.ndarray]
+    ) -> None:
+        """Copy slot ``slots[j]`` of each field into ``out[field][rows[j]]``.
+
+        ``slots`` is sorted ascending (reads in file order); ``rows`` says where
+        each goes in the caller's order.
+        """
+
+    @abstractmethod
+    def iter_packed(self, start: int, stop: int) -> Iterator[tuple[int, memoryview | None]]:
+        """Yield ``(slot, packed record bytes or None for an absent record)`` for
+        slots in ``[start, stop)``; the view is valid until the next item.
+
+        The packed bytes are the ones a slot's checksum covers (format.py,
+        "Checksums"; :func:`packed_record`): the fields in schema order, a
+        variable-size field as its ``<u8`` length and stored entry. Without
+        variable-size fields that is the 1.x packed record (an lmdb value)."""
+
+    @abstractmethod
+    def data_paths(self) -> list[str]:
+        """Absolute paths of the data files (for warm/evict/verify)."""
+
+    @abstractmethod
+    def segment_backends(self) -> list[Backend]:
+        """The single-segment backends of this store's data, in slot order."""
+
+    def item_reader(self) -> Callable[[int], dict[str, Any]]:
+        """A function ``read(slot) -> {field: array}`` for one record (every
+        field, schema order; a field of shape ``()`` as a numpy scalar), made
+        once per process and kept by ``Store`` for ``store[i]``.
+
+        NOTE [one-record path]: ``store[i]`` is the call a hand-written
+        Dataset makes per sample, so its fixed cost matters as much as the
+        copy (a 150 KB image copies in microseconds). What a batch needs (sorting,
+        row bookkeeping, arrays of addresses) is left out here; every check
+        stays: the slot is proven in range, and the files read are the ones
+        the store was opened with. Default: :meth:`read_into` with one slot;
+        the caller must drop the function when it closes the backend."""
+        names = [f.name for f in self.schema if not f.ragged]
+        shapes = [(f.name, (1, *f.shape), f.dtype) for f in self.schema if not f.ragged]
+        ragged = self.schema.ragged_fields
+        rows = np.zeros(1, np.int64)
+        slots = self.slots
+
+        def read(slot: int) -> dict[str, Any]:
+            if not 0 <= slot < slots:
+                raise IndexError(f"slot {slot} is out of range for {slots} slots")
+            out = {name: np.empty(shape, dtype) for name, shape, dtype in shapes}
+            at = np.array([slot], np.int64)
+            if names:
+                self.read_into(at, rows, names, out)
+            got = {name: v[0] for name, v in out.items()}
+            for f in ragged:
+                got[f.name] = self.ragged_entry(f, slot)
+            return {name: got[name] for name in self.schema.names}
+
+        return read
+
+    def prepare(self, fields: Sequence[str] | None = None) -> None:  # noqa: B027 - optional hook
+        """Open mappings / environments (of ``fields``, default all) now,
+        before reader threads start."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release handles (mappings, environments)."""
+
+    # -- variable-size fields ----------------------------------------------
+    def gather_entries(self, name: str, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The stored entries of variable-size field ``name`` at ``slots``
+        (ascending), back to back: ``(uint8 array, int64 sizes)``, a copy.
+        Each entry's offsets are proven in range first (``EntryDecodeError``
+        naming the slot otherwise). What a ragged field's batch is read with
+        (``mmstore/format/ragged.py``)."""
+        raise NotImplementedError(f"gather_entries: not implemented by the {self.name} backend")
+
+    def ragged_entry(self, field: Any, slot: int) -> Any:
+        """One decoded entry of ragged ``field`` (``store[i]``)."""
+        from ...format.ragged import decode_entry
+
+        flat, _ = self.gather_entries(field.name, np.array([slot], np.int64))
+        glob = slot if self.first is None else self.first + slot
+        return decode_entry(field, flat, glob)
+
+    def entry_sizes(self, name: str, slots: np.ndarray) -> np.ndarray:
+        """Stored (encoded) sizes in bytes of variable-size field ``name`` at
+        ``slots`` (int64; holes 0). Default: from :meth:`entry_offsets`."""
+        offs = self.entry_offsets(name)
+        s = np.asarray(slots, np.int64)
+        size = self.entry_data_size(name)
+        a = np.minimum(offs[s], size).astype(np.int64)
+        b = np.minimum(offs[s + 1], size).astype(np.int64)
+        return np.maximum(b - a, 0)
+
+    def entry_offsets(self, name: str) -> np.ndarray:
+        """A single-segment backend's offsets index of variable-size field
+        ``name`` (``slots + 1`` ``<u8``; only the first and last are checked)."""
+        raise NotImplementedError(f"entry_offsets: the {self.name} backend keeps no offsets index per field")
+
+    def entry_data_size(self, name: str) -> int:
+        """Size of the data the offsets of :meth:`entry_offsets` point into."""
+        raise NotImplementedError(f"entry_data_size: the {self.name} backend keeps no offsets index per field")
+
+    def entry_spans(self, name: str, start: int, stop: int) -> list[tuple[str, int, int]]:
+        """Variable-size field ``name``: the bytes slots ``[start, stop)``
+        occupy, ``(path, offset, length)`` per data file, for readahead
+        (``posix_fadvise(WILLNEED)``/``readahead``) of a run of slots.
+        Default: none known (nothing to read ahead)."""
+        return []
+
+    # -- positional backends only (see ``positional``) ---------------------
+    def field_segments(self, name: str) -> list[FieldSegment]:
+        """Where field ``name`` lives: one :class:`FieldSegment` per segment."""
+        raise NotImplementedError(self._not_positional("field_segments"))
+
+    def array(self, name: str) -> np.ndarray:
+        """Field ``name`` of a single-segment backend as a read-only array over
+        its mapping, shape ``(slots, *shape)``."""
+        raise NotImplementedError(self._not_positional("array"))
+
+    def check_mapped(self, name: str) -> None:
+        """Raise ``StoreChangedError`` if field ``name``'s mapped file shrank
+        (see NOTE [truncated under a mapping] in memmap.py)."""
+        raise NotImplementedError(self._not_positional("check_mapped"))
+
+    # -- repair hooks --------------------------------------------------------
+    def has_stray_entries(self, holes: np.ndarray) -> bool:
+        """True if a single-segment backend holds an entry that is not one of
+        its records (``holes``: bool over its slots), which only rebuilding
+        its files removes. Positional backends have none by construction."""
+        return False
+
+    def _not_positional(self, what: str) -> str:
+        if self.positional:  # a merged store of a positional backend: one mapping per segment
+            return (f"{what}: this merged store's fields are split over {len(self.segment_backends())} segment "
+                    f"files, so there is no single mapping; use segment_backends()[k].{what}(name), or "
+                    "field_segments(name), which lists each file with its slot range")
+        return (f"{what}: the {self.name} backend does not keep fields at fixed file positions "
+                "(check backend.positional first)")
+
+
+class Backend(BackendReader):
+    """One storage backend: the layout writers fill and the reader of one
+    segment (``segment`` None: a store's only data files). Registered by
+    name in :func:`mmstore.store.backends.backend_class`."""
+
+    def __init__(
+        self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | None = None,
+        ident: dict[str, tuple[int, int, int, int]] | None = None, readahead: bool | None = None,
+    ) -> None:
+        """``readahead``: the kernel readahead of the backend's mappings
+        (None: the backend's default); backends without such a setting ignore it."""
+        super().__init__(root, schema, slots, files, segment, ident)
+
+    # -- layout -----------------------------------------------------------
+    @classmethod
+    @abstractmethod
+    def write_layout(cls, schema: Schema) -> list[SlotFile]:
+        """The slot files a writer fills (in the ``.partial`` directory)."""
+
+    @classmethod
+    @abstractmethod
+    def data_file_names(cls, schema: Schema, segment: int | None = None) -> list[str]:
+        """File names holding record data in a finished store (of one segment)."""
+
+    @classmethod
+    def finalize(cls, partial_dir: str, schema: Schema, slots: int, holes: np.ndarray) -> None:
+        """Turn the written slot files into the finished data files
+        (``holes`` is a bool array over slots). Default: nothing to do."""
+
+    @classmethod
+    def field_file(cls, field: str, segment: int | None = None) -> str:
+        """Positional backends: the ``.npy`` file of ``field`` (of ``segment``),
+        shape ``(slots, *field shape)``, the field's dtype."""
+        raise NotImplementedError(f"field_file: the {cls.name} backend does not keep fields in files of their own")
+
+    @classmethod
+    def finalize_bytes(cls, schema: Schema, slots: int) -> int:
+        """Disk space ``finalize`` needs beyond the slot files (checked before
+        a write starts). Default: none."""
+        return 0
+
+    @classmethod
+    def check_available(cls) -> None:
+        """Raise ``ImportError`` (saying what to install) if this backend
+        cannot work here; called before a write starts, not after hours of it."""
+
+    # -- read side --------------------------------------------------------
+    def data_paths(self) -> list[str]:
+        return [os.path.join(self.root, n) for n in self.data_file_names(self.schema, self.segment)]
+
+    def segment_backends(self) -> list[Backend]:
+        return [self]
+
+
+def check_npy(
+    path: str, dtype: np.dtype, shape: tuple[int, ...], size: int | None = None,
+    ident: dict[str, tuple[int, int, int, int]] | None = None,
+) -> int:
+    """Check an ``.npy`` file's header and exact size; return its data offset.
+
+    The file must be a regular file, not a symlink (``open_store_file``);
+    ``ident`` records (or, when it holds ``path``, checks) its identity.
+
+    Raises
+    ------
+    FormatError
+        Missing file, not a regular file, another dtype or shape, or a size
+        that is not exactly header + data (numpy itself accepts appended junk
+        silently).
+    StoreChangedError
+        ``ident`` says the file was another one when the store was opened,
+        or that it was there then and is gone now.
+    """
+    fd = open_store_file(path, missing=(
+        f"{path}: missing, but the manifest lists it; the store is damaged: "
+        "restore the file from a copy or re-create the store"), ident=ident)
+    with os.fdopen(fd, "rb") as fh:
+        st = os.fstat(fd)
+        note_identity(ident, path, st)
+        got_dtype, got_shape, offset = read_npy_header(path, fh)
+    actual = st.st_size
+    if got_dtype != dtype or got_dtype.str != dtype.str:
+        raise FormatError(f"{path}: header says dtype {got_dtype.str!r}, the manifest says {dtype.str!r}")
+    if got_shape != shape:
+        raise FormatError(
+            f"{path}: header says shape {got_shape}, the manifest expects {shape}; "
+            "the file was edited or belongs to another store"
+        )
+    want = offset + math.prod(shape) * dtype.itemsize  # Python ints: no overflow
+    if actual != want:
+        what = "truncated (a copy or write did not finish?)" if actual < want else "has extra bytes appended"
+        raise FormatError(
+            f"{path}: expected {want} bytes ({shape[0] if shape else 1} rows), found {actual}: "
+            f"the file {what}; run `mmstore verify` and re-create or repair the store"
+        )
+    if size is not None and size != actual:
+        raise FormatError(f"{path}: the manifest lists {size} bytes, found {actual}")
+    return offset
+
+
+def entry_error(backend: BackendReader, name: str, slot: int, reason: str) -> EntryDecodeError:
+    """The error for a bad entry of variable-size field ``name`` at local
+    ``slot`` of ``backend``; ``Store`` adds the dataset index and the key."""
+    glob = slot if backend.first is None else backend.first + slot
+    err = EntryDecodeError(
+        f"{backend.root}: field {name!r}, slot {glob}: the stored entry cannot be read: {reason}. Run "
+        "`mmstore verify --decode STORE` to list every bad entry, then repair or re-create the store"
+    )
+    err.field, err.slot, err.reason = name, glob, reason  # type: ignore[attr-defined]
+    return err
+
+
+def checksum_parts(schema: Schema, fixed: Mapping[str, Any], entries: Mapping[str, Any]) -> list[np.ndarray]:
+    """The buffers whose concatenation a slot's checksum covers (format.py,
+    "Checksums"): in schema order, a fixed field's bytes, or a variable-size
+    field's entry length as ``<u8`` followed by the stored entry."""
+    parts: list[np.ndarray] = []
+    for f in schema:
+        if f.variable:
+            e = np.frombuffer(entries[f.name], np.uint8)
+            parts.append(np.array([e.nbytes], "<u8"))
+            parts.append(e)
+        else:
+            parts.append(np.ascontiguousarray(fixed[f.name]))
+    return parts
+
+
+def packed_record(schema: Schema, fixed: Mapping[str, Any], entries: Mapping[str, Any]) -> memoryview:
+    """A record's checksummed bytes, as one buffer (``iter_packed``)."""
+    # ndarray has the buffer protocol; numpy's stubs declare __buffer__ only for Python >= 3.12
+    return memoryview(b"".join(checksum_parts(schema, fixed, entries)))  # type: ignore[arg-type]

@@ -1,0 +1,319 @@
+"""A segmented store's record data: one backend per segment (see format.py,
+"Segments"), behind the same interface as a single backend.
+
+Global slot ``s`` is local slot ``s - first[k]`` of segment ``k``, where
+``first`` are the cumulative segment sizes. ``read_into`` gets its slots
+sorted, so each segment's share of a batch is one contiguous run of it, found
+with one ``searchsorted``. A batch within one segment goes straight to that
+segment's backend; a batch of a positional backend (memmap) over several is
+copied record by record from each segment's mapping (see NOTE [gather]);
+other backends (lmdb) read it per segment touched (one transaction each).
+"""
+
+from __future__ import annotations
+
+import bisect
+import ctypes
+import errno
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, cast
+
+import numpy as np
+
+from ..._os.runs import SMALL_RECORD_BYTES, find_runs
+from ..._os.safecopy import MappingFault, read_entries
+from ...errors import ResourceLimitError
+from ...format.schema import Schema
+from .base import Backend, BackendReader, FieldSegment
+
+__all__ = ["SegmentedBackend"]
+
+# Entries of SMALL_RECORD_BYTES and more: ``preadv`` from each segment's file
+# into the rows (releases the GIL, SIGBUS-proof: mmstore/_os/safecopy.py,
+# ``read_entries``). Smaller ones: memmove called
+# *without* releasing the GIL, where a GIL hand-off per 8-byte copy cost more
+# than the copy (2 reader threads ran slower than a single store's np.take)
+_memmove_gil = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)(
+    cast(int, ctypes.cast(ctypes.memmove, ctypes.c_void_p).value)  # memmove's address: never NULL
+)
+
+
+class SegmentedBackend(BackendReader):
+    """The segments of one store, each read by its own backend of class ``cls``
+    (whose name and capabilities it has; the write side is the single
+    backend's: segmented stores are made by ``mmstore merge``)."""
+
+    segmented = True
+
+    def __init__(
+        self, cls: type[Backend], root: str, schema: Schema, counts: Sequence[int], files: dict[str, int],
+        **kw: Any,
+    ) -> None:
+        counts = [int(c) for c in counts]
+        super().__init__(root, schema, sum(counts), files)
+        self.name = cls.name  # type: ignore[misc]
+        self.positional = cls.positional  # type: ignore[misc]
+        self.crashes_on_damage = cls.crashes_on_damage  # type: ignore[misc]
+        self.parts: list[Backend] = [cls(root, schema, c, files, segment=k, **kw) for k, c in enumerate(counts)]
+        # each segment's first global slot, then the slot count (the parts' own ``first``)
+        self.firsts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+        # memmap: field -> (each segment's array, their addresses); the arrays
+        # are held while copying, so a close() meanwhile cannot unmap them
+        self._bases: dict[str, tuple[list[Any], np.ndarray]] = {}
+        for k, part in enumerate(self.parts):
+            part.first = int(self.firsts[k])  # global slot = first + local slot (for messages)
+        self.files_per_segment = len(cls.data_file_names(schema, 0))
+        self._room = False  # open-files limit raised for this store's files (on first read)
+
+    def segment_backends(self) -> list[Backend]:
+        return list(self.parts)
+
+    def data_paths(self) -> list[str]:
+        return [p for part in self.parts for p in part.data_paths()]
+
+    def check(self) -> None:
+        for part in self.parts:
+            part.check()
+
+    def _make_room(self) -> None:
+        """NOTE [open files]: each mapped segment file holds a descriptor
+        (Python's mmap keeps one), and each fixed field read with ``preadv``
+        (every one by ``store[i]``, the big ones by batches) one more, so a
+        store merged from 1,000 parts with 4 fields may hold 8,000 while
+        reading; the soft limit is often 1,024. Done on the first read, not
+        on open (opening maps nothing)."""
+        if not self._room:
+            from ..._os import raise_open_files_limit
+
+            raise_open_files_limit(2 * len(self.parts) * self.files_per_segment)
+            self._room = True
+
+    def prepare(self, fields: Sequence[str] | None = None) -> None:
+        self._make_room()
+        try:
+            for part in self.parts:
+                part.prepare(fields)
+        except OSError as exc:
+            if _is_fd_limit(exc):
+                raise self._limit(exc) from None
+            raise
+
+    def item_reader(self) -> Callable[[int], dict[str, Any]]:
+        """See NOTE [one-record path] (base.py): the reader of the segment
+        holding the slot (made on its first read), given the local slot."""
+        self._make_room()
+        starts = self.firsts.tolist()
+        readers: list[Callable[[int], dict[str, Any]] | None] = [None] * len(self.parts)
+        slots = self.slots
+
+        def read(slot: int) -> dict[str, Any]:
+            if not 0 <= slot < slots:
+                raise IndexError(f"slot {slot} is out of range for {slots} slots")
+            k = bisect.bisect_right(starts, slot) - 1
+            r = readers[k]
+            if r is None:
+                try:
+                    r = readers[k] = self.parts[k].item_reader()
+                except OSError as exc:
+                    if _is_fd_limit(exc):
+                        raise self._limit(exc) from None
+                    raise
+            return r(slot - starts[k])
+
+        return read
+
+    def gather_entries(self, name: str, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """See ``BackendReader.gather_entries``: each touched segment's
+        entries, joined (``slots`` ascending)."""
+        s = np.asarray(slots, np.int64)
+        if len(s) == 0:
+            return np.zeros(0, np.uint8), np.zeros(0, np.int64)
+        self._make_room()
+        cuts = np.searchsorted(s, self.firsts, side="left")
+        flats, sizes = [], []
+        for k in np.flatnonzero(np.diff(cuts)).tolist():
+            a, b = int(cuts[k]), int(cuts[k + 1])
+            f, z = self.parts[k].gather_entries(name, s[a:b] - self.firsts[k])
+            flats.append(f)
+            sizes.append(z)
+        return np.concatenate(flats), np.concatenate(sizes)
+
+    def _limit(self, exc: OSError) -> ResourceLimitError:
+        return limit_error(self.root, len(self.parts), self.files_per_segment, exc)
+
+    def read_into(
+        self, slots: np.ndarray, rows: np.ndarray, fields: Sequence[str], out: dict[str, np.ndarray]
+    ) -> None:
+        self._make_room()
+        try:
+            self._read_into(slots, rows, fields, out)
+        except OSError as exc:
+            if _is_fd_limit(exc):
+                raise self._limit(exc) from None
+            raise
+
+    def _read_into(
+        self, slots: np.ndarray, rows: np.ndarray, fields: Sequence[str], out: dict[str, np.ndarray]
+    ) -> None:
+        n = len(slots)
+        if n == 0:
+            return
+        k = int(np.searchsorted(self.firsts, slots[0], side="right")) - 1
+        if slots[-1] < self.firsts[k + 1]:  # one segment (store[i]; a batch within one part)
+            self.parts[k].read_into(slots - self.firsts[k], rows, fields, out)
+            return
+        cuts = np.searchsorted(slots, self.firsts, side="left")
+        touched = np.flatnonzero(np.diff(cuts))
+        if self.positional:
+            # a batch spread over many segments: one address-based copy loop
+            # instead of a few numpy calls per segment (see NOTE [gather]);
+            # variable-size fields are decoded per segment, below
+            fixed = [f for f in fields if not self.schema[f].variable]
+            if fixed:
+                self._gather_mapped(slots, rows, fixed, out, cuts, touched)
+            fields = [f for f in fields if self.schema[f].variable]
+            if not fields:
+                return
+        for k in touched.tolist():  # the segments this batch touches
+            part = self.parts[k]
+            a, b = int(cuts[k]), int(cuts[k + 1])
+            local = slots[a:b] - self.firsts[k]
+            r = rows[a:b]
+            r0 = int(r[0])
+            if int(r[-1]) - r0 == b - a - 1 and (b - a == 1 or bool(np.all(r[1:] > r[:-1]))):
+                # consecutive rows: hand the part a view of the rows it fills
+                part.read_into(local, np.arange(b - a), fields, {f: out[f][r0 : r0 + b - a] for f in fields})
+            else:
+                part.read_into(local, r, fields, out)
+
+    def _gather_mapped(
+        self, slots: np.ndarray, rows: np.ndarray, fields: Sequence[str], out: dict[str, np.ndarray],
+        cuts: np.ndarray, touched: np.ndarray,
+    ) -> None:
+        """NOTE [gather]: with many segments and small records, a per-segment
+        path costs many times more per record than a single store (each
+        touched segment costs a few numpy calls per field). Here the places of every record in its segment are
+        computed at once, then read with ``preadv`` from each segment's file
+        (big entries, as a single store does: one call per run of
+        consecutive slots of a segment) or copied with one ``memmove`` a run
+        of consecutive slots and rows out of the mappings (small entries): the
+        cost no longer depends on how many segments a batch touches."""
+        seg = np.repeat(np.arange(len(self.parts)), np.diff(cuts))  # slots are sorted
+        local = slots - self.firsts[seg]
+        for name in fields:
+            nb = self.schema[name].nbytes
+            if nb == 0:
+                continue
+            if nb >= SMALL_RECORD_BYTES:
+                self._read_big(name, nb, seg, local, rows, out[name], touched)
+                continue
+            held = self._bases.get(name)
+            if held is None:
+                arrays = [part.array(name) for part in self.parts]
+                held = self._bases[name] = (arrays, np.array([a.ctypes.data for a in arrays], np.int64))
+            for k in touched.tolist():  # see NOTE [truncated under a mapping] (memmap.py)
+                self.parts[k].check_mapped(name)
+            bases = held[1]
+            dst = out[name]
+            src_addr = bases[seg] + local * nb
+            dst_addr = dst.ctypes.data + rows.astype(np.int64) * nb
+            starts, ends = find_runs(nb, src_addr, dst_addr)
+            sa, da = src_addr.tolist(), dst_addr.tolist()
+            for a, b in zip(starts, ends):
+                _memmove_gil(da[a], sa[a], (b - a) * nb)
+
+    def _read_big(self, name: str, nb: int, seg: np.ndarray, local: np.ndarray, rows: np.ndarray, dst: np.ndarray,
+                  touched: np.ndarray) -> None:
+        """Big entries of field ``name`` over several segments: ``preadv`` from
+        each touched segment's descriptor (``MemmapBackend._field_fd``, checked
+        like its mapping), one call per run of consecutive slots of a segment."""
+        parts = [self.parts[k] for k in touched.tolist()]
+        fds = np.full(len(self.parts), -1, np.int64)
+        offs = np.zeros(len(self.parts), np.int64)
+        for k, part in zip(touched.tolist(), parts):
+            fd = part._field_fd(name)
+            part.check_read(name, fd)
+            fds[k] = fd
+            offs[k] = part._offsets[name]
+        try:
+            read_entries(fds[seg].tolist(), (offs[seg] + local * nb).tolist(), nb, dst, rows.tolist())
+        except MappingFault as exc:
+            k = int(seg[exc.entry])
+            part = self.parts[k]
+            raise part._short_read(name, int(fds[k])) from None  # type: ignore[attr-defined]
+
+    def iter_packed(self, start: int, stop: int) -> Iterator[tuple[int, memoryview | None]]:
+        self._make_room()
+        k0 = max(0, int(np.searchsorted(self.firsts, start, side="right")) - 1)
+        for k in range(k0, len(self.parts)):
+            lo, hi = int(self.firsts[k]), int(self.firsts[k + 1])
+            if lo >= stop:
+                break
+            a, b = max(start, lo), min(stop, hi)
+            if a < b:
+                it = self.parts[k].iter_packed(a - lo, b - lo)
+                try:
+                    for s, v in it:
+                        yield s + lo, v
+                except OSError as exc:
+                    if _is_fd_limit(exc):
+                        raise self._limit(exc) from None
+                    raise
+                finally:
+                    it.close()  # type: ignore[attr-defined]
+
+    def entry_spans(self, name: str, start: int, stop: int) -> list[tuple[str, int, int]]:
+        """Variable-size field ``name``: the bytes slots ``[start, stop)``
+        occupy in each segment's ``.bin`` they touch (see ``BackendReader``)."""
+        out = []
+        for k, part in enumerate(self.parts):
+            lo, hi = int(self.firsts[k]), int(self.firsts[k + 1])
+            a, b = max(start, lo), min(stop, hi)
+            if a < b:
+                out += part.entry_spans(name, a - lo, b - lo)
+        return out
+
+    def entry_sizes(self, name: str, slots: np.ndarray) -> np.ndarray:
+        s = np.asarray(slots, np.int64)
+        out = np.zeros(len(s), np.int64)
+        seg = np.searchsorted(self.firsts, s, side="right") - 1
+        for k in np.unique(seg).tolist():
+            sel = seg == k
+            out[sel] = self.parts[k].entry_sizes(name, s[sel] - self.firsts[k])
+        return out
+
+    def field_segments(self, name: str) -> list[FieldSegment]:
+        """Where field ``name`` lives, one entry per segment (positional backends)."""
+        out = []
+        for k, part in enumerate(self.parts):
+            (seg,) = part.field_segments(name)
+            out.append(seg._replace(first=int(self.firsts[k])))
+        return out
+
+    def close(self) -> None:
+        self._bases.clear()
+        for part in self.parts:
+            part.close()
+
+
+def _is_fd_limit(exc: OSError) -> bool:
+    return exc.errno in (errno.EMFILE, errno.ENFILE) and not isinstance(exc, ResourceLimitError)
+
+
+def limit_error(root: str, segments: int, per_segment: int, exc: OSError) -> ResourceLimitError:
+    """The error for running out of descriptors on a store of ``segments`` segments."""
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    except (ImportError, OSError):
+        soft = -1
+    need = segments * per_segment
+    return ResourceLimitError(
+        exc.errno,
+        f"{root}: out of file descriptors ({exc.strerror}): this merged store has {segments:,} segments of "
+        f"{per_segment} data file(s), which stay open while it is read, and this process may open "
+        f"{soft:,} files in all. Raise the limit before starting (`ulimit -n {need + 1024}` in the shell, "
+        "LimitNOFILE= for a systemd service, --ulimit nofile= for docker), or rewrite the store with one file "
+        "per field: `mmstore convert STORE PLAIN.store` (which copies the data)",
+    )

@@ -1,0 +1,192 @@
+"""Where a writer may write: the one guard of every destination.
+
+``ingest``, ``convert``, ``merge`` and ``StoreWriter`` call :func:`check_dest`
+before they create or replace anything (and again under the destination
+lock). The rule:
+
+* ``DEST`` must not be a symbolic link (a store is written at a real path).
+* ``DEST`` (and ``DEST.partial``) must not be, contain, or lie inside any of
+  the inputs (compared by ``realpath``, so symlinks do not hide it).
+* With ``overwrite``, an existing ``DEST`` is replaced only when it is an
+  mmstore store (a real directory whose ``manifest.json`` is a regular file
+  that parses as an mmstore manifest) holding nothing its manifest does not
+  list (a user's notes put inside a store are not ours to delete).
+* An existing ``DEST.partial`` is resumed or discarded only when it is one
+  of ours (see :func:`is_own_partial`).
+  Anything else is a :class:`~mmstore.errors.DestinationError` and nothing is
+  touched.
+
+Deleting never follows symlinks: ``shutil.rmtree`` unlinks a symlink found
+inside a store instead of descending into it, and the top directory is
+checked to be a real directory first. Besides a store (``overwrite``) and
+our own ``.partial``, the only thing ever deleted is ``DEST.replaced-XXXXXXXX``,
+a store a publish moved aside (format.py, "Replacing a store").
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import stat
+from collections.abc import Iterable
+
+from ..errors import DestinationError
+from ..format.layout import MANIFEST_FILE, MANIFEST_MAX_BYTES, PARTIAL_SUFFIX, REPLACED_INFIX
+from ..format.manifest import read_manifest
+
+__all__ = ["PARTIAL_MARK", "check_dest", "is_own_partial", "is_store", "make_partial", "remove_replaced"]
+
+# the first file of every .partial a writer creates; with the bookkeeping
+# files of older versions it is how a .partial is recognised as ours
+PARTIAL_MARK = "_mmstore_partial"
+_OWN_FILES = (PARTIAL_MARK, "_writer.json", "_ingest.json", "_merging")
+
+
+def _real_dir(path: str) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _regular(path: str, limit: int | None = None) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISREG(st.st_mode) and (limit is None or st.st_size <= limit)
+
+
+def is_store(path: str) -> bool:
+    """``path`` is a real directory holding a parseable mmstore manifest."""
+    if not _real_dir(path) or not _regular(os.path.join(path, MANIFEST_FILE), MANIFEST_MAX_BYTES):
+        return False
+    try:
+        read_manifest(path)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def is_own_partial(path: str) -> bool:
+    """``path`` is a ``.partial`` an mmstore writer made: a real directory that
+    is empty (nothing to lose), carries one of our marker or state files, or
+    holds a finished manifest."""
+    if not _real_dir(path):
+        return False
+    try:
+        if not os.listdir(path):
+            return True
+    except OSError:
+        return False
+    return any(_regular(os.path.join(path, n)) for n in _OWN_FILES) or is_store(path)
+
+
+def _overlap(dest: str, what: str, src: str, tree: bool) -> str | None:
+    rd, rs = os.path.realpath(dest), os.path.realpath(src)
+    if rd == rs:
+        return f"{what} is the input {src}"
+    if os.path.commonpath([rd, rs]) == rd:
+        return f"{what} contains the input {src}"
+    if tree and os.path.commonpath([rd, rs]) == rs:
+        return f"{what} lies inside the input folder {src}"
+    return None
+
+
+def check_dest(
+    dest: str | os.PathLike[str],
+    *,
+    overwrite: bool = False,
+    sources: Iterable[str | os.PathLike[str]] = (),
+    protect: Iterable[str | os.PathLike[str]] = (),
+) -> str:
+    """Refuse a destination mmstore may not write; return its absolute path.
+
+    ``sources`` are the inputs: DEST may not be, contain or lie inside one
+    (inside only matters for a directory input). ``protect`` are paths DEST
+    may not be or contain (an image root that a list file points into).
+
+    Raises
+    ------
+    DestinationError
+        Says what DEST is, why it cannot be written, and what to do.
+    """
+    dest = os.path.abspath(os.fspath(dest))
+    partial = dest + PARTIAL_SUFFIX
+    for src in sources:
+        s = os.fspath(src)
+        for path, what in ((dest, "DEST"), (partial, "DEST.partial")):
+            why = _overlap(path, what, s, os.path.isdir(s))
+            if why:
+                raise DestinationError(f"{dest}: {why}; the store must be written outside its inputs: "
+                                       "choose another DEST")
+    for src in protect:
+        s = os.fspath(src)
+        for path, what in ((dest, "DEST"), (partial, "DEST.partial")):
+            why = _overlap(path, what, s, False)
+            if why:
+                raise DestinationError(f"{dest}: {why}; choose another DEST")
+    if os.path.islink(dest):
+        raise DestinationError(f"{dest}: is a symbolic link (to {os.readlink(dest)!r}); a store is written at a "
+                               "real path: pass the directory itself, or another DEST")
+    if overwrite and os.path.lexists(dest) and not is_store(dest):
+        kind = "a directory" if _real_dir(dest) else "a file" if _regular(dest) else "not a directory"
+        raise DestinationError(f"{dest}: exists and is {kind} that is not an mmstore store (no valid "
+                               f"{MANIFEST_FILE}); --overwrite only ever replaces a store: choose another DEST, "
+                               "or move it away yourself")
+    if overwrite and is_store(dest):
+        foreign = _foreign_entries(dest)
+        if foreign:
+            shown = ", ".join(foreign[:5]) + (f" and {len(foreign) - 5} more" if len(foreign) > 5 else "")
+            what = "1 entry that is" if len(foreign) == 1 else f"{len(foreign)} entries that are"
+            raise DestinationError(f"{dest}: the store holds {what} not part of it ({shown}); --overwrite "
+                                   "replaces only what mmstore wrote: move them out first (`mmstore verify` "
+                                   "lists them as stray)")
+    if os.path.lexists(partial) and not is_own_partial(partial):
+        raise DestinationError(f"{partial}: exists and was not made by mmstore (no mmstore marker); it is never "
+                               "written to or discarded: move it away yourself, or choose another DEST")
+    return dest
+
+
+def _foreign_entries(store: str) -> list[str]:
+    """Names in ``store`` that its manifest does not list (someone else's files)."""
+    try:
+        listed = set(read_manifest(store).get("files", {})) | {MANIFEST_FILE}
+        return sorted(n for n in os.listdir(store) if n not in listed)
+    except (OSError, ValueError):
+        return []
+
+
+def make_partial(partial: str) -> None:
+    """Create ``partial`` (a new directory) with our marker inside it."""
+    os.makedirs(partial)
+    fd = os.open(os.path.join(partial, PARTIAL_MARK), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    os.close(fd)
+
+
+def remove_replaced(dest: str) -> list[str]:
+    """Delete the ``DEST.replaced-XXXXXXXX`` directories a killed publish
+    left next to ``dest`` (a store moved aside: the old one, or a new one
+    that was never swapped in); called under the destination lock. Only real
+    directories of exactly that name holding only regular files are ours;
+    returns what was deleted."""
+    dest = os.path.abspath(dest)
+    parent, base = os.path.split(dest)
+    mine = re.compile(re.escape(base + REPLACED_INFIX) + r"[0-9a-f]{8}\Z")
+    removed: list[str] = []
+    try:
+        with os.scandir(parent) as it:
+            aside = [e.path for e in it if mine.match(e.name) and e.is_dir(follow_symlinks=False)]
+    except OSError:
+        return removed
+    for path in aside:
+        try:
+            with os.scandir(path) as it:
+                if not all(e.is_file(follow_symlinks=False) for e in it):
+                    continue
+        except OSError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    return removed

@@ -1,0 +1,737 @@
+"""Reading stores: ``mmstore.open(path) -> Store``.
+
+NOTE [fork safety]: a ``Store`` holds only plain data (paths, the parsed
+manifest, small numpy arrays) plus per-process handles that it creates on
+first use and tags with the pid that created them. After ``fork`` the child
+sees a different pid and opens its own mappings/environment (an LMDB
+environment must never be used across fork); pickling keeps the path and
+options only, so DataLoader workers under fork, forkserver and spawn all
+work, including when the parent read from the store first.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, cast
+
+import numpy as np
+
+from ..errors import EntryDecodeError, FormatError, StoreChangedError
+from ..format.layout import (
+    CHECKSUMS_FILE,
+    ERRORS_FILE,
+    INDEX_FILE,
+    KEY_DTYPE,
+    KEYS_BLOB_FILE,
+    KEYS_OFFSETS_FILE,
+    MANIFEST_FILE,
+    PARTIAL_SUFFIX,
+    decode_key,
+    note_identity,
+    open_store_file,
+    variable_files,
+)
+from ..format.manifest import read_manifest
+from ..format.ragged import read_ragged
+from ..format.schema import Schema
+from .backends import BackendReader, data_file_names, open_backend
+from .backends.base import check_npy
+from .bookkeeping import check_index, check_key_offsets
+
+__all__ = ["Store", "open_store"]
+
+# This process's id for ``store[i]``, kept current across ``fork`` (``os.getpid()``
+# is a system call, and the one-record path runs per sample).
+_PID = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
+
+_OPEN_TRIES = 8  # tries of an open whose store is replaced under it (NOTE [open during an overwrite])
+_PUBLISH_WAIT_S = 0.002  # x the try number: the wait for a publish by two renames to finish
+_DIR_FLAGS = os.O_DIRECTORY | os.O_CLOEXEC | getattr(os, "O_PATH", os.O_RDONLY)
+
+
+def _pin_dir(path: str) -> int | None:
+    """A descriptor of the directory ``path`` names now (``O_PATH``: no
+    permission on it is needed), or None when it names none."""
+    try:
+        return os.open(path, _DIR_FLAGS)
+    except OSError:
+        return None
+
+
+def _names_dir(path: str, dir_fd: int) -> bool:
+    """``path`` still names the directory ``dir_fd`` holds."""
+    try:
+        now, pinned = os.stat(path), os.fstat(dir_fd)
+    except OSError:
+        return False
+    return (now.st_dev, now.st_ino) == (pinned.st_dev, pinned.st_ino)
+
+
+def _publishing(path: str) -> bool:
+    """No ``path``, but a finished ``path.partial``: a publish is between its two renames (or was stopped there)."""
+    return not os.path.lexists(path) and os.path.isfile(os.path.join(path + PARTIAL_SUFFIX, MANIFEST_FILE))
+
+
+class Store:
+    """A finished store, opened read-only. Use :func:`mmstore.open`.
+
+    Indexing follows the dataset order (holes excluded): ``store[i]`` is a dict
+    ``{field: array}``; ``store[a:b]``, ``store[index_array]`` and
+    :meth:`read_batch` return batched arrays in the requested order.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, lmdb_readahead: bool | None = None) -> None:
+        self._open(path, lmdb_readahead, {}, None)
+
+    def _open(
+        self, path: str | os.PathLike[str], lmdb_readahead: bool | None,
+        ident: dict[str, tuple[int, int, int, int]], store_id: str | None,
+    ) -> None:
+        """Open (``ident`` and ``store_id`` empty) or reopen in another process
+        (they are the opener's: the files must be the ones it opened).
+
+        NOTE [open during an overwrite]: another process may replace the
+        store at this path while it is opened (format.py, "Replacing a
+        store"). Each try pins the directory the path names, reads the
+        manifest inside it and checks the files; it counts only if the path
+        still names that directory at the end (then every file it looked at
+        by path was that directory's). Otherwise, or if a check failed
+        while the path no longer named it, the store was replaced meanwhile:
+        try again on the new one, ``_OPEN_TRIES`` times in all."""
+        self.path = os.path.abspath(os.fspath(path))
+        self._lmdb_readahead = lmdb_readahead
+        why: BaseException | None = None
+        for attempt in range(1, _OPEN_TRIES + 1):
+            pin = _pin_dir(self.path)
+            if pin is None:  # nothing there, or not a directory
+                if attempt < _OPEN_TRIES and _publishing(self.path):
+                    time.sleep(_PUBLISH_WAIT_S * attempt)  # a publish by two renames: STORE is back soon
+                    continue
+                read_manifest(self.path)  # raises the error that says what is there
+                continue  # a store appeared just now: open it
+            try:
+                try:
+                    self._load(pin, dict(ident), store_id)
+                except Exception as exc:  # noqa: BLE001 - re-raised unless the store was replaced meanwhile
+                    if _names_dir(self.path, pin):
+                        raise
+                    why = exc
+                else:
+                    if _names_dir(self.path, pin):
+                        break
+                    why = None
+            finally:
+                os.close(pin)
+        else:
+            raise StoreChangedError(
+                f"{self.path}: the store kept being replaced while it was being opened ({_OPEN_TRIES} tries): "
+                "another process is overwriting it (`mmstore ingest --overwrite` or a StoreWriter with "
+                "overwrite=True at this path); open it again once that writer is done"
+            ) from why
+        self._pid = -1
+        self._backend: BackendReader | None = None
+        self._maps: dict[str, tuple[mmap.mmap | None, int]] = {}  # bookkeeping file -> (mapping, size)
+        self._index: np.ndarray | None = None
+        self._key_offsets: np.ndarray | None = None
+        self._key_blob: Any = None
+        self._item: Callable[[int], dict[str, Any]] | None = None  # this process's one-record reader
+
+    def _load(self, dir_fd: int, ident: dict[str, tuple[int, int, int, int]], store_id: str | None) -> None:
+        """One try of ``_open``: the manifest of the directory ``dir_fd`` and
+        the checks of its files."""
+        self.manifest: dict[str, Any] = read_manifest(self.path, dir_fd=dir_fd)
+        m = self.manifest
+        if store_id is not None and m["store_id"] != store_id:
+            raise StoreChangedError(
+                f"{self.path}: the store was replaced since it was opened (store id {store_id} -> "
+                f"{m['store_id']}); reopen it"
+            )
+        self.schema = Schema(m["schema"], classes=m["classes"])
+        self.slots: int = m["slots"]
+        self.records: int = m["records"]
+        self.backend_name: str = m["backend"]
+        self.label_names: list[str] | None = m["label_names"]
+        self.segments: list[int] | None = m.get("segments")
+        """Slot counts of the data segments (a merged store), or None: one segment."""
+        # path -> identity (device, inode, size, mtime) of every file, taken at
+        # open: whatever this Store maps later, in any process, must be these
+        # files (see format.py, "Reading a store from someone else")
+        self._ident = ident
+        self._check_files()
+
+    # -- opening ------------------------------------------------------------------
+    def _check_files(self) -> None:
+        m = self.manifest
+        files = m["files"]
+        needed = data_file_names(self.backend_name, self.schema, self.segments)
+        needed += [CHECKSUMS_FILE, KEYS_OFFSETS_FILE, KEYS_BLOB_FILE]
+        holes = self.records < self.slots
+        if holes:
+            needed += [INDEX_FILE, ERRORS_FILE]
+        elif ERRORS_FILE in files:  # no holes, but skipped annotations (format.py: errors.jsonl)
+            needed += [ERRORS_FILE]
+        for name in needed:
+            if name not in files:
+                raise FormatError(f"{self.path}/manifest.json: 'files' does not list {name}, which a "
+                                  f"{self.backend_name} store needs")
+        extra = set(files) - set(needed)
+        if extra:
+            raise FormatError(f"{self.path}/manifest.json: 'files' lists unexpected file(s) {sorted(extra)}")
+        backend = open_backend(
+            self.backend_name, self.path, self.schema, self.slots, files, self.segments, ident=self._ident
+        )
+        backend.check()
+        j = lambda n: os.path.join(self.path, n)  # noqa: E731
+        self._ck_offset = self._check_npy(CHECKSUMS_FILE, (self.slots,))
+        self._ko_offset = self._check_npy(KEYS_OFFSETS_FILE, (self.slots + 1,))
+        blob_size = self._stat(KEYS_BLOB_FILE)
+        if blob_size != files[KEYS_BLOB_FILE]:
+            raise FormatError(
+                f"{j(KEYS_BLOB_FILE)}: expected {files[KEYS_BLOB_FILE]} bytes, found {blob_size}; "
+                "the file was truncated or extended"
+            )
+        fd = open_store_file(j(KEYS_OFFSETS_FILE), missing=f"{j(KEYS_OFFSETS_FILE)}: missing, but the manifest "
+                             "lists it; the store is damaged", ident=self._ident)
+        try:
+            last = int.from_bytes(os.pread(fd, 8, self._ko_offset + 8 * self.slots), "little")
+        finally:
+            os.close(fd)
+        if last != blob_size:
+            raise FormatError(
+                f"{j(KEYS_OFFSETS_FILE)}: the last offset is {last} but {KEYS_BLOB_FILE} has "
+                f"{blob_size} bytes; the key files are from different stores or damaged"
+            )
+        if holes:
+            self._ix_offset = self._check_npy(INDEX_FILE, (self.records,))
+        if ERRORS_FILE in needed and self._stat(ERRORS_FILE) != files[ERRORS_FILE]:
+            raise FormatError(f"{j(ERRORS_FILE)}: size differs from the manifest's {files[ERRORS_FILE]} bytes")
+        if not holes and os.path.lexists(j(INDEX_FILE)):
+            raise FormatError(f"{j(INDEX_FILE)}: present, but the manifest says the store has no holes")
+
+    def _check_npy(self, name: str, shape: tuple[int, ...]) -> int:
+        path = os.path.join(self.path, name)
+        return check_npy(path, KEY_DTYPE, shape, self.manifest["files"][name], self._ident)
+
+    def _stat(self, name: str) -> int:
+        """The size of bookkeeping file ``name`` (a regular file; its identity noted)."""
+        path = os.path.join(self.path, name)
+        fd = open_store_file(path, missing=f"{path}: missing, but the manifest lists it; the store is damaged",
+                             ident=self._ident)
+        try:
+            st = os.fstat(fd)
+        finally:
+            os.close(fd)
+        note_identity(self._ident, path, st)
+        return st.st_size
+
+    def _b(self) -> BackendReader:
+        pid = os.getpid()
+        if self._backend is None or self._pid != pid:
+            self._backend = open_backend(
+                self.backend_name, self.path, self.schema, self.slots, self.manifest["files"], self.segments,
+                ident=self._ident, readahead=self._lmdb_readahead,
+            )
+            self._pid = pid
+            self._maps = {}
+            self._item = None
+            self._index = None
+            self._key_offsets = None
+            self._key_blob = None
+        return self._backend
+
+    @property
+    def backend(self) -> BackendReader:
+        """This process's backend object."""
+        return self._b()
+
+    def _map_file(self, name: str) -> mmap.mmap | None:
+        """Map bookkeeping file ``name`` (None when empty): the file this
+        Store was opened with, or ``StoreChangedError``."""
+        path = os.path.join(self.path, name)
+        size = int(self.manifest["files"][name])
+        fd = open_store_file(path, missing=f"{path}: missing; the store was moved or deleted while open",
+                             ident=self._ident)
+        try:
+            note_identity(self._ident, path, os.fstat(fd))
+            mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None
+        finally:
+            os.close(fd)
+        self._maps[name] = (mm, size)
+        return mm
+
+    def _check_mapped(self, name: str) -> None:
+        """See NOTE [truncated under a mapping] (backends/memmap.py)."""
+        mm, size = self._maps.get(name, (None, 0))
+        if mm is not None and mm.size() < size:
+            raise StoreChangedError(
+                f"{self.path}/{name}: truncated to {mm.size()} bytes while the store was open (expected "
+                f"{size}); the store was modified in use: reopen it, or run `mmstore verify`"
+            )
+
+    def _map_npy(self, name: str, offset: int, count: int) -> np.ndarray:
+        mm = self._map_file(name)
+        if count == 0 or mm is None:
+            return np.zeros(0, KEY_DTYPE)
+        return np.frombuffer(mm, dtype=KEY_DTYPE, count=count, offset=offset)
+
+    @property
+    def index(self) -> np.ndarray | None:
+        """dataset index -> slot (a mapped ``<u8`` array), or None when identity."""
+        self._b()
+        if self.records == self.slots:
+            return None
+        if self._index is None:
+            ix = self._map_npy(INDEX_FILE, self._ix_offset, self.records)
+            check_index(os.path.join(self.path, INDEX_FILE), ix, self.slots)
+            self._index = ix
+        return self._index
+
+    # -- pickling / lifetime ----------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": self.path, "lmdb_readahead": self._lmdb_readahead, "store_id": self.manifest["store_id"],
+                "ident": dict(self._ident)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        # reopened in the receiving process: the same store, the same files
+        self._open(state["path"], state["lmdb_readahead"], dict(state.get("ident", {})), state["store_id"])
+
+    def close(self) -> None:
+        """Release this process's mappings and environment."""
+        if self._backend is not None and self._pid == os.getpid():
+            self._backend.close()
+        self._backend = None
+        self._maps = {}
+        self._item = None
+        self._index = self._key_offsets = self._key_blob = None
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<mmstore.Store {self.path!r} {self.backend_name} records={self.records} {self.schema!r}>"
+
+    # -- basic info ------------------------------------------------------------
+    def __len__(self) -> int:
+        return self.records
+
+    @property
+    def fields(self) -> tuple[str, ...]:
+        """Field names in schema order."""
+        return self.schema.names
+
+    @property
+    def store_id(self) -> str:
+        return str(self.manifest["store_id"])
+
+    @property
+    def provenance(self) -> dict[str, Any]:
+        return dict(self.manifest["provenance"])
+
+    def data_paths(self) -> list[str]:
+        """Every file of the store but the manifest (for warm/evict)."""
+        return [os.path.join(self.path, n) for n in self.manifest["files"]]
+
+    # -- indices ------------------------------------------------------------------
+    def _as_indices(self, indices: Any) -> np.ndarray:
+        idx = np.asarray(indices)
+        if idx.dtype == bool:
+            raise TypeError("boolean masks are not supported; pass np.flatnonzero(mask)")
+        if idx.ndim != 1:
+            idx = idx.reshape(-1)
+        if idx.size and idx.dtype.kind not in "iu":
+            raise TypeError(f"indices must be integers, got dtype {idx.dtype}")
+        n = self.records
+        if idx.size and idx.dtype.kind == "u" and int(idx.max()) >= n:  # before the cast wraps 2**64-1 to -1
+            raise IndexError(f"index {int(idx.max())} is out of range for a store of {n} records")
+        idx = idx.astype(np.int64, copy=True)
+        neg = idx < 0
+        if neg.any():
+            idx[neg] += n
+        if idx.size and (idx.min() < 0 or idx.max() >= n):
+            bad = np.asarray(indices).reshape(-1)[(idx < 0) | (idx >= n)][0]
+            raise IndexError(f"index {int(bad)} is out of range for a store of {n} records")
+        return idx
+
+    def slots_of(self, indices: Any) -> np.ndarray:
+        """Slots of dataset indices (int64)."""
+        idx = self._as_indices(indices)
+        ix = self.index
+        if ix is None:
+            return idx
+        self._check_mapped(INDEX_FILE)
+        return ix[idx].astype(np.int64)
+
+    def slot(self, i: int) -> int:
+        """Slot of dataset index ``i``."""
+        return int(self.slots_of([i])[0])
+
+    # -- reads --------------------------------------------------------------------
+    def __getitem__(self, item: Any) -> dict[str, np.ndarray]:
+        if type(item) is int or (isinstance(item, (int, np.integer)) and not isinstance(item, bool)):
+            return self._read_one(int(item))
+        if isinstance(item, slice):
+            return self.read_batch(np.arange(*item.indices(self.records)))
+        if isinstance(item, str):
+            raise TypeError(f"use store.column({item!r}) for a whole field")
+        return self.read_batch(item)
+
+    def _read_one(self, i: int) -> dict[str, np.ndarray]:
+        """``store[i]``: see NOTE [one-record path] (backends/base.py)."""
+        n = self.records
+        j = i + n if i < 0 else i
+        if not 0 <= j < n:
+            raise IndexError(f"index {i} is out of range for a store of {n} records")
+        read = self._item
+        if read is None or self._pid != _PID[0]:  # first use, or a forked child
+            read = self._item = self._b().item_reader()
+        if n != self.slots:
+            ix = self.index
+            self._check_mapped(INDEX_FILE)
+            j = int(ix[j])  # type: ignore[index]
+        try:
+            return read(j)
+        except EntryDecodeError as exc:
+            located = self._located(exc)
+            if located is exc:
+                raise
+            raise located from None
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        step = 256
+        for a in range(0, self.records, step):
+            batch = self.read_batch(np.arange(a, min(a + step, self.records)))
+            for j in range(len(next(iter(batch.values())))):
+                yield {k: v[j] for k, v in batch.items()}
+
+    def field_list(self, fields: Sequence[str] | str | None) -> list[str]:
+        """The field names ``fields`` selects (None: all, in schema order; a
+        name; or a sequence of names), each checked to be in the schema."""
+        if fields is None:
+            return list(self.schema.names)
+        if isinstance(fields, str):
+            fields = [fields]
+        for f in fields:
+            if f not in self.schema:
+                raise KeyError(f"no field {f!r}; fields are {list(self.schema.names)}")
+        return list(fields)
+
+    def data_offset(self, name: str) -> int:
+        """Where the array of bookkeeping file ``name`` starts in it (the size
+        of its ``.npy`` header): ``_checksums.npy``, ``_keys_offsets.npy``, and
+        ``_index.npy`` when the store has holes. Checked at open."""
+        offsets = {CHECKSUMS_FILE: self._ck_offset, KEYS_OFFSETS_FILE: self._ko_offset,
+                   INDEX_FILE: getattr(self, "_ix_offset", None)}
+        off = offsets.get(name)
+        if off is None:
+            raise KeyError(f"{name}: not a bookkeeping array of this store")
+        return off
+
+    def read_batch(
+        self,
+        indices: Any,
+        fields: Sequence[str] | str | None = None,
+        out: dict[str, np.ndarray] | None = None,
+    ) -> dict[str, np.ndarray]:
+        """Read records ``indices`` (any order, duplicates, negatives).
+
+        Reads happen in ascending slot order (locality); results come back in
+        the requested order.
+
+        Parameters
+        ----------
+        indices
+            Integer dataset indices.
+        fields
+            Field names to read (default: all).
+        out
+            Optional ``{field: array}`` of shape ``(len(indices), *shape)``,
+            the field's dtype, C-contiguous and writable (e.g. a pinned host
+            buffer's numpy view); filled in place and returned.
+
+        Returns
+        -------
+        dict
+            ``{field: array of shape (len(indices), *shape)}``; a ragged
+            field (variable length, ``str``, ``bytes``) as a
+            :class:`~mmstore.format.ragged.Ragged`: one flat array of every record's
+            rows plus their offsets (``.split()`` gives the list).
+
+        Notes
+        -----
+        Without ``out`` every call returns new arrays, the caller's to keep:
+        a batch of 256 images of 224x224x3 is a new 38 MB allocation, which
+        the kernel zeroes page by page as the copy first touches it, so that
+        path runs well below the rate of ``out=`` into a buffer allocated once
+        (``benchmarks/bench_read.py`` compares them). To
+        read many batches, allocate the buffers once and pass them as ``out``
+        (reuse them only once you are done with the previous batch), or use
+        ``mmstore.torch.Loader``, which manages reused (pinned) buffers. For
+        one record at a time, ``store[i]`` is cheaper still than a batch of
+        one (NOTE [one-record path], backends/base.py).
+        """
+        names = self.field_list(fields)
+        slots = self.slots_of(indices)
+        n = len(slots)
+        result: dict[str, Any] = {}
+        ragged = [name for name in names if self.schema[name].ragged]
+        lists: dict[str, list[Any]] = {}
+        if ragged:
+            if out is not None and any(name in out for name in ragged):
+                raise TypeError(f"out= takes fixed-shape fields only; ragged field(s) "
+                                f"{[r for r in ragged if r in out]} are returned as Ragged (leave them out of out)")
+            names = [name for name in names if name not in ragged]
+            if n and self._b().ragged_lists:  # one pass: entries collected with the fixed fields
+                lists = {name: [b""] * n for name in ragged}
+        for name in names:
+            f = self.schema[name]
+            if out is not None and name in out:
+                buf = out[name]
+                if not isinstance(buf, np.ndarray):
+                    raise TypeError(f"out[{name!r}] must be a numpy array, got {type(buf).__name__}")
+                if buf.shape != (n, *f.shape) or buf.dtype != f.dtype:
+                    raise ValueError(
+                        f"out[{name!r}] must have shape {(n, *f.shape)} and dtype {f.dtype.str}, "
+                        f"got {buf.shape} {buf.dtype.str}"
+                    )
+                if not buf.flags.c_contiguous or not buf.flags.writeable:
+                    raise ValueError(f"out[{name!r}] must be C-contiguous and writable")
+                result[name] = buf
+            else:
+                result[name] = np.empty((n, *f.shape), f.dtype)
+        if n:
+            if n > 1 and np.any(slots[1:] < slots[:-1]):
+                rows = np.argsort(slots, kind="stable")
+                sorted_slots = slots[rows]
+            else:
+                rows = np.arange(n)
+                sorted_slots = slots
+            if names or lists:
+                # a ragged field's list rides along for a backend with ragged_lists (BackendReader.ragged_lists)
+                both = cast("dict[str, np.ndarray]", {**result, **lists})
+                self._read_into(sorted_slots, rows, names + list(lists), both)
+        else:
+            rows = sorted_slots = slots
+        for name in ragged:
+            result[name] = read_ragged(self, name, slots, sorted_slots, rows, lists.get(name))
+        return {name: result[name] for name in self.field_list(fields)}
+
+    def _read_into(self, slots: np.ndarray, rows: np.ndarray, names: Sequence[str],
+                   out: dict[str, np.ndarray]) -> None:
+        """The backend's ``read_into``; a bad encoded entry's error gets the
+        record's dataset index and source key."""
+        try:
+            self._b().read_into(slots, rows, names, out)
+        except EntryDecodeError as exc:
+            located = self._located(exc)
+            if located is exc:
+                raise
+            raise located from None
+
+    def _located(self, exc: EntryDecodeError) -> EntryDecodeError:
+        """``exc`` with the record's dataset index and source key added, when
+        it names a slot (else ``exc`` itself)."""
+        slot = getattr(exc, "slot", None)
+        return exc if slot is None else self._entry_error(exc, int(slot))
+
+    def _entry_error(self, exc: EntryDecodeError, slot: int) -> EntryDecodeError:
+        ix = self.index
+        if ix is None:
+            index: int | None = slot
+        else:
+            at = int(np.searchsorted(ix, slot))
+            index = at if at < len(ix) and int(ix[at]) == slot else None
+        try:
+            key = decode_key(self.slot_key_bytes(slot))
+        except (FormatError, IndexError):
+            key = "?"
+        field, reason = getattr(exc, "field", "?"), getattr(exc, "reason", str(exc))
+        err = EntryDecodeError(
+            f"{self.path}: record {index} (slot {slot}, key {key!r}): field {field!r} cannot be decoded: {reason}. "
+            f"Run `mmstore verify --decode {self.path}` to list every bad entry, then repair (`mmstore verify "
+            "--repair`) or re-create the store"
+        )
+        err.field, err.slot, err.index, err.key, err.reason = field, slot, index, key, reason  # type: ignore[attr-defined]
+        return err
+
+    def entry_sizes(self, name: str, indices: Any = None) -> np.ndarray:
+        """Stored (encoded) bytes of variable-size field ``name`` for dataset
+        ``indices`` (default: every record), int64, from the offsets index
+        (no entry is read). For a raw field every size is its entry's bytes."""
+        f = self.schema[name]
+        idx = np.arange(self.records) if indices is None else indices
+        slots = self.slots_of(idx)
+        if not f.variable:
+            return np.full(len(slots), f.nbytes, np.int64)
+        return self._b().entry_sizes(name, slots)
+
+    def stored_record_bytes(self, fields: Sequence[str] | str | None = None) -> int:
+        """Mean bytes one record of ``fields`` (default: all) occupies on disk:
+        a raw field's entry size, a variable-size field's stored (encoded) data
+        divided by the records. O(1) for memmap (the data files' sizes from the
+        manifest); an lmdb store's entries are measured on a sample of up to
+        4,096 records. What read-ahead windows and block sizes are sized by;
+        the decoded size is ``schema[f].nbytes``."""
+        total = 0.0
+        for name in self.field_list(fields):
+            f = self.schema[name]
+            if not f.variable:
+                total += f.nbytes
+            elif self.records:
+                total += self._mean_entry_bytes(name)
+        return max(1, round(total))
+
+    def _mean_entry_bytes(self, name: str) -> float:
+        if self.backend_name == "memmap":
+            segs = [None] if self.segments is None else range(len(self.segments))
+            data = sum(int(self.manifest["files"][variable_files(name, k)[0]]) for k in segs)
+            return data / self.records
+        n = min(self.records, 4096)
+        idx = np.random.default_rng(0).choice(self.records, n, replace=False) if n < self.records else None
+        return float(self.entry_sizes(name, idx).mean())
+
+    def column(self, name: str) -> np.ndarray:
+        """A whole field in dataset order (a copy; cheap for small fields)."""
+        return self.read_batch(np.arange(self.records), fields=[name])[name]
+
+    # -- keys and bookkeeping -------------------------------------------------------
+    def _keys(self) -> tuple[np.ndarray, Any]:
+        self._b()
+        if self._key_offsets is None:
+            offs = self._map_npy(KEYS_OFFSETS_FILE, self._ko_offset, self.slots + 1)
+            check_key_offsets(os.path.join(self.path, KEYS_OFFSETS_FILE), offs)
+            self._key_blob = self._map_file(KEYS_BLOB_FILE) or b""
+            self._key_offsets = offs
+        self._check_mapped(KEYS_OFFSETS_FILE)
+        self._check_mapped(KEYS_BLOB_FILE)
+        return self._key_offsets, self._key_blob
+
+    def slot_key_bytes(self, slot: int) -> bytes:
+        """Raw key bytes of ``slot`` (holes included)."""
+        if not 0 <= slot < self.slots:
+            raise IndexError(f"slot {slot} is out of range for {self.slots} slots")
+        offs, blob = self._keys()
+        a, b = int(offs[slot]), int(offs[slot + 1])
+        if not 0 <= a <= b <= len(blob):
+            raise FormatError(f"{self.path}/{KEYS_OFFSETS_FILE}: bad offsets {a}..{b} for slot {slot}")
+        return bytes(blob[a:b])
+
+    def key(self, i: int) -> str:
+        """The source key (path or id) of dataset index ``i``."""
+        return decode_key(self.slot_key_bytes(self.slot(i)))
+
+    def skipped(self) -> list[dict[str, Any]]:
+        """The skipped inputs (``errors.jsonl``): slot, key, reason.
+
+        Raises ``FormatError`` for a line that is not such an object (the file
+        is read only up to the size the manifest lists)."""
+        if self.records == self.slots:
+            return []
+        mm = self._map_file(ERRORS_FILE)
+        self._check_mapped(ERRORS_FILE)
+        data = bytes(mm) if mm is not None else b""
+        out = []
+        for lineno, line in enumerate(data.split(b"\n"), 1):
+            if not line.strip():
+                continue
+            where = f"{self.path}/{ERRORS_FILE}: line {lineno}"
+            try:
+                ent = json.loads(line.decode("utf-8", "surrogateescape"))
+            except (ValueError, RecursionError) as exc:  # ValueError: bad JSON, or a > 4,300-digit integer
+                raise FormatError(f"{where} is not JSON ({exc}); the file is damaged") from None
+            if isinstance(ent, dict) and "annotation" in ent:
+                continue  # a skipped annotation, not a hole (format.py)
+            if not (
+                isinstance(ent, dict)
+                and isinstance(ent.get("slot"), int) and not isinstance(ent["slot"], bool)
+                and 0 <= ent["slot"] < self.slots
+                and isinstance(ent.get("key"), str) and isinstance(ent.get("reason"), str)
+            ):
+                raise FormatError(
+                    f"{where}: expected {{\"slot\": 0..{self.slots - 1}, \"key\": str, \"reason\": str}}, "
+                    f"found {line[:200]!r}; the file is damaged"
+                )
+            out.append(ent)
+        return out
+
+    def skipped_annotations(self) -> list[dict[str, Any]]:
+        """The skipped annotations of an annotated ingest (COCO): the
+        ``errors.jsonl`` lines with an ``annotation`` key (format.py), in
+        file order; ``[]`` for other stores."""
+        if ERRORS_FILE not in self.manifest["files"]:
+            return []
+        mm = self._map_file(ERRORS_FILE)
+        self._check_mapped(ERRORS_FILE)
+        out = []
+        for lineno, line in enumerate((bytes(mm) if mm is not None else b"").split(b"\n"), 1):
+            if b'"annotation"' not in line:
+                continue
+            try:
+                ent = json.loads(line.decode("utf-8", "surrogateescape"))
+            except (ValueError, RecursionError) as exc:
+                raise FormatError(f"{self.path}/{ERRORS_FILE}: line {lineno} is not JSON ({exc}); the file is "
+                                  "damaged") from None
+            if isinstance(ent, dict) and "annotation" in ent:
+                out.append(ent)
+        return out
+
+    def checksums(self) -> np.ndarray:
+        """The stored per-slot checksums (a mapped ``<u8`` array)."""
+        return self._map_npy(CHECKSUMS_FILE, self._ck_offset, self.slots)
+
+    # -- page cache -------------------------------------------------------------
+    def warm(
+        self,
+        *,
+        progress: Any = None,
+        max_fraction: float | None = 0.9,
+        chunk_bytes: int = 16 << 20,
+        stop_event: Any = None,
+    ) -> Any:
+        """Pull the store into the page cache with one sequential pass.
+
+        Files are read smallest first (bookkeeping, then the data files). When
+        the store does not fit in ``max_fraction`` of the available memory
+        the pass stops where the budget runs out; the returned
+        ``mmstore._os.WarmReport`` then says ``complete=False`` and why.
+        ``progress(bytes_done, bytes_planned)`` is called after each chunk.
+        """
+        from .. import _os
+
+        paths = sorted(self.data_paths(), key=lambda p: (os.path.getsize(p), p))
+        return _os.warm(paths, chunk_bytes=chunk_bytes, progress=progress,
+                         max_fraction=max_fraction, stop_event=stop_event)
+
+    def evict(self, *, sync: bool = False) -> None:
+        """Drop the store's files from the page cache (``POSIX_FADV_DONTNEED``;
+        a hint: pages mapped by other processes, dirty pages and tmpfs stay)."""
+        from .. import _os
+
+        for p in self.data_paths() + [os.path.join(self.path, "manifest.json")]:
+            _os.evict(p, sync=sync)
+
+
+def open_store(path: str | os.PathLike[str], **kw: Any) -> Store:
+    """Open the store at ``path`` read-only.
+
+    Reads and validates the manifest and checks every file's exact size and
+    header; reads no record data, so it costs the same for 1,000 or 10
+    million records.
+
+    Raises
+    ------
+    IncompleteStoreError
+        No store there, or an unfinished one (no manifest).
+    VersionError
+        Written by another major format version.
+    FormatError
+        Damaged or inconsistent manifest or files.
+    """
+    return Store(path, **kw)
