@@ -1,4 +1,4 @@
-"""Constants and file-descriptor helpers shared by the ``_sys`` modules."""
+"""Constants and file-descriptor helpers shared by the ``_os`` modules."""
 
 from __future__ import annotations
 

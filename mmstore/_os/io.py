@@ -1,7 +1,7 @@
 """Small file-system helpers: atomic writes, fsync, preallocation, checksums.
 
 Every write path of mmstore goes through these functions, so a fault test can
-stop a run at any of them (see ``NOTE [crash points]`` in ``_crash.py``).
+stop a run at any of them (see ``NOTE [crash points]`` in ``mmstore/_os/crash.py``).
 """
 
 from __future__ import annotations

@@ -494,7 +494,7 @@ def _codec_available(fmt: str) -> bool:
 
 
 # --------------------------------------------------------------------------
-# pixels (the conversions themselves are in _pixels.py)
+# pixels (the conversions themselves are in pixels.py)
 
 
 def _finish(

@@ -84,7 +84,7 @@ class LoaderTuning:
     mem_bytes : int, optional
         The memory the loader may fill (ring + page cache of its reads).
         Default: measured at construction, within the process's memory cgroup
-        (``_sys.effective_available``), divided by ``$LOCAL_WORLD_SIZE``. It
+        (``_os.effective_available``), divided by ``$LOCAL_WORLD_SIZE``. It
         sizes ``prefetch``, the read-ahead windows and a block shuffle's
         ``window`` built from ``order="block"`` (``mmstore/engine/plan.py``).
     """

@@ -237,8 +237,8 @@ def read_npy_header(path: str, fh: Any) -> tuple[np.dtype, tuple[int, ...], int]
 
 
 # --------------------------------------------------------------------------
-# manifest parsing: untrusted JSON -> typed values, or FormatError naming the key
-# (the parser itself is _manifest.py)
+# opening a store's files: regular files only, their identity noted (the
+# manifest is read and checked in manifest.py)
 
 
 _FILE_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),

@@ -83,7 +83,7 @@ _NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOS
 
 
 def _copy_range(src: str, src_off: int, n: int, dst_fd: int, dst_off: int) -> None:
-    """Copy ``n`` bytes of file ``src`` from ``src_off`` to ``dst_fd`` at ``dst_off`` (``_io.copy_range``)."""
+    """Copy ``n`` bytes of file ``src`` from ``src_off`` to ``dst_fd`` at ``dst_off`` (``_os.io.copy_range``)."""
     fd = os.open(src, os.O_RDONLY)
     try:
         done = copy_range(fd, dst_fd, src_off, dst_off, n)

@@ -239,7 +239,7 @@ def assemble(ent: SpillEntries, dest: str) -> None:
 
 
 def _copy(src: int, dst: int, src_off: int, dst_off: int, n: int) -> None:
-    """Copy ``n`` bytes of a spill into the field file (``_io.copy_range``)."""
+    """Copy ``n`` bytes of a spill into the field file (``_os.io.copy_range``)."""
     done = copy_range(src, dst, src_off, dst_off, n)
     if done < n:
         raise OSError(errno.EIO, f"spill file ended {n - done} bytes early (copy at {src_off + done})")

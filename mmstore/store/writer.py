@@ -633,7 +633,7 @@ def write_durable(path: str, head: Any, body: Any = None) -> None:
 
 def errors_jsonl(skips: Any, annotations: Any = ()) -> bytes:
     """The ``errors.jsonl`` bytes of ``(slot, key bytes, reason)`` sorted by slot
-    (UTF-8; a key byte that is not UTF-8 is a ``\\udcXX`` escape, see ``_names``),
+    (UTF-8; a key byte that is not UTF-8 is a ``\\udcXX`` escape, see ``mmstore.format.names``),
     then the skipped ``annotations`` (dicts ``slot``, ``key`` bytes or None,
     ``annotation``, ``id``, ``reason``) in their order, see ``format.py``."""
     lines = [json_text({"slot": s, "key": decode_key(k), "reason": r}) for s, k, r in skips]

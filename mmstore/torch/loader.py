@@ -40,7 +40,7 @@ flight: the block shuffle's locality becomes long disk reads.
 Where the code is: this module holds the :class:`Loader` (configuration,
 epoch counter, the per-process resources: thread pool, ``preadv``
 descriptors, ring); ``mmstore/engine/tuning.py`` the tuning knobs (:class:`LoaderTuning`);
-``_ring.py`` the ring of buffers and one epoch's reads in flight;
+``_ring.py`` the ring of buffers; ``mmstore/engine/inflight.py`` one epoch's reads in flight;
 ``_epoch.py`` the epoch's batches and its iterator; ``mmstore/engine/reads.py`` the read
 strategies (preadv, memmove, window prefetch, kernel hints); ``_source.py``
 the ``store`` argument (datasets, subsets, ``indices=``) and the

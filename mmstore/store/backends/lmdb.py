@@ -663,7 +663,7 @@ def _put_chunk(env: Any, view: memoryview, chunk: list[int], offset: int, rb: in
 def _write_failure(path: str, exc: Exception) -> OSError:
     """liblmdb reports a full disk and a file size limit alike as "Input/output
     error": tell them apart by the file's size and the free space, so the
-    message names the cause (``_io.describe_write_error``, the CLI's hint)."""
+    message names the cause (``_os.io.describe_write_error``, the CLI's hint)."""
     code = errno.EIO
     try:
         size = os.path.getsize(path)

@@ -22,7 +22,7 @@ __all__ = ["MemmapBackend"]
 
 # Entries of at least SMALL_RECORD_BYTES are read with ``os.preadv`` from a
 # descriptor of their file, straight into the caller's rows
-# (``_safecopy.read_entries``: SIGBUS-proof, the GIL released, a big batch
+# (``_os.safecopy.read_entries``: SIGBUS-proof, the GIL released, a big batch
 # shared by a few threads); smaller ones are gathered out of the mapping with
 # one numpy ``take``.
 
