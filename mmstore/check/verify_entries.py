@@ -23,17 +23,15 @@ import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..errors import EntryDecodeError
 from ..format.layout import KEY_DTYPE, variable_files
 from ..format.ragged import check_entry
+from .verify_context import Ctx
 from .verify_report import Problem, VerifyReport
-
-if TYPE_CHECKING:
-    from .verify_structure import Ctx
 
 __all__ = ["check_offsets", "content_variable", "decode_packed", "report_offsets"]
 

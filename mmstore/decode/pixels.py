@@ -5,14 +5,13 @@ Private: ``decode`` is the public entry."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..errors import DecodeError
+from .spec import DecodeSpec
 
-if TYPE_CHECKING:
-    from . import DecodeSpec
 
 def _to_8bit(img: np.ndarray) -> np.ndarray:
     if img.dtype == np.uint8:
