@@ -165,7 +165,7 @@ def field_bytes(path: str, name: str = "image") -> int:
 
 def data_bytes(path: str) -> int:
     with mmstore.open(path) as s:
-        return sum(os.path.getsize(p) for p in s.backend.data_paths())
+        return sum(os.path.getsize(p) for p in s.slot_view.backend.data_paths())
 
 
 def evict_store(path: str) -> None:

@@ -136,7 +136,7 @@ def main() -> int:
             parts.append(p)
         single = os.path.join(root, "single")
         _write(single, 0, n, holes)
-        data_bytes = sum(os.path.getsize(p) for s in parts for p in mmstore.open(s).backend.data_paths())
+        data_bytes = sum(os.path.getsize(p) for s in parts for p in mmstore.open(s).slot_view.backend.data_paths())
         for p in [*parts, single]:
             _warm(p)
         t: dict[str, list[float]] = {"merge (hard links)": [], "merge --copy": [], "copyfile of the data": []}
@@ -152,7 +152,7 @@ def main() -> int:
                 else:
                     os.makedirs(dest)
                     for i, s in enumerate(parts):
-                        for p in mmstore.open(s).backend.data_paths():
+                        for p in mmstore.open(s).slot_view.backend.data_paths():
                             shutil.copyfile(p, os.path.join(dest, f"{i}-{os.path.basename(p)}"))
                 t[name].append(time.perf_counter() - t0)
                 space[name] = _extra_bytes(dest)

@@ -249,7 +249,7 @@ def build_contenders(root: str, images: np.ndarray, labels: np.ndarray, bufs: di
     def store_open(path):
         def f():
             s = mmstore.open(path)
-            s.backend  # noqa: B018 - create this process's backend
+            s.slot_view.backend  # noqa: B018 - create this process's backend
             return s
         return f
 
@@ -417,9 +417,9 @@ def run_reads(args, root, images, labels) -> dict[str, Any]:
              "out buffers (np.empty)": bufs[bs]["image"].ctypes.data % 64,
              "out buffers (64-aligned)": bufs64[bs]["image"].ctypes.data % 64}
     with mmstore.open(os.path.join(root, "memmap")) as s:
-        align["memmap store records"] = s.backend.array("image")[0].ctypes.data % 64
+        align["memmap store records"] = s.slot_view.backend.array("image")[0].ctypes.data % 64
     with mmstore.open(os.path.join(root, "lmdb")) as s:
-        with s.backend.env().begin(buffers=True) as txn:
+        with s.slot_view.backend.env().begin(buffers=True) as txn:
             v = txn.get((0).to_bytes(8, "big"))
             align["lmdb store records"] = np.frombuffer(v, np.uint8).ctypes.data % 64
             del v

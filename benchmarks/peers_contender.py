@@ -45,7 +45,7 @@ class _MmReader(Reader):
     def __init__(self, out: str):
         import mmstore
         self.store = mmstore.open(out)
-        self.store.backend  # noqa: B018 - open this process's mappings / environment now
+        self.store.slot_view.backend  # noqa: B018 - open this process's mappings / environment now
 
     def __len__(self):
         return len(self.store)

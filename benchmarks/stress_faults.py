@@ -125,7 +125,7 @@ def bit_flips(work, flips):
     ok = 0
     for t in range(flips):
         name = ("image", "label")[int(rng.integers(0, 2))]
-        fpath, off0, entry = store.backend.field_location(name)
+        fpath, off0, entry = store.slot_view.backend.field_location(name)
         slot = int(rng.integers(0, n))
         off = off0 + slot * entry + int(rng.integers(0, entry))
         bit = 1 << int(rng.integers(0, 8))

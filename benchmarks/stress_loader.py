@@ -376,7 +376,7 @@ def b_truncate(t: Trial, mmap: bool = False) -> None:
         shutil.copytree(t.path, os.path.join(dst, "s"))
         path = os.path.join(dst, "s")
         L = t.loader(path, method="mmap" if mmap else "pread")
-        seg = mmstore.open(path).backend.field_segments("image")[0]
+        seg = mmstore.open(path).slot_view.backend.field_segments("image")[0]
         n = STORES["main"][0]
         cut = int(t.rng.integers(0, n))
         at = int(t.rng.integers(1, 4))

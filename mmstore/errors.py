@@ -6,12 +6,15 @@ or unfinished store, ``ValueError`` for bad data or arguments), so plain
 ``except ValueError`` clauses keep working.
 
 A message names the file, says what was expected and what was found, and what
-to do next.
+to do next. An option named in a message is written with :func:`spell_option`
+(both spellings: Python's and the command line's); :func:`cli_wording` keeps
+the command line's alone.
 """
 
 from __future__ import annotations
 
 import errno
+import re
 
 __all__ = [
     "AllInputsFailedError",
@@ -29,20 +32,35 @@ __all__ = [
     "LockedError",
     "MmstoreError",
     "RecordIndexError",
+    "RemoteAccessError",
+    "RemoteChangedError",
+    "RemoteChecksumError",
+    "RemoteError",
+    "RemoteNotFoundError",
+    "RemoteUnavailableError",
     "ResourceLimitError",
     "ResumeMismatchError",
     "SchemaError",
+    "SourceError",
     "StateMismatchError",
     "StoreAccessError",
     "StoreChangedError",
     "StoreExistsError",
     "TruncatedReadError",
     "VersionError",
+    "cli_wording",
+    "spell_option",
 ]
 
 
 class MmstoreError(Exception):
-    """Base class of every error raised by mmstore."""
+    """Base class of every error raised by mmstore.
+
+    ``usage_error`` is True on the classes that mean a usage or input error
+    (the caller must change the call, its options or its inputs); the
+    command line exits 2 for those and 1 for every other failure."""
+
+    usage_error = False
 
 
 class FormatError(MmstoreError, ValueError):
@@ -104,6 +122,8 @@ class StoreAccessError(MmstoreError, PermissionError):
 class IncompleteStoreError(MmstoreError, FileNotFoundError):
     """No store here, or one whose ingest did not finish (no manifest)."""
 
+    usage_error = True
+
 
 class StoreExistsError(MmstoreError, FileExistsError):
     """The destination already holds a store (pass ``overwrite=True``), or an
@@ -127,7 +147,10 @@ class LockedError(MmstoreError, BlockingIOError):
 
 
 class SchemaError(MmstoreError, ValueError):
-    """A sample or schema does not fit: unknown field, wrong shape, lossy cast."""
+    """A sample or schema does not fit: unknown field, wrong shape, lossy
+    cast, an unknown codec. The command line's exit code 2."""
+
+    usage_error = True
 
 
 class DecodeError(MmstoreError, ValueError):
@@ -155,6 +178,16 @@ class IngestError(MmstoreError, RuntimeError):
     the ``.partial`` directory is kept so the run can resume."""
 
 
+class SourceError(IngestError, ValueError):
+    """The source or the options of an ingest (or merge) cannot be used: no
+    such source, a needed option missing (a target size for encoded images),
+    a column or array that is not there, a malformed list or annotation
+    file, no inputs at all, parts that do not belong together. Raised before
+    any record is written. The command line's exit code 2."""
+
+    usage_error = True
+
+
 class AllInputsFailedError(IngestError):
     """Every input of an ingest failed: not one record was made.
 
@@ -176,7 +209,10 @@ class AllInputsFailedError(IngestError):
 
 class ResumeMismatchError(IngestError, ValueError):
     """A resume was asked with inputs or parameters that differ from the
-    interrupted run's (the fingerprint in the ``.partial`` does not match)."""
+    interrupted run's (the fingerprint in the ``.partial`` does not match).
+    The message names what changed. The command line's exit code 2."""
+
+    usage_error = True
 
 
 class ResourceLimitError(MmstoreError, OSError):
@@ -203,7 +239,10 @@ class StateMismatchError(MmstoreError, ValueError):
 class LabelMappingError(MmstoreError, ValueError):
     """An ingest was given a class-name -> label mapping (``--classes-from``,
     ``--label-names``) that does not cover the source's classes; the message
-    lists the classes that are missing from the mapping."""
+    lists the classes that are missing from the mapping. The command
+    line's exit code 2."""
+
+    usage_error = True
 
 
 class LoaderResumeError(LoaderStateError, StateMismatchError):
@@ -217,3 +256,59 @@ class RecordIndexError(MmstoreError, IndexError):
     """A record index given to the torch layer (``Loader(indices=...)``, a
     ``Subset``) is outside the store, or not an integer; the message gives
     the first bad index and the store's length."""
+
+
+class RemoteError(MmstoreError, OSError):
+    """A request to object storage failed (``s3://``, ``gs://``, ``az://``,
+    ``http(s)://`` stores). The message names the URL and the object, what the
+    server or the network answered, and what to check."""
+
+
+class RemoteNotFoundError(RemoteError, FileNotFoundError):
+    """The bucket, the store or one of its objects does not exist at the URL
+    (or a store there was not pushed completely: no manifest yet)."""
+
+    usage_error = True
+
+
+class RemoteAccessError(RemoteError, PermissionError):
+    """The object store refused the credentials (missing, wrong, expired) or
+    they do not allow the request."""
+
+    usage_error = True
+
+
+class RemoteUnavailableError(RemoteError, ConnectionError):
+    """The object store did not answer usably (connection refused or reset,
+    timeouts, throttling or server errors) after every retry."""
+
+
+class RemoteChangedError(StoreChangedError):
+    """The store at a URL changed after it was opened or cached (a new push:
+    another manifest, other objects); nothing of the two is mixed. Open it
+    again to read the new one."""
+
+
+class RemoteChecksumError(ChecksumError):
+    """Bytes fetched from object storage do not match the digest the push
+    recorded for them, twice: the object in the bucket is damaged (or was
+    written by something else than ``mmstore push``)."""
+
+
+# -- options named in messages ---------------------------------------------------------
+
+_SPELLED = re.compile(r"`([^`]*)` \(CLI: `([^`]*)`\)")
+
+
+def spell_option(python: str, cli: str) -> str:
+    """An option named in a message, in both spellings: ``spell_option("size=(H, W)",
+    "--size HxW")`` is the Python spelling in backquotes followed by
+    ``(CLI: --size HxW)`` with the command line's in backquotes; the command
+    line prints ``--size HxW`` alone (:func:`cli_wording`)."""
+    return f"`{python}` (CLI: `{cli}`)"
+
+
+def cli_wording(message: str) -> str:
+    """``message`` as the command line prints it: each option written by
+    :func:`spell_option` in its command-line spelling alone."""
+    return _SPELLED.sub(r"\2", message)

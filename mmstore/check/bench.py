@@ -204,7 +204,7 @@ def _bench_codecs(store: Store, codecs: tuple[str, ...], seed: int, max_seconds:
     from ..ingest.workers import default_workers
     from .codec_advice import codec_advice
 
-    big = max(store.backend.data_paths(), key=os.path.getsize)
+    big = max(store.slot_view.backend.data_paths(), key=os.path.getsize)
     sp = _os.seq_read_speed(big, max_bytes=256 << 20, cold=True, max_seconds=min(5.0, max_seconds))
     return codec_advice(store, available=_os.effective_available() or _os.mem_available(),
                         seq_bytes_per_s=sp.mb_per_s * 1e6 or None, codecs=codecs, seed=seed,

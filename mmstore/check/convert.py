@@ -187,7 +187,7 @@ def _copy_records(store: Store, w: StoreWriter, progress: Callable[[int], Any] |
     """Every slot of ``store`` into ``w`` (whose schema may change codecs)."""
     src, dst = store.schema, w.schema
     holes = {int(e["slot"]): e for e in store.skipped()}
-    stored = np.array(store.checksums())
+    stored = np.array(store.slot_view.checksums())
     offsets, blob = store._keys()
     w.set_keys(np.array(offsets), bytes(blob))
     sw = w.slot_writer
@@ -198,9 +198,9 @@ def _copy_records(store: Store, w: StoreWriter, progress: Callable[[int], Any] |
     for a in range(0, store.slots, step):
         b = min(store.slots, a + step)
         nbytes = 0
-        for s, packed in store.backend.iter_packed(a, b):
+        for s, packed in store.slot_view.backend.iter_packed(a, b):
             if s in holes:
-                w.skip(s, store.slot_key_bytes(s), holes[s].get("reason", "skipped"))
+                w.skip(s, store.slot_view.slot_key_bytes(s), holes[s].get("reason", "skipped"))
                 continue
             parts = unpack_record(src, packed) if packed is not None else None
             if packed is None or parts is None or xxhash.xxh3_64_intdigest(packed) != int(stored[s]):
@@ -256,7 +256,7 @@ def _recode_ragged(store: Store, slot: int, old: Any, new: Codec, entries: dict[
 
 
 def _damaged(store: Store, slot: int, packed: Any, stored: np.ndarray) -> str:
-    key = store.slot_key_bytes(slot).decode("utf-8", "replace")
+    key = store.slot_view.slot_key_bytes(slot).decode("utf-8", "replace")
     if packed is None:
         what = "is not a hole but has no record"
     else:

@@ -142,12 +142,12 @@ def _evict_records(store: Store, slots: np.ndarray) -> bool:
     for f in store.schema:
         if f.variable:  # an encoded field: each sampled entry's own bytes
             for s in slots.tolist():
-                for path, off, nb in store.backend.entry_spans(f.name, s, s + 1):
+                for path, off, nb in store.slot_view.backend.entry_spans(f.name, s, s + 1):
                     ok = _evict_span(path, off, nb) and ok
             continue
         if not f.nbytes:
             continue
-        for seg in store.backend.field_segments(f.name):
+        for seg in store.slot_view.backend.field_segments(f.name):
             mine = slots[(slots >= seg.first) & (slots < seg.first + seg.count)] - seg.first
             if not len(mine):
                 continue
@@ -211,7 +211,7 @@ def doctor_store(
     t_start = time.perf_counter()
     store = open_store(path)
     try:
-        data = store.backend.data_paths()
+        data = store.slot_view.backend.data_paths()
         sbytes = sum(os.path.getsize(p) for p in data)
         rep = DoctorReport(store.path, store.backend_name, store.records, store.stored_record_bytes(), sbytes)
         rep.disk = _os.disk_info(store.path)
@@ -230,6 +230,8 @@ def doctor_store(
         if store.records == 0:
             rep.recommendation = "the store is empty"
             return rep
+        if store.replica is not None:
+            _remote_notes(store, rep)
         # 1. sequential
         big = max(data, key=os.path.getsize)
         sp = _os.seq_read_speed(big, max_bytes=seq_bytes, cold=cold, max_seconds=0.4 * budget_s)
@@ -265,7 +267,7 @@ def doctor_store(
         if cold:
             _note_disk_kind(rep)
         # the order section first: the advice follows it for a store that does not fit
-        rep.order = order_advice(rep, probe=big if cold and store.backend.positional else None,
+        rep.order = order_advice(rep, probe=big if cold and store.slot_view.backend.positional else None,
                                  probe_s=0.1 * budget_s)
         _predict(rep)
         if codecs:
@@ -289,10 +291,10 @@ def _measure_cold(store: Store, rep: DoctorReport, idx: np.ndarray, big: str, th
     and read (a positional backend), else random record-sized reads of the
     largest data file ``big``; leaves the sample in the page cache."""
     deadline = time.perf_counter() + 0.4 * budget_s
-    if store.backend.positional:  # exactly the sampled records' pages
+    if store.slot_view.backend.positional:  # exactly the sampled records' pages
         half = max(1, len(idx) // 2)
         a, b = idx[:half], idx[half:]
-        rep.cold_evicted = _evict_records(store, store.slots_of(idx))
+        rep.cold_evicted = _evict_records(store, store.slot_view.slots_of(idx))
         n1, t1 = _time_reads(store, a, 1, time.perf_counter() + 0.2 * budget_s)
         rep.cold_reads_per_s_1 = n1 / t1 if t1 > 0 and n1 else None
         if len(b):
@@ -406,3 +408,31 @@ def _advise(rep: DoctorReport, sizes: dict[str, Any] | None, t_cold: float | Non
                "for the full shuffle)")
     return (f"the store is {ratio:.1f}x your available memory: use the block shuffle with {blk} "
             f"(Loader(store, batch_size, order='block')){cmp}")
+
+
+def _remote_notes(store: Store, rep: DoctorReport) -> None:
+    """A store opened from a URL: what its replica holds, how fast blocks
+    arrive (a few absent blocks fetched, timed), and what each order costs.
+    The local figures below are then those of the replica's disk."""
+    replica = store.replica
+    if replica is None:
+        return
+    d = replica.describe()
+    rep.notes.append(f"opened from {replica.url}: the local replica holds {d['present']:.0%} of the record data "
+                     f"({d['disk_bytes']:,} bytes on disk under {d['replica']}, limit {d['cache_limit'] or 'none'})")
+    absent = np.flatnonzero(replica.state != 1)[:16]
+    if len(absent):
+        t0 = time.perf_counter()
+        pin = replica.acquire(absent)
+        dt = time.perf_counter() - t0
+        if pin is not None:
+            pin.release(consumed=True)
+        got = int(replica.sizes[absent].sum())
+        rep.notes.append(f"fetching {len(absent)} blocks ({got:,} bytes) from the URL took {dt:.2f} s: "
+                         f"{got / 1e6 / max(dt, 1e-9):,.1f} MB/s with 16 requests in flight")
+    rb = max(1, store.stored_record_bytes())
+    amp = replica.block_bytes / rb
+    rep.notes.append(f"until the store is cached, a block shuffle or a sequential order fetches each block of "
+                     f"{replica.block_bytes >> 20} MiB once per epoch, ahead of the batches; a full permutation "
+                     f"fetches a block per record it reads (up to {amp:,.0f}x the record's {rb:,} bytes): use "
+                     "OrderSpec('block'), or a cache that holds the store (then every order reads locally)")

@@ -92,7 +92,7 @@ def _field_sizes(store: Any, rep: InspectReport, sample: int, seed: int) -> None
     records' stored bytes against what a raw store would hold."""
     n = store.records
     idx = None
-    if store.schema.has_variable and not store.backend.positional and n > SIZES_SAMPLE_LMDB:
+    if store.schema.has_variable and not store.slot_view.backend.positional and n > SIZES_SAMPLE_LMDB:
         idx = sample_indices(n, SIZES_SAMPLE_LMDB, seed)
         rep.sizes_sampled = len(idx)
     stored = {}
@@ -102,7 +102,7 @@ def _field_sizes(store: Any, rep: InspectReport, sample: int, seed: int) -> None
     for f in store.schema:
         raw = f.nbytes if not f.ragged else ragged_raw.get(f.name, 0)
         if f.variable and n:
-            sizes = store.entry_sizes(f.name, idx)
+            sizes = store.slot_view.entry_sizes(f.name, idx)
             mean, lo, hi = float(sizes.mean()), int(sizes.min()), int(sizes.max())
             stored[f.name] = int(sizes.sum()) if idx is None else int(round(mean * n))
         else:
@@ -123,9 +123,9 @@ def _field_sizes(store: Any, rep: InspectReport, sample: int, seed: int) -> None
         if f.ragged:  # a ragged field has no fixed-size form: as it is
             continue
         rep.raw_equivalent_bytes += store.slots * f.nbytes - stored[f.name]
-        if store.backend.positional:
+        if store.slot_view.backend.positional:
             rep.raw_equivalent_bytes += segments * len(npy_header(f.dtype, (store.slots, *f.shape)))
-    if store.backend.positional:
+    if store.slot_view.backend.positional:
         ragged = tuple(f"{f.name}." for f in store.schema.ragged_fields)
         rep.raw_equivalent_bytes -= sum(v for k, v in rep.files.items()
                                         if k.endswith(".offsets.npy") and not k.startswith(ragged))
@@ -141,7 +141,7 @@ def _ragged_lengths(store: Any, rep: InspectReport, idx: Any) -> dict[str, float
         if not n:
             lengths = np.zeros(0, np.int64)
         elif f.codec.raw:
-            lengths = store.entry_sizes(f.name, idx) // f.row_bytes
+            lengths = store.slot_view.entry_sizes(f.name, idx) // f.row_bytes
         else:
             which = np.arange(n) if idx is None else np.asarray(idx)
             lengths = np.concatenate([store.read_batch(which[a : a + 4096], fields=f.name)[f.name].lengths

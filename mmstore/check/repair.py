@@ -18,10 +18,10 @@ source is gone, or decodes to other bytes (the file changed), is left as it
 is and reported.
 
 A positional backend (memmap, see ``BackendReader.positional``): each
-field's entry is written in place (``pwrite``), then fsynced. Other backends
-(lmdb: rewriting a value in place would change the page layout): the data
+field's entry is written in place, then fsynced (``BackendReader.rewrite_entries``).
+Other backends (lmdb: rewriting a value in place would change the page layout): the data
 files of each segment concerned are rebuilt the way a writer builds them
-(the backend's slot files of every record, then its ``finalize``: for lmdb
+(``Backend.write_segment``: the backend's slot files of every record, then its ``finalize``: for lmdb
 the same keys in the same order, same transactions), and replace the old
 ones atomically (the manifest's size entries are updated if they differ).
 
@@ -51,12 +51,12 @@ from typing import Any, cast
 
 import numpy as np
 
-from .._os.io import atomic_write, fsync_dir, fsync_file, fsync_path, pwrite_all
+from .._os.io import atomic_write, fsync_dir, fsync_path
 from ..errors import EntryDecodeError, FormatError
 from ..format.codecs import library_versions
-from ..format.layout import MANIFEST_FILE, decode_key, npy_header, variable_files
+from ..format.layout import MANIFEST_FILE, decode_key
 from ..format.names import json_bytes
-from ..store.backends import Backend, SlotFile
+from ..store.backends import Backend
 from ..store.backends.base import packed_record
 from ..store.reader import Store, open_store
 from .convert import unpack_record
@@ -305,7 +305,7 @@ def _stored_fields(store: Store, slot: int) -> dict[str, np.ndarray | bytes]:
     out: dict[str, Any] = {f.name: np.zeros(f.shape, f.dtype) if not f.variable else b"" for f in store.schema}
     if store.schema.has_variable:
         try:
-            for _, packed in store.backend.iter_packed(slot, slot + 1):
+            for _, packed in store.slot_view.backend.iter_packed(slot, slot + 1):
                 parts = unpack_record(store.schema, packed) if packed is not None else None
                 if parts is not None:
                     out.update({k: np.array(v) for k, v in parts[0].items()})
@@ -313,7 +313,7 @@ def _stored_fields(store: Store, slot: int) -> dict[str, np.ndarray | bytes]:
         except (EntryDecodeError, FormatError):  # offsets or an lmdb value off its layout: nothing usable
             pass
         return out
-    for _, packed in store.backend.iter_packed(slot, slot + 1):
+    for _, packed in store.slot_view.backend.iter_packed(slot, slot + 1):
         if packed is not None and len(packed) == store.schema.record_bytes:
             pos = 0
             for f in store.schema:
@@ -329,7 +329,7 @@ def _rebuild(store: Store, src: _Source, slot: int, want: int, label_range: int,
     ``encoders``: :func:`encoder_mismatch` (said when nothing matches)."""
     import xxhash
 
-    key = store.slot_key_bytes(slot)
+    key = store.slot_view.slot_key_bytes(slot)
     if not key:
         raise ValueError("the slot has no source key")
     try:
@@ -437,7 +437,7 @@ def repair_store(path: str | os.PathLike[str], report: VerifyReport) -> RepairRe
             from ..ingest.lists import list_fields_for_repair
 
             src.list_fields = list_fields_for_repair(store.provenance, store.schema)
-        ck = np.array(store.checksums())
+        ck = np.array(store.slot_view.checksums())
         names = store.label_names or []
         label_range = min(MAX_LABELS, len(names))
         if "label" in store.schema and not label_range and store.records:
@@ -463,12 +463,13 @@ def repair_store(path: str | os.PathLike[str], report: VerifyReport) -> RepairRe
         if src is not None:
             src.close()
         dropped = sum(b.what in ("hole-has-record", "extra-key") for b in bad)
-        in_place = store.backend.positional
+        in_place = store.slot_view.backend.positional
         needs_rebuild = not in_place and bool(fixes or dropped)
         rr.attempted = bool(fixes) or needs_rebuild
         if in_place and store.schema.has_variable:
             for slot, reason in _write_encoded_in_place(store, fixes).items():
-                rr.failed.append({"slot": slot, "key": decode_key(store.slot_key_bytes(slot)), "reason": reason})
+                key = decode_key(store.slot_view.slot_key_bytes(slot))
+                rr.failed.append({"slot": slot, "key": key, "reason": reason})
                 del fixes[slot]
             rr.attempted = bool(fixes)
         elif in_place:
@@ -506,6 +507,11 @@ def open_for_repair(store_path: str, path: str, flags: int) -> int:
     return fd
 
 
+def _writable(store: Store) -> Callable[[str], int]:
+    """How repair opens a data file of ``store`` for writing (``open_for_repair``)."""
+    return lambda path: open_for_repair(store.path, path, os.O_WRONLY)
+
+
 def _write_in_place(store: Store, fixes: dict[int, bytes]) -> None:
     """Write each fixed record's fields at their positions (a positional backend)."""
     if not fixes:
@@ -514,18 +520,8 @@ def _write_in_place(store: Store, fixes: dict[int, bytes]) -> None:
         if not f.nbytes:
             continue
         pos = store.schema.offset(f.name)
-        for seg in store.backend.field_segments(f.name):
-            mine = sorted((s, v) for s, v in fixes.items() if seg.first <= s < seg.first + seg.count)
-            if not mine:
-                continue
-            fd = open_for_repair(store.path, seg.path, os.O_WRONLY)
-            try:
-                for s, packed in mine:
-                    pwrite_all(fd, memoryview(packed)[pos : pos + seg.entry_bytes],
-                               seg.offset + (s - seg.first) * seg.entry_bytes)
-                fsync_file(fd)
-            finally:
-                os.close(fd)
+        entries = {s: memoryview(packed)[pos : pos + f.nbytes] for s, packed in fixes.items()}
+        store.slot_view.backend.rewrite_entries(f.name, entries, _writable(store))
 
 
 def _hole_record(store: Store) -> bytes:
@@ -541,15 +537,15 @@ def _write_encoded_in_place(store: Store, fixes: dict[int, bytes]) -> dict[int, 
     shared with the parts of a merged store). Returns ``{slot: why not}``
     for the records left as they were."""
     failed: dict[int, str] = {}
-    writes: list[tuple[str, int, bytes]] = []  # (file, offset, bytes)
-    for part in store.backend.segment_backends():
+    writes: dict[str, dict[int, Any]] = {}  # field -> {slot: its new entry}
+    for part in store.slot_view.backend.segment_backends():
         lo = part.first or 0
         for s in sorted(x for x in fixes if lo <= x < lo + part.slots):
             parts = unpack_record(store.schema, fixes[s])
             if parts is None:  # cannot happen: built by _packed
                 failed[s] = "internal error: the rebuilt record has no valid layout"
                 continue
-            mine: list[tuple[str, int, bytes]] = []
+            mine: dict[str, Any] = {}
             for f in store.schema.variable_fields:
                 offs, size = part.entry_offsets(f.name), part.entry_data_size(f.name)
                 a, b = int(offs[s - lo]), int(offs[s - lo + 1])
@@ -560,25 +556,15 @@ def _write_encoded_in_place(store: Store, fixes: dict[int, bytes]) -> dict[int, 
                                  "place: re-ingest the store (`mmstore ingest ... --overwrite` with its codecs) "
                                  "or restore it from a copy")
                     break
-                mine.append((variable_files(f.name, part.segment)[0], a, new))
+                mine[f.name] = new
             else:
                 for f in store.schema.fixed_fields:
                     if f.nbytes:
-                        seg = part.field_segments(f.name)[0]
-                        mine.append((os.path.basename(seg.path), seg.offset + (s - lo) * seg.entry_bytes,
-                                     parts[0][f.name].tobytes()))
-                writes += mine
-    by_file: dict[str, list[tuple[int, bytes]]] = {}
-    for name, off, data in writes:
-        by_file.setdefault(name, []).append((off, data))
-    for name, items in sorted(by_file.items()):
-        fd = open_for_repair(store.path, os.path.join(store.path, name), os.O_WRONLY)
-        try:
-            for off, data in items:
-                pwrite_all(fd, data, off)
-            fsync_file(fd)
-        finally:
-            os.close(fd)
+                        mine[f.name] = parts[0][f.name].tobytes()
+                for name, data in mine.items():
+                    writes.setdefault(name, {})[s] = data
+    for name, entries in writes.items():
+        store.slot_view.backend.rewrite_entries(name, entries, _writable(store))
     return failed
 
 
@@ -647,9 +633,9 @@ def _rebuild_segments(store: Store, fixes: dict[int, bytes], drop: bool) -> None
     all built before the first replaces its old one, then the manifest's
     sizes are updated."""
     holes = np.ones(store.slots, bool)
-    holes[store.slots_of(np.arange(store.records))] = False
+    holes[store.slot_view.slots_of(np.arange(store.records))] = False
     todo = []
-    for part in store.backend.segment_backends():
+    for part in store.slot_view.backend.segment_backends():
         lo, count = part.first or 0, part.slots
         need = any(lo <= s < lo + count for s in fixes)
         if drop and not need:  # does this segment hold an entry that is not a record?
@@ -691,25 +677,10 @@ def _build_segment(store: Store, cls: type[Backend], fixes: dict[int, bytes], ho
     work = os.path.join(store.path, f".repair-{uuid.uuid4().hex[:8]}")  # inside the store, never next to it
     os.mkdir(work)
     try:
-        layout = cls.write_layout(store.schema)
-        fds = [os.open(os.path.join(work, sf.name), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644) for sf in layout]
-        try:
-            heads = [npy_header(sf.dtype, (count, *sf.entry_shape)) for sf in layout]
-            for fd, sf, head in zip(fds, layout, heads):
-                pwrite_all(fd, head, 0)
-                os.ftruncate(fd, len(head) + count * sf.stride)
-            step = 4096
-            for a in range(lo, lo + count, step):
-                b = min(lo + count, a + step)
-                packed = _packed_chunk(store, fixes, holes, a, b)
-                for fd, sf, head in zip(fds, layout, heads):
-                    pwrite_all(fd, _entries(store, sf, packed), len(head) + (a - lo) * sf.stride)
-            for fd in fds:
-                fsync_file(fd)
-        finally:
-            for fd in fds:
-                os.close(fd)
-        cls.finalize(work, store.schema, count, holes[lo : lo + count])
+        step = 4096
+        packed = ((a - lo, _packed_chunk(store, fixes, holes, a, min(lo + count, a + step)))
+                  for a in range(lo, lo + count, step))
+        cls.write_segment(work, store.schema, count, holes[lo : lo + count], packed)
         return work
     except BaseException:
         shutil.rmtree(work, ignore_errors=True)
@@ -721,7 +692,7 @@ def _packed_chunk(store: Store, fixes: dict[int, bytes], holes: np.ndarray, a: i
     zeros for holes and unreadable records), shape ``(b - a, record_bytes)``."""
     rb = store.schema.record_bytes
     chunk = np.zeros((b - a, rb), np.uint8)
-    for s, v in store.backend.iter_packed(a, b):
+    for s, v in store.slot_view.backend.iter_packed(a, b):
         if holes[s]:
             continue
         val = fixes.get(s)
@@ -730,14 +701,3 @@ def _packed_chunk(store: Store, fixes: dict[int, bytes], holes: np.ndarray, a: i
         if val is not None:
             chunk[s - a] = np.frombuffer(val, np.uint8)
     return chunk
-
-
-def _entries(store: Store, sf: SlotFile, packed: np.ndarray) -> np.ndarray:
-    """The entries of slot file ``sf`` for packed records ``packed``."""
-    if sf.stride == packed.shape[1] and all(store.schema.offset(n) == o for n, o in sf.fields.items()):
-        return packed  # a file of packed records (lmdb's staging file)
-    out = np.zeros((len(packed), sf.stride), np.uint8)
-    for name, inner in sf.fields.items():
-        off, nb = store.schema.offset(name), store.schema[name].nbytes
-        out[:, inner : inner + nb] = packed[:, off : off + nb]
-    return out

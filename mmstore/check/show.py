@@ -249,7 +249,7 @@ def show_store(
         others.sort(key=lambda g: g.name in drawn or not (g.kind == "str" or (g.ragged and g.classes is not None)))
         prov = store.provenance
         bgr = _is_bgr(prov)
-        slots = store.slots_of(idx)
+        slots = store.slot_view.slots_of(idx)
         tiles = []
         captions = []
         for j, i in enumerate(idx.tolist()):

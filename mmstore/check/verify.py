@@ -34,6 +34,8 @@ import numpy as np
 from ..errors import IncompleteStoreError, ResourceLimitError
 from ..format.layout import lmdb_file
 from ..format.manifest import read_manifest
+from ..remote.url import is_url, local_path
+from ..store.reader import open_store
 from .verify_entries import content_variable, decode_packed
 from .verify_lmdb import value_layout_arg, walk_range
 from .verify_report import MAX_LISTED, BadRecord, Problem, VerifyReport
@@ -326,7 +328,10 @@ def verify_store(
     IncompleteStoreError
         Not a store (no manifest): the CLI's exit code 2.
     """
-    path = os.path.abspath(os.fspath(path))
+    if is_url(path):  # a store in object storage: verified in its (complete) local replica
+        return _verify_url(os.fspath(path), quick=quick, decode=decode, threads=threads, progress=progress,
+                           on_total=on_total)
+    path = os.path.abspath(local_path(path))
     rep = VerifyReport(path=path, quick=quick)
     if os.path.lexists(path) and not os.path.isdir(path):
         raise IncompleteStoreError(f"{path}: not a store (a store is a directory; this is a file)")
@@ -381,4 +386,23 @@ def verify_store(
     rep.checked_slots = ctx.slots
     rep.checked_bytes = nbytes
     rep.seconds = time.perf_counter() - t1
+    return rep
+
+
+def _verify_url(url: str, **kw: Any) -> VerifyReport:
+    """Verify the store at ``url``: every block is fetched into the replica
+    (``MMSTORE_CACHE_DIR``; each block checked against the push's digest on
+    the way) and pinned, so that no other reader of the cache evicts one
+    while it is checked; then the replica is verified as a local store."""
+    with open_store(url) as store:
+        replica = store.replica
+        if replica is None:  # pragma: no cover - a URL always opens through a replica
+            raise IncompleteStoreError(f"{url}: not a store URL")
+        pin = None if kw.get("quick") else replica.acquire(np.arange(replica.nblocks))
+        try:
+            rep = verify_store(store.path, **kw)
+        finally:
+            if pin is not None:
+                pin.release()
+    rep.path = url
     return rep

@@ -2,8 +2,10 @@
 
 Each subcommand lives in its own module of this package, which defines
 ``register(subparsers)``; the handler parses, calls the library, renders the
-report and returns an exit code: 0 ok, 1 the check found a problem, 2 a usage
-error or not a store.
+report and returns an exit code (:data:`EXIT_CODES`, the epilog of
+``mmstore --help``): 0 ok, 1 a runtime failure, 2 a usage or input error. An
+exception that ends a command is mapped in one place, :func:`main`, by its type
+(``usage_error`` of :mod:`mmstore.errors`).
 
 NOTE [lazy commands]: building the parser imports every command module, so a
 command module imports only light modules at its top; the heavy machinery it
@@ -18,37 +20,70 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import difflib
 import errno
 import importlib
 import os
 import sys
 import traceback
 from collections.abc import Iterator, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn, cast
 
 from .._version import __version__
-from ..errors import IncompleteStoreError, MmstoreError
+from ..errors import IncompleteStoreError, MmstoreError, cli_wording
 from ..format.names import printable
 
-__all__ = ["COMMANDS", "EXIT_OK", "EXIT_PROBLEM", "EXIT_USAGE", "main"]
+__all__ = ["COMMANDS", "EXIT_CODES", "EXIT_OK", "EXIT_PROBLEM", "EXIT_USAGE", "main"]
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
 
+# the one statement of the rule, shown by `mmstore --help`
+EXIT_CODES = """exit codes (every command):
+  0    success
+  1    a runtime failure: a check found a problem in a store, an I/O error, an ingest
+       stopped (too many failed inputs, a worker died, disk full); fix the cause and rerun
+  2    a usage or input error: an unknown or malformed option, a missing argument, a
+       source or store that is not there or cannot be used; nothing was changed: fix
+       the command
+  130  interrupted (Ctrl-C, SIGTERM)
+"""
+
 # module names in mmstore.cli, in the order `mmstore --help` lists them
 COMMANDS: tuple[str, ...] = ("demo", "ingest", "merge", "inspect", "verify", "show", "warm", "doctor", "bench",
-                             "convert")
+                             "convert", "push", "pull")
 
 
 class _Parser(argparse.ArgumentParser):
+    """Every parser of the command line: an option is spelled out in full
+    (``--resu`` is not taken for ``--resume``), and a usage error exits 2."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        kwargs["allow_abbrev"] = False
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> NoReturn:  # argparse exits 2 too; keep the usage line
         self.print_usage(sys.stderr)
         self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+
+    def unrecognized(self, extra: list[str]) -> NoReturn:
+        """Exit 2 for arguments no option of this parser takes, naming the
+        nearest option of this parser for the first unknown one."""
+        known = [o for a in self._actions for o in a.option_strings if o.startswith("--")]
+        hint = ""
+        for arg in extra:
+            if arg.startswith("--"):
+                near = difflib.get_close_matches(arg.split("=", 1)[0], known, n=1, cutoff=0.6)
+                if near:
+                    hint = f"; did you mean {near[0]}?"
+                    break
+        self.error(f"unrecognized arguments: {' '.join(extra)}{hint} (see {self.prog} --help)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="mmstore",
         description="Decode a dataset once into fixed-shape records; read any sample in O(1).",
+        epilog=EXIT_CODES,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"mmstore {__version__}")
@@ -62,12 +97,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; return the exit code.
 
     Every failure ends with one line on stderr and exit code 1 or 2, never a
-    traceback (set ``MMSTORE_DEBUG=1`` to see it): 2 for a usage error, a bad
-    argument or a path that is not a store, 1 for a problem found in a store,
-    an I/O failure or anything else that went wrong.
+    traceback (set ``MMSTORE_DEBUG=1`` to see it); :data:`EXIT_CODES` states
+    the rule. Options named in a library message print in their command-line
+    spelling (:func:`mmstore.errors.cli_wording`).
     """
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the command's own parser, with the nearest option
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction)).choices
+        cast(_Parser, commands.get(getattr(args, "command", None) or "", parser)).unrecognized(extra)
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
@@ -85,7 +123,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             if os.environ.get("MMSTORE_DEBUG"):
                 traceback.print_exc()
             # a message may quote names found in a store
-            print(f"mmstore {args.command}: {printable(message)}", file=sys.stderr)
+            print(f"mmstore {args.command}: {printable(cli_wording(message))}", file=sys.stderr)
             return code
 
 

@@ -10,6 +10,7 @@ import sys
 from typing import Any
 
 from ..check.common import dumps
+from ..errors import cli_wording
 
 __all__ = ["add_common", "emit_json", "progress_bar", "subparser", "usage_error"]
 
@@ -60,5 +61,5 @@ def progress_bar(enabled: bool, desc: str, total: int | None = None, unit: str =
 
 
 def usage_error(command: str, message: str) -> int:
-    print(f"mmstore {command}: error: {message}", file=sys.stderr)
+    print(f"mmstore {command}: error: {cli_wording(message)}", file=sys.stderr)
     return 2

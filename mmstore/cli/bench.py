@@ -110,7 +110,11 @@ def render(rep) -> str:  # noqa: ANN001
         rows = [[c.path, c.order, c.cache, f"{c.samples:,}", f"{c.samples_per_s:,.0f}", f"{c.mb_per_s:,.1f}", c.note]
                 for c in rep.cases]
         out.append(table(rows, header=["path", "order", "cache", "samples", "samples/s", "MB/s", "note"]))
-        out.append("shuffle quality (1.0 = as mixed as a uniform shuffle; runs = seeks per batch):")
+        from ..order.metrics import UNIFORM_DISPLACEMENT
+
+        out.append(f"shuffle quality (displacement: 0 = sequential, {UNIFORM_DISPLACEMENT:.3f} = a uniform shuffle; "
+                   "same-label pairs: 1.00 = as mixed as a uniform shuffle, more = clumped; "
+                   "labels/batch: seen/uniform; runs = seeks per batch):")
         qrows = []
         for k, q in rep.quality.items():
             desc = rep.orders.get(k, {})

@@ -2,7 +2,8 @@
 
 On generated data, in a temporary directory: a folder of photo-like JPEGs of
 varied sizes in ten classes (plus a few broken files, as real folders have),
-ingested into a store; verify; a grid PNG; the slow-first-epoch experiment
+ingested into a store; verify; a grid PNG (the one file left behind without
+``--keep``, in the temporary directory); the slow-first-epoch experiment
 (the JPEG folder vs the store, epoch 1 cold and epoch 2 warm, through
 DataLoader and through Loader); one epoch of a tiny CNN from the store. Every
 number printed is measured in this run.
@@ -331,9 +332,18 @@ def run(args: argparse.Namespace) -> int:
         _say("\n3. Verifying every record's checksum, and drawing a grid")
         rep = verify_store(store_path)
         _say(f"   {rep.summary()} ({rep.checked_bytes / 1e6:.0f} MB at {rep.mb_per_s:,.0f} MB/s)")
-        grid = os.path.join(work, "grid.png")
-        show_store(store_path, grid, n=16, seed=args.seed)
-        _say(f"   grid of 16 random records: {grid}")
+        if args.keep:
+            grid = os.path.join(work, "grid.png")
+        else:  # the work folder goes at the end: the grid, whose path is printed, is a file of its own
+            fd, grid = tempfile.mkstemp(prefix="mmstore-demo-grid-", suffix=".png")
+            os.close(fd)
+        try:
+            show_store(store_path, grid, n=16, seed=args.seed)
+        except BaseException:
+            if not args.keep:
+                os.unlink(grid)
+            raise
+        _say(f"   grid of 16 random records: {grid}" + ("" if args.keep else " (kept after the demo)"))
         if not rep.ok:
             print("mmstore demo: the store did not verify", file=sys.stderr)
             return 1

@@ -7,9 +7,10 @@ import os
 import shlex
 import signal
 import sys
+from collections.abc import Mapping
 from typing import Any
 
-from ..errors import IngestError
+from ..errors import IngestError, cli_wording
 from ..format.layout import SUPPORTED_BACKENDS
 from ..format.names import printable
 from ..ingest.options import RUN_DEFAULTS, SOURCE_OPTIONS, SPEC_DEFAULTS, SPEC_OPTIONS  # light (the option tables)
@@ -137,7 +138,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
-def resume_command(args: argparse.Namespace) -> str:
+def resume_command(args: argparse.Namespace, changes: Mapping[str, str] | None = None) -> str:
+    """The command that resumes this ingest, with ``changes`` (option -> value) made."""
+    args = argparse.Namespace(**{**vars(args), **(changes or {})})
     # the options that must be repeated for a resume (they enter the fingerprint); one at its default is left out
     repeat = ("size", *SPEC_OPTIONS, *SOURCE_OPTIONS, "shard", "backend", "codec", "workers", "on_error",
               "max_errors", "quiet")
@@ -207,7 +210,7 @@ def run(args: argparse.Namespace) -> int:
             codecs=args.codec,
             chunk=args.chunk,
             progress_interval=args.log_interval,
-            resume_hint=hint,
+            resume_hint=lambda changes: f"resume with: {resume_command(args, changes)}",
             **_options(args),
         )
     except KeyboardInterrupt:
@@ -217,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
     except (ValueError, TypeError) as exc:
         if isinstance(exc, IngestError) or type(exc).__module__.startswith("mmstore"):
             raise
-        print(f"mmstore ingest: {printable(exc)}", file=sys.stderr)
+        print(f"mmstore ingest: {printable(cli_wording(str(exc)))}", file=sys.stderr)
         return 2
     finally:
         if old_term is not None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..check.common import UsageError
+from ..errors import MmstoreError
 from ..format.names import printable
 from ._common import add_common, emit_json, subparser, usage_error
 
@@ -58,9 +59,12 @@ def run(args: argparse.Namespace) -> int:
                          boxes=not args.no_boxes)
     except (IndexError, UsageError) as exc:
         return usage_error("show", str(exc))
-    except (ValueError, KeyError) as exc:
-        print(f"mmstore show: {exc}")
-        return 1
+    except KeyError as exc:  # a field the store does not have
+        return usage_error("show", str(exc.args[0]) if exc.args else repr(exc))
+    except ValueError as exc:
+        if isinstance(exc, MmstoreError):  # a damaged store ...: cli.main maps it by its type
+            raise
+        return usage_error("show", str(exc))  # the store has nothing this can draw
     if args.json:
         emit_json(rep)
     else:

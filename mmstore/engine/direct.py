@@ -237,7 +237,7 @@ class DirectWindows(WindowPass):
 
     def _read(self, idx: np.ndarray, start: int = 0) -> _Window:
         """Read window ``idx`` (epoch positions from ``start``)'s runs into a buffer; its map."""
-        slots = np.unique(self.reads.store.slots_of(idx))
+        slots = np.unique(self.reads.store.slot_view.slots_of(idx))
         starts, stops = contiguous_ranges(slots)
         spans: list[tuple[int, int, int, int, int]] = []  # (fd, aligned offset, length, needed, buffer pos)
         pos = {f: np.empty(len(slots), np.int64) for f in self.fields}

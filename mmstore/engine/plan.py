@@ -133,8 +133,10 @@ class LoaderPlan:
     ``readahead`` (``"windows"`` or ``"per batch"``), ``window_records``,
     ``window_chunk``, ``window_direct``, ``drop_behind``, ``direct_reads``,
     ``windows_do_not_fit``, ``willneed``, ``reads`` (the epoch in progress,
-    None before the first) and ``warm`` (None before the first epoch, then
-    ``"foreground"``, ``"background"`` or ``"none"``).
+    None before the first), ``warm`` (None before the first epoch, then
+    ``"foreground"``, ``"background"`` or ``"none"``) and ``remote`` (a store
+    opened from a URL, from its first epoch on: the replica's state, the
+    fetch windows and what the order costs in fetched bytes).
     """
 
     budget: int
@@ -164,6 +166,7 @@ class LoaderPlan:
     willneed: int = 0
     reads: dict[str, Any] | None = None
     warm: str | None = None
+    remote: dict[str, Any] | None = None
 
     # -- mapping access: the spelling of describe() results as dicts ---------------
     def keys(self) -> list[str]:

@@ -60,19 +60,19 @@ def field_segments(store: Store, field: str) -> list[FieldSegment] | None:
     data file (several in a merged store, format.py "Segments"), or None when
     the backend is not positional (LMDB). The loader's one call into the
     backend's segment interface."""
-    backend = store.backend
+    backend = store.slot_view.backend
     return backend.field_segments(field) if backend.positional else None
 
 
 def data_paths(store: Store, fields: Sequence[str]) -> list[str]:
     """The files an epoch over ``fields`` reads (what ``warm`` and the
     residency check look at)."""
-    if store.backend.positional:  # only the fields read (a variable-size field: its .bin files)
+    if store.slot_view.backend.positional:  # only the fields read (a variable-size field: its .bin files)
         paths = [seg.path for f in fields if not store.schema[f].variable for seg in field_segments(store, f) or ()]
         paths += [p for f in fields if store.schema[f].variable
-                  for p, _, _ in store.backend.entry_spans(f, 0, store.slots)]
+                  for p, _, _ in store.slot_view.backend.entry_spans(f, 0, store.slots)]
     else:
-        paths = store.backend.data_paths()
+        paths = store.slot_view.backend.data_paths()
     if store.records < store.slots:
         paths.append(os.path.join(store.path, "_index.npy"))
     return paths
@@ -128,10 +128,10 @@ def prepare_store(store: Store, fields: Sequence[str]) -> None:
     """Map the fields (open the environment) and the index once, in the
     calling thread, before the reader threads use them."""
     try:
-        store.backend.prepare(fields)
+        store.slot_view.backend.prepare(fields)
     except OSError as exc:
         raise _fd_limit(store, exc) from None
-    store.index  # noqa: B018 - map the index once, outside the threads
+    store.slot_view.index  # noqa: B018 - map the index once, outside the threads
 
 
 class FieldFiles:
@@ -239,7 +239,7 @@ def preadv_fields(store: Store, fields: Sequence[str], method: str) -> list[str]
     of at least ``PREAD_MIN_BYTES`` per record (any size with "pread"); none
     with "mmap" or on LMDB. Variable-size fields are decoded by
     ``Store.read_batch`` in the reader threads, into the batch buffer."""
-    if method == "mmap" or not store.backend.positional:
+    if method == "mmap" or not store.slot_view.backend.positional:
         return []
     return [f for f in fields if not store.schema[f].variable and store.schema[f].nbytes
             and (store.schema[f].nbytes >= PREAD_MIN_BYTES or method == "pread")]
@@ -276,7 +276,7 @@ def _willneed_entries(store: Store, fields: Sequence[str], slots: np.ndarray) ->
     try:
         for f in fields:
             for a, b in zip(starts.tolist(), stops.tolist()):
-                for path, pos, length in store.backend.entry_spans(f, a, b):
+                for path, pos, length in store.slot_view.backend.entry_spans(f, a, b):
                     if length:
                         if path not in fds:
                             fds[path] = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
@@ -287,7 +287,7 @@ def _willneed_entries(store: Store, fields: Sequence[str], slots: np.ndarray) ->
 
 
 def _slot_to_index(store: Store, slots: np.ndarray) -> np.ndarray:
-    ix = store.index
+    ix = store.slot_view.index
     if ix is None:
         return slots
     return np.searchsorted(ix, slots.astype(ix.dtype)).astype(np.int64)
@@ -332,7 +332,7 @@ class EpochReads:
         # ragged fields read with the pieces' fixed ones, in the same read_batch:
         # a backend whose one lookup per record gives every field (lmdb), where
         # a read of their own would look every record up again (_ragged.py)
-        self.ragged = tuple(ragged) if (ragged and self.rest and store.backend.ragged_lists) else ()
+        self.ragged = tuple(ragged) if (ragged and self.rest and store.slot_view.backend.ragged_lists) else ()
         rb = sum(store.schema[f].nbytes for f in fields) or 1
         base = max(1, tuning.piece_bytes // rb)
         # memmove epochs (no preadv fields), epochs whose window pass brings the
@@ -410,7 +410,7 @@ class EpochReads:
             return
         pos = np.linspace(a, b - 1, num=min(FOLLOW_SAMPLES, b - a)).astype(np.int64)
         try:
-            cached = _all_resident(self.files, self.store.slots_of(idx[pos]))
+            cached = _all_resident(self.files, self.store.slot_view.slots_of(idx[pos]))
         except (OSError, NotImplementedError, ValueError):
             return
         if cached != self.cached:
@@ -433,7 +433,7 @@ class EpochReads:
         the piece's ``self.ragged`` fields (``{name: Ragged}``), or None."""
         part = idx[lo:hi]
         if self.files and files:
-            slots = self.store.slots_of(part)
+            slots = self.store.slot_view.slots_of(part)
             for f, ff in self.files.items():
                 ff.read(slots, slot[f][lo:hi])
         if self.rest:
@@ -451,7 +451,7 @@ class EpochReads:
         """``POSIX_FADV_WILLNEED`` on the records ``idx`` (preadv epochs)."""
         if not self.files or len(idx) == 0:
             return
-        starts, stops = contiguous_ranges(self.store.slots_of(idx))
+        starts, stops = contiguous_ranges(self.store.slot_view.slots_of(idx))
         for ff in self.files.values():
             for a, b in zip(starts.tolist(), stops.tolist()):
                 for fd, pos, length in ff.ranges(a, b):
@@ -596,7 +596,7 @@ class WindowPrefetch(WindowPass):
         for w in done:
             if self.inflight.cancelled:
                 return
-            slots = self.reads.store.slots_of(self.idx[self.bounds[w] : self.bounds[w + 1]])
+            slots = self.reads.store.slot_view.slots_of(self.idx[self.bounds[w] : self.bounds[w + 1]])
             for fd, off, length in self._runs(slots):
                 try:
                     os.posix_fadvise(fd, off, length, os.POSIX_FADV_DONTNEED)
@@ -607,7 +607,7 @@ class WindowPrefetch(WindowPass):
         """Bring the records ``idx`` (one window) into the page cache."""
         if len(idx) == 0:
             return
-        slots = self.reads.store.slots_of(idx)
+        slots = self.reads.store.slot_view.slots_of(idx)
         if not self.reads.files:
             self._touch(slots)
             return

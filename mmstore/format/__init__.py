@@ -387,6 +387,41 @@ again; retry once the writer is done). A check that fails while ``STORE``
 still names the directory it was opened in is the store's own fault, and is
 raised as it is. With no ``STORE`` but a finished ``STORE.partial`` (a
 publish by two renames, under way), the open waits briefly before it says so.
+
+A store in object storage
+-------------------------
+
+A store at a URL (``s3://BUCKET/PREFIX``, ``gs://``, ``az://``, ``http(s)://``)
+is the store's files as objects named ``PREFIX/<file name>``, plus one more,
+``_remote.json`` (``REMOTE_INDEX_FILE``), the *remote index*: what a reader
+needs to fetch any byte range of any file and verify it before use.
+UTF-8 JSON, at most ``REMOTE_INDEX_MAX_BYTES``:
+
+``format``       the string ``"mmstore-remote"`` (``REMOTE_FORMAT_NAME``).
+``version``      ``[1, 0]`` (``REMOTE_FORMAT_VERSION``); readers MUST refuse
+                 another major version.
+``store_id``     the manifest's ``store_id``.
+``block_bytes``  the block size B: a multiple of 4096 in ``[64 KiB, 1 GiB]``.
+                 File ``f``'s block ``k`` is its bytes ``[k*B, min((k+1)*B, size))``.
+``digest``       ``"xxh3_128"``: the algorithm of every digest below.
+``files``        ``{file name: {"size": int, "digest": HEX32, "blocks": BASE64,
+                 "etag": str | null}}`` for every file of the store, the
+                 manifest included: its size, the digest of its whole
+                 content, the digests of its blocks (16 bytes each, big-endian
+                 as xxh3_128's canonical form, concatenated, then base64: exactly
+                 ``ceil(size / B)`` of them) and the object's etag as the server
+                 gave it when it was written (null for the manifest, which is
+                 written after the index).
+
+Writing (``mmstore push``): upload every file but the manifest, then the
+remote index, then ``manifest.json``, last: a prefix without a manifest is
+not a store, whatever else it holds. Replacing a store at a URL first
+deletes its manifest. Readers MUST check that the index's files are the
+manifest's ``files`` plus ``manifest.json`` with the same sizes and the
+manifest's digest, that every block fetched matches its digest before
+any byte of it is used, and SHOULD fetch with the etag as a precondition,
+so that a store pushed again meanwhile is refused, never mixed
+(``RemoteChangedError``). Everything in the bucket is untrusted input.
 """
 
 from __future__ import annotations
@@ -414,6 +449,10 @@ from .layout import (
     RAGGED_VERSION,
     RAGGED_ZSTD_MAX_BYTES,
     READ_MAJORS,
+    REMOTE_FORMAT_NAME,
+    REMOTE_FORMAT_VERSION,
+    REMOTE_INDEX_FILE,
+    REMOTE_INDEX_MAX_BYTES,
     REPLACED_INFIX,
     SEGMENTED_VERSION,
     SUPPORTED_BACKENDS,
@@ -458,6 +497,10 @@ __all__ = [
     "RAGGED_VERSION",
     "RAGGED_ZSTD_MAX_BYTES",
     "READ_MAJORS",
+    "REMOTE_FORMAT_NAME",
+    "REMOTE_FORMAT_VERSION",
+    "REMOTE_INDEX_FILE",
+    "REMOTE_INDEX_MAX_BYTES",
     "REPLACED_INFIX",
     "SEGMENTED_VERSION",
     "SUPPORTED_BACKENDS",

@@ -40,6 +40,10 @@ __all__ = [
     "RAGGED_VERSION",
     "RAGGED_ZSTD_MAX_BYTES",
     "READ_MAJORS",
+    "REMOTE_FORMAT_NAME",
+    "REMOTE_FORMAT_VERSION",
+    "REMOTE_INDEX_FILE",
+    "REMOTE_INDEX_MAX_BYTES",
     "REPLACED_INFIX",
     "SEGMENTED_VERSION",
     "VARIABLE_VERSION",
@@ -83,6 +87,10 @@ ERRORS_FILE = "errors.jsonl"
 LMDB_FILE = "records.mdb"
 LMDB_TXN_RECORDS = 1024
 CHECKSUM_ALGORITHM = "xxh3_64"
+REMOTE_INDEX_FILE = "_remote.json"  # a store in object storage: see "A store in object storage"
+REMOTE_INDEX_MAX_BYTES = 1 << 30
+REMOTE_FORMAT_NAME = "mmstore-remote"
+REMOTE_FORMAT_VERSION = (1, 0)
 SUPPORTED_BACKENDS = ("memmap", "lmdb")
 KEY_DTYPE = np.dtype("<u8")
 FIELD_NAME_RE = re.compile(r"^[A-Za-z][A-Za-z0-9_]{0,62}$")
@@ -317,7 +325,9 @@ def note_identity(
         return
     now = file_identity(st)
     was = ident.setdefault(path, now)
-    if was != now and (mtime or was[:3] != now[:3]):
+    # a recorded modification time of -1: a file whose bytes are filled in
+    # while it is read (a store's local replica), known by device, inode, size
+    if was != now and ((mtime and was[3] != -1) or was[:3] != now[:3]):
         what = [w for w, a, b in zip(("device", "inode", "size", "modification time"), was, now) if a != b]
         raise StoreChangedError(
             f"{path}: changed since the store was opened ({', '.join(what)} differ: {was[2]} bytes, inode "

@@ -217,7 +217,7 @@ def read_ragged(store: Any, name: str, slots: np.ndarray, sorted_slots: np.ndarr
             # a bytearray: the values are the batch's own writable memory (torch takes them without a copy)
             return decode_entries(store.schema[name], np.frombuffer(bytearray().join(entries), np.uint8), sizes,
                                   slots)
-        flat, sizes = store.backend.gather_entries(name, sorted_slots)
+        flat, sizes = store.slot_view.backend.gather_entries(name, sorted_slots)
         n = len(sizes)
         if n > 1 and not np.array_equal(rows, np.arange(n)):
             order = np.empty(n, np.int64)

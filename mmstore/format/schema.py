@@ -105,6 +105,13 @@ class Schema:
         ``{field: names}``: the class names of integer fields that hold class
         ids, as ``{id: name}`` or a list of names (ids 0, 1, ...); overrides
         the ones the fields carry. Kept in the manifest, compared by merge.
+    label_names
+        A store's top-level ``label_names`` (the names of its ``label``
+        field, format.py "Class names of a field"): ``schema["label"]``
+        then reports them as its ``classes`` / ``class_names`` when the field
+        carries none itself, so ``schema[name].class_names`` names the
+        classes of every field that has them. They stay the store's own key:
+        not part of ``fields``, ``to_json``, equality or a copy of the schema.
 
     Raises
     ------
@@ -119,6 +126,7 @@ class Schema:
         *,
         codecs: Mapping[str, Any] | None = None,
         classes: Mapping[str, Any] | None = None,
+        label_names: Iterable[str] | None = None,
     ) -> None:
         items = _entries(fields)
         if not items:
@@ -153,6 +161,11 @@ class Schema:
         out = [f._replace(classes=normalize_classes(f, given[f.name])) if f.name in given else f for f in out]
         self.fields: tuple[Field, ...] = tuple(out)
         self._by_name = {f.name: f for f in out}
+        self._named: dict[str, Field] = {}  # what __getitem__ shows: the label field with label_names
+        lab = self._by_name.get("label")
+        if label_names is not None and lab is not None and lab.classes is None and lab.kind == "array" \
+                and lab.dtype.kind in "iu":
+            self._named["label"] = lab._replace(classes=tuple((i, str(n)) for i, n in enumerate(label_names)))
         self.fixed_fields: tuple[Field, ...] = tuple(f for f in out if not f.variable)
         """The raw fields, in schema order: stored at fixed offsets (``offsets``)."""
         self.variable_fields: tuple[Field, ...] = tuple(f for f in out if f.variable)
@@ -191,7 +204,7 @@ class Schema:
 
     def __getitem__(self, name: str) -> Field:
         try:
-            return self._by_name[name]
+            return self._named.get(name) or self._by_name[name]
         except KeyError:
             raise KeyError(f"no field {name!r}; fields are {list(self.names)}") from None
 
@@ -233,7 +246,7 @@ class Schema:
         f = self[name]
         if f.variable:
             raise KeyError(f"field {name!r} is variable-size ({f.codec}): it has no fixed offset")
-        return self.offsets[self.fixed_fields.index(f)]
+        return self.offsets[self.fixed_fields.index(self._by_name[name])]
 
     # -- samples --------------------------------------------------------------
     def validate(self, sample: Mapping[str, Any]) -> dict[str, np.ndarray]:

@@ -36,10 +36,10 @@ import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import IngestError
+from ..errors import SourceError, spell_option
 from .classes import resolve_class_options
 from .merge import merge
-from .options import RUN_DEFAULTS, SOURCE_OPTIONS, SPEC_OPTIONS, make_spec, parse_shard, split_options
+from .options import RUN_DEFAULTS, SOURCE_OPTIONS, SPEC_OPTIONS, ResumeHint, make_spec, parse_shard, split_options
 from .pipeline import IngestResult, run_ingest
 from .sources import (
     IMAGE_EXTENSIONS,
@@ -89,7 +89,7 @@ def ingest(
     codecs: Any = RUN_DEFAULTS["codecs"],
     chunk: int | None = RUN_DEFAULTS["chunk"],
     progress_interval: float = RUN_DEFAULTS["progress_interval"],
-    resume_hint: str | None = RUN_DEFAULTS["resume_hint"],
+    resume_hint: ResumeHint = RUN_DEFAULTS["resume_hint"],
     # decode options (mmstore.decode.DecodeSpec; None: its default)
     resize: str | None = None,
     channels: int | None = None,
@@ -140,7 +140,12 @@ def ingest(
         than that failed. A stopped run keeps ``DEST.partial``.
     resume
         Continue ``DEST.partial`` if present (refused when inputs or
-        parameters differ: ``ResumeMismatchError``).
+        parameters differ: ``ResumeMismatchError``, naming each change).
+    resume_hint
+        How a stopped run's message says to resume: a text, or a function
+        of the options the resume must change (``{}``, or after a
+        ``max_errors`` stop a raised limit such as ``{"max_errors": "10"}``)
+        that returns it (the command line gives its resume command).
     shard
         ``(K, N)`` or ``"K/N"``: ingest only the K-th (from 0) of N contiguous
         parts of the sorted inputs; join the parts with :func:`merge`.
@@ -210,7 +215,8 @@ text_column, tag_names
     codec_map = parse_codec_specs(codecs)  # a typo fails here, before the scan
     spec = make_spec(size, **spec_kw)
     if spec is None and not src.decoded:
-        raise IngestError(f"{src.path}: encoded images need a target size: pass size=(H, W) (CLI: --size HxW)")
+        raise SourceError(f"{src.path}: encoded images need a target size: pass "
+                          f"{spell_option('size=(H, W)', '--size HxW')}")
     return run_ingest(
         src,
         os.fspath(dest),
@@ -242,7 +248,9 @@ def from_dataset(
 ) -> IngestResult:
     """Freeze a map-style dataset into a store at ``dest``.
 
-    ``ds`` needs ``len(ds)`` and ``ds[i]``; items are numpy arrays, torch
+    ``ds`` needs ``len(ds)`` and ``ds[i]`` (an ``IterableDataset``, a
+    generator or another iterator is refused with a
+    :class:`~mmstore.errors.SourceError` that says what to pass); items are numpy arrays, torch
     tensors (``CHW`` 3-D tensors are made ``HWC``), PIL images, ``(image,
     label)`` pairs or ``{"image": ..., "label": ...}`` dicts. Without ``size``
     every image must have the shape and dtype of item 0 and is stored as is

@@ -20,7 +20,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ..errors import LabelMappingError, MmstoreError
+from ..errors import LabelMappingError, MmstoreError, spell_option
 from ..format.names import printable
 
 __all__ = ["check_class_names", "class_options", "load_class_names", "map_classes", "resolve_class_options"]
@@ -33,7 +33,8 @@ def load_class_names(classes_from: Any = None, label_names: Any = None) -> tuple
     (a text file path or a list of names), and where it came from; None when
     neither is given."""
     if classes_from is not None and label_names is not None:
-        raise ValueError("pass classes_from= (--classes-from) or label_names= (--label-names), not both")
+        raise ValueError(f"pass {spell_option('classes_from=', '--classes-from')} or "
+                         f"{spell_option('label_names=', '--label-names')}, not both")
     if classes_from is not None:
         from ..format.manifest import read_manifest
 
@@ -86,8 +87,9 @@ def class_options(classes: Any, new_classes: str | None, origin: str | None) -> 
     if new_classes not in (None, "error", "append"):
         raise ValueError(f"new_classes must be error or append, got {new_classes!r}")
     if new_classes is not None and classes is None:
-        raise ValueError("new_classes applies with a class mapping (classes_from= / label_names=, CLI: "
-                         "--classes-from / --label-names)")
+        raise ValueError(f"{spell_option('new_classes', '--new-classes')} applies with a class mapping "
+                         f"({spell_option('classes_from=', '--classes-from')} or "
+                         f"{spell_option('label_names=', '--label-names')})")
     if classes is None:
         return None, "error"
     return check_class_names(classes, origin or "label_names"), new_classes or "error"

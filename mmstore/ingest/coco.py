@@ -73,7 +73,7 @@ import numpy as np
 import xxhash
 
 from ..decode.geometry import MIN_BOX_SIZE, clip_boxes, clip_polygon, to_stored
-from ..errors import IngestError
+from ..errors import IngestError, SourceError
 from ..format.schema import Schema
 from ._listing import InputError, Listing, Source, _Builder, _stat_key, none_found, read_file
 
@@ -169,35 +169,35 @@ class CocoSource(Source):
         except OSError as e:
             raise IngestError(f"{self.path}: cannot read the annotations ({e.strerror})") from None
         if len(data) > MAX_JSON_BYTES:
-            raise IngestError(f"{self.path}: over {MAX_JSON_BYTES >> 30} GiB; not read")
+            raise SourceError(f"{self.path}: over {MAX_JSON_BYTES >> 30} GiB; not read")
         digest = xxhash.xxh3_128(data).hexdigest()
         try:
             doc = json.loads(data.decode("utf-8-sig"))  # a leading byte-order mark (Windows tools) is allowed
         except UnicodeDecodeError as e:
-            raise IngestError(f"{self.path}: not UTF-8 text (byte {e.start}); a COCO JSON is UTF-8") from None
+            raise SourceError(f"{self.path}: not UTF-8 text (byte {e.start}); a COCO JSON is UTF-8") from None
         except json.JSONDecodeError as e:
-            raise IngestError(f"{self.path}: line {e.lineno} column {e.colno}: not valid JSON ({e.msg}); "
+            raise SourceError(f"{self.path}: line {e.lineno} column {e.colno}: not valid JSON ({e.msg}); "
                               "fix or re-export the annotation file") from None
         except RecursionError:
-            raise IngestError(f"{self.path}: nested too deeply to be a COCO annotation file") from None
+            raise SourceError(f"{self.path}: nested too deeply to be a COCO annotation file") from None
         del data
         if not isinstance(doc, dict) or not isinstance(doc.get("images"), list):
             found = type(doc).__name__ if not isinstance(doc, dict) else f"keys {sorted(doc)[:10]}"
-            raise IngestError(f"{self.path}: expected a COCO instances JSON, an object with an 'images' list (and "
+            raise SourceError(f"{self.path}: expected a COCO instances JSON, an object with an 'images' list (and "
                               f"'annotations', 'categories'), found {found}")
         for k in ("annotations", "categories"):
             if not isinstance(doc.get(k, []), list):
-                raise IngestError(f"{self.path}: '{k}' must be a list, found {type(doc[k]).__name__}")
+                raise SourceError(f"{self.path}: '{k}' must be a list, found {type(doc[k]).__name__}")
         return doc, digest
 
     def _categories(self, cats: list[Any]) -> dict[int, str]:
         out: dict[int, str] = {}
         for k, c in enumerate(cats):
             if not (isinstance(c, dict) and _is_int(c.get("id")) and isinstance(c.get("name"), str)):
-                raise IngestError(f"{self.path}: categories[{k}] must be an object with an integer 'id' (64-bit) and "
+                raise SourceError(f"{self.path}: categories[{k}] must be an object with an integer 'id' (64-bit) and "
                                   f"a string 'name', found {json.dumps(c)[:200]}")
             if c["id"] in out:
-                raise IngestError(f"{self.path}: category id {c['id']} appears twice ({out[c['id']]!r} and "
+                raise SourceError(f"{self.path}: category id {c['id']} appears twice ({out[c['id']]!r} and "
                                   f"{c['name']!r})")
             out[c["id"]] = c["name"]
         return out
@@ -211,11 +211,11 @@ class CocoSource(Source):
                 and im["file_name"] != ""
             ok = ok and all(_is_dim(im.get(d)) for d in ("width", "height"))
             if not ok:
-                raise IngestError(f"{self.path}: images[{k}] must be an object with an integer 'id' (64-bit), a "
+                raise SourceError(f"{self.path}: images[{k}] must be an object with an integer 'id' (64-bit), a "
                                   f"non-empty 'file_name' (and 'width'/'height' whole numbers from 1 to 2**31 - 1 "
                                   f"when present), found {json.dumps(im)[:200]}")
             if im["id"] in seen:
-                raise IngestError(f"{self.path}: image id {im['id']} appears twice in 'images'")
+                raise SourceError(f"{self.path}: image id {im['id']} appears twice in 'images'")
             seen.add(im["id"])
             name = im["file_name"].encode("utf-8", "surrogateescape")
             w, h = (-1 if im.get(d) is None else int(im[d]) for d in ("width", "height"))  # 640.0 is 640
@@ -268,7 +268,7 @@ class CocoSource(Source):
 
     def scan(self) -> Listing:
         if not os.path.isdir(self.root):  # a mistyped --root: every image would be a hole, the store empty
-            raise IngestError(f"{self.path}: the image folder {self.root} (--root) is not a directory; pass the "
+            raise SourceError(f"{self.path}: the image folder {self.root} (--root) is not a directory; pass the "
                               "folder the JSON's file_name entries start from")
         doc, digest = self._load_json()
         cats = self._categories(doc.get("categories", []))

@@ -16,7 +16,7 @@ from typing import Any, cast
 import numpy as np
 import xxhash
 
-from ..errors import IngestError, LabelMappingError, MmstoreError
+from ..errors import IngestError, LabelMappingError, MmstoreError, SourceError
 from ..format.layout import decode_key, encode_key
 from ._listing import Listing, Source, _Builder, _stat_key, none_found, read_file
 from .classes import class_options, map_classes
@@ -50,7 +50,7 @@ def _label_values(
     if kind == "auto":
         if is_int and other:
             ex_i, ex_o = sorted(is_int)[:3], sorted(other)[:3]
-            raise IngestError(
+            raise SourceError(
                 f"{path}: label column {column!r} mixes integers ({len(is_int)} distinct, e.g. {ex_i}) and other "
                 f"values ({len(other)} distinct, e.g. {ex_o}); nothing is renumbered silently: pass --label-type int "
                 "(values that are not integers become holes listed in errors.jsonl) or --label-type names (every "
@@ -62,7 +62,7 @@ def _label_values(
     names: list[str] | None = None
     blank = blank_int if kind == "int" else {""}
     if kind == "int" and missing == "class" and blank and any(ints[c] == -1 for c in is_int):
-        raise IngestError(
+        raise SourceError(
             f"{path}: label column {column!r} already uses -1 as a label, and --missing-label class would give the "
             "blank cells that label too, merging them with it: pass --missing-label error (blank rows become "
             "holes listed in errors.jsonl), or give the blank rows a label of their own in the list"
@@ -155,12 +155,12 @@ def _rows(reader: Any, lines: _Lines, path: str, where: list[int] | None) -> Ite
         except StopIteration:
             return
         except csv.Error as e:
-            raise IngestError(
+            raise SourceError(
                 f"{path}:{reader.line_num}: not a CSV row the reader can parse ({e}); fix the list (a cell may "
                 f"hold at most {MAX_CELL_CHARS:,} characters)"
             ) from None
         if lines.eof:  # a complete row ends at its line's end: this one needed the end of the file
-            raise IngestError(
+            raise SourceError(
                 f"{path}:{start}: a quote (\") opened in this row is never closed, so every line after it "
                 f"(to line {reader.line_num}) would be one cell; nothing was created: fix the list"
             )
@@ -310,10 +310,10 @@ class ListSource(Source):
         if isinstance(want, int) or (isinstance(want, str) and want.isdigit() and want not in header):
             k = int(want)
             if not 0 <= k < len(header):
-                raise IngestError(f"{what} {k} is out of range: the header has {len(header)} columns")
+                raise SourceError(f"{what} {k} is out of range: the header has {len(header)} columns")
             return k
         if want not in header:
-            raise IngestError(f"{what} {want!r} not found; the header is {header}")
+            raise SourceError(f"{what} {want!r} not found; the header is {header}")
         return header.index(want)
 
     def _has_header(self, row: list[str]) -> bool:
@@ -343,7 +343,7 @@ class ListSource(Source):
             reader = _csv_rows(fh, self.path, self.delimiter, where)
             header = next(reader, None)
             if header is None:
-                raise IngestError(f"{self.path}: the list is empty (no header row)")
+                raise SourceError(f"{self.path}: the list is empty (no header row)")
             header = [h.strip().lstrip("\ufeff") for h in header]
             first_data: list[list[str]] = []
             if not self._has_header(header):
@@ -373,7 +373,7 @@ class ListSource(Source):
                 if not row or (len(row) == 1 and not row[0].strip()):
                     continue
                 if need >= len(row):
-                    raise IngestError(f"{self.path}:{where[0]}: row has {len(row)} columns, expected {len(header)}")
+                    raise SourceError(f"{self.path}:{where[0]}: row has {len(row)} columns, expected {len(header)}")
                 tags.add(row)
                 key = row[pc]
                 lab = -1

@@ -53,8 +53,8 @@ from typing import Any
 import numpy as np
 
 from .._os.crash import crash_point
-from .._os.io import check_space, copy_range, describe_write_error, fmt_bytes, fsync_dir, fsync_file, pwrite_all
-from ..errors import DestinationError, IngestError, StoreExistsError
+from .._os.io import check_space, describe_write_error, fmt_bytes, fsync_dir
+from ..errors import DestinationError, IngestError, SourceError, StoreExistsError, spell_option
 from ..format.layout import (
     CHECKSUMS_FILE,
     ERRORS_FILE,
@@ -71,7 +71,15 @@ from ..format.manifest import read_manifest
 from ..store.backends import backend_class, data_file_names
 from ..store.dest import check_dest, is_own_partial
 from ..store.reader import Store, open_store
-from ..store.writer import acquire_lock, errors_jsonl, publish, release_lock, write_durable, write_manifest
+from ..store.writer import (
+    FileAppender,
+    acquire_lock,
+    errors_jsonl,
+    publish,
+    release_lock,
+    write_durable,
+    write_manifest,
+)
 from .pipeline import all_failed_error
 from .plan import fingerprint
 
@@ -82,11 +90,11 @@ MERGING_MARK = "_merging"
 _NO_LINK = (errno.EXDEV, errno.EPERM, errno.EMLINK, errno.EOPNOTSUPP, errno.ENOSYS)
 
 
-def _copy_range(src: str, src_off: int, n: int, dst_fd: int, dst_off: int) -> None:
-    """Copy ``n`` bytes of file ``src`` from ``src_off`` to ``dst_fd`` at ``dst_off`` (``_os.io.copy_range``)."""
+def _copy_range(src: str, src_off: int, n: int, out: FileAppender, name: str) -> None:
+    """Append ``n`` bytes of file ``src`` from ``src_off`` to ``out``'s file ``name``."""
     fd = os.open(src, os.O_RDONLY)
     try:
-        done = copy_range(fd, dst_fd, src_off, dst_off, n)
+        done = out.copy(name, fd, src_off, n)
     finally:
         os.close(fd)
     if done < n:
@@ -96,12 +104,14 @@ def _copy_range(src: str, src_off: int, n: int, dst_fd: int, dst_off: int) -> No
 
 def _copy_file(src: str, dst: str) -> None:
     """Copy a whole file (``_copy_range``), then fsync it."""
-    dfd = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    name = os.path.basename(dst)
+    out = FileAppender(os.path.dirname(dst), [name])
+    ok = False
     try:
-        _copy_range(src, 0, os.path.getsize(src), dfd, 0)
-        fsync_file(dfd)
+        _copy_range(src, 0, os.path.getsize(src), out, name)
+        ok = True
     finally:
-        os.close(dfd)
+        out.close(sync=ok)
 
 
 def _order(stores: list[Store], paths: list[str]) -> list[int]:
@@ -112,7 +122,7 @@ def _order(stores: list[Store], paths: list[str]) -> list[int]:
         ns = {sh[1] for sh in known}
         fps = {i.get("inputs_fingerprint") for i in infos}
         if len(ns) != 1 or len(fps) != 1:
-            raise IngestError(
+            raise SourceError(
                 "the parts come from different ingests (their inputs, parameters or shard counts differ): "
                 + ", ".join(f"{p}: shard {sh}" for p, sh in zip(paths, known))
             )
@@ -121,21 +131,22 @@ def _order(stores: list[Store], paths: list[str]) -> list[int]:
         if ks != list(range(n)):
             missing = sorted(set(range(n)) - set(ks))
             dup = sorted({k for k in ks if ks.count(k) > 1})
-            raise IngestError(
+            raise SourceError(
                 f"expected the {n} parts 0..{n - 1} of one ingest; "
                 + (f"missing shard(s) {missing}" if missing else "")
                 + (f" duplicate shard(s) {dup}" if dup else "")
             )
         return sorted(range(len(stores)), key=lambda j: known[j][0])
     if known:
-        raise IngestError("some parts were written with --shard and some were not; merge the parts of one ingest")
+        raise SourceError("some parts were written with --shard and some were not; merge the parts of one ingest")
     return list(range(len(stores)))
 
 
 def _check_dest(dest: str, paths: list[str], overwrite: bool) -> None:
     check_dest(dest, overwrite=overwrite, sources=paths)
     if os.path.lexists(dest) and not overwrite:
-        raise StoreExistsError(f"{dest}: already exists; pass overwrite=True (--overwrite) to replace it")
+        raise StoreExistsError(f"{dest}: already exists; pass {spell_option('overwrite=True', '--overwrite')} to "
+                               "replace it")
 
 
 def _provenance(stores: list[Store], paths: list[str], total: int) -> dict[str, Any]:
@@ -215,7 +226,7 @@ def merge(
     """
     paths = [os.fspath(p) for p in parts]
     if not paths:
-        raise IngestError("merge needs at least one part")
+        raise SourceError("merge needs at least one part")
     dest = os.path.abspath(os.fspath(dest))
     stores = [open_store(p) for p in paths]
     try:
@@ -225,12 +236,12 @@ def merge(
         first = stores[0]
         for p, s in zip(paths, stores):
             if s.backend_name != first.backend_name:
-                raise IngestError(f"{p}: a {s.backend_name} store, but {paths[0]} is {first.backend_name}; "
+                raise SourceError(f"{p}: a {s.backend_name} store, but {paths[0]} is {first.backend_name}; "
                                   "convert one of them first (mmstore convert)")
             if s.schema != first.schema:
-                raise IngestError(f"{p}: schema {s.schema!r} differs from {paths[0]}'s {first.schema!r}")
+                raise SourceError(f"{p}: schema {s.schema!r} differs from {paths[0]}'s {first.schema!r}")
             if s.label_names != first.label_names:
-                raise IngestError(f"{p}: label names differ from {paths[0]}'s")
+                raise SourceError(f"{p}: label names differ from {paths[0]}'s")
         if sum(s.slots for s in stores) and not sum(s.records for s in stores):
             raise _no_records(dest, stores)
         _check_dest(dest, paths, overwrite)
@@ -374,36 +385,9 @@ def _link(src: str, dst: str, dest: str, partial: str, stores: list[Store]) -> N
         raise IngestError(
             f"cannot hard-link {src} into {dest} ({os.strerror(exc.errno)}): merge links the "
             "parts' data files, which needs DEST on the same file system as the parts (and "
-            "one that allows hard links); choose such a DEST, or pass --copy (copy=True) to "
+            f"one that allows hard links); choose such a DEST, or pass {spell_option('copy=True', '--copy')} to "
             f"copy the {fmt_bytes(_data_bytes(stores))} of record data instead"
         ) from None
-
-
-class _Appender:
-    """The bookkeeping files being written, each appended at its own position."""
-
-    def __init__(self, partial: str, names: list[str]) -> None:
-        self.fds: dict[str, int] = {}
-        for n in names:
-            self.fds[n] = os.open(os.path.join(partial, n), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-        self.pos = {n: 0 for n in names}
-
-    def put(self, name: str, data: Any) -> None:
-        pwrite_all(self.fds[name], data, self.pos[name])
-        self.pos[name] += len(memoryview(data).cast("B"))
-
-    def copy(self, name: str, src: str, offset: int, n: int) -> None:
-        _copy_range(src, offset, n, self.fds[name], self.pos[name])
-        self.pos[name] += n
-
-    def close(self, sync: bool) -> None:
-        try:
-            for fd in self.fds.values():
-                if sync:
-                    fsync_file(fd)
-        finally:
-            for fd in self.fds.values():
-                os.close(fd)
 
 
 def _skipped_annotations(stores: list[Store]) -> list[dict[str, Any]]:
@@ -425,7 +409,7 @@ def _write_bookkeeping(stores: list[Store], partial: str, names: list[str], tota
     """The parts' checksums, keys, index and errors laid end to end, slots and
     key offsets renumbered, streamed in chunks (memory does not grow with the store);
     then the skipped annotations ``notes``."""
-    out = _Appender(partial, names)
+    out = FileAppender(partial, names)
     ok = False
     try:
         out.put(CHECKSUMS_FILE, npy_header(KEY_DTYPE, (total,)))
@@ -445,24 +429,25 @@ def _write_bookkeeping(stores: list[Store], partial: str, names: list[str], tota
         out.close(sync=ok)
 
 
-def _append_part(out: _Appender, s: Store, base: int, blob_len: int, holes: bool) -> int:
+def _append_part(out: FileAppender, s: Store, base: int, blob_len: int, holes: bool) -> int:
     """Append part ``s`` (its slots start at ``base``); return its key blob's length."""
     n = s.slots
-    out.copy(CHECKSUMS_FILE, os.path.join(s.path, CHECKSUMS_FILE), s.data_offset(CHECKSUMS_FILE), 8 * n)
+    _copy_range(os.path.join(s.path, CHECKSUMS_FILE), s.slot_view.data_offset(CHECKSUMS_FILE), 8 * n, out,
+                CHECKSUMS_FILE)
     ko = os.path.join(s.path, KEYS_OFFSETS_FILE)
     for a in range(0, n, _CHUNK):
         b = min(n, a + _CHUNK)
-        offsets = _read_u8(ko, s.data_offset(KEYS_OFFSETS_FILE) + 8 * (a + 1), b - a) + np.uint64(blob_len)
+        offsets = _read_u8(ko, s.slot_view.data_offset(KEYS_OFFSETS_FILE) + 8 * (a + 1), b - a) + np.uint64(blob_len)
         out.put(KEYS_OFFSETS_FILE, offsets.tobytes())
     part_blob = int(s.manifest["files"][KEYS_BLOB_FILE])
-    out.copy(KEYS_BLOB_FILE, os.path.join(s.path, KEYS_BLOB_FILE), 0, part_blob)
+    _copy_range(os.path.join(s.path, KEYS_BLOB_FILE), 0, part_blob, out, KEYS_BLOB_FILE)
     if holes:
         for a in range(0, s.records, _CHUNK):
             b = min(s.records, a + _CHUNK)
             if s.records == n:
                 local = np.arange(a, b, dtype=KEY_DTYPE)
             else:
-                local = _read_u8(os.path.join(s.path, INDEX_FILE), s.data_offset(INDEX_FILE) + 8 * a, b - a)
+                local = _read_u8(os.path.join(s.path, INDEX_FILE), s.slot_view.data_offset(INDEX_FILE) + 8 * a, b - a)
             out.put(INDEX_FILE, (local + np.uint64(base)).tobytes())
         skipped = s.skipped()
         if skipped:
@@ -499,4 +484,4 @@ def _left_by_merge(partial: str) -> bool:
 
 
 def _data_bytes(stores: list[Store]) -> int:
-    return sum(os.path.getsize(p) for s in stores for p in s.backend.data_paths())
+    return sum(os.path.getsize(p) for s in stores for p in s.slot_view.backend.data_paths())

@@ -4,12 +4,13 @@ resume hint."""
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import fields
 from types import MappingProxyType
 from typing import Any
 
 from ..decode import DecodeSpec
+from ..errors import spell_option
 
 __all__ = [
     "DEFAULT_RESUME_HINT",
@@ -18,11 +19,13 @@ __all__ = [
     "SPEC_DEFAULTS",
     "SPEC_OPTIONS",
     "ErrorLimit",
+    "ResumeHint",
     "kept_message",
     "make_spec",
     "parse_max_errors",
     "parse_shard",
     "parse_size",
+    "resume_advice",
     "shard_from_env",
     "shard_range",
     "split_options",
@@ -39,7 +42,7 @@ SOURCE_OPTIONS: tuple[str, ...] = ("labels", "root", "path_column", "label_colum
                                    "label_names", "new_classes")
 SOURCE_OPTIONS += ("min_box_size",)  # COCO (mmstore.ingest.coco)
 
-DEFAULT_RESUME_HINT = "rerun the same ingest with resume=True (CLI: --resume)"
+DEFAULT_RESUME_HINT = f"rerun the same ingest with {spell_option('resume=True', '--resume')}"
 SOURCE_OPTIONS += ("tags_column", "tags_sep", "text_column", "tag_names")  # a list's tags and captions (_tags.py)
 
 # ... and the keyword options of ingest() that shape the run, with their defaults (the CLI's flags read them here;
@@ -59,10 +62,31 @@ RUN_DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "resume_hint": None,  # then DEFAULT_RESUME_HINT
 })
 
+# how a caller says how to resume: a text, or a function of the options a resume must change (option -> value)
+ResumeHint = str | Callable[[Mapping[str, str]], str] | None
 
-def kept_message(partial: str, hint: str | None = None) -> str:
-    """What a stopped ingest says about its kept work and how to continue it."""
-    return f"the work done so far is kept in {partial}; {hint or DEFAULT_RESUME_HINT} to continue"
+
+def resume_advice(hint: ResumeHint, changes: Mapping[str, str] | None = None) -> str:
+    """How to continue a stopped ingest: ``hint`` (None: :data:`DEFAULT_RESUME_HINT`)
+    with ``changes`` (option name -> the value a resume needs, e.g. a raised
+    ``max_errors``); a function ``hint`` is called with ``changes``."""
+    changes = dict(changes or {})
+    if callable(hint):
+        return hint(changes)
+    text = hint or DEFAULT_RESUME_HINT
+    if not changes:
+        return text
+    return text + ", with " + " and ".join(spell_option(f"{k}={v!r}", f"--{k.replace('_', '-')} {v}")
+                                           for k, v in changes.items())
+
+
+def kept_message(partial: str, hint: ResumeHint = None, changes: Mapping[str, str] | None = None) -> str:
+    """What a stopped ingest says about its kept work and how to continue it;
+    ``changes``: the run stopped at its error limit, which a resume must raise."""
+    if changes:
+        return (f"the work done so far is kept in {partial}; the same command would stop again: raise the limit to "
+                f"continue ({resume_advice(hint, changes)})")
+    return f"the work done so far is kept in {partial}; {resume_advice(hint)} to continue"
 
 
 def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -240,6 +264,7 @@ class ErrorLimit:
     def __init__(self, on_error: str, max_errors: str | int | None) -> None:
         if on_error not in ("skip", "fail"):
             raise ValueError(f"on_error must be 'skip' or 'fail', got {on_error!r}")
+        self.on_error = on_error
         self.limit = ("count", 0.0) if on_error == "fail" else parse_max_errors(max_errors)
 
     def exceeded(self, nerr: int, slots: int) -> bool:
@@ -249,9 +274,22 @@ class ErrorLimit:
         kind, v = self.limit
         return nerr > (v if kind == "count" else v / 100.0 * slots)
 
+    def raised(self, nerr: int) -> dict[str, str]:
+        """The options (name -> value) of a resume that goes on past the
+        ``nerr`` failed inputs that stopped a run: ``on_error`` skip and a
+        ``max_errors`` at least twice the limit reached."""
+        kind, v = self.limit  # type: ignore[misc]
+        out = {"on_error": "skip"} if self.on_error == "fail" else {}
+        if kind == "percent":
+            out["max_errors"] = f"{min(100.0, max(2 * v, 1.0)):g}%"
+        else:
+            out["max_errors"] = str(max(2 * nerr, 10))
+        return out
+
     def message(self, nerr: int, reasons: Any) -> str:
         kind, v = self.limit  # type: ignore[misc]
         lim = f"{int(v)}" if kind == "count" else f"{v:g}%"
         top = "; ".join(f"{c}x {r}" for r, c in reasons.most_common(3))
-        return (f"stopped: {nerr} inputs failed, more than --max-errors {lim} allows (--on-error fail stops at "
-                f"the first); most common: {top}")
+        why = ("--on-error fail stops at the first" if self.on_error == "fail"
+               else f"more than --max-errors {lim} allows")
+        return f"stopped: {nerr} inputs failed ({why}); most common: {top}"

@@ -45,13 +45,21 @@ from typing import Any
 import numpy as np
 
 from .._os.io import atomic_write, describe_write_error
-from ..errors import AllInputsFailedError, IngestError, MmstoreError, ResumeMismatchError, StoreExistsError
+from ..errors import (
+    AllInputsFailedError,
+    DestinationError,
+    IngestError,
+    MmstoreError,
+    ResumeMismatchError,
+    StoreExistsError,
+    spell_option,
+)
 from ..format.layout import ERRORS_FILE, MANIFEST_FILE, PARTIAL_SUFFIX
 from ..format.manifest import read_manifest
-from ..store.dest import check_dest
+from ..store.dest import check_dest, claim_empty_dest, is_store
 from ..store.writer import StoreWriter, acquire_lock, errors_jsonl, publish, release_lock
 from .committer import CommitThread, Tally
-from .options import DEFAULT_RESUME_HINT, RUN_DEFAULTS, ErrorLimit, kept_message
+from .options import RUN_DEFAULTS, ErrorLimit, ResumeHint, kept_message, resume_advice
 from .plan import Plan, make_plan, mismatch_message
 from .progress import Progress
 from .records import RecordJob
@@ -122,7 +130,7 @@ class RunOptions:
     backend: str = RUN_DEFAULTS["backend"]
     codecs: dict[str, Any] | None = RUN_DEFAULTS["codecs"]
     progress_interval: float = RUN_DEFAULTS["progress_interval"]
-    resume_hint: str | None = RUN_DEFAULTS["resume_hint"]
+    resume_hint: ResumeHint = RUN_DEFAULTS["resume_hint"]
     log: Callable[[str], None] | None = None
 
     def say(self, message: str) -> None:
@@ -161,6 +169,7 @@ def _run(source: Source, dest: str, spec: Any, o: RunOptions) -> IngestResult:
     plan = make_plan(source, spec, o.backend, o.shard, o.codecs)
     os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
     _probe_lock(dest)
+    claim_empty_dest(dest)  # an empty directory at DEST is simply used
     if _already_complete(dest, plan, o):
         return IngestResult.complete(dest)
     resuming, overwrite = _resume_decision(dest + PARTIAL_SUFFIX, plan, o)
@@ -221,7 +230,7 @@ def _geometry_counts(source: Any, dest: str, lo: int) -> dict[str, int]:
     from ..store.reader import Store
 
     with Store(dest) as st:
-        slots = st.index if st.index is not None else np.arange(st.records)
+        slots = st.slot_view.index if st.slot_view.index is not None else np.arange(st.records)
         counts: Counter = Counter()
         step = 1 << 16
         for a in range(0, st.records, step):
@@ -239,7 +248,8 @@ def _publish_pending(dest: str, o: RunOptions) -> bool:
         return False
     if not o.resume and not o.overwrite:
         raise StoreExistsError(
-            f"{partial}: a finished ingest is waiting to be published; rerun with --resume to finish it"
+            f"{partial}: a finished ingest is waiting to be published; rerun with "
+            f"{spell_option('resume=True', '--resume')} to finish it"
         )
     if not o.resume:
         return False
@@ -264,7 +274,12 @@ def _already_complete(dest: str, plan: Plan, o: RunOptions) -> bool:
     if o.resume and same and not os.path.exists(dest + PARTIAL_SUFFIX):
         o.say(f"{dest}: already complete (same inputs and parameters); nothing to do")
         return True
-    raise StoreExistsError(f"{dest}: already exists; pass --overwrite to replace it")
+    if not is_store(dest):  # --overwrite would refuse it too: say what to do instead
+        kind = "a directory" if os.path.isdir(dest) else "a file"
+        raise DestinationError(f"{dest}: exists and is {kind} that is not an mmstore store (nor empty); it is never "
+                               "written into or replaced: choose another DEST, or move it away yourself")
+    raise StoreExistsError(f"{dest}: already exists; pass {spell_option('overwrite=True', '--overwrite')} to "
+                           "replace it")
 
 
 def _resume_decision(partial: str, plan: Plan, o: RunOptions) -> tuple[bool, bool]:
@@ -275,8 +290,8 @@ def _resume_decision(partial: str, plan: Plan, o: RunOptions) -> tuple[bool, boo
     old = read_state(partial)
     if not o.resume:
         raise StoreExistsError(
-            f"{partial}: an interrupted ingest is here; {o.resume_hint or DEFAULT_RESUME_HINT} to continue it, or pass "
-            "--overwrite to start over"
+            f"{partial}: an interrupted ingest is here; {resume_advice(o.resume_hint)} to continue it, or pass "
+            f"{spell_option('overwrite=True', '--overwrite')} to start over"
         )
     if old is None or not os.path.exists(os.path.join(partial, "_writer.json")):
         return False, True  # it died before its first commit could exist: start over
@@ -303,6 +318,7 @@ class _Run:
     def execute(self, resuming: bool, nworkers: int, limit: ErrorLimit) -> Tally:
         """Decode every pending slot, then close the writer (which publishes
         DEST); on any failure, stop everything and keep ``DEST.partial``."""
+        self.limit = limit
         try:
             sched = self._start(resuming, nworkers, limit)
             self._decode_all(sched)
@@ -362,7 +378,8 @@ class _Run:
         committer.finish(drain=True)
         self.committer = None
         if stopped is not None:
-            raise IngestError(f"{self.dest}: {stopped}; {self._kept()}")
+            changes = self.limit.raised(self.tally.nerr)
+            raise IngestError(f"{self.dest}: {stopped}; {kept_message(self.partial, self.o.resume_hint, changes)}")
         missing = np.flatnonzero(~self.tally.done)
         if len(missing):  # pragma: no cover - a bug guard
             raise IngestError(f"{self.dest}: {len(missing)} slots were not processed (first {missing[:5].tolist()})")
@@ -384,7 +401,8 @@ class _Run:
         return all_failed_error(
             self.dest, [(os.fsdecode(key_of(lo + s)), r) for s, r in holes], path,
             f"Nothing was published ({before}); every failure (slot, key, reason) is listed in {path}. Fix the "
-            f"inputs or options, then rerun with --overwrite (overwrite=True), which discards {self.partial}, "
+            f"inputs or options, then rerun with {spell_option('overwrite=True', '--overwrite')}, which discards "
+            f"{self.partial}, "
             "or remove it")
 
     @property

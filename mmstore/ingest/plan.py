@@ -10,7 +10,7 @@ import numpy as np
 import xxhash
 
 from ..decode import float_to_uint8
-from ..errors import DecodeError, IngestError, SchemaError
+from ..errors import DecodeError, SchemaError, SourceError, spell_option
 from ..format.codecs import library_versions
 from ..format.schema import Schema
 from .options import shard_range
@@ -83,9 +83,9 @@ def make_plan(source: Source, spec: Any, backend: str, shard: tuple[int, int] | 
     listing = source.scan()
     n_total = len(listing)
     if n_total == 0:
-        raise IngestError(f"{source.path or 'the dataset'}: no inputs found (empty source); nothing was created")
+        raise SourceError(f"{source.path or 'the dataset'}: no inputs found (empty source); nothing was created")
     if listing.none_found:
-        raise IngestError(listing.none_found)
+        raise SourceError(listing.none_found)
     lo, hi = shard_range(n_total, shard)
     schema = schema_for(source, spec, _first_item(source, spec, lo if hi > lo else 0))
     if codecs:
@@ -128,19 +128,54 @@ def make_plan(source: Source, spec: Any, backend: str, shard: tuple[int, int] | 
     return Plan(listing, lo, hi, schema, state, provenance)
 
 
+_UNSET = object()
+
+
+def _leaf_changes(old: Any, new: Any, path: str) -> list[tuple[str, Any, Any]]:
+    """``(dotted path, old, new)`` of every value that differs between two
+    run parameters (dicts by key; lists of named entries, a schema, by name)."""
+    def named(v: Any) -> dict[str, Any] | None:
+        if isinstance(v, list) and all(isinstance(e, dict) and isinstance(e.get("name"), str) for e in v):
+            return {e["name"]: {k: x for k, x in e.items() if k != "name"} for e in v}
+        return None
+
+    if named(old) is not None and named(new) is not None:
+        old, new = named(old), named(new)
+    if isinstance(old, dict) and isinstance(new, dict):
+        out: list[tuple[str, Any, Any]] = []
+        for k in sorted(set(old) | set(new), key=str):
+            out += _leaf_changes(old.get(k, _UNSET), new.get(k, _UNSET), f"{path}.{k}" if path else str(k))
+        return out
+    return [] if old == new else [(path, old, new)]
+
+
+def _shown(path: str, v: Any) -> str:
+    if v is _UNSET or v is None:
+        return "not set"
+    if path.endswith("size") and isinstance(v, list) and len(v) == 2 and all(isinstance(x, int) for x in v):
+        return f"{v[0]}x{v[1]}"
+    text = json.dumps(v)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
 def mismatch_message(partial: str, old: dict[str, Any], new: dict[str, Any]) -> str:
-    """Why the interrupted run in ``partial`` (state ``old``) cannot be resumed as ``new``."""
+    """Why the interrupted run in ``partial`` (state ``old``) cannot be resumed
+    as ``new``: each parameter that changed, as ``size was 224x224, now 128x128``."""
+    changes = _leaf_changes(old.get("params", {}), new["params"], "")
+    if any(p.startswith("decode.") for p, _, _ in changes):  # the fields' shapes follow from the decode options
+        changes = [c for c in changes if not (c[0].startswith("schema.") and c[0].endswith(".shape"))]
     diffs = []
-    op, np_ = old.get("params", {}), new["params"]
-    for k in sorted(set(op) | set(np_)):
-        if op.get(k) != np_.get(k):
-            diffs.append(f"{k}: then {json.dumps(op.get(k))[:200]}, now {json.dumps(np_.get(k))[:200]}")
+    for path, was, now in changes:
+        name = path.removeprefix("decode.").removeprefix("source.")
+        diffs.append(f"{name} was {_shown(path, was)}, now {_shown(path, now)}")
     if old.get("shard") != new["shard"] or old.get("range") != new["range"]:
-        diffs.append(f"shard: then {old.get('shard')} {old.get('range')}, now {new['shard']} {new['range']}")
+        diffs.append(f"shard was {old.get('shard')} (inputs {old.get('range')}), now {new['shard']} "
+                     f"(inputs {new['range']})")
     if not diffs and old.get("listing_fingerprint") != new["listing_fingerprint"]:
         diffs.append("the input files changed (names, sizes, modification times or labels differ)")
     what = "; ".join(diffs) or "the fingerprint differs"
     return (
-        f"{partial}: cannot resume: the interrupted ingest used other inputs or parameters ({what}); "
-        "rerun with exactly the original inputs and options, or pass --overwrite to start over"
+        f"{partial}: cannot resume: the interrupted ingest used other inputs or parameters: {what}; "
+        f"rerun with exactly the original inputs and options, or pass {spell_option('overwrite=True', '--overwrite')} "
+        "to start over"
     )

@@ -37,13 +37,14 @@ from __future__ import annotations
 
 import os
 import stat as _stat
+from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 import xxhash
 
 from ..decode import sniff_image
-from ..errors import IngestError, SchemaError
+from ..errors import IngestError, SchemaError, SourceError
 from ._listing import InputError, Listing, Source, _Builder, _stat_key, read_file
 from .classes import class_options, map_classes
 from .coco import CocoSource, is_coco_json
@@ -160,7 +161,7 @@ class FolderSource(Source):
     def scan(self) -> Listing:
         root = self.root
         if not os.path.isdir(root):
-            raise IngestError(f"{self.path}: not a directory")
+            raise SourceError(f"{self.path}: not a directory")
         warnings: dict[str, int] = {}
         top = self._entries(root)
         dirs = [n for n, isdir in top if isdir]
@@ -169,7 +170,7 @@ class FolderSource(Source):
         if mode == "auto":
             mode = "folders" if dirs and not top_images else "none"
         if mode == "folders" and top_images:
-            raise IngestError(
+            raise SourceError(
                 f"{self.path}: --labels folders, but {len(top_images)} image(s) lie directly in the root "
                 f"(e.g. {os.fsdecode(top_images[0])!r}); move them into class folders or use --labels none"
             )
@@ -336,16 +337,16 @@ class ArraySource(Source):
             names = list(z.files)
             ik = self.image_key or next((n for n in _IMAGE_ARRAY_NAMES if n in names), None)
             if ik is None:
-                raise IngestError(f"{self.path}: no image array (looked for {_IMAGE_ARRAY_NAMES}); found {names}")
+                raise SourceError(f"{self.path}: no image array (looked for {_IMAGE_ARRAY_NAMES}); found {names}")
             arr = z[ik]
             lk = self.label_key or next((n for n in _LABEL_ARRAY_NAMES if n in names and n != ik), None)
             if lk is not None:
                 lab = np.asarray(z[lk])
                 if lab.shape != (len(arr),) or lab.dtype.kind not in "iub":
-                    raise IngestError(f"{self.path}: label array {lk!r} must be ints of shape ({len(arr)},), "
+                    raise SourceError(f"{self.path}: label array {lk!r} must be ints of shape ({len(arr)},), "
                                       f"found {lab.dtype} {lab.shape}")
                 if lab.dtype.kind == "u" and lab.dtype.itemsize == 8 and len(lab) and int(lab.max()) > (1 << 63) - 1:
-                    raise IngestError(f"{self.path}: label array {lk!r} holds {int(lab.max())}, which does not fit "
+                    raise SourceError(f"{self.path}: label array {lk!r} holds {int(lab.max())}, which does not fit "
                                       "the store's int64 labels (it would wrap around); relabel it first")
                 labels = lab.astype(np.int64)
             rest = [n for n in names if n not in (ik, lk)]
@@ -357,11 +358,11 @@ class ArraySource(Source):
             try:
                 arr = np.load(self.path, mmap_mode="r", allow_pickle=False)
             except ValueError as e:
-                raise IngestError(f"{self.path}: not a loadable .npy array ({e})") from None
+                raise SourceError(f"{self.path}: not a loadable .npy array ({e})") from None
         if arr.ndim < 1:
-            raise IngestError(f"{self.path}: a 0-d array has no items")
+            raise SourceError(f"{self.path}: a 0-d array has no items")
         if arr.dtype.kind not in "biuf":
-            raise IngestError(f"{self.path}: dtype {arr.dtype} is not numeric")
+            raise SourceError(f"{self.path}: dtype {arr.dtype} is not numeric")
         self.arr = arr
         n = len(arr)
         b = _Builder("arrays", False)
@@ -395,6 +396,7 @@ class DatasetSource(Source):
 
     def __init__(self, ds: Any, label_names: list[str] | None = None, fields: Any = None) -> None:
         super().__init__("")
+        check_map_style(ds)
         self.ds = ds
         self.fields = None
         if fields:
@@ -451,6 +453,25 @@ class DatasetSource(Source):
         return self.ds[i]
 
 
+def check_map_style(ds: Any) -> None:
+    """Refuse a dataset that has no ``len(ds)`` and ``ds[i]`` (``SourceError``
+    naming what it is and what to pass instead)."""
+    cls = type(ds)
+    what = f"a {cls.__module__}.{cls.__qualname__}"
+    if isinstance(ds, Iterator) or any(c.__name__ == "IterableDataset" for c in cls.__mro__):
+        kind = "an iterable dataset" if not isinstance(ds, Iterator) else "an iterator (a generator, map, iter(...))"
+        raise SourceError(
+            f"from_dataset: {what} is {kind}: its items can only be read in order, once, not by index; "
+            "from_dataset needs a map-style dataset (len(ds) and ds[i]: its workers, resume and shards read "
+            "items by index). Pass list(ds) when the items fit in memory, or write them one by one with "
+            "mmstore.StoreWriter(dest, schema).append(sample)")
+    missing = [n for n in ("__len__", "__getitem__") if not hasattr(cls, n)]
+    if missing:
+        raise SourceError(f"from_dataset: {what} has no {' and no '.join(missing)}; from_dataset needs a map-style "
+                          "dataset (len(ds) and ds[i]): pass list(ds) when the items fit in memory, or a "
+                          "Sequence of them")
+
+
 def to_array(img: Any) -> np.ndarray:
     """numpy array of a dataset image: ndarray, tensor (CHW -> HWC), PIL image."""
     if hasattr(img, "detach") and hasattr(img, "cpu"):
@@ -501,7 +522,7 @@ def detect_source(path: str, **opts: Any) -> Source:
         bad = given - allowed
         if bad:
             flags = ", ".join("--" + b.replace("_", "-") for b in sorted(bad))
-            raise IngestError(f"{path}: is {kind}; {flags} do(es) not apply to it")
+            raise SourceError(f"{path}: is {kind}; {flags} do(es) not apply to it")
         return {k: opts[k] for k in given}
 
     if os.path.isdir(path):
@@ -509,7 +530,7 @@ def detect_source(path: str, **opts: Any) -> Source:
             return LmdbSource(path, **only("an LMDB", set()))
         return FolderSource(path, **only("an image folder", folder_opts))
     if not os.path.exists(path):
-        raise IngestError(f"{path}: no such file or directory")
+        raise SourceError(f"{path}: no such file or directory")
     low = path.lower()
     if low.endswith((".csv", ".tsv", ".tab", ".txt")):
         return ListSource(path, **only("a list", list_opts))
@@ -521,7 +542,7 @@ def detect_source(path: str, **opts: Any) -> Source:
         head = fh.read(8)
     if head.startswith(b"\x93NUMPY"):
         return ArraySource(path, **only("an array file", array_opts))
-    raise IngestError(
+    raise SourceError(
         f"{path}: cannot tell what kind of source this is; expected a directory of images, an LMDB "
         "directory (with data.mdb), a .csv/.tsv list, a .npy/.npz file or a COCO .json annotation file"
     )

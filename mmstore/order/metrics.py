@@ -14,6 +14,8 @@ import numpy as np
 from .._os.runs import find_runs
 from .args import _bad, _index_array, _int, _positive_float
 
+# shuffle_quality's mean_abs_displacement of a uniform permutation (n large): E|U - V| of independent uniforms
+UNIFORM_DISPLACEMENT = 1 / 3
 
 def contiguous_ranges(
     indices: np.ndarray, max_gap: int = 0
@@ -162,7 +164,7 @@ def shuffle_quality(
     dict
         ``mean_abs_displacement``
             ``mean |pos * n / len - idx| / n``: 0 for the sequential order,
-            about 1/3 for a uniform permutation.  Blind to local mixing (a
+            about 1/3 for a uniform permutation (``UNIFORM_DISPLACEMENT``).  Blind to local mixing (a
             permutation of blocks scores 1/3 too).
         ``same_label_pairs``
             Fraction of pairs within a batch with equal labels, divided by

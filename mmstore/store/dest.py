@@ -11,6 +11,9 @@ lock). The rule:
   mmstore store (a real directory whose ``manifest.json`` is a regular file
   that parses as an mmstore manifest) holding nothing its manifest does not
   list (a user's notes put inside a store are not ours to delete).
+* An empty real directory at ``DEST`` holds nothing to lose: with or
+  without ``overwrite`` it is used (:func:`claim_empty_dest` removes it
+  before the store takes its name).
 * An existing ``DEST.partial`` is resumed or discarded only when it is one
   of ours (see :func:`is_own_partial`).
   Anything else is a :class:`~mmstore.errors.DestinationError` and nothing is
@@ -35,7 +38,8 @@ from ..errors import DestinationError
 from ..format.layout import MANIFEST_FILE, MANIFEST_MAX_BYTES, PARTIAL_SUFFIX, REPLACED_INFIX
 from ..format.manifest import read_manifest
 
-__all__ = ["PARTIAL_MARK", "check_dest", "is_own_partial", "is_store", "make_partial", "remove_replaced"]
+__all__ = ["PARTIAL_MARK", "check_dest", "claim_empty_dest", "is_empty_dir", "is_own_partial", "is_store",
+           "make_partial", "remove_replaced"]
 
 # the first file of every .partial a writer creates; with the bookkeeping
 # files of older versions it is how a .partial is recognised as ours
@@ -56,6 +60,29 @@ def _regular(path: str, limit: int | None = None) -> bool:
     except OSError:
         return False
     return stat.S_ISREG(st.st_mode) and (limit is None or st.st_size <= limit)
+
+
+def is_empty_dir(path: str) -> bool:
+    """``path`` is a real directory (not a symbolic link) with nothing in it."""
+    if not _real_dir(path):
+        return False
+    try:
+        return not os.listdir(path)
+    except OSError:
+        return False
+
+
+def claim_empty_dest(dest: str) -> bool:
+    """Remove ``dest`` when it is an empty real directory, so that a store
+    can be published at its name; True when it was removed. A directory that
+    is not empty (or gains an entry meanwhile: ``rmdir`` refuses it) stays."""
+    if not is_empty_dir(dest):
+        return False
+    try:
+        os.rmdir(dest)
+    except OSError:
+        return False
+    return True
 
 
 def is_store(path: str) -> bool:
@@ -130,7 +157,7 @@ def check_dest(
     if os.path.islink(dest):
         raise DestinationError(f"{dest}: is a symbolic link (to {os.readlink(dest)!r}); a store is written at a "
                                "real path: pass the directory itself, or another DEST")
-    if overwrite and os.path.lexists(dest) and not is_store(dest):
+    if overwrite and os.path.lexists(dest) and not is_store(dest) and not is_empty_dir(dest):
         kind = "a directory" if _real_dir(dest) else "a file" if _regular(dest) else "not a directory"
         raise DestinationError(f"{dest}: exists and is {kind} that is not an mmstore store (no valid "
                                f"{MANIFEST_FILE}); --overwrite only ever replaces a store: choose another DEST, "

@@ -15,8 +15,9 @@ import json
 import mmap
 import os
 import time
+import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
@@ -38,9 +39,15 @@ from ..format.layout import (
 from ..format.manifest import read_manifest
 from ..format.ragged import read_ragged
 from ..format.schema import Schema
+from ..remote.url import is_url, local_path
 from .backends import BackendReader, data_file_names, open_backend
 from .backends.base import check_npy
 from .bookkeeping import check_index, check_key_offsets
+from .slots import SlotView
+from .spans import record_spans
+
+if TYPE_CHECKING:
+    from ..remote.replica import Pin, Replica
 
 __all__ = ["Store", "open_store"]
 
@@ -83,10 +90,23 @@ class Store:
     Indexing follows the dataset order (holes excluded): ``store[i]`` is a dict
     ``{field: array}``; ``store[a:b]``, ``store[index_array]`` and
     :meth:`read_batch` return batched arrays in the requested order.
+
+    ``store.slot_view`` (:class:`~mmstore.store.slots.SlotView`) is the
+    low-level view for tools: slots, their checksums and keys, the backend.
+
+    A store opened from a URL (``mmstore.open("s3://...")``) is the same
+    object over its local replica (``store.replica``, :mod:`mmstore.remote.replica`;
+    ``store.path`` is the replica's directory, ``store.url`` the URL): each
+    read first makes the blocks it touches present (fetched and verified)
+    and pins them until its bytes are copied out.
     """
 
-    def __init__(self, path: str | os.PathLike[str], *, lmdb_readahead: bool | None = None) -> None:
-        self._open(path, lmdb_readahead, {}, None)
+    replica: Replica | None = None
+
+    def __init__(self, path: str | os.PathLike[str], *, lmdb_readahead: bool | None = None,
+                 replica: Replica | None = None) -> None:
+        self._open(path, lmdb_readahead, {} if replica is None else replica.identities(), None)
+        self.replica = replica
 
     def _open(
         self, path: str | os.PathLike[str], lmdb_readahead: bool | None,
@@ -151,7 +171,7 @@ class Store:
                 f"{self.path}: the store was replaced since it was opened (store id {store_id} -> "
                 f"{m['store_id']}); reopen it"
             )
-        self.schema = Schema(m["schema"], classes=m["classes"])
+        self.schema = Schema(m["schema"], classes=m["classes"], label_names=m["label_names"])
         self.slots: int = m["slots"]
         self.records: int = m["records"]
         self.backend_name: str = m["backend"]
@@ -244,11 +264,6 @@ class Store:
             self._key_blob = None
         return self._backend
 
-    @property
-    def backend(self) -> BackendReader:
-        """This process's backend object."""
-        return self._b()
-
     def _map_file(self, name: str) -> mmap.mmap | None:
         """Map bookkeeping file ``name`` (None when empty): the file this
         Store was opened with, or ``StoreChangedError``."""
@@ -279,8 +294,7 @@ class Store:
             return np.zeros(0, KEY_DTYPE)
         return np.frombuffer(mm, dtype=KEY_DTYPE, count=count, offset=offset)
 
-    @property
-    def index(self) -> np.ndarray | None:
+    def _slot_index(self) -> np.ndarray | None:
         """dataset index -> slot (a mapped ``<u8`` array), or None when identity."""
         self._b()
         if self.records == self.slots:
@@ -294,11 +308,23 @@ class Store:
     # -- pickling / lifetime ----------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "lmdb_readahead": self._lmdb_readahead, "store_id": self.manifest["store_id"],
-                "ident": dict(self._ident)}
+                "ident": dict(self._ident), "replica": self.replica}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # reopened in the receiving process: the same store, the same files
         self._open(state["path"], state["lmdb_readahead"], dict(state.get("ident", {})), state["store_id"])
+        self.replica = state.get("replica")
+
+    @property
+    def url(self) -> str | None:
+        """The URL the store was opened from, or None for a local store."""
+        return None if self.replica is None else self.replica.url
+
+    def _pin(self, slots: np.ndarray, names: Sequence[str]) -> Pin:
+        """A store from a URL: make the blocks that reading ``slots`` of
+        ``names`` touches present, and pin them (release after the copy)."""
+        rep = cast("Replica", self.replica)
+        return rep.acquire(rep.blocks_of(record_spans(self._b(), self.schema, slots, names)))  # type: ignore[return-value]
 
     def close(self) -> None:
         """Release this process's mappings and environment."""
@@ -308,6 +334,8 @@ class Store:
         self._maps = {}
         self._item = None
         self._index = self._key_offsets = self._key_blob = None
+        if self.replica is not None:
+            self.replica.close()
 
     def __enter__(self) -> Store:
         return self
@@ -316,7 +344,8 @@ class Store:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<mmstore.Store {self.path!r} {self.backend_name} records={self.records} {self.schema!r}>"
+        where = self.path if self.replica is None else self.replica.url
+        return f"<mmstore.Store {where!r} {self.backend_name} records={self.records} {self.schema!r}>"
 
     # -- basic info ------------------------------------------------------------
     def __len__(self) -> int:
@@ -360,18 +389,14 @@ class Store:
             raise IndexError(f"index {int(bad)} is out of range for a store of {n} records")
         return idx
 
-    def slots_of(self, indices: Any) -> np.ndarray:
+    def _slots_of(self, indices: Any) -> np.ndarray:
         """Slots of dataset indices (int64)."""
         idx = self._as_indices(indices)
-        ix = self.index
+        ix = self._slot_index()
         if ix is None:
             return idx
         self._check_mapped(INDEX_FILE)
         return ix[idx].astype(np.int64)
-
-    def slot(self, i: int) -> int:
-        """Slot of dataset index ``i``."""
-        return int(self.slots_of([i])[0])
 
     # -- reads --------------------------------------------------------------------
     def __getitem__(self, item: Any) -> dict[str, np.ndarray]:
@@ -393,9 +418,15 @@ class Store:
         if read is None or self._pid != _PID[0]:  # first use, or a forked child
             read = self._item = self._b().item_reader()
         if n != self.slots:
-            ix = self.index
+            ix = self._slot_index()
             self._check_mapped(INDEX_FILE)
             j = int(ix[j])  # type: ignore[index]
+        if self.replica is not None:
+            with self._pin(np.array([j]), self.schema.names):
+                return self._read_slot(read, j)
+        return self._read_slot(read, j)
+
+    def _read_slot(self, read: Callable[[int], dict[str, np.ndarray]], j: int) -> dict[str, np.ndarray]:
         try:
             return read(j)
         except EntryDecodeError as exc:
@@ -423,7 +454,7 @@ class Store:
                 raise KeyError(f"no field {f!r}; fields are {list(self.schema.names)}")
         return list(fields)
 
-    def data_offset(self, name: str) -> int:
+    def _data_offset(self, name: str) -> int:
         """Where the array of bookkeeping file ``name`` starts in it (the size
         of its ``.npy`` header): ``_checksums.npy``, ``_keys_offsets.npy``, and
         ``_index.npy`` when the store has holes. Checked at open."""
@@ -478,7 +509,7 @@ class Store:
         one (NOTE [one-record path], backends/base.py).
         """
         names = self.field_list(fields)
-        slots = self.slots_of(indices)
+        slots = self._slots_of(indices)
         n = len(slots)
         result: dict[str, Any] = {}
         ragged = [name for name in names if self.schema[name].ragged]
@@ -513,14 +544,20 @@ class Store:
             else:
                 rows = np.arange(n)
                 sorted_slots = slots
-            if names or lists:
-                # a ragged field's list rides along for a backend with ragged_lists (BackendReader.ragged_lists)
-                both = cast("dict[str, np.ndarray]", {**result, **lists})
-                self._read_into(sorted_slots, rows, names + list(lists), both)
+            pin = self._pin(sorted_slots, [*names, *ragged]) if self.replica is not None else None
+            try:
+                if names or lists:
+                    # a ragged field's list rides along for a backend with ragged_lists (BackendReader.ragged_lists)
+                    both = cast("dict[str, np.ndarray]", {**result, **lists})
+                    self._read_into(sorted_slots, rows, names + list(lists), both)
+                for name in ragged:
+                    result[name] = read_ragged(self, name, slots, sorted_slots, rows, lists.get(name))
+            finally:
+                if pin is not None:
+                    pin.release()
         else:
-            rows = sorted_slots = slots
-        for name in ragged:
-            result[name] = read_ragged(self, name, slots, sorted_slots, rows, lists.get(name))
+            for name in ragged:
+                result[name] = read_ragged(self, name, slots, slots, slots, lists.get(name))
         return {name: result[name] for name in self.field_list(fields)}
 
     def _read_into(self, slots: np.ndarray, rows: np.ndarray, names: Sequence[str],
@@ -542,14 +579,14 @@ class Store:
         return exc if slot is None else self._entry_error(exc, int(slot))
 
     def _entry_error(self, exc: EntryDecodeError, slot: int) -> EntryDecodeError:
-        ix = self.index
+        ix = self._slot_index()
         if ix is None:
             index: int | None = slot
         else:
             at = int(np.searchsorted(ix, slot))
             index = at if at < len(ix) and int(ix[at]) == slot else None
         try:
-            key = decode_key(self.slot_key_bytes(slot))
+            key = decode_key(self._slot_key_bytes(slot))
         except (FormatError, IndexError):
             key = "?"
         field, reason = getattr(exc, "field", "?"), getattr(exc, "reason", str(exc))
@@ -561,13 +598,13 @@ class Store:
         err.field, err.slot, err.index, err.key, err.reason = field, slot, index, key, reason  # type: ignore[attr-defined]
         return err
 
-    def entry_sizes(self, name: str, indices: Any = None) -> np.ndarray:
+    def _entry_sizes(self, name: str, indices: Any = None) -> np.ndarray:
         """Stored (encoded) bytes of variable-size field ``name`` for dataset
         ``indices`` (default: every record), int64, from the offsets index
         (no entry is read). For a raw field every size is its entry's bytes."""
         f = self.schema[name]
         idx = np.arange(self.records) if indices is None else indices
-        slots = self.slots_of(idx)
+        slots = self._slots_of(idx)
         if not f.variable:
             return np.full(len(slots), f.nbytes, np.int64)
         return self._b().entry_sizes(name, slots)
@@ -595,7 +632,7 @@ class Store:
             return data / self.records
         n = min(self.records, 4096)
         idx = np.random.default_rng(0).choice(self.records, n, replace=False) if n < self.records else None
-        return float(self.entry_sizes(name, idx).mean())
+        return float(self._entry_sizes(name, idx).mean())
 
     def column(self, name: str) -> np.ndarray:
         """A whole field in dataset order (a copy; cheap for small fields)."""
@@ -613,7 +650,7 @@ class Store:
         self._check_mapped(KEYS_BLOB_FILE)
         return self._key_offsets, self._key_blob
 
-    def slot_key_bytes(self, slot: int) -> bytes:
+    def _slot_key_bytes(self, slot: int) -> bytes:
         """Raw key bytes of ``slot`` (holes included)."""
         if not 0 <= slot < self.slots:
             raise IndexError(f"slot {slot} is out of range for {self.slots} slots")
@@ -625,7 +662,7 @@ class Store:
 
     def key(self, i: int) -> str:
         """The source key (path or id) of dataset index ``i``."""
-        return decode_key(self.slot_key_bytes(self.slot(i)))
+        return decode_key(self._slot_key_bytes(int(self._slots_of([i])[0])))
 
     def skipped(self) -> list[dict[str, Any]]:
         """The skipped inputs (``errors.jsonl``): slot, key, reason.
@@ -682,7 +719,7 @@ class Store:
                 out.append(ent)
         return out
 
-    def checksums(self) -> np.ndarray:
+    def _checksums(self) -> np.ndarray:
         """The stored per-slot checksums (a mapped ``<u8`` array)."""
         return self._map_npy(CHECKSUMS_FILE, self._ck_offset, self.slots)
 
@@ -702,9 +739,14 @@ class Store:
         the pass stops where the budget runs out; the returned
         ``mmstore._os.WarmReport`` then says ``complete=False`` and why.
         ``progress(bytes_done, bytes_planned)`` is called after each chunk.
+
+        A store opened from a URL first fetches every block its cache limit
+        allows into the replica (in file order, verified), then warms that.
         """
         from .. import _os
 
+        if self.replica is not None:
+            self.replica.fill()
         paths = sorted(self.data_paths(), key=lambda p: (os.path.getsize(p), p))
         return _os.warm(paths, chunk_bytes=chunk_bytes, progress=progress,
                          max_fraction=max_fraction, stop_event=stop_event)
@@ -717,13 +759,84 @@ class Store:
         for p in self.data_paths() + [os.path.join(self.path, "manifest.json")]:
             _os.evict(p, sync=sync)
 
+    # -- the slot-level view ------------------------------------------------------
+    @property
+    def slot_view(self) -> SlotView:
+        """The store seen slot by slot, for tools (:class:`~mmstore.store.slots.SlotView`).
 
-def open_store(path: str | os.PathLike[str], **kw: Any) -> Store:
-    """Open the store at ``path`` read-only.
+        A new small object at each access that refers to this store; the store
+        keeps no reference to it, so a store dropped by its last user still
+        releases its mappings and environment at once (no reference cycle)."""
+        return SlotView(self)
+
+    # -- deprecated spellings: the slot-level internals moved to ``slot_view`` -------
+    @property
+    def backend(self) -> BackendReader:
+        """Deprecated: ``store.slot_view.backend``."""
+        _moved("backend")
+        return self._b()
+
+    @property
+    def index(self) -> np.ndarray | None:
+        """Deprecated: ``store.slot_view.index``."""
+        _moved("index")
+        return self._slot_index()
+
+    def slots_of(self, indices: Any) -> np.ndarray:
+        """Deprecated: ``store.slot_view.slots_of``."""
+        _moved("slots_of")
+        return self._slots_of(indices)
+
+    def slot(self, i: int) -> int:
+        """Deprecated: ``store.slot_view.slot``."""
+        _moved("slot")
+        return int(self._slots_of([i])[0])
+
+    def data_offset(self, name: str) -> int:
+        """Deprecated: ``store.slot_view.data_offset``."""
+        _moved("data_offset")
+        return self._data_offset(name)
+
+    def entry_sizes(self, name: str, indices: Any = None) -> np.ndarray:
+        """Deprecated: ``store.slot_view.entry_sizes``."""
+        _moved("entry_sizes")
+        return self._entry_sizes(name, indices)
+
+    def slot_key_bytes(self, slot: int) -> bytes:
+        """Deprecated: ``store.slot_view.slot_key_bytes``."""
+        _moved("slot_key_bytes")
+        return self._slot_key_bytes(slot)
+
+    def checksums(self) -> np.ndarray:
+        """Deprecated: ``store.slot_view.checksums``."""
+        _moved("checksums")
+        return self._checksums()
+
+
+def _moved(name: str) -> None:
+    """The warning of a deprecated ``Store`` attribute (the caller's caller is blamed)."""
+    warnings.warn(f"Store.{name} is deprecated and will be removed in the next version; use "
+                  f"store.slot_view.{name} (the store's slot-level view, mmstore.store.slots.SlotView)",
+                  DeprecationWarning, stacklevel=3)
+
+
+def open_store(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None,
+               cache_limit: int | str | None = None, **kw: Any) -> Store:
+    """Open the store at ``path`` read-only: a local directory (or a
+    ``file://`` URL), or a URL in object storage (``s3://BUCKET/PREFIX``,
+    ``gs://``, ``az://``, ``http(s)://``) of a store put there by ``mmstore push``.
 
     Reads and validates the manifest and checks every file's exact size and
     header; reads no record data, so it costs the same for 1,000 or 10
     million records.
+
+    A URL is read through a local replica under ``cache_dir`` (default
+    ``MMSTORE_CACHE_DIR``, else ``~/.cache/mmstore``): the store's own files,
+    filled block by block as reads need them, each block verified against the
+    digests the push recorded; at most ``cache_limit`` bytes of disk (an int,
+    or a size like ``"200GB"``; default: no limit, and a store that is fully
+    cached stays so for the next run and other processes). Needs
+    ``pip install 'mmstore[remote]'``.
 
     Raises
     ------
@@ -733,5 +846,19 @@ def open_store(path: str | os.PathLike[str], **kw: Any) -> Store:
         Written by another major format version.
     FormatError
         Damaged or inconsistent manifest or files.
+    RemoteError
+        A URL whose bucket, store or credentials are wrong, or whose server
+        does not answer (its kinds in :mod:`mmstore.errors`).
     """
-    return Store(path, **kw)
+    if is_url(path):
+        from ..remote.replica import open_replica  # the client is imported only for a URL
+
+        replica = open_replica(os.fspath(path), cache_dir=cache_dir, cache_limit=cache_limit)
+        try:
+            return Store(replica.store_dir, replica=replica, **kw)
+        except BaseException:
+            replica.close()
+            raise
+    if cache_dir is not None or cache_limit is not None:
+        raise TypeError(f"{os.fspath(path)!r}: cache_dir and cache_limit are for stores opened from a URL")
+    return Store(local_path(path), **kw)

@@ -21,7 +21,17 @@ from typing import Any
 import numpy as np
 
 from .._os.crash import crash_point
-from .._os.io import atomic_write, check_space, fallocate, fsync_dir, fsync_file, hasher, pwrite_all, record_checksum
+from .._os.io import (
+    atomic_write,
+    check_space,
+    copy_range,
+    fallocate,
+    fsync_dir,
+    fsync_file,
+    hasher,
+    pwrite_all,
+    record_checksum,
+)
 from .._os.lock import acquire_lock, release_lock
 from .._version import __version__
 from ..errors import DestinationError, SchemaError, StoreExistsError
@@ -629,6 +639,47 @@ def write_durable(path: str, head: Any, body: Any = None) -> None:
         fsync_file(fd)
     finally:
         os.close(fd)
+
+
+class FileAppender:
+    """New files of a store being built in ``directory``, each written by
+    appending at its own end: the bookkeeping files a merge concatenates
+    from its parts, or a data file it copies. Created empty (truncated);
+    :meth:`close` fsyncs them (``sync``) and closes them."""
+
+    def __init__(self, directory: str, names: list[str]) -> None:
+        self.fds: dict[str, int] = {}
+        try:
+            for n in names:
+                self.fds[n] = os.open(os.path.join(directory, n), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        except BaseException:
+            self.close(sync=False)
+            raise
+        self.pos = {n: 0 for n in names}
+
+    def put(self, name: str, data: Any) -> None:
+        """Append ``data`` (any buffer) to file ``name``."""
+        pwrite_all(self.fds[name], data, self.pos[name])
+        self.pos[name] += len(memoryview(data).cast("B"))
+
+    def copy(self, name: str, src_fd: int, offset: int, n: int) -> int:
+        """Append ``n`` bytes of descriptor ``src_fd`` from ``offset`` to file
+        ``name`` (kernel-side where possible, ``_os.io.copy_range``); returns
+        the bytes copied, fewer than ``n`` when the source ended first (the
+        caller says what that means)."""
+        done = copy_range(src_fd, self.fds[name], offset, self.pos[name], n)
+        self.pos[name] += done
+        return done
+
+    def close(self, sync: bool) -> None:
+        try:
+            for fd in self.fds.values():
+                if sync:
+                    fsync_file(fd)
+        finally:
+            for fd in self.fds.values():
+                os.close(fd)
+            self.fds = {}
 
 
 def errors_jsonl(skips: Any, annotations: Any = ()) -> bytes:

@@ -164,7 +164,8 @@ class EpochBatches:
             got = self.reads.read(idx, slot, lo, hi)
         else:
             # window buffers (mmstore/engine/direct.py): the positional fields come out of them
-            copy_rows(a + lo, self.reads.store.slots_of(idx[lo:hi]), {f: slot[f][lo:hi] for f in self.reads.files})
+            copy_rows(a + lo, self.reads.store.slot_view.slots_of(idx[lo:hi]),
+                      {f: slot[f][lo:hi] for f in self.reads.files})
             got = self.reads.read(idx, slot, lo, hi, files=False)
         return None if got is None else self.ragged.piece(got)  # type: ignore[union-attr]
 

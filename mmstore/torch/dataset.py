@@ -44,7 +44,7 @@ from torch.utils.data import Dataset, get_worker_info
 from torch.utils.data._utils.collate import default_collate, default_collate_fn_map
 
 from ..format.ragged import Ragged
-from ..store.reader import Store
+from ..store.reader import Store, open_store
 from ._ragged import Padded, check_mode, check_pad, pad_list, ragged_batch, sample_of, split_fields
 
 __all__ = ["Padded", "StoreBatch", "StoreDataset", "collate", "open_store_arg"]
@@ -55,8 +55,8 @@ def open_store_arg(store: Store | str | os.PathLike[str]) -> Store:
     if isinstance(store, Store):
         return store
     if isinstance(store, (str, os.PathLike)):
-        return Store(store)
-    raise TypeError(f"expected an mmstore.Store or a path, got {type(store).__name__}")
+        return open_store(store)  # a path or a URL (s3://...)
+    raise TypeError(f"expected an mmstore.Store, a path or a URL, got {type(store).__name__}")
 
 
 def image_fields(store: Store, fields: Sequence[str]) -> set[str]:

@@ -152,6 +152,7 @@ import torch
 
 from .. import _os
 from ..engine.direct import DirectWindows
+from ..engine.fetch import FETCH_WINDOW_BYTES, RemoteWindows, fetch_bounds, remote_cost
 from ..engine.inflight import InFlight
 from ..engine.plan import LoaderPlan, plan_memory, widen_ring
 from ..engine.reads import (
@@ -336,6 +337,7 @@ class Loader(Resumable):
         n = len(self.store) if src.indices is None else len(src.indices)
         rb = max(1, sum(self.store.schema[f].nbytes for f in self.fields))  # decoded: the ring's
         sb = self.store.stored_record_bytes(self.fields)  # on disk: the page cache's and the windows'
+        self._record_bytes = sb
         self._plan = LoaderPlan(**plan_memory(
             batch_bytes=self.batch_size * rb, record_bytes=sb, records=n, hold=self.tuning.hold + self._check,
             prefetch=self.tuning.prefetch, mem_bytes=self.tuning.mem_bytes,
@@ -512,8 +514,9 @@ class Loader(Resumable):
         # (block shuffles: 2.1x the page-cache pass; sequential orders: 1.4x on the
         # simulated HDD, the same speed for a third of the system CPU here)
         preadv = bool(preadv_fields(self.store, self._fixed, t.method))  # O_DIRECT serves these fields only
+        remote = self.store.replica is not None  # the replica's fetch pass reads ahead instead (engine/fetch.py)
         direct = (windows and not p.fits and t.window_prefetch == "read" and isinstance(o, DIRECT_ORDERS)
-                  and p.cache_bytes >= DIRECT_MIN_CACHE and preadv)
+                  and p.cache_bytes >= DIRECT_MIN_CACHE and preadv and not remote)
         if not windows and t.prefetch is None:  # a store that does not fit: more batches in flight
             out.update(widen_ring(vars(p)))
         # a store that does not fit, read per batch: records read with O_DIRECT
@@ -521,7 +524,7 @@ class Loader(Resumable):
         # (fields of at least PREAD_MIN_BYTES a record: method="pread"'s small ones keep the page cache)
         large = any(self.store.schema[f].nbytes >= PREAD_MIN_BYTES for f in preadv_fields(self.store, self._fixed,
                                                                                            t.method))
-        direct_reads = not windows and not p.fits and large and not isinstance(o, Sequential)
+        direct_reads = not windows and not p.fits and large and not isinstance(o, Sequential) and not remote
         out.update(
             readahead="windows" if windows else "per batch", window_records=records if windows else 0,
             window_direct=direct, drop_behind=windows and not p.fits and not direct,
@@ -616,8 +619,23 @@ class Loader(Resumable):
         )
         inflight = InFlight(self.ring_size)
         self._tasks = inflight  # from now on the next iter()/close() waits for these reads
-        window: DirectWindows | WindowPrefetch | None = None
-        if bounds is not None and not reads.cached and self._plan.window_direct and reads.files:
+        window: DirectWindows | WindowPrefetch | RemoteWindows | None = None
+        replica = self.store.replica
+        if replica is not None:
+            if isinstance(self.order, BlockShuffle):
+                fb = self.order.window_bounds(epoch)
+                if start:
+                    fb = np.unique(np.clip(fb - start * self.batch_size, 0, None))
+            elif isinstance(self.order, Sequential):
+                lim = replica.cache_limit
+                fb = fetch_bounds(len(idx), self.batch_size, max(1, self._record_bytes),
+                                  FETCH_WINDOW_BYTES if lim is None else max(1, min(FETCH_WINDOW_BYTES, lim // 4)))
+            else:  # records one by one: a batch touches a block per record, so a window is one batch
+                fb = fetch_bounds(len(idx), self.batch_size, max(1, self._record_bytes), 1)
+            window = RemoteWindows(self.store, self.fields, idx, fb, inflight, replica)
+            self._plan.remote = {**replica.describe(), "windows": len(fb) - 1,
+                                 "cost": remote_cost(replica, self.order, self._record_bytes)}
+        elif bounds is not None and not reads.cached and self._plan.window_direct and reads.files:
             window = DirectWindows(reads, idx, bounds, t.window_threads, inflight,
                                    cap=2 * self._plan.window_bytes, batch_size=self.batch_size)
         elif bounds is not None and not reads.cached:
@@ -676,6 +694,9 @@ class Loader(Resumable):
     def _do_warm(self) -> None:
         """The first epoch's warm pass (``tuning.warm``), decided once."""
         self._warmed = True
+        if self.store.replica is not None:  # the fetch pass brings the blocks in, in the order's order
+            self._plan.warm = "none"
+            return
         paths = data_paths(self.store, self.fields)
         mode, auto = self.tuning.warm, self.tuning.warm == "auto"
         if auto:

@@ -101,8 +101,8 @@ def test_show_indices_and_errors(img_store, tmp_path, capsys):
     assert rc == 2
     p = write_store(tmp_path / "noimg", 5, schema={"x": ("<f4", (3,))},
                     make=lambda i: {"x": np.zeros(3, np.float32)})
-    rc, out, _ = run_cli(["show", p, "-o", tmp_path / "g2.png"], capsys)
-    assert rc == 1 and "no image field" in out
+    rc, _, err = run_cli(["show", p, "-o", tmp_path / "g2.png"], capsys)
+    assert rc == 2 and "no image field" in err
 
 
 def _evict_exit_code(store) -> int:

@@ -65,7 +65,7 @@ def test_convert_raw_to_jpeg_encodes_the_raw_pixels(tmp_path, raw_store, capsys)
     assert c.skipped() == r.skipped() and len(c) == len(r) == N - len(HOLES)
     jpeg, entries = parse_codec("jpeg:90"), _entries(dest, "image")
     for i in range(len(r)):
-        s = r.slot(i)
+        s = r.slot_view.slot(i)
         assert entries[s] == jpeg.encode(r[i]["image"])  # the raw pixels, encoded
         assert np.array_equal(c[i]["label"], r[i]["label"]) and np.array_equal(c[i]["box"], r[i]["box"])
     assert all(entries[s] == b"" for s in HOLES)
@@ -104,7 +104,7 @@ def test_convert_between_backends_keeps_the_encoded_entries(tmp_path, cuts):
     assert cli("convert", src, lm, "--backend", "lmdb", "--no-progress") == 0
     s, m = mmstore.open(src), mmstore.open(lm)
     assert m.backend_name == "lmdb" and m.schema == s.schema
-    assert np.array_equal(np.asarray(m.checksums()), np.asarray(s.checksums()))  # same stored bytes
+    assert np.array_equal(np.asarray(m.slot_view.checksums()), np.asarray(s.slot_view.checksums()))  # same stored bytes
     assert m.provenance["codec_libraries"] == s.provenance.get("codec_libraries", m.provenance["codec_libraries"])
     _assert_decodes_like(src, lm)
     assert cli("convert", lm, back, "--backend", "memmap", "--no-progress") == 0
@@ -190,7 +190,7 @@ def test_merge_encoded_shards_reads_like_a_single_run(tmp_path, shards, copy):
         with open(os.path.join(dest, name), "rb") as fa, open(os.path.join(single, name), "rb") as fb:
             assert fa.read() == fb.read(), name
     _assert_decodes_like(single, dest)
-    assert np.array_equal(m.entry_sizes("image"), s.entry_sizes("image"))
+    assert np.array_equal(m.slot_view.entry_sizes("image"), s.slot_view.entry_sizes("image"))
     assert cli("verify", dest) == 0
 
 
@@ -329,7 +329,8 @@ def test_repair_reencodes_a_damaged_entry_and_proves_it(tmp_path, photo_folder, 
         assert store_bytes(st) == store_bytes(ref)  # the original bytes, proven by the checksums
     else:
         _assert_decodes_like(ref, st)
-        assert np.array_equal(np.asarray(mmstore.open(st).checksums()), np.asarray(mmstore.open(ref).checksums()))
+        assert np.array_equal(np.asarray(mmstore.open(st).slot_view.checksums()),
+                              np.asarray(mmstore.open(ref).slot_view.checksums()))
 
 
 def test_repair_refuses_with_another_encoder_version(tmp_path, photo_folder, capsys):
@@ -379,14 +380,14 @@ def test_inspect_reports_codecs_sizes_and_ratios(tmp_path, backend, capsys):
     rc, rep = run_json(["inspect", src, "--sample", "0"], capsys)
     assert rc == 0
     rows = {r["name"]: r for r in rep["field_sizes"]}
-    sizes = s.entry_sizes("image")
+    sizes = s.slot_view.entry_sizes("image")
     assert len(sizes) == 29 and rows["image"]["codec"] == "jpeg:90" and rows["image"]["raw_bytes"] == 16 * 12 * 3
     assert rows["image"]["stored_min"] == sizes.min() and rows["image"]["stored_max"] == sizes.max()
     assert rows["image"]["stored_mean"] == round(float(sizes.mean()), 1)
     assert rows["image"]["ratio"] == round(576 / sizes.mean(), 2)
     assert rows["label"] == {"name": "label", "codec": "raw", "raw_bytes": 8, "stored_mean": 8.0, "stored_min": 8,
                              "stored_max": 8, "ratio": 1.0}
-    box = s.entry_sizes("box")
+    box = s.slot_view.entry_sizes("box")
     assert rows["box"]["codec"] == "zstd:3" and rows["box"]["stored_max"] == box.max()
     assert rep["raw_data_bytes"] == 29 * (576 + 8 + 16)
     assert rep["data_bytes"] == round(float(sizes.sum()) + 29 * 8 + float(box.sum()))

@@ -223,7 +223,7 @@ def test_verify_names_a_bad_record_with_a_non_utf8_key(tmp_path, capsys):
         for i in range(3):
             w.write(i, {"x": np.full(16, i, np.uint8)}, key=b"r\xe9cord-%d" % i)
     with mmstore.open(store) as s:
-        path, off, nb = s.backend.field_location("x")
+        path, off, nb = s.slot_view.backend.field_location("x")
     flip_bit(path, off + nb + 3)
     rc, rep = run_json(["verify", store], capsys)
     assert rc == 1 and os.fsencode(rep["bad_records"][0]["key"]) == b"r\xe9cord-1"
@@ -249,8 +249,8 @@ def _ingest(src, dest, backend="memmap", **kw):
 
 def _damage_image(store, index):
     with mmstore.open(store) as s:
-        slot = s.slot(index)
-        path, off, nb = s.backend.field_location("image")
+        slot = s.slot_view.slot(index)
+        path, off, nb = s.slot_view.backend.field_location("image")
     flip_bit(path, off + slot * nb + 5, bit=2)
     return slot
 

@@ -33,10 +33,10 @@ def _ingest(source, dest, backend):
 
 def _damage(store_dir, index):
     with mmstore.open(store_dir) as s:
-        slot = s.slot(index)
+        slot = s.slot_view.slot(index)
         key = s.key(index)
         if s.backend_name == "memmap":
-            path, off, nb = s.backend.field_location("image")
+            path, off, nb = s.slot_view.backend.field_location("image")
         else:
             path = None
     if path is not None:
@@ -65,8 +65,8 @@ def test_repair_finds_a_damaged_label(tmp_path, source, capsys):
     fresh = str(tmp_path / "fresh")
     shutil.copytree(dest, fresh)
     with mmstore.open(dest) as s:
-        slot = s.slot(70)
-        path, off, nb = s.backend.field_location("label")
+        slot = s.slot_view.slot(70)
+        path, off, nb = s.slot_view.backend.field_location("label")
     flip_bit(path, off + slot * nb, bit=1)
     rc, _ = run_json(["verify", dest, "--repair"], capsys)
     assert rc == 0
@@ -106,12 +106,12 @@ def test_repair_merged_store(tmp_path, source, backend, capsys):
     merged = ingest_mod.merge(parts, str(tmp_path / "merged"))
     with mmstore.open(merged) as s:
         index = 50
-        slot, key = s.slot(index), s.key(index)
+        slot, key = s.slot_view.slot(index), s.key(index)
         k = int(np.searchsorted(np.cumsum(s.segments), slot, side="right"))
         local = slot - ([0, *np.cumsum(s.segments).tolist()])[k]
         assert k == 1
         if backend == "memmap":
-            seg = s.backend.field_segments("image")[k]
+            seg = s.slot_view.backend.field_segments("image")[k]
             flip_bit(seg.path, seg.offset + local * seg.entry_bytes + 7, bit=3)
         else:
             flip_lmdb_bits(merged, [local], 7, mask=8, name=f"records.{k:05d}.mdb")

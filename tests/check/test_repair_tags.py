@@ -40,9 +40,9 @@ def test_repair_a_damaged_image_keeps_tags_and_text(tmp_path, tagged_list, backe
     fresh = str(tmp_path / "fresh")
     shutil.copytree(dest, fresh)
     with mmstore.open(dest) as s:
-        slot, key = s.slot(7), s.key(7)
+        slot, key = s.slot_view.slot(7), s.key(7)
         assert s[7]["tags"].tolist() == [3] and s[7]["text"] == "caption 7, é"
-        loc = s.backend.field_location("image") if backend == "memmap" else None
+        loc = s.slot_view.backend.field_location("image") if backend == "memmap" else None
     if loc is not None:
         path, off, nb = loc
         flip_bit(path, off + slot * nb + 5, bit=2)

@@ -39,9 +39,9 @@ def test_single_flipped_bit_in_10000_records_is_named(big, tmp_path, capsys):
     shutil.copytree(big, p)
     s = mmstore.open(p)
     index = 6789
-    slot = s.slot(index)
+    slot = s.slot_view.slot(index)
     key = s.key(index)
-    path, off, nb = s.backend.field_location("image")
+    path, off, nb = s.slot_view.backend.field_location("image")
     s.close()
     flip_bit(path, off + slot * nb + 137, bit=5)
     rep = verify_store(p, threads=2)
@@ -149,7 +149,7 @@ def test_index_and_keys_consistency(tmp_path):
 def test_nonzero_hole_memmap(tmp_path):
     p = write_store(tmp_path / "s", 30, holes=(9,))
     s = mmstore.open(p)
-    path, off, nb = s.backend.field_location("score")
+    path, off, nb = s.slot_view.backend.field_location("score")
     s.close()
     flip_bit(path, off + 9 * nb)
     rep = verify_store(p)

@@ -34,7 +34,7 @@ def test_100_random_flips_in_memmap_data_files_each_named(tmp_path):
     fields = list(SCHEMA)
     for trial in range(100):
         name = fields[int(rng.integers(0, len(fields)))]
-        fpath, off0, entry = store.backend.field_location(name)
+        fpath, off0, entry = store.slot_view.backend.field_location(name)
         slot = int(rng.integers(0, N))
         offset = off0 + slot * entry + int(rng.integers(0, entry))
         bit = int(rng.integers(0, 8))
@@ -48,7 +48,7 @@ def test_100_random_flips_in_memmap_data_files_each_named(tmp_path):
             if slot in (7, 150):
                 assert bad.index is None and bad.what == "hole-not-zero"
             else:
-                assert bad.index == store.slots_of(np.arange(len(store))).tolist().index(slot)
+                assert bad.index == store.slot_view.slots_of(np.arange(len(store))).tolist().index(slot)
                 assert bad.what == "checksum"
         finally:
             flip_bit(fpath, offset, bit)

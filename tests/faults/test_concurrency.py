@@ -77,7 +77,7 @@ def test_16_reader_processes_while_verify_runs(tmp_path, backend):
 def test_lmdb_more_readers_than_the_default_limit(tmp_path):
     path = _make(str(tmp_path / "l"), "lmdb")
     store = mmstore.open(path)
-    env = store.backend.env()
+    env = store.slot_view.backend.env()
     txns = [env.begin() for _ in range(200)]  # LMDB's default max_readers is 126
     try:
         vals = {txn.get((7).to_bytes(8, "big"))[:16] for txn in txns}

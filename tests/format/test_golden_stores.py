@@ -185,9 +185,9 @@ def test_keys_slots_and_skipped(golden):
     s = mmstore.open(path)
     for j, item in enumerate(exp["items"]):
         assert s.key(j) == item["key"]
-        assert s.slot(j) == item["slot"]
+        assert s.slot_view.slot(j) == item["slot"]
     for hole in exp["skipped"]:
-        assert s.slot_key_bytes(hole["slot"]) == hole["key"].encode("utf-8")
+        assert s.slot_view.slot_key_bytes(hole["slot"]) == hole["key"].encode("utf-8")
     assert s.skipped() == exp["skipped"]
     assert s.skipped_annotations() == []
 

@@ -325,7 +325,7 @@ def test_a_segmented_ragged_store_reads_like_the_single_one(tmp_path):
     seg_path = write(tmp_path / "seg")
     split_into_segments(seg_path, [6, 0, 11])
     seg = mmstore.open(seg_path)
-    assert seg.backend.segmented
+    assert seg.slot_view.backend.segmented
     idx = np.random.default_rng(3).permutation(len(one))
     a, b = one.read_batch(idx), seg.read_batch(idx)
     for f in SCHEMA:
@@ -431,7 +431,7 @@ def test_shards_merged_read_like_one_run_and_verify(tmp_path, backend):
         assert np.array_equal(x[f].values, y[f].values) and np.array_equal(x[f].offsets, y[f].offsets)
     assert all(same(m[i]["boxes"], a[i]["boxes"], "boxes") for i in range(len(a)))
     assert verify_store(out, decode=True).ok
-    assert np.array_equal(m.checksums(), a.checksums())
+    assert np.array_equal(m.slot_view.checksums(), a.slot_view.checksums())
 
 
 @pytest.mark.parametrize(("ent", "match"), [

@@ -241,10 +241,10 @@ def test_cli_exits_1_when_every_file_of_a_folder_is_corrupt(tmp_path, h):
     with pytest.raises(AllInputsFailedError) as ei:
         ingest(src, dest, (16, 16), workers=0, quiet=True, overwrite=True)
     assert ei.value.failed == 3 and ei.value.key in ("bad0.jpg", "bad1.jpg", "bad2.jpg")
-    # an empty folder is refused as before: nothing is created
+    # an empty folder is an input error (exit 2), as it was refused before: nothing is created
     os.makedirs(str(tmp_path / "empty"))
     p = run_sub(["ingest", str(tmp_path / "empty"), str(tmp_path / "e.store"), "--size", "16x16"])
-    assert p.returncode == 1 and "no inputs found (empty source); nothing was created" in p.stderr
+    assert p.returncode == 2 and "no inputs found (empty source); nothing was created" in p.stderr
     assert not os.path.exists(str(tmp_path / "e.store")) and not os.path.exists(str(tmp_path / "e.store.partial"))
 
 

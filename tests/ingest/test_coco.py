@@ -347,9 +347,9 @@ def test_repair_rederives_the_record(tmp_path, coco, backend, capsys):
     fresh = str(tmp_path / "fresh")
     shutil.copytree(dest, fresh)
     with mmstore.open(dest) as s:
-        slot = s.slot(1)
+        slot = s.slot_view.slot(1)
         if backend == "memmap":
-            p, off, nb = s.backend.field_location("image")
+            p, off, nb = s.slot_view.backend.field_location("image")
     if backend == "memmap":
         flip_bit(p, off + slot * nb + 5, bit=2)
     else:
@@ -363,20 +363,20 @@ def test_repair_rederives_the_record(tmp_path, coco, backend, capsys):
     assert_same_files(dest, fresh)
 
 
-def test_readme_snippet_runs(tmp_path, coco, monkeypatch):
-    """The README's "Detection data (COCO layout)" snippet, unchanged, on the synthetic COCO."""
+def test_guide_snippet_runs(tmp_path, coco, monkeypatch):
+    """The COCO guide snippet, unchanged, on the synthetic COCO."""
     pytest.importorskip("torch")
     import re
 
-    readme = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "README.md")
+    readme = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "guides", "coco.md")
     with open(readme, encoding="utf-8") as fh:
         m = re.search(r"<!-- test: coco -->\n```python\n(.*?)```", fh.read(), re.DOTALL)
-    assert m, "the README's COCO snippet is missing"
+    assert m, "the guide's COCO snippet is missing"
     path, imgs, rects = coco
     monkeypatch.chdir(tmp_path)
     ingest(path, "coco_val.store", size=(48, 64), resize="pad", root=imgs, workers=0, quiet=True)
     ns: dict = {}
-    exec(compile(m.group(1), "README.md", "exec"), ns)  # noqa: S102 - the README snippet is the test
+    exec(compile(m.group(1), "docs/guides/coco.md", "exec"), ns)  # noqa: S102 - the README snippet is the test
     assert ns["names"] == {1: "person", 3: "car", 7: "unused"}
     assert len(ns["results"]) == 5
     # the stored boxes mapped back are the JSON's boxes (to float32 rounding), as COCO's [x, y, w, h]

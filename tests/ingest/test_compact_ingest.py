@@ -55,7 +55,7 @@ def test_jpeg_entries_are_the_raw_ingest_encoded_for_any_worker_count(tmp_path, 
     entries = _entries(ref, "image")
     for i in range(len(r)):
         raw_rec, rec = r[i], c[i]
-        assert entries[c.slot(i)] == jpeg.encode(raw_rec["image"])  # encoded from the decoded, resized pixels
+        assert entries[c.slot_view.slot(i)] == jpeg.encode(raw_rec["image"])  # encoded from the decoded, resized pixels
         assert np.array_equal(rec["box"], raw_rec["box"]) and np.array_equal(rec["label"], raw_rec["label"])
         assert np.abs(rec["image"].astype(int) - raw_rec["image"]).mean() < 8
     prov = c.provenance

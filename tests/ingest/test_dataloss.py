@@ -133,7 +133,7 @@ def test_csv_missing_label_class_refuses_when_minus_one_is_a_real_label(h, tmp_p
     -1, that would merge them into a real class."""
     lst = _list(tmp_path, h, ["-1", "10", "", "2"])
     dest = tmp_path / "s"
-    assert h.cli("ingest", lst, dest, "--size", "8x8", "--workers", "0", "-q", "--missing-label", "class") == 1
+    assert h.cli("ingest", lst, dest, "--size", "8x8", "--workers", "0", "-q", "--missing-label", "class") == 2
     assert "already uses -1" in capsys.readouterr().err
     assert not os.path.exists(dest) and not os.path.exists(str(dest) + ".partial")
     assert h.cli("ingest", lst, dest, "--size", "8x8", "--workers", "0", "-q") == 0  # the blank row: a hole
@@ -143,7 +143,7 @@ def test_csv_missing_label_class_refuses_when_minus_one_is_a_real_label(h, tmp_p
 
 def test_csv_mixed_label_column_is_refused_unless_told(h, tmp_path, capsys):
     lst = _list(tmp_path, h, ["5", "cat", "2"])
-    assert h.cli("ingest", lst, tmp_path / "s", "--size", "8x8", "--workers", "0", "-q") == 1
+    assert h.cli("ingest", lst, tmp_path / "s", "--size", "8x8", "--workers", "0", "-q") == 2
     assert "mixes integers" in capsys.readouterr().err
     assert not os.path.exists(tmp_path / "s") and not os.path.exists(tmp_path / "s.partial")
     assert h.cli("ingest", lst, tmp_path / "i", "--size", "8x8", "--workers", "0", "-q", "--label-type", "int") == 0

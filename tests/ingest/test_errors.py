@@ -81,7 +81,7 @@ def test_every_bad_input_kind_is_a_hole(tmp_path, h, capsys):
     with open(os.path.join(dest, "errors.jsonl")) as fh:
         lines = [json.loads(x) for x in fh]
     assert [x["slot"] for x in lines] == sorted(x["slot"] for x in lines)
-    ck = s.checksums()
+    ck = s.slot_view.checksums()
     img = np.load(os.path.join(dest, "image.npy"), mmap_mode="r")
     for x in lines:
         assert ck[x["slot"]] == 0 and not img[x["slot"]].any()

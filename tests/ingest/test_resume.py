@@ -196,16 +196,16 @@ def test_resume_refuses_other_inputs_or_parameters(tmp_path, h, capsys):
     assert h.cli("ingest", root, dest, "--size", "8x8", "-q") == 2
     assert "--resume" in capsys.readouterr().err
     # other parameters
-    assert h.cli("ingest", root, dest, "--size", "8x9", "-q", "--resume") == 1
+    assert h.cli("ingest", root, dest, "--size", "8x9", "-q", "--resume") == 2
     err = capsys.readouterr().err
-    assert "cannot resume" in err and "decode" in err
+    assert "cannot resume" in err and "size was 8x8, now 8x9" in err
     with pytest.raises(ResumeMismatchError):
         ingest(root, dest, (8, 8), resize="stretch", resume=True, quiet=True)
     # other inputs: a file changed
     good = os.path.join(root, "dog", "img000.jpg")
     st = os.stat(good)
     os.utime(good, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))
-    assert h.cli("ingest", root, dest, "--size", "8x8", "-q", "--resume") == 1
+    assert h.cli("ingest", root, dest, "--size", "8x8", "-q", "--resume") == 2
     assert "input files changed" in capsys.readouterr().err
     os.utime(good, ns=(st.st_atime_ns, st.st_mtime_ns))
     assert h.cli("ingest", root, dest, "--size", "8x8", "-q", "--resume") == 0
@@ -271,7 +271,7 @@ def test_shard_and_merge_identical_to_single_run(tmp_path, h, mixed, capsys):
     assert s.label_names == mmstore.open(ref).label_names
     assert s.provenance["ingest"]["fingerprint"] == mmstore.open(ref).provenance["ingest"]["fingerprint"]
     # missing part / parts of another ingest
-    assert h.cli("merge", parts[0], parts[1], str(tmp_path / "m2")) == 1
+    assert h.cli("merge", parts[0], parts[1], str(tmp_path / "m2")) == 2
     assert "missing shard" in capsys.readouterr().err
     other = str(tmp_path / "other")
     _run_ok(h, "ingest", mixed, other, "--size", "8x8", "-q", "--shard", "2/3")

@@ -237,7 +237,7 @@ def test_empty_source_is_an_error_and_creates_nothing(tmp_path, h, capsys):
     root.mkdir()
     (root / "notes.txt").write_text("x")
     dest = tmp_path / "out" / "s.store"
-    assert h.cli("ingest", str(root), str(dest), "--size", "8x8") == 1
+    assert h.cli("ingest", str(root), str(dest), "--size", "8x8") == 2
     assert "no inputs found" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
     with pytest.raises(IngestError):
@@ -245,18 +245,18 @@ def test_empty_source_is_an_error_and_creates_nothing(tmp_path, h, capsys):
     assert not (tmp_path / "out").exists()
     lst = tmp_path / "l.csv"
     lst.write_text("path\n")
-    assert h.cli("ingest", str(lst), str(dest), "--size", "8x8", "-q") == 1
+    assert h.cli("ingest", str(lst), str(dest), "--size", "8x8", "-q") == 2
     assert not (tmp_path / "out").exists()
 
 
 def test_usage_errors(tmp_path, h, capsys):
     root = tmp_path / "i"
     h.make_folder(str(root), per_class=1)
-    assert h.cli("ingest", str(root), str(tmp_path / "x"), "-q") == 1  # no --size
+    assert h.cli("ingest", str(root), str(tmp_path / "x"), "-q") == 2  # no --size
     assert "--size" in capsys.readouterr().err
     assert h.cli("ingest", str(root), str(tmp_path / "x"), "--size", "abc") == 2
-    assert h.cli("ingest", str(root), str(tmp_path / "x"), "--size", "8x8", "--root", "r") == 1  # list-only option
-    assert h.cli("ingest", str(tmp_path / "nope"), str(tmp_path / "x"), "--size", "8x8") == 1
+    assert h.cli("ingest", str(root), str(tmp_path / "x"), "--size", "8x8", "--root", "r") == 2  # list-only option
+    assert h.cli("ingest", str(tmp_path / "nope"), str(tmp_path / "x"), "--size", "8x8") == 2
     assert h.cli("ingest", str(root), str(tmp_path / "x"), "--size", "8x8", "--shard", "4/4") == 2
 
 

@@ -121,14 +121,14 @@ class TestBackendContract:
         s = mmstore.open(self.make(kind, tmp_path, n=12, holes=(0, 5, 11)))
         live = [i for i in range(12) if i not in (0, 5, 11)]
         assert len(s) == 9 and s.slots == 12
-        np.testing.assert_array_equal(s.index, live)
+        np.testing.assert_array_equal(s.slot_view.index, live)
         b = s.read_batch(range(9))
         np.testing.assert_array_equal(b["image"], expected(live)["image"])
         assert [s.key(i) for i in range(9)] == [f"in/{x:05d}.jpg" for x in live]
         sk = s.skipped()
         assert [e["slot"] for e in sk] == [0, 5, 11] and sk[1]["key"] == "in/00005.jpg"
         assert sk[1]["reason"] == "corrupt: test hole 5"
-        ck = s.checksums()
+        ck = s.slot_view.checksums()
         assert ck[0] == 0 and ck[5] == 0 and ck[1] != 0
 
     def test_empty_and_single(self, kind, tmp_path):
@@ -153,8 +153,8 @@ class TestBackendContract:
         from mmstore._os.io import record_checksum
 
         s = mmstore.open(self.make(kind, tmp_path, n=6, holes=(2,)))
-        ck = s.checksums()
-        for slot, packed in s.backend.iter_packed(0, 6):
+        ck = s.slot_view.checksums()
+        for slot, packed in s.slot_view.backend.iter_packed(0, 6):
             if slot == 2:
                 assert ck[slot] == 0
                 continue
@@ -171,7 +171,7 @@ class TestBackendContract:
         s = mmstore.open(build(os.path.join(tmp_path, "keys"), kind, 3, key=keys.__getitem__))
         assert os.fsencode(s.key(0)) == b"caf\xe9/\xff\xfe.jpg"
         assert s.key(1) == "ünïcode/猫.jpg"
-        assert s.slot_key_bytes(2) == b"\x00bytes\x80"
+        assert s.slot_view.slot_key_bytes(2) == b"\x00bytes\x80"
 
     def test_order_of_writes_gives_identical_files(self, kind, tmp_path):
         a = build(os.path.join(tmp_path, "a"), kind, 30, holes=(4, 17))
@@ -197,7 +197,7 @@ class TestBackendContract:
         """``segment_backends`` tile the slots in order, each reading its own
         slots as the store's backend reads them at ``first + j``."""
         s = mmstore.open(self.make(kind, tmp_path, n=40, holes=(3, 20)))
-        b = s.backend
+        b = s.slot_view.backend
         assert (b.name, b.segmented) == (kind.split("-")[0], kind.endswith("-merged"))
         parts = b.segment_backends()
         assert [p.slots for p in parts] == (s.segments or [s.slots])
@@ -219,7 +219,7 @@ class TestBackendContract:
         """A positional backend says where every entry is (its bytes are the
         field's, holes zero); any other refuses to, naming the capability."""
         s = mmstore.open(self.make(kind, tmp_path, n=40, holes=(3,)))
-        b = s.backend
+        b = s.slot_view.backend
         if not b.positional:
             for call in (b.field_segments, b.array, b.check_mapped):
                 with pytest.raises(NotImplementedError, match="positional"):
@@ -263,7 +263,7 @@ class TestMemmap:
                 want = np.zeros_like(sample(s)[name]) if s == 3 else sample(s)[name]
                 np.testing.assert_array_equal(arr[s], want)
         ck = np.load(os.path.join(path, "_checksums.npy"), mmap_mode="r")
-        np.testing.assert_array_equal(ck, mmstore.open(path).checksums())
+        np.testing.assert_array_equal(ck, mmstore.open(path).slot_view.checksums())
         ix = np.load(os.path.join(path, "_index.npy"))
         np.testing.assert_array_equal(ix, [0, 1, 2, 4, 5, 6, 7, 8])
 
@@ -278,8 +278,8 @@ class TestLmdb:
         path = self.make(tmp_path, n=5)
         assert "records.mdb" in os.listdir(path)
         assert not any(n.endswith("-lock") for n in os.listdir(path))
-        assert mmstore.open(path).backend.readahead is False  # 200-byte records
-        assert mmstore.open(path, lmdb_readahead=True).backend.readahead is True
+        assert mmstore.open(path).slot_view.backend.readahead is False  # 200-byte records
+        assert mmstore.open(path, lmdb_readahead=True).slot_view.backend.readahead is True
 
     def test_keys_are_big_endian_slots_values_packed(self, tmp_path):
         import lmdb
@@ -354,7 +354,7 @@ class TestLmdb:
         path = self.make(tmp_path, n=5)
         s = mmstore.open(path)
         s[1]
-        key = s.backend._env_key
+        key = s.slot_view.backend._env_key
         with lb._registry():
             s.close()  # the release comes while the lock is held by this very thread
             assert key in lb._ENVS and lb._PENDING == [key]
@@ -407,7 +407,7 @@ def test_memmap_equals_lmdb(tmp_path):
     ra, rb = a.read_batch(idx), b.read_batch(idx)
     for k in SMALL_SCHEMA:
         np.testing.assert_array_equal(ra[k], rb[k])
-    np.testing.assert_array_equal(a.checksums(), b.checksums())
+    np.testing.assert_array_equal(a.slot_view.checksums(), b.slot_view.checksums())
 
 
 @pytest.mark.parametrize("kind", KINDS[1:])
@@ -420,8 +420,8 @@ def test_every_kind_reads_like_plain_memmap(tmp_path, kind):
 def _make_hole_non_zero(path, slot):
     """Put non-zero bytes where hole ``slot`` is (the file's own way)."""
     s = mmstore.open(path)
-    if s.backend.name == "memmap":
-        seg = next(g for g in s.backend.field_segments("image") if g.first <= slot < g.first + g.count)
+    if s.slot_view.backend.name == "memmap":
+        seg = next(g for g in s.slot_view.backend.field_segments("image") if g.first <= slot < g.first + g.count)
         with open(seg.path, "r+b") as fh:
             fh.seek(seg.offset + (slot - seg.first) * seg.entry_bytes)
             fh.write(b"\xff" * seg.entry_bytes)
@@ -430,7 +430,7 @@ def _make_hole_non_zero(path, slot):
 
     import lmdb
 
-    part = next(p for p in s.backend.segment_backends() if (p.first or 0) <= slot < (p.first or 0) + p.slots)
+    part = next(p for p in s.slot_view.backend.segment_backends() if (p.first or 0) <= slot < (p.first or 0) + p.slots)
     env = lmdb.open(os.path.join(path, part.file), subdir=False, lock=False, map_size=1 << 26)
     with env.begin(write=True) as txn:
         txn.put((slot - (part.first or 0)).to_bytes(8, "big"), b"\x01" * s.schema.record_bytes)

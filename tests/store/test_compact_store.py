@@ -110,7 +110,7 @@ def _fixed(path, field):
         return np.load(os.path.join(path, f"{field}.npy"))
     s = mmstore.open(path)
     out = np.zeros((s.slots, *s.schema[field].shape), s.schema[field].dtype)
-    out[s.index] = s.column(field)
+    out[s.slot_view.index] = s.column(field)
     return out
 
 
@@ -154,7 +154,7 @@ def test_entries_are_the_codec_bytes_and_decode_as_the_library_does(store):
             assert all(entries[f][slot] == b"" for f in entries)
             continue
         want = make(slot)
-        i = int(np.searchsorted(s.index, slot))
+        i = int(np.searchsorted(s.slot_view.index, slot))
         got = s[i]
         assert entries["image"][slot] == jpeg.encode(want["image"])
         ref = simplejpeg.decode_jpeg(entries["image"][slot], colorspace="RGB", fastdct=False, fastupsample=False)
@@ -164,8 +164,8 @@ def test_entries_are_the_codec_bytes_and_decode_as_the_library_does(store):
         for f in ("label", "depth", "emb", "ids"):  # lossless: exact
             assert got[f].dtype == want[f].dtype and np.array_equal(got[f], want[f]), f
         assert s.key(i) == f"in/{slot}"
-    assert s.entry_sizes("image").tolist() == [len(entries["image"][t]) for t in s.index.tolist()]
-    assert s.entry_sizes("label").tolist() == [8] * len(s)
+    assert s.slot_view.entry_sizes("image").tolist() == [len(entries["image"][t]) for t in s.slot_view.index.tolist()]
+    assert s.slot_view.entry_sizes("label").tolist() == [8] * len(s)
 
 
 def test_store_writer_records_the_encoders_it_used(tmp_path):
@@ -197,9 +197,9 @@ def test_checksums_follow_the_format_rule(store):
                 h.update(labels[slot].tobytes())
             else:
                 h.update(len(entries[f][slot]).to_bytes(8, "little") + entries[f][slot])
-        assert int(s.checksums()[slot]) == (0 if slot in HOLES else h.intdigest())
-    packed = dict(s.backend.iter_packed(0, N))  # what verify hashes
-    assert all(xxhash.xxh3_64_intdigest(bytes(packed[t])) == int(s.checksums()[t])
+        assert int(s.slot_view.checksums()[slot]) == (0 if slot in HOLES else h.intdigest())
+    packed = dict(s.slot_view.backend.iter_packed(0, N))  # what verify hashes
+    assert all(xxhash.xxh3_64_intdigest(bytes(packed[t])) == int(s.slot_view.checksums()[t])
                for t in range(N) if t not in HOLES)
 
 
@@ -257,7 +257,7 @@ def test_same_bytes_for_any_order_rewrites_append_batches_and_writers(tmp_path, 
             if s in HOLES:
                 w.skip(s, f"in/{s}", f"corrupt: hole {s}")
     assert store_bytes(tmp_path / "c") == want
-    ck = mmstore.open(tmp_path / "c").checksums()
+    ck = mmstore.open(tmp_path / "c").slot_view.checksums()
     assert [int(x) for i, x in enumerate(sums) if i not in HOLES] == [int(ck[i]) for i in range(N) if i not in HOLES]
 
 
@@ -306,7 +306,7 @@ def test_lmdb_and_memmap_hold_the_same_records_and_checksums(tmp_path):
     sa, sb = mmstore.open(a), mmstore.open(b)
     ra, rb = sa[:], sb[:]
     assert all(np.array_equal(ra[f], rb[f]) for f in SCHEMA)
-    assert np.array_equal(sa.entry_sizes("emb"), np.array([len(e) for e in raw_entries(a, "emb") if e]))
+    assert np.array_equal(sa.slot_view.entry_sizes("emb"), np.array([len(e) for e in raw_entries(a, "emb") if e]))
 
 
 def test_lmdb_value_of_the_wrong_size_is_refused_before_slicing(tmp_path):
@@ -365,7 +365,7 @@ def test_open_refuses_offsets_not_starting_at_zero_or_a_short_offsets_file(copy)
 def test_bad_offsets_inside_open_in_o1_and_fail_at_read_naming_the_record(copy):
     s0 = mmstore.open(copy)
     i = 5
-    slot = s0.slot(i)
+    slot = s0.slot_view.slot(i)
     other = s0[i + 2]["image"]
     o = _offsets(copy)
     o[slot + 1] = o[slot] - 1  # a decreasing pair
@@ -381,7 +381,7 @@ def test_bad_offsets_inside_open_in_o1_and_fail_at_read_naming_the_record(copy):
     with pytest.raises(EntryDecodeError, match=f"slot {slot}"):
         s.read_batch([0, i, 1])
     with pytest.raises(EntryDecodeError, match="not an increasing pair"):
-        list(s.backend.iter_packed(0, N))
+        list(s.slot_view.backend.iter_packed(0, N))
     o = _offsets(copy)
     o[slot + 1] = 2**63  # past the end of the .bin
     o.flush()
@@ -393,7 +393,7 @@ def test_bad_offsets_inside_open_in_o1_and_fail_at_read_naming_the_record(copy):
 def test_a_corrupt_entry_raises_never_garbage(copy):
     s0 = mmstore.open(copy)
     for field, i in (("image", 2), ("depth", 3), ("emb", 6)):
-        slot = s0.slot(i)
+        slot = s0.slot_view.slot(i)
         o = np.load(os.path.join(copy, f"{field}.offsets.npy"))
         a, b = int(o[slot]), int(o[slot + 1])
         with open(os.path.join(copy, f"{field}.bin"), "r+b") as fh:
@@ -511,25 +511,25 @@ def test_a_segmented_compact_store_reads_like_the_single_one(tmp_path):
     seg_path = write(tmp_path / "seg", order=range(N))
     split_into_segments(seg_path, [7, 0, 9, 7])
     seg = mmstore.open(seg_path)
-    assert seg.backend.segmented and seg.manifest["version"] == (2, 0) and len(seg) == len(one)
+    assert seg.slot_view.backend.segmented and seg.manifest["version"] == (2, 0) and len(seg) == len(one)
     idx = np.random.default_rng(3).permutation(len(one))
     a, b = one.read_batch(idx), seg.read_batch(idx)
     assert all(np.array_equal(a[f], b[f]) for f in SCHEMA)
     assert all(np.array_equal(one[i]["image"], seg[i]["image"]) for i in range(len(one)))
-    assert seg.entry_sizes("image").tolist() == one.entry_sizes("image").tolist()
-    assert {s: bytes(v) for s, v in seg.backend.iter_packed(0, N) if v is not None} == \
-        {s: bytes(v) for s, v in one.backend.iter_packed(0, N) if v is not None}
-    spans = seg.backend.entry_spans("image", 5, 18)  # segments 0, 2 and 3 (1 is empty)
+    assert seg.slot_view.entry_sizes("image").tolist() == one.slot_view.entry_sizes("image").tolist()
+    assert {s: bytes(v) for s, v in seg.slot_view.backend.iter_packed(0, N) if v is not None} == \
+        {s: bytes(v) for s, v in one.slot_view.backend.iter_packed(0, N) if v is not None}
+    spans = seg.slot_view.backend.entry_spans("image", 5, 18)  # segments 0, 2 and 3 (1 is empty)
     assert [os.path.basename(p) for p, _, _ in spans] == ["image.00000.bin", "image.00002.bin", "image.00003.bin"]
-    assert sum(n for _, _, n in spans) == int(one.entry_sizes("image", [i for i in range(len(one))
-                                                                       if 5 <= one.slot(i) < 18]).sum())
+    assert sum(n for _, _, n in spans) == int(one.slot_view.entry_sizes("image", [i for i in range(len(one))
+                                                                       if 5 <= one.slot_view.slot(i) < 18]).sum())
     # a damaged pair in segment 2 names the global slot
     o = np.load(os.path.join(seg_path, "emb.00002.offsets.npy"), mmap_mode="r+")
     o[3] = o[4] + 1
     o.flush()
     del o
     slot = 7 + 3
-    i = int(np.searchsorted(seg.index, slot))
+    i = int(np.searchsorted(seg.slot_view.index, slot))
     with pytest.raises(EntryDecodeError, match=f"record {i} \\(slot {slot}, key 'in/{slot}'\\): field 'emb'"):
         mmstore.open(seg_path).read_batch([0, i, len(one) - 1])
 

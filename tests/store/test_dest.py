@@ -291,6 +291,7 @@ def test_refused_writes_leave_no_lock_file(tmp_path):
     with pytest.raises(StoreExistsError):
         mmstore.StoreWriter(dest, SMALL_SCHEMA, slots=1)
     (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "notes.txt").write_text("not a store")  # an empty directory would simply be used
     with pytest.raises(DestinationError):
         mmstore.StoreWriter(tmp_path / "dir", SMALL_SCHEMA, slots=1, overwrite=True)
     w = mmstore.StoreWriter(tmp_path / "t", SMALL_SCHEMA, slots=1)

@@ -88,7 +88,7 @@ def test_the_returned_arrays_are_the_callers(tmp_path):
         a = s[1]
         a["image"][:] = 0  # writable and owned: the next read is unaffected
         assert np.array_equal(s[1]["image"], big(1)["image"])
-        assert not np.shares_memory(s[2]["image"], s.backend.array("image"))
+        assert not np.shares_memory(s[2]["image"], s.slot_view.backend.array("image"))
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -164,7 +164,7 @@ def test_a_reader_outlived_by_its_backend_refuses(tmp_path):
     system may have reused for another file)."""
     p = write_store(os.path.join(tmp_path, "s"), 5, schema=BIG, make=big)
     with mmstore.open(p) as s:
-        b = s.backend
+        b = s.slot_view.backend
         read = b.item_reader()
         assert np.array_equal(read(2)["image"], big(2)["image"])
         b.close()

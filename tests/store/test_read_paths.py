@@ -64,7 +64,7 @@ def huge(tmp_path_factory):
 
 
 def expected(store, idx, fn=make):
-    slots = store.slots_of(idx)
+    slots = store.slot_view.slots_of(idx)
     recs = [fn(int(s)) for s in slots]
     return {f: np.stack([r[f] for r in recs]) if recs else None for f in store.fields}
 
@@ -98,7 +98,7 @@ def test_store_item_reads_every_field_exactly(stores, kind):
     s = mmstore.open(stores[kind])
     for i in [0, 1, len(s) - 1, *range(3, len(s), 7)]:
         rec = s[i]
-        (want,) = [make(int(s.slot(i)))]
+        (want,) = [make(int(s.slot_view.slot(i)))]
         assert np.array_equal(rec["image"], want["image"]) and rec["image"].flags.writeable
         assert np.array_equal(rec["score"], want["score"])
         assert rec["label"] == want["label"] and isinstance(rec["label"], np.integer)  # a scalar, as arr[i] gives

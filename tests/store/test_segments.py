@@ -75,7 +75,7 @@ def test_no_record_data_is_copied(tmp_path, backend):
     data_names = [n for n in names if n not in BOOKKEEPING and n != "manifest.json"]
     assert len(data_names) == 3 * (3 if backend == "memmap" else 1)
     for k, p in enumerate(parts):
-        for src in mmstore.open(p).backend.data_paths():
+        for src in mmstore.open(p).slot_view.backend.data_paths():
             base = os.path.basename(src)
             dst = os.path.join(out, base.replace(".npy", f".{k:05d}.npy").replace(".mdb", f".{k:05d}.mdb"))
             assert os.stat(src).st_ino == os.stat(dst).st_ino and os.stat(dst).st_nlink == 2
@@ -130,7 +130,7 @@ def test_verify_finds_damage_in_a_segment_at_its_global_slot(tmp_path, backend):
     assert verify_store(out).ok
     s = mmstore.open(out)
     if backend == "memmap":
-        seg = s.backend.field_segments("image")[2]
+        seg = s.slot_view.backend.field_segments("image")[2]
         assert (seg.first, seg.count) == (25, 15)
         with open(seg.path, "r+b") as fh:  # slot 30 = row 5 of segment 2
             fh.seek(seg.offset + 5 * seg.entry_bytes + 3)

@@ -216,6 +216,6 @@ def test_bulk_keys_with_per_slot_overrides(store_dir):
         w.skip(5, b"\xff hole", "corrupt: x")
         w.set_key(6, "last")
     s = mmstore.open(store_dir)
-    got = [s.slot_key_bytes(i) for i in range(7)]
+    got = [s.slot_view.slot_key_bytes(i) for i in range(7)]
     assert got == [b"bulk/0", b"bulk/1", b"bulk/2", b"bulk/3", b"override/4", b"\xff hole", b"last"]
     assert s.skipped() == [{"slot": 5, "key": os.fsdecode(b"\xff hole"), "reason": "corrupt: x"}]

@@ -41,8 +41,8 @@ from collections import defaultdict
 import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "mmstore")
-LAYERS = ["errors", "_version", "_os", "format", "store", "order", "decode", "engine", "ingest", "torch",
-          "check", "cli"]
+LAYERS = ["errors", "_version", "_os", "format", "remote", "store", "order", "decode", "engine", "ingest", "torch",
+          "check", "transfer", "cli"]
 PUBLIC_PRIVATE = {"_os", "_version"}  # underscored packages that are the project's own, used across packages
 # the 0.2 names of moved modules, kept one version as aliases (a DeprecationWarning on import): like
 # mmstore/__init__.py, on top of every layer
@@ -179,7 +179,8 @@ def test_no_private_name_is_imported_from_another_package():
     assert not wrong, "private names used across packages (drop the underscore):\n" + "\n".join(wrong)
 
 
-@pytest.mark.parametrize("layer", ["errors", "_os", "format", "store", "order", "decode", "engine", "ingest"])
+@pytest.mark.parametrize("layer", ["errors", "_os", "format", "remote", "store", "order", "decode", "engine", "ingest",
+                                   "transfer"])
 def test_the_core_never_imports_torch(layer):
     """Only mmstore.torch imports torch at module level; check and cli import it inside the
     functions that need it (``tests/core/test_import.py`` checks the same at run time)."""
@@ -207,3 +208,19 @@ def test_each_alias_of_a_moved_module_warns_and_gives_the_module_s_names(old):
     assert alias.__all__ == new.__all__
     for name in new.__all__:
         assert getattr(alias, name) is getattr(new, name), name
+
+
+@pytest.mark.parametrize("layer", ["remote", "transfer"])
+def test_the_object_store_client_is_imported_only_where_a_url_is_used(layer):
+    """obstore is an optional extra: no module imports it at its top, so ``import mmstore`` and every local
+    store work without it (its functions import it on first use)."""
+    wrong = []
+    for mod, path in MODULES.items():
+        if _package(mod) != layer:
+            continue
+        for node in _parse(path).body:
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else [])
+            if any(n == "obstore" or n.startswith("obstore.") for n in names):
+                wrong.append(f"{path}:{node.lineno}")
+    assert not wrong, wrong

@@ -66,7 +66,7 @@ def assert_reads_same(a, b, seed=0) -> None:
         _assert_same_bookkeeping(a, b)
         _assert_same_reads(sa, sb, seed)
         assert sa.skipped() == sb.skipped()
-        assert np.array_equal(sa.checksums(), sb.checksums())
+        assert np.array_equal(sa.slot_view.checksums(), sb.slot_view.checksums())
     finally:
         sa.close()
         sb.close()

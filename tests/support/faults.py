@@ -72,9 +72,9 @@ def content_ok(path: str) -> bool:
     """Recompute every record's checksum; True when all match (a mini verify
     that does not depend on the tools package)."""
     with mmstore.open(path) as s:
-        ck = s.checksums()
+        ck = s.slot_view.checksums()
         holes = set(e["slot"] for e in s.skipped())
-        for slot, packed in s.backend.iter_packed(0, s.slots):
+        for slot, packed in s.slot_view.backend.iter_packed(0, s.slots):
             if slot in holes:
                 if ck[slot] != 0:
                     return False

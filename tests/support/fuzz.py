@@ -526,7 +526,7 @@ def exercise(path: str, work: str, ref: dict[str, Any], loader: bool = True) -> 
             reads[f"column:{f}"] = _lib_step(rec, f"column:{f}", lambda f=f: s.column(f))
         reads["keys"] = _lib_step(rec, "key", lambda: [s.key(i) for i in range(n)])
         _lib_step(rec, "skipped", lambda: s.skipped())
-        _lib_step(rec, "checksums", lambda: np.array(s.checksums()))
+        _lib_step(rec, "checksums", lambda: np.array(s.slot_view.checksums()))
         _lib_step(rec, "iter", lambda: sum(1 for _ in s))
         if loader and not s.schema.has_ragged:  # the torch side of ragged fields is not built yet
             reads["loader"] = _lib_step(rec, "Loader", lambda: _loader_epoch(s))

@@ -64,7 +64,7 @@ def test_loader_and_dataset_equal_store_getitem(compact, name, kind):
         for a, b in zip(ours, ref):
             assert all(torch.equal(a[k], b[k]) for k in SCHEMA)
             for j, i in enumerate(a["idx"].tolist()):
-                rec = truth[int(np.searchsorted(mmstore.open(path).index, i))]
+                rec = truth[int(np.searchsorted(mmstore.open(path).slot_view.index, i))]
                 assert all(np.array_equal(a[k][j].numpy(), rec[k]) for k in SCHEMA)
         seen.append(sorted(torch.cat([b["idx"] for b in ours]).tolist()))
     want = sorted(s for s in range(N) if s not in HOLES)
@@ -103,7 +103,7 @@ def test_variable_fields_are_not_preadv_and_the_window_pass_does_not_decode(comp
     truth = _truth(path)
     for b in got:
         for j, i in enumerate(b["idx"].tolist()):
-            rec = truth[int(np.searchsorted(s.index, i))]
+            rec = truth[int(np.searchsorted(s.slot_view.index, i))]
             assert np.array_equal(b["image"][j].numpy(), rec["image"])
     L.close()
 

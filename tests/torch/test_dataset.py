@@ -90,7 +90,7 @@ def test_pickle_roundtrip_after_use(stores):
 def _epoch_ids(dl, n_epochs=1):
     out = []
     st = mmstore.open(dl.dataset.store.path)
-    all_slots = st.slots_of(np.arange(len(st)))
+    all_slots = st.slot_view.slots_of(np.arange(len(st)))
     for e in range(n_epochs):
         dl.sampler.set_epoch(e) if hasattr(dl.sampler, "set_epoch") else None
         ids = []
@@ -130,7 +130,7 @@ def test_dataloader_lmdb_and_holes(stores):
         dl = DataLoader(ds, batch_size=16, sampler=OrderSampler(ds), num_workers=2,
                         multiprocessing_context="fork")
         (ids,) = _epoch_ids(dl)
-        slots = st.slots_of(np.arange(len(st)))
+        slots = st.slot_view.slots_of(np.arange(len(st)))
         assert np.array_equal(np.sort(ids), slots)  # idx field holds the slot
 
 

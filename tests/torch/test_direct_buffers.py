@@ -114,7 +114,7 @@ def test_permutation_that_does_not_fit_reads_records_with_o_direct(stores, monke
     assert d["direct_reads"] and not d["fits"] and d["willneed"] == 0 and "O_DIRECT" in str(d)
     _epochs_exact(L, ref)
     L.close()
-    seg = ref.backend.field_segments("image")[0]
+    seg = ref.slot_view.backend.field_segments("image")[0]
     can = _direct.open_direct(seg.path)
     if can is not None:
         os.close(can)
@@ -163,7 +163,7 @@ def test_direct_record_reads_of_a_truncated_store_raise_the_typed_error(stores, 
     shutil.copytree(stores["big"], dst)
     ref = mmstore.open(stores["big"])
     rec = sum(ref.schema[f].nbytes for f in ref.fields)
-    seg = mmstore.open(dst).backend.field_segments("image")[0]
+    seg = mmstore.open(dst).slot_view.backend.field_segments("image")[0]
     L = Loader(dst, 8, "permutation", tuning=LoaderTuning(mem_bytes=20 * rec, threads=3))
     assert L.describe()["direct_reads"]
     iter(L).close()
@@ -171,7 +171,7 @@ def test_direct_record_reads_of_a_truncated_store_raise_the_typed_error(stores, 
     seen = []
     with pytest.raises((OSError, StoreChangedError)) as e:
         for b in L:
-            want = ref.read_batch(ref.slots_of(b["idx"].numpy()))
+            want = ref.read_batch(ref.slot_view.slots_of(b["idx"].numpy()))
             assert np.array_equal(b["image"].numpy(), want["image"])
             seen += b["idx"].tolist()
     assert isinstance(e.value, (TruncatedReadError, StoreChangedError))
@@ -252,7 +252,7 @@ def test_permutation_reads_records_in_place_into_aligned_rows(build_store, tmp_p
     path = build_store(str(tmp_path / "s"), 150, holes=(3, 90), schema=schema)
     ref = mmstore.open(path)
     rec = sum(ref.schema[f].nbytes for f in ref.fields)
-    seg = ref.backend.field_segments("image")[0]
+    seg = ref.slot_view.backend.field_segments("image")[0]
     monkeypatch.setattr(_reads, "resident_fraction", lambda paths: 0.0)
     if mode == "preadv":
         monkeypatch.setitem(_aio._off, "unavailable", True)
@@ -372,7 +372,7 @@ def test_method_pread_reads_only_large_records_with_o_direct(stores, build_store
     _epochs_exact(L, ref)
     assert set(L._res.files) >= {"image", "label"}  # both read with preadv
     L.close()
-    can = _direct.open_direct(ref.backend.field_segments("image")[0].path)
+    can = _direct.open_direct(ref.slot_view.backend.field_segments("image")[0].path)
     if can is None:  # no O_DIRECT on this file system
         assert sizes == []
         return

@@ -75,7 +75,7 @@ def test_cuda_loader_stream_sync(stores, name):
     path = stores[name]
     st = mmstore.open(path)
     n = len(st)
-    all_slots = st.slots_of(np.arange(n))
+    all_slots = st.slot_view.slots_of(np.arange(n))
     order = Permutation(n, seed=3)
     L = Loader(path, 16, order, device="cuda", tuning=LoaderTuning(prefetch=3, threads=4))
     assert L.pin_memory

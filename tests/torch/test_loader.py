@@ -111,7 +111,7 @@ def test_ring_reused_when_only_hold_batches_are_kept(stores):
             time.sleep(0.002)  # slow consumer: the readers run ahead
             for bb, ii in kept:
                 assert np.array_equal(bb["idx"].numpy()[: len(ii)], ii)
-                ref = st.read_batch(np.searchsorted(st.slots_of(np.arange(len(st))), ii))
+                ref = st.read_batch(np.searchsorted(st.slot_view.slots_of(np.arange(len(st))), ii))
                 np.testing.assert_array_equal(bb["image"].numpy()[: len(ii)], ref["image"])
         assert L.ring_size == 3 + hold + 1 and L.fresh_buffers == 0
         assert len(set(ptrs)) == L.ring_size

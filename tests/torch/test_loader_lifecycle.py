@@ -387,7 +387,7 @@ def truncated_copy(stores, tmp_path):
     dst = str(tmp_path / "big")
     shutil.copytree(stores["big"], dst)
     path = os.path.join(dst, "image.npy")
-    seg = mmstore.open(dst).backend.field_segments("image")[0]  # type: ignore[attr-defined]
+    seg = mmstore.open(dst).slot_view.backend.field_segments("image")[0]  # type: ignore[attr-defined]
 
     def cut(rec: int) -> tuple[str, int, int]:
         os.truncate(path, seg.offset + rec * seg.entry_bytes)

@@ -185,7 +185,7 @@ def test_block_order_reads_are_long_offset_ordered_requests(stores, monkeypatch,
     path = stores["big"]
     n = len(mmstore.open(path))
     order = BlockShuffle(n, 8, 4, seed=3)
-    seg = mmstore.open(path).backend.field_segments("image")[0]
+    seg = mmstore.open(path).slot_view.backend.field_segments("image")[0]
     nb = seg.entry_bytes
     for epoch, reqs in zip((0, 1), _window_reads(monkeypatch, path, order, mode)):
         kinds = {k for k, _, _ in reqs}
@@ -210,7 +210,7 @@ def test_sequential_order_is_read_ahead_in_offset_order(stores, monkeypatch):
     """A sequential epoch is read ahead as long requests in offset order."""
     path = stores["big"]
     n = len(mmstore.open(path))
-    seg = mmstore.open(path).backend.field_segments("image")[0]
+    seg = mmstore.open(path).slot_view.backend.field_segments("image")[0]
     for reqs in _window_reads(monkeypatch, path, "sequential", "read"):
         offs = [p for _, p, _ in reqs]
         assert offs == sorted(offs) and sum(ln for _, _, ln in reqs) == n * seg.entry_bytes
@@ -239,7 +239,7 @@ def test_direct_window_buffers_give_exact_records(stores, monkeypatch, name, kin
         L.set_epoch(epoch)
         got = [{k: v.numpy().copy() for k, v in b.items()} for b in L]
         idx = np.concatenate([g["idx"] for g in got])  # the slot each record says it is
-        assert np.array_equal(idx, ref.slots_of(L.order.epoch(epoch)))
+        assert np.array_equal(idx, ref.slot_view.slots_of(L.order.epoch(epoch)))
         pos = 0
         for g in got:
             want = ref.read_batch(L.order.epoch(epoch)[pos : pos + len(g["idx"])])
@@ -357,7 +357,7 @@ def test_direct_window_buffers_on_a_truncated_store_raise_the_typed_error(stores
     dst = str(tmp_path / "big")
     shutil.copytree(stores["big"], dst)
     ref = mmstore.open(stores["big"])
-    seg = mmstore.open(dst).backend.field_segments("image")[0]
+    seg = mmstore.open(dst).slot_view.backend.field_segments("image")[0]
     order = BlockShuffle(301, 5, 4, seed=1)
     L = Loader(dst, 8, order, tuning=LoaderTuning(mem_bytes=64 * REC, threads=3))
     assert L.describe()["window_direct"]
@@ -366,7 +366,7 @@ def test_direct_window_buffers_on_a_truncated_store_raise_the_typed_error(stores
     seen = []
     with pytest.raises((OSError, StoreChangedError)) as e:
         for b in L:
-            want = ref.read_batch(ref.slots_of(b["idx"].numpy()))  # slots = indices here (no holes)
+            want = ref.read_batch(ref.slot_view.slots_of(b["idx"].numpy()))  # slots = indices here (no holes)
             assert np.array_equal(b["image"].numpy(), want["image"])
             seen += b["idx"].tolist()
     assert isinstance(e.value, (EOFError, StoreChangedError))  # typed, not garbage delivered as data

@@ -1,4 +1,4 @@
-"""Presets: ``classification_loader`` and the README's
+"""Presets: ``classification_loader`` and the guide's
 "Porting from ImageFolder / torchvision" snippet, run on a tiny ImageFolder."""
 
 from __future__ import annotations
@@ -97,10 +97,10 @@ def _image_folder(root, n_per_class, seed):
 
 
 def _snippet():
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, "docs/guides/porting.md"), encoding="utf-8") as f:
         text = f.read()
     m = re.search(r"<!-- test: porting -->\n```python\n(.*?)```", text, re.DOTALL)
-    assert m, "the README's porting snippet is missing"
+    assert m, "the guide's porting snippet is missing"
     return m.group(1)
 
 
@@ -120,7 +120,7 @@ def test_readme_porting_snippet_runs(tmp_path):
         "model": model, "criterion": torch.nn.CrossEntropyLoss(),
         "optimizer": torch.optim.SGD(model.parameters(), lr=0.01),
     }
-    exec(compile(_snippet(), "README.md", "exec"), ns)  # noqa: S102 - the README snippet is the test
+    exec(compile(_snippet(), "docs/guides/porting.md", "exec"), ns)  # noqa: S102 - the README snippet is the test
     assert ns["images"].shape[1:] == (3, 224, 224) and ns["target"].dtype == torch.int64
     assert (ns["checkpoint"]["loader"]["epoch"], ns["checkpoint"]["loader"]["batches"]) == (1, len(ns["train_loader"]))
     assert 0 <= ns["correct"] <= 6
@@ -134,5 +134,5 @@ def test_readme_porting_snippet_runs(tmp_path):
     state = mid.state_dict()
     del it
     ns["args"].resume, ns["checkpoint"], ns["args"].start_epoch = True, {"loader": state}, 1
-    exec(compile(_snippet(), "README.md", "exec"), ns)  # noqa: S102 - the README snippet is the test
+    exec(compile(_snippet(), "docs/guides/porting.md", "exec"), ns)  # noqa: S102 - the README snippet is the test
     assert ns["i"] == 1  # 12 records, batches of 4: one delivered, two left (i = 0, 1)

@@ -1,4 +1,4 @@
-"""Tags to training targets: ``mmstore.torch.multi_hot`` and the README's "Tags and captions" snippet."""
+"""Tags to training targets: ``mmstore.torch.multi_hot`` and the guide's "Tags and captions" snippet."""
 
 from __future__ import annotations
 
@@ -55,9 +55,9 @@ def test_multi_hot_of_every_form():
 
 
 def _snippet():
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    with open(os.path.join(ROOT, "docs/guides/tags-captions.md"), encoding="utf-8") as f:
         m = re.search(r"<!-- test: tags -->\n```python\n(.*?)```", f.read(), re.DOTALL)
-    assert m, "the README's tags snippet is missing"
+    assert m, "the guide's tags snippet is missing"
     return m.group(1)
 
 
@@ -78,7 +78,7 @@ def test_readme_tags_snippet_runs(tmp_path, monkeypatch):
     assert mmstore.open("train.store").schema["tags"].class_names == {0: "animal", 1: "bird", 2: "cat", 3: "dog"}
     seen = []
     ns = {"model": lambda x: (seen.append(len(x)), torch.zeros((len(x), 4)))[1]}
-    exec(compile(_snippet(), "README.md", "exec"), ns)  # noqa: S102 - the README snippet is the test
+    exec(compile(_snippet(), "docs/guides/tags-captions.md", "exec"), ns)  # noqa: S102 - the README snippet is the test
     want = {"A cat asleep on a mat.": [0, 2], "": [0, 3], "Two birds, one branch.": [], "one": [0, 1]}
     assert seen == [4] and sorted(ns["captions"]) == sorted(want)
     assert torch.equal(ns["target"], _want([want[c] for c in ns["captions"]], 4))

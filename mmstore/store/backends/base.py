@@ -1,6 +1,6 @@
 """The interface every backend implements.
 
-``BackendReader`` is the read side, what ``Store.backend`` is: one backend or a
+``BackendReader`` is the read side, what ``Store.slot_view.backend`` is: one backend or a
 merged store's segments (``segmented.py``); its capabilities say what callers
 may do beyond reading records. ``Backend`` adds the write side (the slot
 files a writer fills, the finished file names, ``finalize``) for one storage
@@ -12,13 +12,14 @@ from __future__ import annotations
 import math
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
+from ..._os.io import fsync_file, pwrite_all
 from ...errors import EntryDecodeError, FormatError
-from ...format.layout import note_identity, open_store_file, read_npy_header
+from ...format.layout import note_identity, npy_header, open_store_file, read_npy_header
 from ...format.schema import Schema
 
 __all__ = ["Backend", "BackendReader", "FieldSegment", "SlotFile", "check_npy", "checksum_parts", "entry_error",
@@ -52,7 +53,7 @@ class FieldSegment(NamedTuple):
 
 class BackendReader(ABC):
     """Read access to the record data of one finished store: what
-    ``Store.backend`` is (one backend, or a merged store's segments).
+    ``Store.slot_view.backend`` is (one backend, or a merged store's segments).
 
     Instances are created per process (see ``NOTE [fork safety]`` in
     ``mmstore/store/reader.py``); they map or open their files lazily.
@@ -251,6 +252,18 @@ class BackendReader(ABC):
         its files removes. Positional backends have none by construction."""
         return False
 
+    def rewrite_entries(self, name: str, entries: Mapping[int, Any], open_file: Callable[[str], int]) -> None:
+        """Positional backends: write ``entries`` (``{slot: bytes}``) of field
+        ``name`` over the stored ones, in place, then fsync each file written:
+        a fixed field's entry at its slot's position, a variable-size field's
+        over its stored entry, which must have exactly the new entry's length
+        (its offsets index is never rewritten). ``open_file(path)`` opens a
+        data file for writing and returns the descriptor (the caller's rules
+        on which files may be written; ``verify --repair`` proves every entry
+        before it writes one). Raises ``ValueError`` for an entry of another
+        size, before anything of its segment is written."""
+        raise NotImplementedError(self._not_positional("rewrite_entries"))
+
     def _not_positional(self, what: str) -> str:
         if self.positional:  # a merged store of a positional backend: one mapping per segment
             return (f"{what}: this merged store's fields are split over {len(self.segment_backends())} segment "
@@ -290,6 +303,34 @@ class Backend(BackendReader):
         (``holes`` is a bool array over slots). Default: nothing to do."""
 
     @classmethod
+    def write_segment(cls, directory: str, schema: Schema, count: int, holes: np.ndarray,
+                      packed: Iterable[tuple[int, np.ndarray]]) -> None:
+        """Write the finished data files of ``count`` slots into ``directory``
+        the way a writer does: the slot files of :meth:`write_layout`, filled
+        from the records' checksummed bytes, then :meth:`finalize`.
+        ``packed`` yields ``(first slot, array of shape (n, record_bytes))``
+        covering every slot (zeros for ``holes``); fixed-shape fields only.
+        ``verify --repair`` rebuilds a damaged segment of a backend that is not
+        positional this way."""
+        layout = cls.write_layout(schema)
+        fds = [os.open(os.path.join(directory, sf.name), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+               for sf in layout]
+        try:
+            heads = [npy_header(sf.dtype, (count, *sf.entry_shape)) for sf in layout]
+            for fd, sf, head in zip(fds, layout, heads):
+                pwrite_all(fd, head, 0)
+                os.ftruncate(fd, len(head) + count * sf.stride)
+            for a, chunk in packed:
+                for fd, sf, head in zip(fds, layout, heads):
+                    pwrite_all(fd, _slot_entries(schema, sf, chunk), len(head) + a * sf.stride)
+            for fd in fds:
+                fsync_file(fd)
+        finally:
+            for fd in fds:
+                os.close(fd)
+        cls.finalize(directory, schema, count, holes)
+
+    @classmethod
     def field_file(cls, field: str, segment: int | None = None) -> str:
         """Positional backends: the ``.npy`` file of ``field`` (of ``segment``),
         shape ``(slots, *field shape)``, the field's dtype."""
@@ -312,6 +353,17 @@ class Backend(BackendReader):
 
     def segment_backends(self) -> list[Backend]:
         return [self]
+
+
+def _slot_entries(schema: Schema, sf: SlotFile, packed: np.ndarray) -> np.ndarray:
+    """The entries of slot file ``sf`` for packed records ``packed`` (rows of ``record_bytes``)."""
+    if sf.stride == packed.shape[1] and all(schema.offset(n) == o for n, o in sf.fields.items()):
+        return packed  # a file of packed records (lmdb's staging file)
+    out = np.zeros((len(packed), sf.stride), np.uint8)
+    for name, inner in sf.fields.items():
+        off, nb = schema.offset(name), schema[name].nbytes
+        out[:, inner : inner + nb] = packed[:, off : off + nb]
+    return out
 
 
 def check_npy(

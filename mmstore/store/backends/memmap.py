@@ -6,11 +6,12 @@ from __future__ import annotations
 import mmap
 import os
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from ..._os.io import fsync_file, pwrite_all
 from ..._os.runs import SMALL_RECORD_BYTES
 from ..._os.safecopy import MappingFault, read_entries
 from ...errors import EntryDecodeError, FormatError, StoreChangedError
@@ -343,6 +344,37 @@ class MemmapBackend(Backend):
         """Where field ``name`` lives, one entry per segment (here: one)."""
         path, off, nb = self.field_location(name)
         return [FieldSegment(path, off, nb, 0, self.slots)]
+
+    def rewrite_entries(self, name: str, entries: Mapping[int, Any], open_file: Callable[[str], int]) -> None:
+        if not entries:
+            return
+        writes: list[tuple[int, Any]] = []  # (file offset, bytes)
+        if self.schema[name].variable:
+            path = os.path.join(self.root, variable_files(name, self.segment)[0])
+            offs, size = self.entry_offsets(name), self.entry_data_size(name)
+            for s, data in sorted(entries.items()):
+                a, b = int(offs[s]), int(offs[s + 1])
+                n = len(memoryview(data).cast("B"))
+                if not a <= b <= size or b - a != n:
+                    raise ValueError(f"{path}: field {name!r}, slot {s}: the new entry has {n} bytes but the slot "
+                                     f"holds {max(0, b - a)} (offsets {a}..{b}); an entry cannot change size in place")
+                writes.append((a, data))
+        else:
+            (seg,) = self.field_segments(name)
+            path = seg.path
+            for s, data in sorted(entries.items()):
+                n = len(memoryview(data).cast("B"))
+                if not 0 <= s < self.slots or n != seg.entry_bytes:
+                    raise ValueError(f"{path}: field {name!r}, slot {s}: expected an entry of {seg.entry_bytes} "
+                                     f"bytes for one of {self.slots} slots, got {n} bytes")
+                writes.append((seg.offset + s * seg.entry_bytes, data))
+        fd = open_file(path)
+        try:
+            for off, data in writes:
+                pwrite_all(fd, data, off)
+            fsync_file(fd)
+        finally:
+            os.close(fd)
 
     def prepare(self, fields: Sequence[str] | None = None) -> None:
         for name in self.schema.names if fields is None else fields:

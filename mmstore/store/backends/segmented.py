@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import ctypes
 import errno
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -289,6 +289,17 @@ class SegmentedBackend(BackendReader):
             (seg,) = part.field_segments(name)
             out.append(seg._replace(first=int(self.firsts[k])))
         return out
+
+    def rewrite_entries(self, name: str, entries: Mapping[int, Any], open_file: Callable[[str], int]) -> None:
+        """Each segment's entries through its own backend (its local slots)."""
+        by_part: dict[int, dict[int, Any]] = {}
+        for s, data in entries.items():
+            k = int(np.searchsorted(self.firsts, s, side="right")) - 1
+            if not 0 <= k < len(self.parts) or s >= int(self.firsts[k + 1]):
+                raise ValueError(f"{self.root}: slot {s} is out of range for {int(self.firsts[-1])} slots")
+            by_part.setdefault(k, {})[s - int(self.firsts[k])] = data
+        for k in sorted(by_part):
+            self.parts[k].rewrite_entries(name, by_part[k], open_file)
 
     def close(self) -> None:
         self._bases.clear()

@@ -1,0 +1,194 @@
+"""The remote index (``_remote.json``): sizes, etags and block digests of a
+store's objects, as format.py specifies under "A store in object storage".
+
+:class:`BlockHasher` computes a file's digests in one sequential pass (the
+push reads each file once: the bytes it uploads are the bytes it hashes);
+:func:`parse_index` reads an index from a bucket, trusting none of it.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import xxhash
+
+from ..errors import FormatError, VersionError
+from ..format.layout import (
+    MANIFEST_FILE,
+    MAX_STORE_BYTES,
+    REMOTE_FORMAT_NAME,
+    REMOTE_FORMAT_VERSION,
+    REMOTE_INDEX_FILE,
+    REMOTE_INDEX_MAX_BYTES,
+)
+
+__all__ = ["DEFAULT_BLOCK_BYTES", "DIGEST_BYTES", "BlockHasher", "FileEntry", "RemoteIndex", "block_digest",
+           "parse_index"]
+
+DEFAULT_BLOCK_BYTES = 4 << 20
+DIGEST_BYTES = 16
+_MIN_BLOCK, _MAX_BLOCK = 64 << 10, 1 << 30
+_HEX32 = re.compile(r"^[0-9a-f]{32}$")
+_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}$")
+
+
+def block_digest(data: Any) -> bytes:
+    """The 16-byte digest of one block."""
+    return xxhash.xxh3_128(data).digest()
+
+
+class BlockHasher:
+    """Digests of a file fed in order: the whole file's and each block's."""
+
+    def __init__(self, block_bytes: int) -> None:
+        self.block_bytes = block_bytes
+        self._whole = xxhash.xxh3_128()
+        self._block = xxhash.xxh3_128()
+        self._in_block = 0
+        self._digests: list[bytes] = []
+        self.size = 0
+
+    def update(self, data: Any) -> None:
+        view = memoryview(data).cast("B")
+        self._whole.update(view)
+        self.size += len(view)
+        B = self.block_bytes
+        while len(view):
+            take = min(len(view), B - self._in_block)
+            self._block.update(view[:take])
+            self._in_block += take
+            view = view[take:]
+            if self._in_block == B:
+                self._digests.append(self._block.digest())
+                self._block = xxhash.xxh3_128()
+                self._in_block = 0
+
+    def finish(self) -> tuple[str, bytes]:
+        """``(hex digest of the whole file, the block digests concatenated)``."""
+        if self._in_block:
+            self._digests.append(self._block.digest())
+            self._block = xxhash.xxh3_128()
+            self._in_block = 0
+        return self._whole.hexdigest(), b"".join(self._digests)
+
+
+@dataclass
+class FileEntry:
+    """One file of a store in object storage."""
+
+    size: int
+    digest: str
+    blocks: bytes  # DIGEST_BYTES per block
+    etag: str | None
+
+    def nblocks(self, block_bytes: int) -> int:
+        return math.ceil(self.size / block_bytes)
+
+    def block(self, k: int) -> bytes:
+        return self.blocks[k * DIGEST_BYTES : (k + 1) * DIGEST_BYTES]
+
+
+@dataclass
+class RemoteIndex:
+    """A parsed ``_remote.json``."""
+
+    store_id: str
+    block_bytes: int
+    files: dict[str, FileEntry]
+    raw: bytes = b""
+
+    @property
+    def identity(self) -> str:
+        """A digest of the whole index: which push of which store this is."""
+        return xxhash.xxh3_128(self.raw or self.to_json()).hexdigest()
+
+    def to_json(self) -> bytes:
+        files = {
+            name: {"size": e.size, "digest": e.digest, "blocks": base64.b64encode(e.blocks).decode("ascii"),
+                   "etag": e.etag}
+            for name, e in sorted(self.files.items())
+        }
+        obj = {"format": REMOTE_FORMAT_NAME, "version": list(REMOTE_FORMAT_VERSION), "store_id": self.store_id,
+               "block_bytes": self.block_bytes, "digest": "xxh3_128", "files": files}
+        return (json.dumps(obj, indent=1, sort_keys=True) + "\n").encode("utf-8")
+
+    def check_manifest(self, manifest: dict[str, Any], raw_manifest: bytes, where: str) -> None:
+        """The index describes exactly this manifest's store (format.py)."""
+        fail = lambda what: FormatError(  # noqa: E731
+            f"{where}: {REMOTE_INDEX_FILE} does not match {MANIFEST_FILE}: {what}; the store at this URL is "
+            "being pushed (or was pushed by two writers at once): push it again, then open it")
+        if manifest.get("store_id") != self.store_id:
+            raise fail(f"store_id {self.store_id} against {manifest.get('store_id')}")
+        entry = self.files.get(MANIFEST_FILE)
+        if entry is None:
+            raise fail(f"no entry for {MANIFEST_FILE}")
+        if entry.size != len(raw_manifest) or entry.digest != xxhash.xxh3_128(raw_manifest).hexdigest():
+            raise fail(f"the manifest's size or digest differs ({len(raw_manifest)} bytes, index says {entry.size})")
+        want = dict(manifest.get("files") or {})
+        have = {n: e.size for n, e in self.files.items() if n != MANIFEST_FILE}
+        if want != have:
+            extra = sorted(set(have) - set(want))
+            missing = sorted(set(want) - set(have))
+            sizes = sorted(n for n in set(want) & set(have) if want[n] != have[n])
+            raise fail(f"files only in the index {extra}, only in the manifest {missing}, sizes differ {sizes}")
+
+
+def parse_index(raw: bytes, where: str) -> RemoteIndex:
+    """Parse and check a ``_remote.json`` read from ``where`` (untrusted)."""
+    fail = lambda what: FormatError(f"{where}: {REMOTE_INDEX_FILE} is not a valid remote index: {what}; "  # noqa: E731
+                                    "push the store again with `mmstore push`")
+    if len(raw) > REMOTE_INDEX_MAX_BYTES:
+        raise fail(f"{len(raw)} bytes, more than {REMOTE_INDEX_MAX_BYTES}")
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise fail(f"not UTF-8 JSON ({exc})") from None
+    if not isinstance(obj, dict) or obj.get("format") != REMOTE_FORMAT_NAME:
+        raise fail(f"expected an object with \"format\": \"{REMOTE_FORMAT_NAME}\"")
+    ver = obj.get("version")
+    if not (isinstance(ver, list) and len(ver) == 2 and all(type(v) is int for v in ver)):
+        raise fail(f"version {ver!r}: expected [major, minor]")
+    if ver[0] != REMOTE_FORMAT_VERSION[0]:
+        raise VersionError(f"{where}: {REMOTE_INDEX_FILE} has version {ver[0]}.{ver[1]}; this mmstore reads "
+                           f"{REMOTE_FORMAT_VERSION[0]}.x: upgrade mmstore")
+    store_id = obj.get("store_id")
+    if not (isinstance(store_id, str) and _HEX32.match(store_id)):
+        raise fail(f"store_id {store_id!r}: expected 32 hex digits")
+    B = obj.get("block_bytes")
+    if type(B) is not int or B % 4096 or not _MIN_BLOCK <= B <= _MAX_BLOCK:
+        raise fail(f"block_bytes {B!r}: expected a multiple of 4096 in [{_MIN_BLOCK}, {_MAX_BLOCK}]")
+    if obj.get("digest") != "xxh3_128":
+        raise fail(f"digest {obj.get('digest')!r}: expected \"xxh3_128\"")
+    files = obj.get("files")
+    if not isinstance(files, dict) or MANIFEST_FILE not in files:
+        raise fail(f"\"files\" must be an object that lists {MANIFEST_FILE}")
+    out: dict[str, FileEntry] = {}
+    for name, e in files.items():
+        if not (isinstance(name, str) and _NAME.match(name)) or name == REMOTE_INDEX_FILE or ".." in name:
+            raise fail(f"file name {name!r} is not a store file name")
+        if not isinstance(e, dict):
+            raise fail(f"{name}: expected an object")
+        size, digest, blocks, etag = e.get("size"), e.get("digest"), e.get("blocks"), e.get("etag")
+        if type(size) is not int or not 0 <= size <= MAX_STORE_BYTES:
+            raise fail(f"{name}: size {size!r}")
+        if not (isinstance(digest, str) and _HEX32.match(digest)):
+            raise fail(f"{name}: digest {digest!r}: expected 32 hex digits")
+        if etag is not None and not (isinstance(etag, str) and 0 < len(etag) <= 1024):
+            raise fail(f"{name}: etag {etag!r}")
+        if not isinstance(blocks, str):
+            raise fail(f"{name}: blocks must be a base64 string")
+        try:
+            digests = base64.b64decode(blocks.encode("ascii"), validate=True)
+        except (binascii.Error, UnicodeEncodeError, ValueError):
+            raise fail(f"{name}: blocks is not base64") from None
+        n = math.ceil(size / B)
+        if len(digests) != n * DIGEST_BYTES:
+            raise fail(f"{name}: {len(digests) // DIGEST_BYTES} block digests for {n} blocks")
+        out[name] = FileEntry(size, digest, digests, etag)
+    return RemoteIndex(store_id, B, out, raw)

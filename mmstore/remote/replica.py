@@ -1,0 +1,886 @@
+"""The sparse replica: a store in object storage, cached locally block by block.
+
+The cache of a store at a URL is the store's own files, at their own sizes,
+under ``CACHE_DIR/<url key>/<push>/store/``: a plain local store that a
+``Store`` opens as it opens any other, so a read of a cached block is today's
+local read (page cache, ``preadv``, O_DIRECT). The small files (manifest,
+checksums, keys, index, offsets of encoded fields, an LMDB file, any file of
+at most one block) are fetched whole when the replica is made; the record
+data files are *sparse*: created at their size with nothing in them, filled
+one block (``block_bytes`` of the remote index, 4 MiB by default) at a time
+by range GETs, several in flight, each verified against its digest in the
+remote index before it is written, given back to the file system (a punched
+hole) when the cache limit needs the room.
+
+``<push>`` is the remote index's identity: a store pushed again at the same
+URL has another index, so another replica; the two are never mixed, and the
+old one is deleted once no process has it open.
+
+NOTE [block states]: ``blocks.map`` holds one byte per block of the sparse
+files (0 absent, 1 present and verified, 2 being fetched) and ``blocks.use``
+its last use (monotonic ns, 1 = consumed: evict first). Both are shared
+mappings, so every process on the node sees one state. Who may do what is
+decided by open-file-description locks on the block's byte of ``blocks.map``
+(``mmstore._os.sparse``), each taken through a descriptor of its own:
+
+* a *fetch* takes the block's lock exclusively (without waiting: a reader
+  may hold the block pinned while its batch waits for this fetch; when the
+  lock is taken it waits for a shared one instead, which a fetch in progress
+  holds off) from before it looks at the state until the verified bytes
+  are written and the state is 1, then converts it to shared: a block is
+  fetched once however many readers want it, and a block that looks present
+  is complete (a fetcher that dies releases its lock with its descriptors;
+  a state 2 whose lock is free is stale and reset);
+* a *reader* pins the blocks it reads with shared locks (the fetch's own
+  shared lock, or a new one after it saw state 1) and releases them once the
+  bytes are copied out;
+* an *eviction* takes a block's lock exclusively without waiting, so a
+  pinned block is never evicted, and never a block being fetched.
+
+The disk the replica uses is accounted under ``acct.lock`` (an ``flock``)
+from the block states: whole files + present and fetching blocks. A fetch
+reserves its block's bytes first, evicting unpinned blocks, consumed ones
+first, then least recently used. A fetch the reader waits for now may go
+over the limit by what is pinned; a fetch ahead never does (it waits for the
+room the reader frees as it consumes).
+
+NOTE [crash and power loss]: a block is written with ``pwrite`` and marked
+present without ``fsync``: a killed process leaves its written pages in the
+page cache, where every later reader finds them. Only a power loss can lose
+them, and then the boot id changes: the first open after a reboot checks
+every block marked present against its digest and marks the bad ones absent.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import json
+import mmap
+import os
+import re
+import shutil
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from .._os.io import atomic_write, fmt_bytes
+from .._os.sparse import boot_id, lock_range, punch_hole, unlock_range
+from ..errors import (
+    IncompleteStoreError,
+    RemoteChecksumError,
+    RemoteNotFoundError,
+)
+from ..format.layout import MANIFEST_FILE, REMOTE_INDEX_FILE
+from ..format.manifest import parse_manifest
+from .client import Remote
+from .index import DIGEST_BYTES, RemoteIndex, block_digest, parse_index
+from .url import parse_url
+
+__all__ = ["Pin", "Replica", "default_cache_dir", "open_replica", "parse_bytes", "read_remote_manifest"]
+
+_FETCH_THREADS = 16
+_ABSENT, _PRESENT, _FETCHING = 0, 1, 2
+_CONSUMED = 1  # blocks.use of a block the epoch is done with: evicted first
+_ROOM_POLL_S = 0.02
+_SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*([kmgtp]?)(i?)b?\s*$", re.IGNORECASE)
+
+
+def parse_bytes(value: int | float | str | None) -> int | None:
+    """A cache limit: bytes as an int, or a size such as ``"200GB"``, ``"1.5GiB"``,
+    ``"500M"`` (decimal units; ``Ki``/``Mi``/... binary). None: no limit."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"cache_limit={value!r}: expected a number of bytes or a size like '200GB'")
+    if isinstance(value, (int, float)):
+        if value <= 0:
+            raise ValueError(f"cache_limit={value!r}: expected a positive number of bytes")
+        return int(value)
+    m = _SIZE.match(str(value))
+    if not m:
+        raise ValueError(f"cache_limit={value!r}: expected bytes or a size like '200GB', '1.5GiB', '500M'")
+    num, unit, binary = float(m.group(1)), m.group(2).lower(), bool(m.group(3))
+    power = " kmgtp".index(unit) if unit else 0
+    out = int(num * (1024 if binary else 1000) ** power)
+    if out <= 0:
+        raise ValueError(f"cache_limit={value!r}: expected a positive size")
+    return out
+
+
+def default_cache_dir() -> str:
+    """``MMSTORE_CACHE_DIR``, else ``$XDG_CACHE_HOME/mmstore``, else ``~/.cache/mmstore``."""
+    env = os.environ.get("MMSTORE_CACHE_DIR")
+    if env:
+        return os.path.abspath(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(os.path.abspath(base), "mmstore")
+
+
+def _sparse_name(name: str, size: int, block_bytes: int) -> bool:
+    """A record data file (filled block by block): a field's ``.npy`` or an
+    encoded field's ``.bin``, of more than one block; bookkeeping files
+    (``_*``), offsets, LMDB files and small files are fetched whole."""
+    if size <= block_bytes or name.startswith("_") or name.endswith(".offsets.npy"):
+        return False
+    return name.endswith((".npy", ".bin"))
+
+
+def read_remote_manifest(remote: Remote) -> tuple[RemoteIndex, dict[str, Any], bytes]:
+    """The remote index and the manifest of the store at ``remote``, checked
+    against each other; typed errors for a missing or half-pushed store."""
+    try:
+        raw_index = remote.get(REMOTE_INDEX_FILE)
+    except RemoteNotFoundError as exc:
+        if remote.head(MANIFEST_FILE) is not None:
+            raise RemoteNotFoundError(
+                f"{remote.url}: a store's files are here but no {REMOTE_INDEX_FILE}: it was copied by another tool; "
+                "push it with `mmstore push STORE URL` (which records what a reader verifies)") from exc
+        bucket_ok = True
+        try:
+            remote.list()
+        except RemoteNotFoundError:
+            bucket_ok = False
+        if not bucket_ok:
+            raise RemoteNotFoundError(f"{remote.url}: no such bucket {remote.loc.bucket!r}: check the URL") from exc
+        raise RemoteNotFoundError(f"{remote.url}: no store at this URL (no {MANIFEST_FILE}): check the prefix, "
+                                  "or push one with `mmstore push STORE URL`") from exc
+    index = parse_index(raw_index, remote.url)
+    try:
+        raw_manifest = remote.get(MANIFEST_FILE)
+    except RemoteNotFoundError as exc:
+        raise RemoteNotFoundError(
+            f"{remote.url}: the store is not complete (no {MANIFEST_FILE} yet): a push is under way or was "
+            "stopped: rerun `mmstore push` to finish it") from exc
+    manifest = parse_manifest(raw_manifest, remote.loc.object_url(MANIFEST_FILE))
+    index.check_manifest(manifest, raw_manifest, remote.url)
+    return index, manifest, raw_manifest
+
+
+class Pin:
+    """Shared locks on blocks being read: the blocks stay present until
+    :meth:`release` (see NOTE [block states])."""
+
+    __slots__ = ("_replica", "_locks", "blocks")
+
+    def __init__(self, replica: Replica, locks: list[tuple[int, int, int]], blocks: np.ndarray) -> None:
+        self._replica = replica
+        self._locks = locks  # (fd, first block, count)
+        self.blocks = blocks
+
+    def release(self, consumed: bool = False) -> None:
+        """Unpin; ``consumed``: this reader is done with the blocks for the
+        epoch (they are evicted first)."""
+        locks, self._locks = self._locks, []
+        r = self._replica
+        if consumed and len(self.blocks):
+            r.use[self.blocks] = _CONSUMED
+        r.unlock_all(locks)
+        if r.cache_limit is not None and r.disk_bytes() > r.cache_limit:
+            r.trim()  # a fetch the reads waited for went over the limit: back under it
+
+    def __enter__(self) -> Pin:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def __del__(self) -> None:
+        if self._locks:
+            try:
+                self.release()
+            except Exception:  # noqa: BLE001 - a finalizer never raises
+                pass
+
+
+class Replica:
+    """The local sparse replica of the store at ``url`` (see the module
+    docstring). Made by :func:`open_replica`; picklable (a child process
+    re-attaches to the same directory, without the network)."""
+
+    def __init__(self, remote: Remote, index: RemoteIndex, home: str, cache_limit: int | None) -> None:
+        self.remote = remote
+        self.url = remote.url
+        self.index = index
+        self.home = home
+        self.store_dir = os.path.join(home, "store")
+        self.cache_limit = cache_limit
+        B = self.block_bytes = index.block_bytes
+        names = sorted(n for n, e in index.files.items() if _sparse_name(n, e.size, B))
+        self.sparse = names
+        self.whole_bytes = sum(e.size for n, e in index.files.items() if n not in names)
+        first, sizes, digests = {}, [], []
+        g = 0
+        for n in names:
+            e = index.files[n]
+            k = e.nblocks(B)
+            first[n] = g
+            full = np.full(k, B, dtype=np.int64)
+            full[-1] = e.size - (k - 1) * B
+            sizes.append(full)
+            digests.append(e.blocks)
+            g += k
+        self.first = first
+        self.nblocks = g
+        self.sizes = np.concatenate(sizes) if sizes else np.zeros(0, np.int64)
+        self.owner = np.concatenate([np.full(index.files[n].nblocks(B), i, np.int32)
+                                     for i, n in enumerate(names)]) if names else np.zeros(0, np.int32)
+        self._digests = b"".join(digests)
+        self.sparse_bytes = int(self.sizes.sum())
+        # the first block of each .npy file holds its header, which every open
+        # reads: fetched when the replica is opened and never evicted
+        self.sticky = np.array([first[n] for n in names if n.endswith(".npy")], dtype=np.int64)
+        self._attach()
+
+    # -- process-local state ------------------------------------------------------
+    def _attach(self) -> None:
+        self._pid = os.getpid()
+        self._mu = threading.Lock()
+        self._fds: list[int] = []
+        self._data_fds: dict[str, int] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self.fetched_bytes = 0
+        self.fetched_blocks = 0
+        self.refetched = 0
+        self.evicted_blocks = 0
+        self.waited_s = 0.0
+        map_path = os.path.join(self.home, "blocks.map")
+        use_path = os.path.join(self.home, "blocks.use")
+        n = max(1, self.nblocks)
+        self._map_fd = os.open(map_path, os.O_RDWR | os.O_CLOEXEC)
+        self._use_fd = os.open(use_path, os.O_RDWR | os.O_CLOEXEC)
+        self._mm = mmap.mmap(self._map_fd, n)
+        self._um = mmap.mmap(self._use_fd, 8 * n)
+        self.state = np.frombuffer(self._mm, dtype=np.uint8)[: self.nblocks]
+        self.use = np.frombuffer(self._um, dtype=np.uint64)[: self.nblocks]
+        self._acct_fd = os.open(os.path.join(self.home, "acct.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # held shared while this process uses the replica: an old push's
+        # replica is deleted only when nobody holds its open.lock
+        self._open_fd = os.open(os.path.join(self.home, "open.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fcntl.flock(self._open_fd, fcntl.LOCK_SH)
+
+    def _check_pid(self) -> None:
+        if self._pid != os.getpid():  # a forked child: descriptors and locks of its own
+            self._attach()
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"remote": self.remote, "index": self.index.raw, "home": self.home, "limit": self.cache_limit}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        index = parse_index(state["index"], state["remote"].url)
+        self.__init__(state["remote"], index, state["home"], state["limit"])  # type: ignore[misc]
+
+    def close(self) -> None:
+        """Release this process's descriptors (pins must be released first)."""
+        if self._pid != os.getpid():
+            return
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        for fd in [*self._fds, *self._data_fds.values(), self._acct_fd, self._open_fd, self._map_fd, self._use_fd]:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self._fds, self._data_fds = [], {}
+
+    def identities(self) -> dict[str, tuple[int, int, int, int]]:
+        """The sparse files' identities for a ``Store`` over the replica:
+        device, inode and size; their modification time changes as blocks
+        are written, so it is not part of it (-1)."""
+        out = {}
+        for name in self.sparse:
+            path = os.path.join(self.store_dir, name)
+            st = os.stat(path)
+            out[path] = (st.st_dev, st.st_ino, st.st_size, -1)
+        return out
+
+    # -- facts ----------------------------------------------------------------------
+    def present_fraction(self) -> float:
+        if self.nblocks == 0:
+            return 1.0
+        return float(self.sizes[self.state == _PRESENT].sum()) / max(1, self.sparse_bytes)
+
+    def complete(self) -> bool:
+        return self.nblocks == 0 or bool(np.all(self.state == _PRESENT))
+
+    def disk_bytes(self) -> int:
+        """What the replica's files take by the accounting: whole files + present and fetching blocks."""
+        return self.whole_bytes + int(self.sizes[self.state != _ABSENT].sum())
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "url": self.url, "cache_dir": os.path.dirname(os.path.dirname(self.home)), "replica": self.home,
+            "cache_limit": self.cache_limit, "block_bytes": self.block_bytes, "blocks": self.nblocks,
+            "present": round(self.present_fraction(), 4), "disk_bytes": self.disk_bytes(),
+            "fetched_bytes": self.fetched_bytes, "fetched_blocks": self.fetched_blocks,
+            "refetched_blocks": self.refetched, "evicted_blocks": self.evicted_blocks,
+            "waited_s": round(self.waited_s, 3),
+        }
+
+    # -- descriptors --------------------------------------------------------------
+    def take_fd(self) -> int:
+        """A descriptor of ``blocks.map`` with no locks on it (each lock
+        holder needs its own: OFD locks belong to the open file)."""
+        self._check_pid()
+        with self._mu:
+            if self._fds:
+                return self._fds.pop()
+        return os.open(os.path.join(self.home, "blocks.map"), os.O_RDWR | os.O_CLOEXEC)
+
+    def give_fd(self, fd: int) -> None:
+        if self._pid != os.getpid():
+            return
+        with self._mu:
+            self._fds.append(fd)
+
+    def _data_fd(self, name: str) -> int:
+        fd = self._data_fds.get(name)
+        if fd is None:
+            with self._mu:
+                fd = self._data_fds.get(name)
+                if fd is None:
+                    fd = os.open(os.path.join(self.store_dir, name), os.O_RDWR | os.O_CLOEXEC)
+                    self._data_fds[name] = fd
+        return fd
+
+    def _fetch_pool(self) -> ThreadPoolExecutor:
+        self._check_pid()
+        pool = self._pool
+        if pool is None:
+            with self._mu:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(_FETCH_THREADS, thread_name_prefix="mmstore-fetch")
+                pool = self._pool
+        return pool
+
+    # -- which blocks -------------------------------------------------------------
+    def blocks_of(self, spans: Iterable[tuple[str, np.ndarray, np.ndarray]]) -> np.ndarray:
+        """The sorted block numbers that byte ranges ``[starts, ends)`` of
+        files (``(name, starts, ends)``; names of files fetched whole are
+        ignored) fall in."""
+        B = self.block_bytes
+        out = []
+        for name, starts, ends in spans:
+            g0 = self.first.get(name)
+            if g0 is None:
+                continue
+            starts = np.asarray(starts, dtype=np.int64)
+            ends = np.asarray(ends, dtype=np.int64)
+            keep = ends > starts
+            if not keep.all():
+                starts, ends = starts[keep], ends[keep]
+            if not len(starts):
+                continue
+            a = starts // B
+            b = (ends - 1) // B
+            if np.all(a == b):
+                out.append(a + g0)
+            else:
+                lens = b - a + 1
+                rep = np.repeat(a, lens)
+                offs = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+                out.append(rep + offs + g0)
+        if not out:
+            return np.zeros(0, np.int64)
+        return np.unique(np.concatenate(out))
+
+    # -- pinning and fetching -----------------------------------------------------
+    def acquire(self, blocks: np.ndarray, *, ahead: bool = False) -> Pin | None:
+        """Make ``blocks`` present and pin them. A reader's acquire (``ahead``
+        False) waits for fetches and may go over the limit by what is
+        pinned; an acquire ahead of the reads returns None, having pinned
+        nothing, when the room is not there yet."""
+        self._check_pid()
+        blocks = np.asarray(blocks, dtype=np.int64)
+        locks: list[tuple[int, int, int]] = []
+        try:
+            absent = self._pin_present(blocks, locks)
+            if len(absent):
+                if ahead and not self._room_for(absent):
+                    self.unlock_all(locks)
+                    return None
+                futs = [self._fetch_pool().submit(self._fetch, int(g)) for g in absent.tolist()]
+                err: BaseException | None = None
+                for f in futs:
+                    try:
+                        got = f.result()
+                    except BaseException as exc:  # noqa: BLE001 - the first error is raised after all are done
+                        err = err or exc
+                        continue
+                    if got is not None:
+                        locks.append(got)
+                if err is not None:
+                    raise err
+        except BaseException:
+            self.unlock_all(locks)
+            raise
+        now = time.monotonic_ns()
+        if len(blocks):
+            self.use[blocks] = now
+        return Pin(self, locks, blocks)
+
+    def unlock_all(self, locks: list[tuple[int, int, int]]) -> None:
+        """Drop the locks ``(fd, first, count)`` and return their descriptors (once each)."""
+        fds: list[int] = []
+        for fd, a, n in locks:
+            try:
+                unlock_range(fd, a, n)
+            except OSError:
+                pass
+            if fd not in fds:
+                fds.append(fd)
+        for fd in fds:
+            self.give_fd(fd)
+        locks.clear()
+
+    def _pin_present(self, blocks: np.ndarray, locks: list[tuple[int, int, int]]) -> np.ndarray:
+        """Shared-lock the runs of ``blocks`` that are present (one
+        descriptor for all: unlocking one run of it leaves the others); the
+        blocks still absent once the locks are held."""
+        if not len(blocks):
+            return blocks
+        st = self.state[blocks]
+        present = blocks[st == _PRESENT]
+        absent = blocks[st != _PRESENT]
+        if len(present):
+            fd = self.take_fd()
+            runs_a, runs_n = _runs(present)
+            for a, n in zip(runs_a.tolist(), runs_n.tolist()):
+                lock_range(fd, a, n, shared=True, wait=True)  # waits out an eviction or a fetch in progress
+                locks.append((fd, a, n))
+            gone = present[self.state[present] != _PRESENT]  # evicted before the lock was granted
+            if len(gone):
+                for g in gone.tolist():
+                    unlock_range(fd, g, 1)
+                absent = np.union1d(absent, gone)
+        return absent
+
+    def _room_for(self, absent: np.ndarray) -> bool:
+        """Whether the limit has room for ``absent``'s bytes now (evicting
+        unpinned blocks), for a fetch ahead of the reads."""
+        if self.cache_limit is None:
+            return True
+        need = int(self.sizes[absent].sum())
+        with self._acct():
+            return self._reserve_locked(need, overshoot=False, wait=False)
+
+    def _fetch(self, g: int) -> tuple[int, int, int] | None:
+        """Fetch block ``g`` unless present; return its shared lock ``(fd, g, 1)``.
+
+        The exclusive lock is only ever tried, never waited for: other
+        readers may hold the block pinned for as long as their batches take
+        (a batch may wait for this very fetch). When the try fails, a shared
+        lock is waited for instead (it waits out a fetch or an eviction in
+        progress, not the pins); then the block is present, or it is tried
+        again."""
+        fd = self.take_fd()
+        try:
+            while True:
+                if lock_range(fd, g, 1, shared=False, wait=False):
+                    if self.state[g] != _PRESENT:
+                        size = int(self.sizes[g])
+                        with self._acct():
+                            # never wait for room here, holding the block's lock: a
+                            # reader may need this block to make progress. A fetch
+                            # ahead checked the room before (Replica.acquire)
+                            self._reserve_locked(size, overshoot=True, wait=False)
+                            self.state[g] = _FETCHING
+                        try:
+                            self._fill_block(g, size)
+                        except BaseException:
+                            self.state[g] = _ABSENT
+                            raise
+                        self.state[g] = _PRESENT
+                    lock_range(fd, g, 1, shared=True, wait=True)  # converts: now a pin like any reader's
+                    return (fd, g, 1)
+                t0 = time.monotonic()
+                lock_range(fd, g, 1, shared=True, wait=True)
+                self.waited_s += time.monotonic() - t0
+                if self.state[g] == _PRESENT:
+                    return (fd, g, 1)
+                unlock_range(fd, g, 1)  # a fetch that failed, or an eviction: try again
+                time.sleep(0.001)
+        except BaseException:
+            try:
+                unlock_range(fd, g, 1)
+            finally:
+                self.give_fd(fd)
+            raise
+
+    def _fill_block(self, g: int, size: int) -> None:
+        name = self.sparse[int(self.owner[g])]
+        k = g - self.first[name]
+        start = k * self.block_bytes
+        entry = self.index.files[name]
+        want = self._digests[g * DIGEST_BYTES : (g + 1) * DIGEST_BYTES]
+        for attempt in (1, 2):
+            data = self.remote.get_range(name, start, start + size, entry.etag)
+            if block_digest(data) == want:
+                break
+            if attempt == 2:
+                raise RemoteChecksumError(
+                    f"{self.remote.loc.object_url(name)}: bytes {start}-{start + size} do not match the digest "
+                    f"the push recorded for them (fetched twice): the object in the bucket is damaged; push the "
+                    "store again from a good copy (`mmstore verify` the source first)")
+            self.refetched += 1
+        fd = self._data_fd(name)
+        view = memoryview(data)
+        done = 0
+        while done < size:
+            done += os.pwrite(fd, view[done:], start + done)
+        self.fetched_bytes += size
+        self.fetched_blocks += 1
+
+    # -- accounting ---------------------------------------------------------------
+    def _acct(self) -> _AcctLock:
+        return _AcctLock(self)
+
+    def _reserve_locked(self, need: int, *, overshoot: bool, wait: bool) -> bool:
+        """Make room for ``need`` more bytes under the limit (the caller holds
+        the accounting lock). ``overshoot``: go over when the pinned blocks
+        leave no room; ``wait``: wait for room (releasing the lock meanwhile);
+        else return whether there is room."""
+        limit = self.cache_limit
+        if limit is None:
+            return True
+        while True:
+            self._clear_stale()
+            used = self.disk_bytes()
+            if used + need <= limit:
+                return True
+            self._evict(used + need - limit)
+            if self.disk_bytes() + need <= limit or overshoot:
+                return True
+            if not wait:
+                return False
+            self._acct_release()
+            t0 = time.monotonic()
+            time.sleep(_ROOM_POLL_S)
+            self.waited_s += time.monotonic() - t0
+            self._acct_take()
+
+    def trim(self) -> None:
+        """Evict unpinned blocks until the replica is within its limit."""
+        if self.cache_limit is not None:
+            with self._acct():
+                self._reserve_locked(0, overshoot=True, wait=False)
+
+    def _clear_stale(self) -> None:
+        """Blocks left in state 2 by a fetcher that died (its lock is free)."""
+        stale = np.flatnonzero(self.state == _FETCHING)
+        if not len(stale):
+            return
+        fd = self.take_fd()
+        try:
+            for g in stale.tolist():
+                if lock_range(fd, g, 1, shared=False, wait=False):
+                    try:
+                        if self.state[g] == _FETCHING:
+                            self._give_back(g)
+                    finally:
+                        unlock_range(fd, g, 1)
+        finally:
+            self.give_fd(fd)
+
+    def _evict(self, free: int) -> None:
+        """Give back at least ``free`` bytes of unpinned present blocks,
+        consumed and least recently used first."""
+        present = np.flatnonzero(self.state == _PRESENT)
+        if len(self.sticky):
+            present = np.setdiff1d(present, self.sticky, assume_unique=True)
+        if not len(present):
+            return
+        order = present[np.argsort(self.use[present], kind="stable")]
+        fd = self.take_fd()
+        freed = 0
+        try:
+            for g in order.tolist():
+                if freed >= free:
+                    break
+                if not lock_range(fd, g, 1, shared=False, wait=False):
+                    continue  # pinned by a reader, or being fetched
+                try:
+                    if self.state[g] == _PRESENT:
+                        self._give_back(g)
+                        freed += int(self.sizes[g])
+                        self.evicted_blocks += 1
+                finally:
+                    unlock_range(fd, g, 1)
+        finally:
+            self.give_fd(fd)
+
+    def _give_back(self, g: int) -> None:
+        """Block ``g`` absent, its disk given back (caller holds its lock)."""
+        self.state[g] = _ABSENT
+        name = self.sparse[int(self.owner[g])]
+        start = (g - self.first[name]) * self.block_bytes
+        size = int(self.sizes[g])
+        fd = self._data_fd(name)
+        if not punch_hole(fd, start, size):
+            os.pwrite(fd, bytes(size), start)  # no holes here: at least no stale bytes stay (disk is not freed)
+
+    def _acct_take(self) -> None:
+        fcntl.flock(self._acct_fd, fcntl.LOCK_EX)
+
+    def _acct_release(self) -> None:
+        fcntl.flock(self._acct_fd, fcntl.LOCK_UN)
+
+    # -- the whole store ----------------------------------------------------------
+    def verify_present(self) -> int:
+        """Check every present block against its digest; mark bad ones
+        absent. Returns how many were bad."""
+        bad = 0
+        fd_lock = self.take_fd()
+        try:
+            for g in np.flatnonzero(self.state == _PRESENT).tolist():
+                if not lock_range(fd_lock, g, 1, shared=False, wait=False):
+                    continue
+                try:
+                    name = self.sparse[int(self.owner[g])]
+                    start = (g - self.first[name]) * self.block_bytes
+                    data = os.pread(self._data_fd(name), int(self.sizes[g]), start)
+                    if block_digest(data) != self._digests[g * DIGEST_BYTES : (g + 1) * DIGEST_BYTES]:
+                        self._give_back(g)
+                        bad += 1
+                finally:
+                    unlock_range(fd_lock, g, 1)
+        finally:
+            self.give_fd(fd_lock)
+        return bad
+
+    def fill(self, blocks: Sequence[int] | np.ndarray | None = None) -> None:
+        """Fetch ``blocks`` (default: all) ahead, in order, as the limit allows."""
+        todo = np.arange(self.nblocks) if blocks is None else np.asarray(blocks, dtype=np.int64)
+        step = 64
+        for a in range(0, len(todo), step):
+            pin = self.acquire(todo[a : a + step])
+            if pin is not None:
+                pin.release(consumed=self.cache_limit is not None)
+
+
+class _AcctLock:
+    """The accounting lock: this process's threads, then other processes."""
+
+    def __init__(self, replica: Replica) -> None:
+        self.r = replica
+
+    def __enter__(self) -> None:
+        self.r._check_pid()
+        _ACCT_THREADS.acquire()
+        try:
+            self.r._acct_take()
+        except BaseException:
+            _ACCT_THREADS.release()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            self.r._acct_release()
+        finally:
+            _ACCT_THREADS.release()
+
+
+_ACCT_THREADS = threading.Lock()
+
+
+def _new_locks_after_fork() -> None:
+    # a fork while another thread held the lock would leave it held for ever in the child
+    global _ACCT_THREADS
+    _ACCT_THREADS = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_locks_after_fork)
+
+
+def _runs(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Sorted unique ``blocks`` as runs: (first, count) arrays."""
+    if not len(blocks):
+        return blocks, blocks
+    cut = np.flatnonzero(np.diff(blocks) != 1) + 1
+    firsts = blocks[np.concatenate(([0], cut))]
+    counts = np.diff(np.concatenate(([0], cut, [len(blocks)])))
+    return firsts, counts
+
+
+# -- making and opening replicas -----------------------------------------------------
+
+def _url_key(url: str) -> str:
+    return hashlib.sha256(url.encode("utf-8")).hexdigest()[:24]
+
+
+def open_replica(url: str, *, cache_dir: str | os.PathLike[str] | None = None,
+                 cache_limit: int | str | None = None) -> Replica:
+    """The replica of the store at ``url`` under ``cache_dir`` (made, or
+    re-used when this push is cached already; a replica of an older push of
+    the same URL is deleted once no process has it open)."""
+    limit = parse_bytes(cache_limit)
+    loc = parse_url(url)
+    remote = Remote(loc)
+    index, manifest, raw_manifest = read_remote_manifest(remote)
+    root = os.path.abspath(os.fspath(cache_dir)) if cache_dir is not None else default_cache_dir()
+    base = os.path.join(root, _url_key(loc.url))
+    home = os.path.join(base, index.identity[:24])
+    whole = sum(e.size for n, e in index.files.items()
+                if not _sparse_name(n, e.size, index.block_bytes))
+    if limit is not None and whole + index.block_bytes > limit:
+        raise ValueError(
+            f"{loc.url}: cache_limit {fmt_bytes(limit)} is below what the cache needs at least: "
+            f"{fmt_bytes(whole)} of files fetched whole (manifest, checksums, keys, offsets, LMDB files) plus "
+            f"one block of {fmt_bytes(index.block_bytes)}; raise the limit")
+    os.makedirs(base, exist_ok=True)
+    _make(remote, index, raw_manifest, home)
+    replica = Replica(remote, index, home, limit)
+    try:
+        _check_boot(replica)
+        pin = replica.acquire(replica.sticky)  # the .npy headers, which the open reads
+        if pin is not None:
+            pin.release()
+    except BaseException:
+        replica.close()
+        raise
+    _drop_old(base, home)
+    return replica
+
+
+def _make(remote: Remote, index: RemoteIndex, raw_manifest: bytes, home: str) -> None:
+    """Create the replica directory once (under its setup lock)."""
+    os.makedirs(home, exist_ok=True)
+    lock_fd = os.open(os.path.join(home, "setup.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        if os.path.exists(os.path.join(home, "ready")):
+            return
+        store = os.path.join(home, "store")
+        if os.path.isdir(store):
+            shutil.rmtree(store)  # a setup that was killed: start it over
+        os.makedirs(store)
+        B = index.block_bytes
+        sparse = sorted(n for n, e in index.files.items() if _sparse_name(n, e.size, B))
+        nblocks = sum(index.files[n].nblocks(B) for n in sparse)
+        with open(os.path.join(home, "blocks.map"), "wb") as f:
+            f.truncate(max(1, nblocks))
+        with open(os.path.join(home, "blocks.use"), "wb") as f:
+            f.truncate(8 * max(1, nblocks))
+        for name in sparse:
+            with open(os.path.join(store, name), "wb") as f:
+                f.truncate(index.files[name].size)
+        pool = ThreadPoolExecutor(_FETCH_THREADS, thread_name_prefix="mmstore-fetch")
+        try:
+            futs: list[Future[None]] = [
+                pool.submit(_fetch_whole, remote, index, name, os.path.join(store, name))
+                for name, e in index.files.items() if name not in sparse and name != MANIFEST_FILE
+            ]
+            for fut in futs:
+                fut.result()
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+        atomic_write(os.path.join(store, MANIFEST_FILE), raw_manifest)
+        atomic_write(os.path.join(home, "remote.json"), index.raw)
+        atomic_write(os.path.join(home, "ready"), json.dumps({"url": remote.url, "boot": boot_id()}).encode())
+    finally:
+        os.close(lock_fd)
+
+
+def _fetch_whole(remote: Remote, index: RemoteIndex, name: str, path: str) -> None:
+    """Fetch file ``name`` whole into ``path``, block by block, each verified."""
+    e = index.files[name]
+    B = index.block_bytes
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
+    try:
+        os.ftruncate(fd, e.size)
+        for k in range(e.nblocks(B)):
+            a, b = k * B, min(e.size, (k + 1) * B)
+            for attempt in (1, 2):
+                data = remote.get_range(name, a, b, e.etag)
+                if block_digest(data) == e.block(k):
+                    break
+                if attempt == 2:
+                    raise RemoteChecksumError(
+                        f"{remote.loc.object_url(name)}: bytes {a}-{b} do not match the digest the push recorded "
+                        "(fetched twice): the object in the bucket is damaged; push the store again")
+            view = memoryview(data)
+            done = 0
+            while done < len(view):
+                done += os.pwrite(fd, view[done:], a + done)
+    finally:
+        os.close(fd)
+
+
+def _read_json(path: str) -> dict[str, Any]:
+    with open(path, "rb") as f:
+        got = json.loads(f.read())
+    if not isinstance(got, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return got
+
+
+def _check_boot(replica: Replica) -> None:
+    """After a reboot, blocks marked present may never have reached the disk:
+    check them (NOTE [crash and power loss])."""
+    ready = os.path.join(replica.home, "ready")
+    try:
+        info = _read_json(ready)
+    except (OSError, ValueError):
+        raise IncompleteStoreError(f"{replica.home}: the cache entry is damaged (no readable 'ready'); "
+                                   "delete this directory and open the URL again") from None
+    now = boot_id()
+    if info.get("boot") == now or not now:
+        return
+    lock_fd = os.open(os.path.join(replica.home, "setup.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(lock_fd, fcntl.LOCK_EX)
+        info = _read_json(ready)
+        if info.get("boot") != now:
+            replica.verify_present()
+            # the files fetched whole were written without fsync too
+            for name, e in replica.index.files.items():
+                if name in replica.first or name == MANIFEST_FILE:
+                    continue
+                path = os.path.join(replica.store_dir, name)
+                try:
+                    with open(path, "rb") as f:
+                        ok = all(block_digest(f.read(replica.block_bytes)) == e.block(k)
+                                 for k in range(e.nblocks(replica.block_bytes)))
+                except OSError:
+                    ok = False
+                if not ok:
+                    _fetch_whole(replica.remote, replica.index, name, path)
+            info["boot"] = now
+            atomic_write(ready, json.dumps(info).encode())
+    finally:
+        os.close(lock_fd)
+
+
+def _drop_old(base: str, keep: str) -> None:
+    """Delete replicas of older pushes of this URL that nobody has open."""
+    try:
+        names = os.listdir(base)
+    except OSError:
+        return
+    for n in names:
+        path = os.path.join(base, n)
+        if path == keep or not os.path.isdir(path):
+            continue
+        try:
+            fd = os.open(os.path.join(path, "open.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            os.close(fd)
+            if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
+                continue
+            raise
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+        finally:
+            os.close(fd)
+
+
