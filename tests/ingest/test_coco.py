@@ -368,7 +368,8 @@ def test_guide_snippet_runs(tmp_path, coco, monkeypatch):
     pytest.importorskip("torch")
     import re
 
-    readme = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "docs", "guides", "coco.md")
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    readme = os.path.join(root, "docs", "guides", "coco.md")
     with open(readme, encoding="utf-8") as fh:
         m = re.search(r"<!-- test: coco -->\n```python\n(.*?)```", fh.read(), re.DOTALL)
     assert m, "the guide's COCO snippet is missing"
