@@ -179,7 +179,7 @@ def inspect_store(
         files = {n: int(s) for n, s in m["files"].items()}
         files["manifest.json"] = os.stat(os.path.join(store.path, "manifest.json")).st_size
         rep = InspectReport(
-            path=store.path,
+            path=store.url or store.path,
             store_id=store.store_id,
             format_version=list(m["version"]),
             backend=store.backend_name,

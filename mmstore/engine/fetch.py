@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..remote.replica import CONSUMED, KEEP
 from ..store.spans import record_spans
 from .inflight import InFlight, WindowPass
 
@@ -71,8 +72,25 @@ class RemoteWindows(WindowPass):
         self.pins: dict[int, Pin] = {}
         self.error: BaseException | None = None
         self.consumed_to = 0
+        self.window_blocks: list[np.ndarray] | None = None
+        self.last_use: np.ndarray | None = None
+
+    def _plan_uses(self) -> None:
+        """Under a cache limit: every window's blocks, and the last window of
+        the epoch that reads each block. A window's block that a later window
+        reads again (a block of the order straddles two of the replica's) is
+        kept, not marked consumed, when its window is done (NOTE [blocks read
+        again])."""
+        nwin = len(self.bounds) - 1
+        blocks = [self._blocks(w) for w in range(nwin)]
+        last = np.full(self.replica.nblocks, -1, np.int64)
+        if blocks:
+            np.maximum.at(last, np.concatenate(blocks), np.repeat(np.arange(nwin), [len(b) for b in blocks]))
+        self.window_blocks, self.last_use = blocks, last
 
     def _blocks(self, w: int) -> np.ndarray:
+        if self.window_blocks is not None:
+            return self.window_blocks[w]
         a, b = int(self.bounds[w]), int(self.bounds[w + 1])
         slots = self.store.slot_view.slots_of(self.idx[a:b])
         return self.replica.blocks_of(record_spans(self.store.slot_view.backend, self.store.schema, slots, self.fields))
@@ -83,6 +101,8 @@ class RemoteWindows(WindowPass):
         pool = ThreadPoolExecutor(self.ahead, thread_name_prefix="mmstore-fetch-window")
         pending: deque[tuple[int, Future[Any]]] = deque()
         try:
+            if self.replica.cache_limit is not None:
+                self._plan_uses()
             w = 0
             while (w < nwin or pending) and not self.inflight.cancelled:
                 # start windows up to `ahead` past the one the batches wait for
@@ -138,14 +158,28 @@ class RemoteWindows(WindowPass):
             raise self.error
 
     def consumed(self, pos: int) -> None:
-        """Positions ``[0, pos)`` are read: release their windows' pins."""
+        """Positions ``[0, pos)`` are read: release their windows' pins.
+
+        NOTE [blocks read again]: a released window's blocks are marked
+        consumed (evicted first) unless a later window of the epoch reads
+        them too; those get a last use that keeps them longest, the sooner
+        they are needed the longer, so a limit evicts what the epoch is done
+        with before what it will read again."""
         with self.inflight.cv:
             self.consumed_to = max(self.consumed_to, pos)
             done = [w for w in self.pins if self.bounds[w + 1] <= pos]
-            pins = [self.pins.pop(w) for w in done]
+            pins = [(w, self.pins.pop(w)) for w in done]
             self.inflight.cv.notify_all()
-        for pin in pins:
-            pin.release(consumed=True)
+        last = self.last_use
+        for w, pin in pins:
+            if last is None or not len(pin.blocks):
+                pin.release(consumed=True)
+                continue
+            again = last[pin.blocks] > w
+            use = self.replica.use
+            use[pin.blocks[~again]] = CONSUMED
+            use[pin.blocks[again]] = KEEP - last[pin.blocks[again]].astype(np.uint64)
+            pin.release()
 
     def release_all(self) -> None:
         """Release every pin still held (the epoch ended or was abandoned)."""

@@ -1,9 +1,10 @@
 """One store's objects in object storage, through obstore.
 
 :class:`Remote` is picklable (it holds the URL only) and makes its client
-lazily, once per process: a client used in a parent can hang a forked child
-(NOTE [a client per process]), so a DataLoader worker or a torchrun rank
-makes its own on first use.
+lazily, once per process, so a DataLoader worker or a torchrun rank started
+with spawn makes its own on first use; a process *forked* after its parent
+made requests cannot use obstore at all and reads through
+:mod:`mmstore.remote.forked` (NOTE [a client per process] there).
 
 Configuration comes from the standard environment, nothing is hard-coded for
 one provider. For ``s3://``: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
@@ -119,6 +120,11 @@ def _s3_config() -> tuple[dict[str, Any], bool]:
     return cfg, allow_http
 
 
+# the pid of the process whose requests made obstore's runtime (one per process,
+# shared by every client): a process with another pid was forked after it
+_RUNTIME_PID = [0]
+
+
 class ObjectInfo(dict[str, Any]):
     """``{"size": int, "etag": str | None}`` of one object."""
 
@@ -131,6 +137,7 @@ class Remote:
         self.url = self.loc.url
         self._lock = threading.Lock()
         self._client: tuple[int, Any] | None = None
+        self._forked: tuple[int, Any] | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url}
@@ -143,13 +150,10 @@ class Remote:
 
     # -- the client ---------------------------------------------------------
     def client(self) -> Any:
-        """This process's client for the store's prefix.
-
-        NOTE [a client per process]: a client holds a runtime with its own
-        threads and connection pool; after ``fork`` the child has the memory
-        but not the threads, and a request through the parent's client can
-        hang for ever. So the client is tagged with the pid that made it and a
-        forked child makes its own."""
+        """This process's client for the store's prefix, made on first use.
+        A process forked after its parent made requests reads through
+        :mod:`mmstore.remote.forked` instead (NOTE [a client per process]
+        there): :meth:`forked` says when."""
         got = self._client
         pid = os.getpid()
         if got is not None and got[0] == pid:
@@ -157,9 +161,42 @@ class Remote:
         with self._lock:
             got = self._client
             if got is None or got[0] != pid:
+                _RUNTIME_PID[0] = _RUNTIME_PID[0] or pid
                 got = (pid, self._make_client())
                 self._client = got
         return got[1]
+
+    def forked(self) -> Any:
+        """The standard-library reader of a process forked after this
+        process's parent ran requests through obstore, else None."""
+        if not _RUNTIME_PID[0] or _RUNTIME_PID[0] == os.getpid():
+            return None
+        got = self._forked
+        if got is not None and got[0] == os.getpid():
+            return got[1]
+        with self._lock:
+            if self.loc.scheme != "s3":
+                raise RemoteError(
+                    f"{self.url}: this process was forked after its parent read from object storage, and a "
+                    f"{self.loc.scheme}:// store can only be read there by a process of its own: start the "
+                    "workers with spawn or forkserver (DataLoader(multiprocessing_context='spawn'))")
+            from .forked import ForkedReader
+
+            cfg, _ = _s3_config()
+            reader = ForkedReader(
+                self.loc.bucket, self.loc.prefix, cfg, url=self.url,
+                retries=int(_env_number("MMSTORE_REMOTE_RETRIES", 10)),
+                retry_timeout=_env_number("MMSTORE_REMOTE_RETRY_TIMEOUT", 120),
+                timeout=_env_number("MMSTORE_REMOTE_TIMEOUT", 120),
+                connect_timeout=_env_number("MMSTORE_REMOTE_CONNECT_TIMEOUT", 10))
+            self._forked = (os.getpid(), reader)
+        return reader
+
+    def _refuse_forked(self, doing: str) -> None:
+        if _RUNTIME_PID[0] and _RUNTIME_PID[0] != os.getpid():
+            raise RemoteError(f"{self.url}: cannot {doing} from a process forked after its parent used object "
+                              "storage (NOTE [a client per process] in mmstore/remote/forked.py): do it in the "
+                              "parent, or start this process with spawn or forkserver")
 
     def _make_client(self) -> Any:
         obs = _obstore()
@@ -196,6 +233,9 @@ class Remote:
 
     def get(self, name: str) -> bytes:
         """The whole object ``name``."""
+        forked = self.forked()
+        if forked is not None:
+            return bytes(forked.get(name))
         obs = _obstore()
         try:
             return bytes(obs.get(self.client(), name).bytes())
@@ -205,6 +245,19 @@ class Remote:
     def get_range(self, name: str, start: int, end: int, etag: str | None = None) -> memoryview:
         """Bytes ``[start, end)`` of object ``name``; with ``etag``, only of
         that version of it (``RemoteChangedError`` when it was replaced)."""
+        forked = self.forked()
+        if forked is not None:
+            got: Any = forked.get(name, start, end, etag)
+        else:
+            got = self._get_range(name, start, end, etag)
+        view = memoryview(got)
+        if len(view) != end - start:
+            raise RemoteChangedError(
+                f"{self.loc.object_url(name)}: asked for bytes {start}-{end}, got {len(view)}: the object is "
+                "shorter than the store says; it was replaced or truncated since the push: open the store again")
+        return view
+
+    def _get_range(self, name: str, start: int, end: int, etag: str | None) -> Any:
         obs = _obstore()
         try:
             if etag:
@@ -213,15 +266,11 @@ class Remote:
                 got = obs.get_range(self.client(), name, start=start, end=end)
         except Exception as exc:  # noqa: BLE001 - translated to a typed error
             raise self.error(exc, name, f"read bytes {start}-{end} of") from exc
-        view = memoryview(got)
-        if len(view) != end - start:
-            raise RemoteChangedError(
-                f"{self.loc.object_url(name)}: asked for bytes {start}-{end}, got {len(view)}: the object is "
-                "shorter than the store says; it was replaced or truncated since the push: open the store again")
-        return view
+        return got
 
     def head(self, name: str) -> ObjectInfo | None:
         """Size and etag of object ``name``, or None when it does not exist."""
+        self._refuse_forked("look up objects")
         obs = _obstore()
         try:
             meta = obs.head(self.client(), name)
@@ -234,6 +283,7 @@ class Remote:
 
     def list(self) -> dict[str, ObjectInfo]:
         """Every object under the store's prefix: name -> size and etag."""
+        self._refuse_forked("list objects")
         obs = _obstore()
         out: dict[str, ObjectInfo] = {}
         try:
@@ -252,6 +302,7 @@ class Remote:
         """Write object ``name`` from bytes or a binary file object (in
         parts of ``chunk`` bytes, ``concurrency`` at a time, when it is larger
         than one part); its new etag."""
+        self._refuse_forked("write objects")
         obs = _obstore()
         multipart = size is not None and size > chunk
         try:
@@ -263,6 +314,7 @@ class Remote:
 
     def delete(self, names: Sequence[str]) -> None:
         """Delete objects ``names`` (absent ones are fine)."""
+        self._refuse_forked("delete objects")
         obs = _obstore()
         for name in names:
             try:
@@ -294,8 +346,13 @@ def translate(exc: BaseException, where: str, doing: str) -> RemoteError:
     why = _first_line(exc)
     if name == "PreconditionError" or "precondition" in low or "412" in low.split("status")[-1][:8]:
         return RemoteChangedError(  # type: ignore[return-value]
-            f"{where}: the object changed since the store was opened (its etag no longer matches): "
-            "the store at this URL was pushed again; open it again to read the new one")
+            f"{where}: the object changed since the store was opened (its etag no longer matches): the store "
+            "at this URL was pushed again, or the object was modified by something else; open it again "
+            "(a store pushed again opens as the new one)")
+    if "/latest/api/token" in low or "169.254.169.254" in low or "/latest/meta-data" in low:
+        return RemoteAccessError(
+            f"{where}: no credentials: none in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or ~/.aws, and no instance "
+            "metadata service answered; set them (or AWS_PROFILE), then run again")
     if name in ("NotFoundError",) or "nosuchbucket" in low or "nosuchkey" in low or "not found" in low:
         what = "bucket" if "nosuchbucket" in low or "bucket" in low and "not" in low else "object"
         return RemoteNotFoundError(f"{where}: no such {what} ({why}); check the URL (bucket, prefix, store name)")

@@ -82,11 +82,14 @@ from .client import Remote
 from .index import DIGEST_BYTES, RemoteIndex, block_digest, parse_index
 from .url import parse_url
 
-__all__ = ["Pin", "Replica", "default_cache_dir", "open_replica", "parse_bytes", "read_remote_manifest"]
+__all__ = ["CONSUMED", "KEEP", "Pin", "Replica", "default_cache_dir", "open_replica", "parse_bytes",
+           "read_remote_manifest"]
 
 _FETCH_THREADS = 16
 _ABSENT, _PRESENT, _FETCHING = 0, 1, 2
 _CONSUMED = 1  # blocks.use of a block the epoch is done with: evicted first
+CONSUMED = _CONSUMED
+KEEP = np.uint64(2**63)  # minus the window that reads it again: above every monotonic time, kept longest
 _ROOM_POLL_S = 0.02
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*([kmgtp]?)(i?)b?\s*$", re.IGNORECASE)
 

@@ -623,6 +623,7 @@ class Loader(Resumable):
         replica = self.store.replica
         if replica is not None:
             if isinstance(self.order, BlockShuffle):
+                _check_remote_windows(self.order, self._record_bytes, replica.cache_limit)
                 fb = self.order.window_bounds(epoch)
                 if start:
                     fb = np.unique(np.clip(fb - start * self.batch_size, 0, None))
@@ -811,6 +812,24 @@ def _block_sizes(kw: dict[str, Any], n: int, record_bytes: int) -> dict[str, Any
         return kw
     sizes = BlockShuffle.auto_sizes(n, record_bytes, block=kw.get("block"))
     return {**kw, "block": sizes["block"], "window": sizes["window"]}
+
+
+def _check_remote_windows(order: BlockShuffle, record_bytes: int, limit: int | None) -> None:
+    """Warn when a cache limit cannot hold the two windows the fetch pass
+    keeps (the one read, the one fetched ahead): the limit then holds only
+    up to one window more, and blocks are fetched again within an epoch."""
+    window_bytes = order.block * order.window * record_bytes
+    if limit is None or 2 * window_bytes <= limit:
+        return
+    fit = limit // 2 // max(1, order.block * record_bytes)
+    smaller = f"window={fit}" if fit >= 1 else f"block={max(1, limit // 2 // record_bytes)}, window=1"
+    warnings.warn(
+        f"mmstore.torch.Loader(order='block') over {order.window} block(s) of {order.block} records a window "
+        f"({_mb(window_bytes)}): the cache limit of {_mb(limit)} cannot hold the two the fetch pass keeps, so the "
+        f"replica's disk goes over the limit by up to a window. Pass OrderSpec('block', ..., {smaller}) (the same "
+        "on every rank and in every run that resumes this one), or a larger cache_limit",
+        UserWarning, stacklevel=4,
+    )
 
 
 def _check_windows(order: BlockShuffle, record_bytes: int, plan: LoaderPlan) -> None:

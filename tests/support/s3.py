@@ -386,10 +386,10 @@ class S3Server:
         status, _, body = self.request("PUT", f"/{name}")
         self._expect(f"create bucket {name!r}", status, body)
 
-    def delete_bucket(self, name: str) -> None:
+    def delete_bucket(self, name: str, missing_ok: bool = False) -> None:
         """Delete a bucket and everything in it (the server frees its volume)."""
         status, _, body = self.request("DELETE", f"/{name}")
-        self._expect(f"delete bucket {name!r}", status, body, ok=(204,))
+        self._expect(f"delete bucket {name!r}", status, body, ok=(204, 404) if missing_ok else (204,))
 
     def put_object_raw(self, bucket: str, key: str, data: bytes) -> None:
         """Write ``data`` at ``key`` as one PUT, past any client: for corrupting what a store holds."""
