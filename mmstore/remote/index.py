@@ -31,7 +31,7 @@ from ..format.layout import (
 __all__ = ["DEFAULT_BLOCK_BYTES", "DIGEST_BYTES", "BlockHasher", "FileEntry", "RemoteIndex", "block_digest",
            "parse_index"]
 
-DEFAULT_BLOCK_BYTES = 4 << 20
+DEFAULT_BLOCK_BYTES = 1 << 20
 DIGEST_BYTES = 16
 _MIN_BLOCK, _MAX_BLOCK = 64 << 10, 1 << 30
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")

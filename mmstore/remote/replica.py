@@ -7,7 +7,7 @@ local read (page cache, ``preadv``, O_DIRECT). The small files (manifest,
 checksums, keys, index, offsets of encoded fields, an LMDB file, any file of
 at most one block) are fetched whole when the replica is made; the record
 data files are *sparse*: created at their size with nothing in them, filled
-one block (``block_bytes`` of the remote index, 4 MiB by default) at a time
+one block (``block_bytes`` of the remote index, 1 MiB by default) at a time
 by range GETs, several in flight, each verified against its digest in the
 remote index before it is written, given back to the file system (a punched
 hole) when the cache limit needs the room.

@@ -145,7 +145,7 @@ import warnings
 import weakref
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -176,6 +176,9 @@ from ._ring import Ring
 from ._source import resolve_source, transform_call
 from .dataset import image_fields
 from .sampler import build_order
+
+if TYPE_CHECKING:
+    from ..remote.replica import Replica
 
 __all__ = ["Loader", "LoaderTuning"]
 
@@ -283,7 +286,7 @@ class Loader(Resumable):
     "Lifetime", for peeks, threads, ``close``, ``fork`` and pickling).
     """
 
-    # the tuning values, read-only: ``loader.hold`` is ``loader.tuning.hold`` (``prefetch``: the property below)
+    # the tuning values: ``loader.tuning.hold`` (``loader.hold`` is a deprecated spelling; ``prefetch``: below)
     hold: int
     threads: int
     warm: bool | str
@@ -345,7 +348,7 @@ class Loader(Resumable):
         if isinstance(order, OrderSpec):  # every record once, the same batch count on every rank
             kw = order.order_kw()
             if order.kind == "block":
-                kw = _block_sizes(kw, n, sb)
+                kw = _block_sizes(kw, n, sb, self.store.replica)
             kw["batch_size"] = self.batch_size
             self.order = build_order(order.kind, n, rank=order.rank, world_size=order.world_size,
                                      record_bytes=sb, **kw)
@@ -743,9 +746,15 @@ class Loader(Resumable):
 
 
 def _tuning_property(name: str) -> property:
-    return property(lambda self: getattr(self.tuning, name), doc=f"``tuning.{name}`` (read-only).")
+    def get(self: Loader) -> Any:
+        warnings.warn(f"mmstore.torch.Loader.{name} is deprecated: read loader.tuning.{name} (the tuning is one "
+                      "object, LoaderTuning)", DeprecationWarning, stacklevel=2)
+        return getattr(self.tuning, name)
+
+    return property(get, doc=f"Deprecated: ``loader.tuning.{name}``.")
 
 
+# the 0.2 spellings of the tuning values (``loader.hold``), kept one version
 for _name in sorted(TUNING_FIELDS - {"prefetch"}):
     setattr(Loader, _name, _tuning_property(_name))
 
@@ -803,15 +812,22 @@ def _old_spellings(order: Any, tuning: LoaderTuning | None, kw: dict[str, Any]
     return order, tuning, rank_kw
 
 
-def _block_sizes(kw: dict[str, Any], n: int, record_bytes: int) -> dict[str, Any]:
+def _block_sizes(kw: dict[str, Any], n: int, record_bytes: int, replica: Replica | None = None) -> dict[str, Any]:
     """``order="block"``'s sizes: as ``BlockShuffle.auto`` picks them (or the
     ones given). Nothing measured here enters them (the order must be the same
     on every rank and in a resumed process); the memory only sizes the reads
-    (:func:`_check_windows`)."""
+    (:func:`_check_windows`). A store opened from a URL with a cache limit
+    (a setting, the same on every rank) gets windows small enough that the
+    limit holds three of them, each with the replica's blocks its records
+    straddle; a resume under another limit is refused (the order differs)."""
     if "window" in kw or "mem_bytes" in kw:
         return kw
     sizes = BlockShuffle.auto_sizes(n, record_bytes, block=kw.get("block"))
-    return {**kw, "block": sizes["block"], "window": sizes["window"]}
+    window = sizes["window"]
+    if replica is not None and replica.cache_limit is not None:
+        per_block = sizes["block"] * record_bytes + replica.block_bytes
+        window = max(1, min(window, replica.cache_limit // 3 // max(1, per_block)))
+    return {**kw, "block": sizes["block"], "window": window}
 
 
 def _check_remote_windows(order: BlockShuffle, record_bytes: int, limit: int | None) -> None:

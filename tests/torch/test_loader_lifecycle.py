@@ -245,7 +245,7 @@ def test_pickle_reopens_with_config_and_epoch(stores):
     )
     list(L)  # epoch 0 used
     L2 = pickle.loads(pickle.dumps(L))
-    assert (L2.batch_size, L2.fields, L2.hold, L2.order) == (16, ("idx", "image"), 2, L.order)
+    assert (L2.batch_size, L2.fields, L2.tuning.hold, L2.order) == (16, ("idx", "image"), 2, L.order)
     assert np.array_equal(ids([b for b in map(lambda b: {"idx": b["idx"].clone()}, L2)]), L.order.epoch(1))
     L2.close()
     # a spawn-style child: a fresh interpreter unpickles it and reads the next epoch
