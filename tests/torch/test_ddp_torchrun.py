@@ -38,6 +38,9 @@ from mmstore.torch import Loader, LoaderTuning, OrderSampler, StoreDataset
 path, out, bs, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
 dist.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
+# two ranks on a small machine: no intra-op thread pool running when the DataLoader forks its
+# worker (a fork beside busy OpenMP threads can leave the worker waiting for ever)
+torch.set_num_threads(1)
 torch.manual_seed(0)
 model = DDP(torch.nn.Linear(24 * 32 * 3, 1))
 opt = torch.optim.SGD(model.parameters(), lr=1e-3)
