@@ -71,7 +71,6 @@ class RemoteWindows(WindowPass):
         self.ahead = max(1, int(ahead))
         self.pins: dict[int, Pin] = {}
         self.error: BaseException | None = None
-        self.consumed_to = 0
         self.window_blocks: list[np.ndarray] | None = None
         self.last_use: np.ndarray | None = None
 
@@ -166,7 +165,6 @@ class RemoteWindows(WindowPass):
         they are needed the longer, so a limit evicts what the epoch is done
         with before what it will read again."""
         with self.inflight.cv:
-            self.consumed_to = max(self.consumed_to, pos)
             done = [w for w in self.pins if self.bounds[w + 1] <= pos]
             pins = [(w, self.pins.pop(w)) for w in done]
             self.inflight.cv.notify_all()
@@ -179,12 +177,4 @@ class RemoteWindows(WindowPass):
             use = self.replica.use
             use[pin.blocks[~again]] = CONSUMED
             use[pin.blocks[again]] = KEEP - last[pin.blocks[again]].astype(np.uint64)
-            pin.release()
-
-    def release_all(self) -> None:
-        """Release every pin still held (the epoch ended or was abandoned)."""
-        with self.inflight.cv:
-            pins = list(self.pins.values())
-            self.pins.clear()
-        for pin in pins:
             pin.release()

@@ -30,17 +30,19 @@ from __future__ import annotations
 import configparser
 import os
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
 from ..errors import (
     RemoteAccessError,
     RemoteChangedError,
+    RemoteChecksumError,
     RemoteError,
     RemoteNotFoundError,
     RemoteUnavailableError,
 )
+from .index import block_digest
 from .url import StoreURL, parse_url
 
 __all__ = ["ObjectInfo", "Remote", "client_available"]
@@ -257,6 +259,20 @@ class Remote:
                 "shorter than the store says; it was replaced or truncated since the push: open the store again")
         return view
 
+    def get_verified(self, name: str, start: int, end: int, etag: str | None, digest: bytes) -> tuple[memoryview, int]:
+        """Bytes ``[start, end)`` of object ``name`` whose block digest is
+        ``digest`` (the remote index's); fetched once more when they do not
+        match, then ``RemoteChecksumError``. Returns them and how many fetches
+        were repeated."""
+        for attempt in (1, 2):
+            data = self.get_range(name, start, end, etag)
+            if block_digest(data) == digest:
+                return data, attempt - 1
+        raise RemoteChecksumError(
+            f"{self.loc.object_url(name)}: bytes {start}-{end} do not match the digest the push recorded for them "
+            "(fetched twice): the object in the bucket is damaged; push the store again from a good copy "
+            "(`mmstore verify` the source first)")
+
     def _get_range(self, name: str, start: int, end: int, etag: str | None) -> Any:
         obs = _obstore()
         try:
@@ -368,10 +384,3 @@ def translate(exc: BaseException, where: str, doing: str) -> RemoteError:
         "set how long to keep trying)")
 
 
-def iter_chunks(length: int, chunk: int) -> Iterator[tuple[int, int]]:
-    """``(start, end)`` of consecutive chunks of ``[0, length)``."""
-    for a in range(0, length, chunk):
-        yield a, min(length, a + chunk)
-
-
-ProgressFn = Callable[[int], None]

@@ -69,13 +69,9 @@ from typing import Any
 
 import numpy as np
 
-from .._os.io import atomic_write, fmt_bytes
+from .._os.io import atomic_write, fmt_bytes, pwrite_all
 from .._os.sparse import boot_id, lock_range, punch_hole, unlock_range
-from ..errors import (
-    IncompleteStoreError,
-    RemoteChecksumError,
-    RemoteNotFoundError,
-)
+from ..errors import IncompleteStoreError, RemoteChecksumError, RemoteNotFoundError
 from ..format.layout import MANIFEST_FILE, REMOTE_INDEX_FILE
 from ..format.manifest import parse_manifest
 from .client import Remote
@@ -520,23 +516,14 @@ class Replica:
         name = self.sparse[int(self.owner[g])]
         k = g - self.first[name]
         start = k * self.block_bytes
-        entry = self.index.files[name]
         want = self._digests[g * DIGEST_BYTES : (g + 1) * DIGEST_BYTES]
-        for attempt in (1, 2):
-            data = self.remote.get_range(name, start, start + size, entry.etag)
-            if block_digest(data) == want:
-                break
-            if attempt == 2:
-                raise RemoteChecksumError(
-                    f"{self.remote.loc.object_url(name)}: bytes {start}-{start + size} do not match the digest "
-                    f"the push recorded for them (fetched twice): the object in the bucket is damaged; push the "
-                    "store again from a good copy (`mmstore verify` the source first)")
-            self.refetched += 1
-        fd = self._data_fd(name)
-        view = memoryview(data)
-        done = 0
-        while done < size:
-            done += os.pwrite(fd, view[done:], start + done)
+        try:
+            data, again = self.remote.get_verified(name, start, start + size, self.index.files[name].etag, want)
+        except RemoteChecksumError:
+            self.refetched += 1  # the second fetch was refused too
+            raise
+        self.refetched += again
+        pwrite_all(self._data_fd(name), data, start)
         self.fetched_bytes += size
         self.fetched_blocks += 1
 
@@ -799,18 +786,7 @@ def _fetch_whole(remote: Remote, index: RemoteIndex, name: str, path: str) -> No
         os.ftruncate(fd, e.size)
         for k in range(e.nblocks(B)):
             a, b = k * B, min(e.size, (k + 1) * B)
-            for attempt in (1, 2):
-                data = remote.get_range(name, a, b, e.etag)
-                if block_digest(data) == e.block(k):
-                    break
-                if attempt == 2:
-                    raise RemoteChecksumError(
-                        f"{remote.loc.object_url(name)}: bytes {a}-{b} do not match the digest the push recorded "
-                        "(fetched twice): the object in the bucket is damaged; push the store again")
-            view = memoryview(data)
-            done = 0
-            while done < len(view):
-                done += os.pwrite(fd, view[done:], a + done)
+            pwrite_all(fd, remote.get_verified(name, a, b, e.etag, e.block(k))[0], a)
     finally:
         os.close(fd)
 

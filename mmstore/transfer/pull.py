@@ -31,13 +31,12 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from .._os.io import atomic_write, fsync_dir, fsync_file
+from .._os.io import atomic_write, fsync_dir, fsync_file, pwrite_all
 from .._os.lock import acquire_lock, release_lock
 from ..errors import ChecksumError, DestinationError, RemoteChecksumError, StoreExistsError, spell_option
 from ..format.layout import MANIFEST_FILE, PARTIAL_SUFFIX
 from ..format.manifest import read_manifest
 from ..remote.client import Remote
-from ..remote.index import block_digest
 from ..remote.replica import read_remote_manifest
 from ..remote.url import local_path, parse_url
 from ..store.dest import PARTIAL_MARK, is_own_partial, is_store, make_partial
@@ -148,19 +147,8 @@ def pull(url: str, dest: str | os.PathLike[str], *, overwrite: bool = False, job
                     e = index.files[name]
                     k = gb - first[name]
                     a = k * B
-                    b = a + int(sizes[gb])
-                    for attempt in (1, 2):
-                        data = remote.get_range(name, a, b, e.etag)
-                        if block_digest(data) == e.block(k):
-                            break
-                        if attempt == 2:
-                            raise RemoteChecksumError(
-                                f"{loc.object_url(name)}: bytes {a}-{b} do not match the digest the push recorded "
-                                "(fetched twice): the object in the bucket is damaged; push the store again")
-                    view = memoryview(data)
-                    done = 0
-                    while done < len(view):
-                        done += os.pwrite(fds[name], view[done:], a + done)
+                    view, _ = remote.get_verified(name, a, a + int(sizes[gb]), e.etag, e.block(k))
+                    pwrite_all(fds[name], view, a)
                     marks[gb] = 1
                     with mu:
                         counted[0] += len(view)
