@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from ..format.layout import decode_key
+from ..format.layout import decode_key, segment_ids
 from ..format.schema import Schema
 from ..store.backends import backend_class
 
@@ -27,14 +27,15 @@ class Ctx:
         self.backend: str = manifest["backend"]
         self.cls = backend_class(self.backend)
         self.segmented = manifest.get("segments") is not None
-        # (segment number or None, first slot, slot count) of each data segment
+        # (segment id: its number, its part id or None, first slot, slot count) of each data segment
         counts = manifest.get("segments") or [self.slots]
         firsts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()
-        self.segments: list[tuple[int | None, int, int]] = [
-            (k if self.segmented else None, firsts[k], int(c)) for k, c in enumerate(counts)
+        ids: list[int | str | None] = list(segment_ids(manifest) or [None])
+        self.segments: list[tuple[int | str | None, int, int]] = [
+            (ids[k], firsts[k], int(c)) for k, c in enumerate(counts)
         ]
         self.data_ok = True
-        self.offsets: dict[tuple[str, int | None], int] = {}  # (field, segment) -> data offset
+        self.offsets: dict[tuple[str, int | str | None], int] = {}  # (field, segment) -> data offset
         self.checksums: np.ndarray | None = None
         self.key_offsets: np.ndarray | None = None
         self.key_blob: bytes | None = None
@@ -43,7 +44,7 @@ class Ctx:
         # variable-size fields (positional backends): (field, segment) -> its
         # offsets index and the size of its .bin, and the global slots whose
         # entry the offsets do not place within the .bin (format.py, "Encoded fields")
-        self.entries: dict[tuple[str, int | None], tuple[np.ndarray, int]] = {}
+        self.entries: dict[tuple[str, int | str | None], tuple[np.ndarray, int]] = {}
         self.bad_entries: dict[str, np.ndarray] = {}
         self.offset_findings: list[tuple[str, str, int, np.ndarray, str]] = []
 

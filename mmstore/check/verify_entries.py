@@ -39,7 +39,7 @@ MAX_NAMED = 10  # offsets problems named one by one per file (the rest are count
 _CHUNK_BYTES = 8 << 20
 
 
-def check_offsets(ctx: Ctx, rep: VerifyReport, name: str, seg: int | None, first: int, count: int,
+def check_offsets(ctx: Ctx, rep: VerifyReport, name: str, seg: int | str | None, first: int, count: int,
                   bad_files: set[str], npy: Callable[..., int | None]) -> None:
     """Read the whole offsets index of field ``name`` in segment ``seg`` and
     note what is wrong with it (named by :func:`report_offsets`, once the
@@ -94,7 +94,7 @@ def report_offsets(ctx: Ctx, rep: VerifyReport) -> None:
                                         "more slots with offsets out of order or past the end", file))
 
 
-def _segment_of(ctx: Ctx, first: int) -> int | None:
+def _segment_of(ctx: Ctx, first: int) -> int | str | None:
     for seg, f, _ in ctx.segments:
         if f == first:
             return seg
@@ -117,7 +117,7 @@ def _pread(fd: int, n: int, off: int, name: str) -> memoryview:
 class _Segment:
     """The open files of one segment while its records are checked."""
 
-    def __init__(self, ctx: Ctx, seg: int | None) -> None:
+    def __init__(self, ctx: Ctx, seg: int | str | None) -> None:
         self.fds: dict[str, int] = {}
         self.names: dict[str, str] = {}
         try:
@@ -161,7 +161,7 @@ def content_variable(ctx: Ctx, col: Any, threads: int, progress: Callable[[int],
             bufs = local.bufs = {f.name: np.empty(f.shape, f.dtype) for f in schema.variable_fields if not f.ragged}
         return bufs.get(name)
 
-    def run(files: _Segment, seg: int | None, first: int, a: int, b: int) -> int:
+    def run(files: _Segment, seg: int | str | None, first: int, a: int, b: int) -> int:
         n = b - a
         fixed = {f.name: _pread(files.fds[f.name], n * f.nbytes, ctx.offsets[(f.name, seg)] + (a - first) * f.nbytes,
                                 files.names[f.name]) for f in schema.fixed_fields if f.nbytes}

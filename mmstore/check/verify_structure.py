@@ -22,6 +22,7 @@ from ..format.layout import (
     KEYS_OFFSETS_FILE,
     LMDB_FILE,
     MANIFEST_FILE,
+    PARTS_DIR,
     lmdb_file,
 )
 from ..format.manifest import read_manifest
@@ -92,13 +93,33 @@ def _read_manifest(path: str, rep: VerifyReport) -> Ctx | None:
     return ctx
 
 
+def _on_disk(path: str, parts: list[str] | None) -> set[str]:
+    """The names in the store's directory, as ``files`` names them: a store
+    with parts lists the entries of each part's directory as
+    ``parts/<id>/<name>`` (and a directory under ``parts`` that is no part as
+    ``parts/<name>``)."""
+    names = set(os.listdir(path))
+    top = os.path.join(path, PARTS_DIR)
+    if parts is None or PARTS_DIR not in names or os.path.islink(top) or not os.path.isdir(top):
+        return names
+    names.discard(PARTS_DIR)
+    known = set(parts)
+    for pid in os.listdir(top):
+        d = os.path.join(top, pid)
+        if pid in known and os.path.isdir(d):
+            names.update(f"{PARTS_DIR}/{pid}/{n}" for n in os.listdir(d))
+        else:
+            names.add(f"{PARTS_DIR}/{pid}")
+    return names
+
+
 def _check_listing(ctx: Ctx, rep: VerifyReport) -> tuple[list[str], set[str], set[str]]:
     """The manifest's file list against the files the store needs and the
     directory: ``(data file names, names not to be read, names on disk)``."""
     prob = rep.problems
     files: dict[str, int] = ctx.m["files"]
     j = lambda n: os.path.join(ctx.path, n)  # noqa: E731
-    data_names = data_file_names(ctx.backend, ctx.schema, ctx.m.get("segments"))
+    data_names = data_file_names(ctx.backend, ctx.schema, ctx.m.get("segments"), ctx.m.get("parts"))
     needed = data_names + [CHECKSUMS_FILE, KEYS_OFFSETS_FILE, KEYS_BLOB_FILE]
     if ctx.records < ctx.slots:
         needed += [INDEX_FILE, ERRORS_FILE]
@@ -109,7 +130,7 @@ def _check_listing(ctx: Ctx, rep: VerifyReport) -> tuple[list[str], set[str], se
             prob.append(Problem("manifest", f"the manifest's 'files' does not list {n}, which this store needs", n))
     for n in sorted(set(files) - set(needed)):
         prob.append(Problem("manifest", f"the manifest's 'files' lists {n}, which does not belong in this store", n))
-    on_disk = set(os.listdir(ctx.path))
+    on_disk = _on_disk(ctx.path, ctx.m.get("parts"))
     for n in sorted(on_disk - set(files) - {MANIFEST_FILE}):
         what = "directory" if os.path.isdir(j(n)) else "file"
         prob.append(Problem("stray", f"{n}: a stray {what} that is not part of the store (remove it)", n))

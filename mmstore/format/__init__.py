@@ -1,4 +1,4 @@
-"""The mmstore on-disk format, version 2.1: the one place it is specified.
+"""The mmstore on-disk format, version 2.2: the one place it is specified.
 
 This docstring is the contract. Code elsewhere imports the constants and the
 ``parse_*`` / ``npy_*`` helpers below and never repeats a literal. "MUST" and
@@ -25,6 +25,9 @@ A store is a directory
 A *segmented* store (version 1.1, written by ``mmstore merge``) keeps its
 record data in several consecutive segments instead: ``<field>.00000.npy``,
 ``<field>.00001.npy``, ... or ``records.00000.mdb``, ... (see "Segments").
+A store joined from *parts* (version 2.2, written by ``mmstore.ray.write``)
+keeps each segment's data files in a directory of its own,
+``parts/<part id>/<field>.npy`` ... (see "Parts").
 
 No other file belongs in a finished store. Names starting with ``_`` are
 reserved for the store's own bookkeeping, so field names never start with one.
@@ -85,8 +88,9 @@ the size before parsing). Keys (readers MUST ignore unknown keys of the same
 major version):
 
 ``format``       the string ``"mmstore"`` (``FORMAT_NAME``).
-``version``      ``[major, minor]``. This document is ``[2, 1]``. Writers
-                 write ``[2, 1]`` for a store with a ragged field (see
+``version``      ``[major, minor]``. This document is ``[2, 2]``. Writers
+                 write ``[2, 2]`` for a store with ``parts`` (see
+                 "Parts"), ``[2, 1]`` for one with a ragged field (see
                  "Ragged fields"), ``[2, 0]`` for one with another
                  variable-size field (see "Encoded fields"), else ``[1, 0]`` for a store
                  without ``segments`` (every 1.x reader reads it) and
@@ -122,8 +126,12 @@ major version):
                  data is covered by the per-slot checksums instead).
 ``segments``     optional (1.1): list of ints >= 0 summing to ``slots``; see
                  "Segments". Absent: the store is one segment.
+``parts``        optional (2.2): list of part ids, one per segment; see
+                 "Parts". Absent: the segments' files are in the store's
+                 own directory.
 ``requires``     optional (2.1): list of feature names a reader MUST know to
-                 read the store (``["ragged"]``); see "Ragged fields".
+                 read the store (``["ragged"]``, ``["parts"]``); see "Ragged
+                 fields" and "Parts".
 ``label_names``  list of strings (label ``k`` is ``label_names[k]``) or null.
 ``provenance``   free-form JSON object: source, parameters, tool version,
                  time. Nothing else in the store may depend on it.
@@ -184,6 +192,45 @@ small bookkeeping files are written anew. A merged store reads exactly like a si
 inputs, and its bookkeeping files are byte-identical to that store's.
 A 1.0 reader refuses a segmented store (its ``files`` lack ``<field>.npy``)
 rather than misreading it.
+
+Parts (version 2.2)
+-------------------
+
+A store may be joined from *parts* written independently, on other machines
+or into object storage, with no copy of their record data and without
+needing one file system for hard links: ``"parts": [id_0, id_1, ...]`` pairs
+with ``segments`` (the same length), and segment ``k``'s data files are
+those an unsegmented store of ``c_k`` slots would have, under the directory
+``parts/<id_k>/``: ``parts/<id_k>/<field>.npy``, ``parts/<id_k>/<field>.bin``
+and ``parts/<id_k>/<field>.offsets.npy``, or ``parts/<id_k>/records.mdb``
+(slot numbers local to the segment, as in "Segments"). ``files`` lists them
+under those names (``"parts/00003-1f0c/image.npy": 9830464``) beside the
+store's own files; the bookkeeping files (checksums, keys, index, errors)
+cover all slots in the store's directory, as in any store.
+
+A part id matches ``PART_ID_RE`` (letters, digits, ``_``, ``.``, ``-``; at
+most 128 characters; starting with a letter or digit) and appears once.
+``files`` names nothing else with a ``/``: no other directory, no ``..``,
+no absolute path, so a store from someone else can make a reader open
+nothing outside its own directory (or, in object storage, its own prefix).
+Readers MUST check every name against this rule. The directory ``parts``
+and each part's directory hold nothing but the files listed; ``verify``
+reports anything else as stray.
+
+The record data of a part is never rewritten by the join: each part is
+written once, complete, by one writer (an engine's task attempt, named by
+task and attempt), and the store that joins them (its bookkeeping and
+manifest, written last) is the commit: a part that no manifest lists is not
+part of any store and is removed by the next write to that destination.
+The same inputs in the same order give byte-identical data files per
+segment, checksums, keys, index and ``errors.jsonl`` whatever the number of
+parts: a store with parts reads exactly like a single-run ingest.
+
+Version: a writer writes ``[2, 2]`` and ``requires`` with ``"parts"`` (after
+``"ragged"`` when the store has a ragged field) for a store with parts. A
+2.1 reader refuses it because it does not know the feature (``VersionError``);
+a 2.0 reader refuses it because its ``files`` name files with a ``/`` and
+lack the segments' ``<field>.<k>.npy``; 1.x readers refuse major version 2.
 
 Encoded fields (version 2.0)
 ----------------------------
@@ -443,7 +490,11 @@ from .layout import (
     MANIFEST_FILE,
     MANIFEST_MAX_BYTES,
     MAX_STORE_BYTES,
+    PART_ID_RE,
     PARTIAL_SUFFIX,
+    PARTS_DIR,
+    PARTS_FEATURE,
+    PARTS_VERSION,
     PLAIN_VERSION,
     RAGGED_FEATURE,
     RAGGED_VERSION,
@@ -468,7 +519,9 @@ from .layout import (
     note_identity,
     npy_header,
     open_store_file,
+    part_file,
     read_npy_header,
+    segment_ids,
     segment_tag,
     variable_files,
 )
@@ -494,6 +547,10 @@ __all__ = [
     "PARTIAL_SUFFIX",
     "PLAIN_VERSION",
     "RAGGED_FEATURE",
+    "PARTS_DIR",
+    "PARTS_FEATURE",
+    "PARTS_VERSION",
+    "PART_ID_RE",
     "RAGGED_VERSION",
     "RAGGED_ZSTD_MAX_BYTES",
     "READ_MAJORS",
@@ -519,6 +576,8 @@ __all__ = [
     "parse_manifest",
     "read_manifest",
     "read_npy_header",
+    "part_file",
+    "segment_ids",
     "segment_tag",
     "variable_files",
 ]

@@ -36,6 +36,10 @@ __all__ = [
     "MANIFEST_MAX_BYTES",
     "PARTIAL_SUFFIX",
     "PLAIN_VERSION",
+    "PARTS_DIR",
+    "PARTS_FEATURE",
+    "PARTS_VERSION",
+    "PART_ID_RE",
     "RAGGED_FEATURE",
     "RAGGED_VERSION",
     "RAGGED_ZSTD_MAX_BYTES",
@@ -60,18 +64,24 @@ __all__ = [
     "normalize_dtype",
     "npy_header",
     "read_npy_header",
+    "part_file",
+    "segment_ids",
     "segment_tag",
     "variable_files",
 ]
 
 FORMAT_NAME = "mmstore"
-FORMAT_VERSION = (2, 1)  # this document
+FORMAT_VERSION = (2, 2)  # this document
 PLAIN_VERSION = (1, 0)  # what a store without segments or variable-size fields is written as
 SEGMENTED_VERSION = (1, 1)  # ... with segments, without variable-size fields
 VARIABLE_VERSION = (2, 0)  # ... with a variable-size field (segmented or not)
 RAGGED_VERSION = (2, 1)  # ... with a ragged field (see "Ragged fields")
 RAGGED_FEATURE = "ragged"  # what such a store's "requires" lists
-KNOWN_FEATURES = (RAGGED_FEATURE,)  # the "requires" entries this reader knows
+PARTS_VERSION = (2, 2)  # ... whose segments are parts (see "Parts")
+PARTS_FEATURE = "parts"  # what such a store's "requires" lists
+PARTS_DIR = "parts"  # a part's data files: parts/<part id>/<name>
+PART_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
+KNOWN_FEATURES = (RAGGED_FEATURE, PARTS_FEATURE)  # the "requires" entries this reader knows
 RAGGED_ZSTD_MAX_BYTES = 1 << 31  # a zstd entry of a ragged field decompresses to at most this
 READ_MAJORS = (1, 2)  # the major versions this reader reads
 MANIFEST_FILE = "manifest.json"
@@ -117,21 +127,48 @@ def segment_tag(segment: int | None) -> str:
     return "" if segment is None else f".{int(segment):05d}"
 
 
-def field_file(name: str, segment: int | None = None) -> str:
+def part_file(part: str, name: str) -> str:
+    """Name (in ``files``) of data file ``name`` of the part ``part`` (see "Parts")."""
+    return f"{PARTS_DIR}/{part}/{name}"
+
+
+def _data_name(base: str, ext: str, segment: int | str | None) -> str:
+    """A data file's name: ``base + ext`` in one segment, ``base.<k> + ext`` in
+    segment ``k``, ``parts/<id>/base + ext`` in the part ``id`` (a ``str``)."""
+    if isinstance(segment, str):
+        return part_file(segment, base + ext)
+    return f"{base}{segment_tag(segment)}{ext}"
+
+
+def segment_ids(manifest: dict[str, Any]) -> list[int | str] | None:
+    """How a (parsed) manifest's segments name their data files: None for a
+    store of one segment, else one id per segment: its number ``k``
+    ("Segments"), or its part id when the store has ``parts`` ("Parts"). Every
+    data-file name function here takes such an id as ``segment``."""
+    segments = manifest.get("segments")
+    if segments is None:
+        return None
+    parts = manifest.get("parts")
+    return list(parts) if parts is not None else list(range(len(segments)))
+
+
+def field_file(name: str, segment: int | str | None = None) -> str:
     """File name of field ``name`` in a memmap store (of one segment)."""
-    return f"{name}{segment_tag(segment)}.npy"
+    return _data_name(name, ".npy", segment)
 
 
-def variable_files(name: str, segment: int | None = None) -> tuple[str, str]:
+def variable_files(name: str, segment: int | str | None = None) -> tuple[str, str]:
     """``(data, offsets)`` file names of variable-size field ``name`` in a
     memmap store (of one segment): ``<field>.bin``, ``<field>.offsets.npy``."""
-    tag = segment_tag(segment)
-    return f"{name}{tag}.bin", f"{name}{tag}.offsets.npy"
+    return _data_name(name, ".bin", segment), _data_name(name, ".offsets.npy", segment)
 
 
-def manifest_version(variable: bool, segmented: bool, ragged: bool = False) -> tuple[int, int]:
-    """The version a writer writes (see ``version``): 2.1 with a ragged
-    field, 2.0 with another variable-size field, else 1.1 with segments, else 1.0."""
+def manifest_version(variable: bool, segmented: bool, ragged: bool = False, parts: bool = False) -> tuple[int, int]:
+    """The version a writer writes (see ``version``): 2.2 with parts, 2.1 with
+    a ragged field, 2.0 with another variable-size field, else 1.1 with
+    segments, else 1.0."""
+    if parts:
+        return PARTS_VERSION
     if ragged:
         return RAGGED_VERSION
     if variable:
@@ -139,9 +176,9 @@ def manifest_version(variable: bool, segmented: bool, ragged: bool = False) -> t
     return SEGMENTED_VERSION if segmented else PLAIN_VERSION
 
 
-def lmdb_file(segment: int | None = None) -> str:
+def lmdb_file(segment: int | str | None = None) -> str:
     """File name of the LMDB environment (of one segment)."""
-    return LMDB_FILE if segment is None else f"records{segment_tag(segment)}.mdb"
+    return _data_name("records", ".mdb", segment)
 
 
 def lmdb_key(slot: int) -> bytes:

@@ -26,7 +26,11 @@ from .layout import (
     MANIFEST_FILE,
     MANIFEST_MAX_BYTES,
     MAX_STORE_BYTES,
+    PART_ID_RE,
     PARTIAL_SUFFIX,
+    PARTS_DIR,
+    PARTS_FEATURE,
+    PARTS_VERSION,
     RAGGED_FEATURE,
     RAGGED_VERSION,
     SUPPORTED_BACKENDS,
@@ -190,18 +194,22 @@ def _check_field_sizes(path: str, schema: list[Any], slots: int, ver: list[int])
                         f"slots, more than any store can hold ({MAX_STORE_BYTES})")
 
 
-def _parse_files(path: str, files: Any) -> dict[str, int]:
+def _safe_name(name: Any) -> bool:
+    return (isinstance(name, str) and name not in ("", ".", "..") and "/" not in name and "\\" not in name
+            and "\x00" not in name and name != MANIFEST_FILE)
+
+
+def _parse_files(path: str, files: Any, parts: list[str] | None) -> dict[str, int]:
+    """``files``: plain names of the store's directory, and with ``parts``
+    ``parts/<id>/<name>`` of a listed part (nothing else: no other directory,
+    no ``..``)."""
     if not isinstance(files, dict):
         raise _fail(path, f"'files' must be an object of file sizes, found {type(files).__name__}")
+    known = set(parts or ())
     for name, size in files.items():
-        if (
-            not isinstance(name, str)
-            or name in ("", ".", "..")
-            or "/" in name
-            or "\\" in name
-            or "\x00" in name
-            or name == MANIFEST_FILE
-        ):
+        bits = name.split("/") if isinstance(name, str) else []
+        in_part = len(bits) == 3 and bits[0] == PARTS_DIR and bits[1] in known and _safe_name(bits[2])
+        if not (in_part or _safe_name(name)):
             raise _fail(path, f"'files' names an unsafe file {name!r}")
         if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_STORE_BYTES:
             raise _fail(path, f"'files'[{name!r}] must be a size >= 0, found {size!r}")
@@ -222,6 +230,26 @@ def _parse_segments(path: str, segments: Any, slots: int, ver: list[int]) -> lis
     if tuple(ver) < (1, 1):
         raise _fail(path, f"'segments' needs format version 1.1, the manifest says {ver[0]}.{ver[1]}")
     return segments
+
+
+def _parse_parts(path: str, parts: Any, segments: list[int] | None, ver: list[int], req: list[str]) -> list[str] | None:
+    """``parts``: one id per segment, each matching ``PART_ID_RE``, unique
+    (see "Parts" in the specification)."""
+    if parts is None:
+        if PARTS_FEATURE in req:
+            raise _fail(path, f"'requires' lists {PARTS_FEATURE!r} but there is no 'parts'")
+        return None
+    if (not isinstance(parts, list) or any(not isinstance(p, str) or not PART_ID_RE.match(p) for p in parts)
+            or len(set(parts)) != len(parts)):
+        raise _fail(path, "'parts' must be a list of distinct part ids (letters, digits, '_', '.', '-'; up to 128 "
+                    f"characters, not starting with '.', '_' or '-'), found {str(parts)[:200]}")
+    if segments is None or len(parts) != len(segments):
+        raise _fail(path, f"'parts' has {len(parts)} ids, but 'segments' "
+                    + ("is absent" if segments is None else f"has {len(segments)} counts") + "; they pair up")
+    if PARTS_FEATURE not in req or tuple(ver) < PARTS_VERSION:
+        raise _fail(path, f"'parts' needs format version {PARTS_VERSION[0]}.{PARTS_VERSION[1]} and 'requires': "
+                    f"[{PARTS_FEATURE!r}]; the manifest says {ver[0]}.{ver[1]}, requires {req}")
+    return parts
 
 
 def parse_manifest(raw: bytes, path: str = MANIFEST_FILE) -> dict[str, Any]:
@@ -260,13 +288,14 @@ def parse_manifest(raw: bytes, path: str = MANIFEST_FILE) -> dict[str, Any]:
         or not re.fullmatch(r"[0-9a-f]{16}", ck["digest"])
     ):
         raise _fail(path, f"'checksum' must be {{'algorithm': '{CHECKSUM_ALGORITHM}', 'digest': 16 hex}}, found {ck!r}")
-    files = _parse_files(path, obj.get("files"))
+    segments = _parse_segments(path, obj.get("segments"), slots, ver)
+    parts = _parse_parts(path, obj.get("parts"), segments, ver, requires)
+    files = _parse_files(path, obj.get("files"), parts)
     digests = obj.get("digests", {})
     if not isinstance(digests, dict) or any(
         n not in files or not isinstance(d, str) or not re.fullmatch(r"[0-9a-f]{16}", d) for n, d in digests.items()
     ):
         raise _fail(path, "'digests' must map files listed in 'files' to 16 hex digits")
-    segments = _parse_segments(path, obj.get("segments"), slots, ver)
     labels = obj.get("label_names")
     if labels is not None and (not isinstance(labels, list) or not all(isinstance(s, str) for s in labels)):
         raise _fail(path, "'label_names' must be a list of strings or null")
@@ -286,6 +315,7 @@ def parse_manifest(raw: bytes, path: str = MANIFEST_FILE) -> dict[str, Any]:
         label_names=labels,
         provenance=prov,
         segments=list(segments) if segments is not None else None,
+        parts=list(parts) if parts is not None else None,
         requires=list(requires),
     )
     return out

@@ -66,6 +66,7 @@ from ..format.layout import (
     PARTIAL_SUFFIX,
     encode_key,
     npy_header,
+    segment_ids,
 )
 from ..format.manifest import read_manifest
 from ..store.backends import backend_class, data_file_names
@@ -183,8 +184,9 @@ def _segments_of(s: Store) -> list[tuple[int, list[str]]]:
     cls = backend_class(s.backend_name)
     if s.segments is None:
         return [(s.slots, [os.path.join(s.path, n) for n in cls.data_file_names(s.schema)])]
+    ids = segment_ids(s.manifest) or []
     return [(c, [os.path.join(s.path, n) for n in cls.data_file_names(s.schema, k)])
-            for k, c in enumerate(s.segments)]
+            for k, c in zip(ids, s.segments)]
 
 
 def merge(

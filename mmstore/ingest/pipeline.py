@@ -132,6 +132,7 @@ class RunOptions:
     progress_interval: float = RUN_DEFAULTS["progress_interval"]
     resume_hint: ResumeHint = RUN_DEFAULTS["resume_hint"]
     log: Callable[[str], None] | None = None
+    part: bool = False  # one part of several (mmstore.ray): published even when every input failed
 
     def say(self, message: str) -> None:
         if self.log is not None:
@@ -408,7 +409,7 @@ class _Run:
     @property
     def part(self) -> bool:
         """This run writes one of several shards (a part a merge joins)."""
-        return self.o.shard is not None and self.o.shard[1] > 1
+        return self.o.part or (self.o.shard is not None and self.o.shard[1] > 1)
 
     def _abort(self) -> None:
         if self.pool is not None:

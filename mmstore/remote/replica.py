@@ -757,6 +757,8 @@ def _make(remote: Remote, index: RemoteIndex, raw_manifest: bytes, home: str) ->
             f.truncate(max(1, nblocks))
         with open(os.path.join(home, "blocks.use"), "wb") as f:
             f.truncate(8 * max(1, nblocks))
+        for name in {os.path.dirname(n) for n in index.files if "/" in n}:
+            os.makedirs(os.path.join(store, name), exist_ok=True)  # a store with parts (format.py)
         for name in sparse:
             with open(os.path.join(store, name), "wb") as f:
                 f.truncate(index.files[name].size)

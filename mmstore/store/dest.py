@@ -38,13 +38,14 @@ from ..errors import DestinationError
 from ..format.layout import MANIFEST_FILE, MANIFEST_MAX_BYTES, PARTIAL_SUFFIX, REPLACED_INFIX
 from ..format.manifest import read_manifest
 
-__all__ = ["PARTIAL_MARK", "check_dest", "claim_empty_dest", "is_empty_dir", "is_own_partial", "is_store",
+__all__ = ["PARTIAL_MARK", "RAY_MARK", "check_dest", "claim_empty_dest", "is_empty_dir", "is_own_partial", "is_store",
            "make_partial", "remove_replaced"]
 
 # the first file of every .partial a writer creates; with the bookkeeping
 # files of older versions it is how a .partial is recognised as ours
 PARTIAL_MARK = "_mmstore_partial"
-_OWN_FILES = (PARTIAL_MARK, "_writer.json", "_ingest.json", "_merging")
+RAY_MARK = "_ray.json"  # a .partial that a distributed write (mmstore.ray) works in
+_OWN_FILES = (PARTIAL_MARK, "_writer.json", "_ingest.json", "_merging", RAY_MARK)
 
 
 def _real_dir(path: str) -> bool:
@@ -180,6 +181,7 @@ def _foreign_entries(store: str) -> list[str]:
     """Names in ``store`` that its manifest does not list (someone else's files)."""
     try:
         listed = set(read_manifest(store).get("files", {})) | {MANIFEST_FILE}
+        listed |= {n.split("/", 1)[0] for n in listed}  # a store with parts: its parts/ directory
         return sorted(n for n in os.listdir(store) if n not in listed)
     except (OSError, ValueError):
         return []

@@ -34,6 +34,7 @@ from ..format.layout import (
     decode_key,
     note_identity,
     open_store_file,
+    segment_ids,
     variable_files,
 )
 from ..format.manifest import read_manifest
@@ -178,6 +179,8 @@ class Store:
         self.label_names: list[str] | None = m["label_names"]
         self.segments: list[int] | None = m.get("segments")
         """Slot counts of the data segments (a merged store), or None: one segment."""
+        self.parts: list[str] | None = m.get("parts")
+        """The segments' part ids (a store joined from parts, see format.py "Parts"), or None."""
         # path -> identity (device, inode, size, mtime) of every file, taken at
         # open: whatever this Store maps later, in any process, must be these
         # files (see format.py, "Reading a store from someone else")
@@ -188,7 +191,7 @@ class Store:
     def _check_files(self) -> None:
         m = self.manifest
         files = m["files"]
-        needed = data_file_names(self.backend_name, self.schema, self.segments)
+        needed = data_file_names(self.backend_name, self.schema, self.segments, self.parts)
         needed += [CHECKSUMS_FILE, KEYS_OFFSETS_FILE, KEYS_BLOB_FILE]
         holes = self.records < self.slots
         if holes:
@@ -203,7 +206,8 @@ class Store:
         if extra:
             raise FormatError(f"{self.path}/manifest.json: 'files' lists unexpected file(s) {sorted(extra)}")
         backend = open_backend(
-            self.backend_name, self.path, self.schema, self.slots, files, self.segments, ident=self._ident
+            self.backend_name, self.path, self.schema, self.slots, files, self.segments, self.parts,
+            ident=self._ident,
         )
         backend.check()
         j = lambda n: os.path.join(self.path, n)  # noqa: E731
@@ -254,7 +258,7 @@ class Store:
         if self._backend is None or self._pid != pid:
             self._backend = open_backend(
                 self.backend_name, self.path, self.schema, self.slots, self.manifest["files"], self.segments,
-                ident=self._ident, readahead=self._lmdb_readahead,
+                self.parts, ident=self._ident, readahead=self._lmdb_readahead,
             )
             self._pid = pid
             self._maps = {}
@@ -627,7 +631,7 @@ class Store:
 
     def _mean_entry_bytes(self, name: str) -> float:
         if self.backend_name == "memmap":
-            segs = [None] if self.segments is None else range(len(self.segments))
+            segs = segment_ids(self.manifest) or [None]
             data = sum(int(self.manifest["files"][variable_files(name, k)[0]]) for k in segs)
             return data / self.records
         n = min(self.records, 4096)

@@ -32,6 +32,12 @@ def runs_of(slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return starts, stops
 
 
+def _name(backend: BackendReader, path: str) -> str:
+    """The name (in the manifest's ``files``) of a data file at ``path``: its
+    path under the store's directory (``parts/<id>/<name>`` in a part)."""
+    return os.path.relpath(path, backend.root).replace(os.sep, "/")
+
+
 def record_spans(backend: BackendReader, schema: Schema, slots: np.ndarray,
                  fields: Sequence[str]) -> list[tuple[str, np.ndarray, np.ndarray]]:
     """``(file name, starts, ends)`` of the bytes that reading ``slots`` (any
@@ -48,7 +54,7 @@ def record_spans(backend: BackendReader, schema: Schema, slots: np.ndarray,
             spans: dict[str, tuple[list[int], list[int]]] = {}
             for a, b in zip(starts.tolist(), stops.tolist()):
                 for path, off, length in backend.entry_spans(name, a, b):
-                    lo, hi = spans.setdefault(os.path.basename(path), ([], []))
+                    lo, hi = spans.setdefault(_name(backend, path), ([], []))
                     lo.append(off)
                     hi.append(off + length)
             out.extend((n, np.asarray(lo, np.int64), np.asarray(hi, np.int64)) for n, (lo, hi) in spans.items())
@@ -60,6 +66,6 @@ def record_spans(backend: BackendReader, schema: Schema, slots: np.ndarray,
             if not keep.any():
                 continue
             base = seg.offset - seg.first * seg.entry_bytes
-            out.append((os.path.basename(seg.path), base + a[keep] * seg.entry_bytes,
+            out.append((_name(backend, seg.path), base + a[keep] * seg.entry_bytes,
                         base + b[keep] * seg.entry_bytes))
     return out

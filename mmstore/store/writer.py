@@ -47,6 +47,7 @@ from ..format.layout import (
     KEYS_OFFSETS_FILE,
     MANIFEST_FILE,
     PARTIAL_SUFFIX,
+    PARTS_FEATURE,
     RAGGED_FEATURE,
     REPLACED_INFIX,
     SUPPORTED_BACKENDS,
@@ -709,10 +710,14 @@ def file_digest(path: str, offset: int = 0) -> str:
 def write_manifest(
     partial: str, names: list[str], *, backend: str, records: int, slots: int, schema: Schema,
     label_names: list[str] | None, provenance: dict[str, Any], segments: list[int] | None = None,
+    parts: list[str] | None = None, sizes: dict[str, int] | None = None,
 ) -> None:
     """Write ``partial/manifest.json`` for the finished files ``names`` (sizes
-    and digests measured here), atomically: the last step before publish."""
-    files = {n: os.stat(os.path.join(partial, n)).st_size for n in names}
+    and digests measured here, but for data files whose size ``sizes``
+    gives: a part's, in object storage), atomically: the last step before
+    publish. ``parts``: the part id of each segment (format.py, "Parts")."""
+    known = sizes or {}
+    files = {n: known[n] if n in known else os.stat(os.path.join(partial, n)).st_size for n in names}
     digests = {
         n: file_digest(os.path.join(partial, n))
         for n in (KEYS_OFFSETS_FILE, KEYS_BLOB_FILE, INDEX_FILE, ERRORS_FILE)
@@ -720,7 +725,8 @@ def write_manifest(
     }
     manifest: dict[str, Any] = {
         "format": FORMAT_NAME,
-        "version": list(manifest_version(schema.has_variable, segments is not None, schema.has_ragged)),
+        "version": list(manifest_version(schema.has_variable, segments is not None, schema.has_ragged,
+                                         parts is not None)),
         "store_id": uuid.uuid4().hex,
         "backend": backend,
         "records": records,
@@ -737,8 +743,11 @@ def write_manifest(
     }
     if segments is not None:
         manifest["segments"] = list(segments)
-    if schema.has_ragged:
-        manifest["requires"] = [RAGGED_FEATURE]
+    if parts is not None:
+        manifest["parts"] = list(parts)
+    requires = ([RAGGED_FEATURE] if schema.has_ragged else []) + ([PARTS_FEATURE] if parts is not None else [])
+    if requires:
+        manifest["requires"] = requires
     atomic_write(
         os.path.join(partial, MANIFEST_FILE),
         json_bytes(manifest, indent=1) + b"\n",
@@ -765,6 +774,7 @@ def publish(path: str) -> None:
                                f"away yourself, then rerun to publish {partial}")
     remove_replaced(path)  # what a killed publish left aside
     keep = set(man["files"]) | {MANIFEST_FILE}
+    keep |= {n.split("/", 1)[0] for n in keep}  # a store with parts: its parts/ directory (format.py)
     for name in os.listdir(partial):
         if name not in keep:
             p = os.path.join(partial, name)

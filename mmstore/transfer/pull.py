@@ -108,6 +108,8 @@ def pull(url: str, dest: str | os.PathLike[str], *, overwrite: bool = False, job
         nblocks = g
         if not resume:
             make_partial(partial)
+            for n in {os.path.dirname(n) for n in names if "/" in n}:
+                os.makedirs(os.path.join(partial, n), exist_ok=True)  # a store with parts (format.py)
             for n in names:
                 if n == MANIFEST_FILE:
                     continue

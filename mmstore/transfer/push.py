@@ -29,7 +29,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .._os.io import atomic_write
-from ..errors import FormatError, IncompleteStoreError, StoreExistsError, spell_option
+from ..errors import FormatError, IncompleteStoreError, RemoteNotFoundError, StoreExistsError, spell_option
 from ..format.layout import MANIFEST_FILE, REMOTE_INDEX_FILE
 from ..format.manifest import read_manifest
 from ..remote.client import Remote
@@ -93,14 +93,19 @@ def _journal_path(url: str) -> str:
 
 def push(store: str | os.PathLike[str], url: str, *, overwrite: bool = False, jobs: int = 8,
          block_bytes: int = DEFAULT_BLOCK_BYTES, progress: Callable[[int], Any] | None = None,
-         on_total: Callable[[int], Any] | None = None) -> dict[str, Any]:
+         on_total: Callable[[int], Any] | None = None,
+         present: dict[str, FileEntry] | None = None) -> dict[str, Any]:
     """Upload the store at ``store`` to ``url``; return a report.
 
     ``overwrite``: replace a different store at the URL (its manifest is
     deleted first); without it that is a ``StoreExistsError``. Pushing a
     store that is already there unchanged uploads nothing. ``progress`` is
     called with byte counts as they are read for upload, ``on_total`` once
-    with the bytes to upload."""
+    with the bytes to upload. ``present``: files of the manifest that are at
+    the URL already (their remote-index entries: the data files of parts
+    uploaded one by one, format.py "Parts"); they need not exist locally,
+    are checked against the bucket's listing and are kept, while every other
+    object under the URL that the store does not list is deleted."""
     t0 = time.monotonic()
     path = os.path.abspath(local_path(store))
     manifest = read_manifest(path)  # IncompleteStoreError / FormatError for what is not a finished store
@@ -110,7 +115,14 @@ def push(store: str | os.PathLike[str], url: str, *, overwrite: bool = False, jo
     remote = Remote(loc)
     names = sorted(manifest["files"])
     sizes = {n: int(manifest["files"][n]) for n in names}
+    present = dict(present or {})
+    for n, e in present.items():
+        if sizes.get(n) != e.size:
+            raise FormatError(f"{path}: {n} is listed as present at the URL with {e.size} bytes, but the manifest "
+                              f"says {sizes.get(n)}")
     for n in names:
+        if n in present:
+            continue
         try:
             st = os.stat(os.path.join(path, n))
         except OSError:
@@ -154,9 +166,19 @@ def push(store: str | os.PathLike[str], url: str, *, overwrite: bool = False, jo
                     done[n] = FileEntry(int(e["size"]), str(e["digest"]), base64.b64decode(e["blocks"]), e["etag"])
     except (OSError, ValueError, KeyError, TypeError):
         done = {}
-    if done:
+    if present:
         listing = remote.list()
-        for n in list(done):
+        for n, e in present.items():
+            obj = listing.get(n)
+            if obj is None or obj["size"] != e.size or (e.etag and obj["etag"] and obj["etag"] != e.etag):
+                raise RemoteNotFoundError(f"{loc.object_url(n)}: expected a {e.size}-byte object"
+                                          + (f" (etag {e.etag})" if e.etag else "") + ", found "
+                                          + ("none" if obj is None else f"{obj['size']} bytes, etag {obj['etag']}")
+                                          + "; the part was changed or deleted: write the store again")
+        done.update(present)
+    if len(done) > len(present):
+        listing = remote.list()
+        for n in [n for n in done if n not in present]:
             obj = listing.get(n)
             if obj is None or obj["size"] != done[n].size or (done[n].etag and obj["etag"] != done[n].etag):
                 del done[n]

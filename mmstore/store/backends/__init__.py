@@ -37,21 +37,25 @@ def backend_class(name: str) -> type[Backend]:
     return cls
 
 
-def data_file_names(name: str, schema: Schema, segments: Sequence[int] | None = None) -> list[str]:
-    """The data files of a store of backend ``name`` (and ``segments``, see format.py)."""
+def data_file_names(name: str, schema: Schema, segments: Sequence[int] | None = None,
+                    parts: Sequence[str] | None = None) -> list[str]:
+    """The data files of a store of backend ``name`` (and ``segments``, whose
+    ``parts`` when it has them, see format.py)."""
     cls = backend_class(name)
     if segments is None:
         return cls.data_file_names(schema)
-    return [n for k in range(len(segments)) for n in cls.data_file_names(schema, k)]
+    ids = list(parts) if parts is not None else range(len(segments))
+    return [n for k in ids for n in cls.data_file_names(schema, k)]
 
 
 def open_backend(
     name: str, root: str, schema: Schema, slots: int, files: dict[str, int],
-    segments: Sequence[int] | None = None, **kw: Any,
+    segments: Sequence[int] | None = None, parts: Sequence[str] | None = None, **kw: Any,
 ) -> BackendReader:
-    """The reading backend of a store: one backend, or one per segment
-    (``kw``: ``ident`` and ``readahead``, see ``Backend``)."""
+    """The reading backend of a store: one backend, or one per segment (named
+    by ``parts`` when the store has them; ``kw``: ``ident`` and ``readahead``,
+    see ``Backend``)."""
     cls = backend_class(name)
     if segments is None:
         return cls(root, schema, slots, files, **kw)
-    return SegmentedBackend(cls, root, schema, segments, files, **kw)
+    return SegmentedBackend(cls, root, schema, segments, files, parts=parts, **kw)

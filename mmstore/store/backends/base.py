@@ -101,7 +101,7 @@ class BackendReader(ABC):
     segmented: ClassVar[bool] = False
 
     def __init__(
-        self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | None = None,
+        self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | str | None = None,
         ident: dict[str, tuple[int, int, int, int]] | None = None,
     ) -> None:
         self.root = root
@@ -279,7 +279,7 @@ class Backend(BackendReader):
     name in :func:`mmstore.store.backends.backend_class`."""
 
     def __init__(
-        self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | None = None,
+        self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | str | None = None,
         ident: dict[str, tuple[int, int, int, int]] | None = None, readahead: bool | None = None,
     ) -> None:
         """``readahead``: the kernel readahead of the backend's mappings
@@ -294,7 +294,7 @@ class Backend(BackendReader):
 
     @classmethod
     @abstractmethod
-    def data_file_names(cls, schema: Schema, segment: int | None = None) -> list[str]:
+    def data_file_names(cls, schema: Schema, segment: int | str | None = None) -> list[str]:
         """File names holding record data in a finished store (of one segment)."""
 
     @classmethod
@@ -331,7 +331,7 @@ class Backend(BackendReader):
         cls.finalize(directory, schema, count, holes)
 
     @classmethod
-    def field_file(cls, field: str, segment: int | None = None) -> str:
+    def field_file(cls, field: str, segment: int | str | None = None) -> str:
         """Positional backends: the ``.npy`` file of ``field`` (of ``segment``),
         shape ``(slots, *field shape)``, the field's dtype."""
         raise NotImplementedError(f"field_file: the {cls.name} backend does not keep fields in files of their own")

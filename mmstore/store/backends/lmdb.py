@@ -154,7 +154,7 @@ class LmdbBackend(Backend):
     ragged_lists = True  # ragged entries come out of the same lookup as the rest of the record
 
     def __init__(
-        self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | None = None,
+        self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | str | None = None,
         ident: dict[str, tuple[int, int, int, int]] | None = None, readahead: bool | None = None,
     ) -> None:
         super().__init__(root, schema, slots, files, segment, ident)
@@ -170,7 +170,7 @@ class LmdbBackend(Backend):
         return [SlotFile(STAGING_FILE, np.dtype("|u1"), (schema.record_bytes,), schema.record_bytes, fields)]
 
     @classmethod
-    def data_file_names(cls, schema: Schema, segment: int | None = None) -> list[str]:
+    def data_file_names(cls, schema: Schema, segment: int | str | None = None) -> list[str]:
         return [lmdb_file(segment)]
 
     @classmethod

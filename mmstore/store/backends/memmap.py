@@ -36,7 +36,7 @@ class MemmapBackend(Backend):
     _fd_finalizer: weakref.finalize | None = None  # closes the preadv descriptors of a backend dropped unclosed
 
     def __init__(
-        self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | None = None,
+        self, root: str, schema: Schema, slots: int, files: dict[str, int], segment: int | str | None = None,
         ident: dict[str, tuple[int, int, int, int]] | None = None, readahead: bool | None = None,
     ) -> None:
         super().__init__(root, schema, slots, files, segment, ident)  # readahead: the kernel's default
@@ -55,14 +55,14 @@ class MemmapBackend(Backend):
         return [SlotFile(field_file(f.name), f.dtype, f.shape, f.nbytes, {f.name: 0}) for f in schema.fixed_fields]
 
     @classmethod
-    def data_file_names(cls, schema: Schema, segment: int | None = None) -> list[str]:
+    def data_file_names(cls, schema: Schema, segment: int | str | None = None) -> list[str]:
         out: list[str] = []
         for f in schema:
             out += variable_files(f.name, segment) if f.variable else [field_file(f.name, segment)]
         return out
 
     @classmethod
-    def field_file(cls, field: str, segment: int | None = None) -> str:
+    def field_file(cls, field: str, segment: int | str | None = None) -> str:
         return field_file(field, segment)
 
     @classmethod

@@ -47,14 +47,15 @@ class SegmentedBackend(BackendReader):
 
     def __init__(
         self, cls: type[Backend], root: str, schema: Schema, counts: Sequence[int], files: dict[str, int],
-        **kw: Any,
+        parts: Sequence[str] | None = None, **kw: Any,
     ) -> None:
         counts = [int(c) for c in counts]
         super().__init__(root, schema, sum(counts), files)
         self.name = cls.name  # type: ignore[misc]
         self.positional = cls.positional  # type: ignore[misc]
         self.crashes_on_damage = cls.crashes_on_damage  # type: ignore[misc]
-        self.parts: list[Backend] = [cls(root, schema, c, files, segment=k, **kw) for k, c in enumerate(counts)]
+        ids: Sequence[int | str] = list(parts) if parts is not None else range(len(counts))
+        self.parts: list[Backend] = [cls(root, schema, c, files, segment=k, **kw) for k, c in zip(ids, counts)]
         # each segment's first global slot, then the slot count (the parts' own ``first``)
         self.firsts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
         # memmap: field -> (each segment's array, their addresses); the arrays

@@ -1,0 +1,26 @@
+"""Ingest on a Ray cluster: :func:`write` a ``ray.data.Dataset`` into one
+store, at a local path or an object-storage URL (``pip install mmstore[ray]``).
+
+::
+
+    import ray, mmstore.ray
+    ds = ray.data.read_binary_files("s3://bucket/photos/", include_paths=True)
+    mmstore.ray.write(ds, "s3://bucket/stores/photos.store", size=(224, 224),
+                      image="bytes", root="bucket/photos")
+
+Each write task decodes its rows exactly as ``mmstore ingest`` decodes the
+same inputs (the same decode options, codecs and ``on_error``) and writes them
+as one complete *part* named by its task and attempt; the driver then joins
+the parts of the successful attempts, in the dataset's row order, into one
+store with parts (format.py, "Parts"): the commit, manifest last. See
+:mod:`mmstore.ray.sink` for what "exactly once" means here, and the docs
+guide "Ingest on a Ray cluster".
+
+This package imports Ray only when it is used; ``import mmstore`` never does.
+"""
+
+from __future__ import annotations
+
+from .sink import RayWriteResult, write
+
+__all__ = ["RayWriteResult", "write"]
