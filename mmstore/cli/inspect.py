@@ -77,8 +77,11 @@ def render(rep) -> str:  # noqa: ANN001
     out.append(f"files        {fmt_bytes(rep.bytes_on_disk)} in all")
     if rep.segments is not None:
         parts = (rep.provenance or {}).get("merged_from") or []
-        out.append(f"segments     {len(rep.segments):,} (merged" + (f" from {len(parts):,} parts" if parts else "")
-                   + f"; {min(rep.segments):,} to {max(rep.segments):,} slots each)")
+        engine = (rep.provenance or {}).get("engine") or {}
+        how = (f"joined from parts, written by {engine.get('name')}" if engine.get("name")
+               else "merged" + (f" from {len(parts):,} parts" if parts else ""))
+        out.append(f"segments     {len(rep.segments):,} ({how}; {min(rep.segments):,} to {max(rep.segments):,} "
+                   "slots each)")
     out.append(table([[n, f"{s:,}", fmt_bytes(s)] for n, s in _file_rows(rep)]))
     prov = rep.provenance or {}
     out.append("provenance")

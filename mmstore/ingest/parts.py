@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections import Counter
 from typing import Any
 
 import numpy as np
 
+from .._os.io import fsync_dir
 from ..errors import FormatError, IngestError
 from ..format.layout import (
     CHECKSUMS_FILE,
@@ -32,6 +34,8 @@ from ..format.layout import (
     KEYS_BLOB_FILE,
     KEYS_OFFSETS_FILE,
     MANIFEST_FILE,
+    PARTIAL_SUFFIX,
+    PARTS_DIR,
     encode_key,
     npy_header,
     part_file,
@@ -40,10 +44,10 @@ from ..format.layout import (
 from ..format.manifest import read_manifest
 from ..format.schema import Schema
 from ..store.backends import backend_class
-from ..store.writer import FileAppender, errors_jsonl, hasher, write_manifest
+from ..store.writer import FileAppender, errors_jsonl, hasher, publish, write_manifest
 from .pipeline import all_failed_error
 
-__all__ = ["BOOKKEEPING_FILES", "PartBook", "join_parts"]
+__all__ = ["BOOKKEEPING_FILES", "PartBook", "commit_parts", "join_parts"]
 
 BOOKKEEPING_FILES = (MANIFEST_FILE, CHECKSUMS_FILE, KEYS_OFFSETS_FILE, KEYS_BLOB_FILE, INDEX_FILE, ERRORS_FILE)
 """The files of a part that the join reads (the last two only with holes or errors)."""
@@ -204,3 +208,36 @@ def join_parts(dest_dir: str, books: list[PartBook], *, provenance: dict[str, An
                    sizes=sizes)
     return {"files": {n: s for n, s in read_manifest(dest_dir)["files"].items()}, "records": records,
             "slots": total, "reasons": Counter(r for _, _, r in holes)}
+
+
+def commit_parts(dest: str, ids: list[str], *, provenance: dict[str, Any],
+                 label_names: list[str] | None = None) -> tuple[dict[str, Any], int]:
+    """Commit the parts ``ids`` (in slot order) of ``DEST.partial/parts/`` as
+    the store ``dest``: join them (:func:`join_parts`), remove every other
+    entry of ``parts/`` (attempts that are not committed, and what their
+    writers left) and each part's own bookkeeping, then publish ``dest``
+    (one rename; a store there is replaced). Called under the destination
+    lock. Returns what :func:`join_parts` returns and the number of
+    parts (and killed attempts) removed."""
+    partial = dest + PARTIAL_SUFFIX
+    parts_dir = os.path.join(partial, PARTS_DIR)
+    books = [PartBook(pid, os.path.join(parts_dir, pid)) for pid in ids]
+    joined = join_parts(partial, books, provenance=provenance, where=dest, label_names=label_names)
+    keep = set(ids)
+    removed = 0
+    for name in os.listdir(parts_dir):
+        if name not in keep:
+            p = os.path.join(parts_dir, name)
+            if os.path.isdir(p) and not os.path.islink(p):
+                removed += 1  # a part (or a killed attempt's .partial)
+                shutil.rmtree(p)
+            else:
+                os.unlink(p)
+    for b in books:  # each part's own bookkeeping: the store's now covers it
+        for name in os.listdir(b.dir):
+            if name not in b.data_names:
+                os.unlink(os.path.join(b.dir, name))
+        fsync_dir(b.dir)
+    fsync_dir(parts_dir)
+    publish(dest)
+    return joined, removed

@@ -50,14 +50,13 @@ from ..errors import DestinationError, IngestError, SourceError, StoreExistsErro
 from ..format.codecs import parse_codec_specs
 from ..format.layout import MANIFEST_FILE, PARTIAL_SUFFIX, PARTS_DIR, REMOTE_INDEX_FILE, part_file
 from ..ingest.options import ErrorLimit, make_spec, split_options
-from ..ingest.parts import BOOKKEEPING_FILES, PartBook, join_parts
+from ..ingest.parts import BOOKKEEPING_FILES, PartBook, commit_parts, join_parts
 from ..ingest.pipeline import run_ingest
 from ..ingest.rows import RowsSource
 from ..remote.client import Remote
 from ..remote.index import parse_index
 from ..remote.url import is_url, parse_url
 from ..store.dest import PARTIAL_MARK, RAY_MARK, check_dest, is_own_partial, is_store
-from ..store.writer import publish
 from ..transfer.push import push
 
 __all__ = ["MmstoreDatasink", "RayWriteResult", "write"]
@@ -191,28 +190,6 @@ def _prepare_local(dest: str, overwrite: bool) -> str:
     os.makedirs(os.path.join(partial, PARTS_DIR))
     fsync_dir(partial)
     return partial
-
-
-def _commit_local(dest: str, ids: list[str], provenance: dict[str, Any], label_names: Any) -> tuple[dict, int]:
-    partial = dest + PARTIAL_SUFFIX
-    parts_dir = os.path.join(partial, PARTS_DIR)
-    books = [PartBook(pid, os.path.join(parts_dir, pid)) for pid in ids]
-    joined = join_parts(partial, books, provenance=provenance, where=dest, label_names=label_names)
-    keep = set(ids)
-    removed = 0
-    for name in os.listdir(parts_dir):  # attempts that are not committed, and what their ingests left
-        if name not in keep:
-            p = os.path.join(parts_dir, name)
-            removed += os.path.isdir(p) and not name.endswith(PARTIAL_SUFFIX) or name.endswith(PARTIAL_SUFFIX)
-            shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
-    for b in books:  # each part's own bookkeeping: the store's now covers it
-        for name in os.listdir(b.dir):
-            if name not in b.data_names:
-                os.unlink(os.path.join(b.dir, name))
-        fsync_dir(b.dir)
-    fsync_dir(parts_dir)
-    publish(dest)
-    return joined, removed
 
 
 def _commit_remote(dest: str, ids: list[str], provenance: dict[str, Any], label_names: Any,
@@ -382,7 +359,7 @@ def write(
         if remote:
             joined, removed = _commit_remote(dest, ids, provenance, label_names, overwrite, staging_dir)
         else:
-            joined, removed = _commit_local(dest, ids, provenance, label_names)
+            joined, removed = commit_parts(dest, ids, provenance=provenance, label_names=label_names)
     except BaseException:
         if not remote and os.path.isfile(os.path.join(dest + PARTIAL_SUFFIX, RAY_MARK)):
             shutil.rmtree(dest + PARTIAL_SUFFIX, ignore_errors=True)  # nothing in it can be resumed

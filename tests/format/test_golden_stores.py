@@ -126,7 +126,8 @@ def test_manifest_and_store_attributes(golden):
     version = tuple(exp["version"])
     assert s.manifest["version"] == version == _name_version(os.path.basename(path))
     # what this mmstore writes for such a store is still that version
-    assert manifest_version(s.schema.has_variable, s.segments is not None, s.schema.has_ragged) == version
+    assert manifest_version(s.schema.has_variable, s.segments is not None, s.schema.has_ragged,
+                            s.parts is not None) == version
     assert s.backend_name == exp["backend"]
     assert (len(s), s.records, s.slots) == (exp["records"], exp["records"], exp["slots"])
     assert s.segments == exp["segments"]

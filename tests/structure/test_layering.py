@@ -11,6 +11,8 @@ for circles they count too):
     every system call: reads, page cache, memory, disk, locks, safe copies.
 ``format``
     the on-disk specification (its docstring), manifest, schema, codecs.
+``remote``
+    stores in object storage: URLs, the client, the remote index, the sparse replica.
 ``store``
     reading (``Store``) and writing (``StoreWriter``) stores; the backends.
 ``order``
@@ -20,11 +22,15 @@ for circles they count too):
 ``engine``
     the torch-free batch engine: read plan, read strategies, resume state.
 ``ingest``
-    sources, the pipeline, workers, resume, merge.
+    sources, the pipeline, workers, resume, merge, the join of parts.
 ``torch``
     the one adapter that imports torch.
 ``check``
     inspect, verify, repair, show, doctor, bench, convert.
+``transfer``
+    push and pull of whole stores to and from object storage.
+``ray``
+    the Ray Data writer (the one adapter that imports Ray).
 ``cli``
     one module per command.
 
@@ -42,7 +48,7 @@ import pytest
 
 ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))), "mmstore")
 LAYERS = ["errors", "_version", "_os", "format", "remote", "store", "order", "decode", "engine", "ingest", "torch",
-          "check", "transfer", "cli"]
+          "check", "transfer", "ray", "cli"]
 PUBLIC_PRIVATE = {"_os", "_version"}  # underscored packages that are the project's own, used across packages
 # the 0.2 names of moved modules, kept one version as aliases (a DeprecationWarning on import): like
 # mmstore/__init__.py, on top of every layer

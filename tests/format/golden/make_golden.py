@@ -28,6 +28,7 @@ import numpy as np
 import mmstore
 from mmstore.format import MANIFEST_FILE
 from mmstore.ingest import merge
+from mmstore.ingest.parts import commit_parts
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXPECTED = os.path.join(HERE, "expected.json")
@@ -92,6 +93,7 @@ STORES: dict[str, dict[str, Any]] = {
     "v2_0_encoded_segmented": dict(schema=ENCODED, backend="memmap", slots=9, holes=(0,), cuts=(3,)),
     "v2_1_ragged": dict(schema=RAGGED, backend="memmap", slots=10, holes=(4,)),
     "v2_1_ragged_lmdb": dict(schema=RAGGED, backend="lmdb", slots=8, holes=(5,)),
+    "v2_2_parts": dict(schema=RAGGED, backend="memmap", slots=11, holes=(1, 7), cuts=(3, 3, 8), parts=True),
 }
 
 
@@ -119,6 +121,13 @@ def write(name: str, spec: dict[str, Any], path: str) -> None:
         _fill(path, spec, name, 0, spec["slots"])
         return
     bounds = [0, *cuts, spec["slots"]]
+    if spec.get("parts"):  # a store joined from parts (format.py "Parts"), as mmstore.ray commits one
+        ids = [f"{k:06d}-golden" for k in range(len(bounds) - 1)]
+        os.makedirs(os.path.join(path + ".partial", "parts"))
+        for k, pid in enumerate(ids):
+            _fill(os.path.join(path + ".partial", "parts", pid), spec, name, bounds[k], bounds[k + 1])
+        commit_parts(path, ids, provenance={"source": "tests/format/golden/make_golden.py", "store": name})
+        return
     with tempfile.TemporaryDirectory() as tmp:
         parts: list[str | os.PathLike[str]] = []
         for k in range(len(bounds) - 1):

@@ -1,5 +1,6 @@
-"""Fixtures for stores in object storage: one real S3 server on loopback per test run
-(SeaweedFS ``weed mini``, see ``support.s3``), a fresh bucket per test, and a fault-injecting
+"""Fixtures for stores in object storage (``tests/conftest.py`` imports them): one real S3
+server on loopback per test run (SeaweedFS ``weed mini``, see ``support.s3``), a fresh
+bucket per test, and a fault-injecting
 proxy in front of the server for the tests that need throttling, resets or delays.
 
 Where the ``weed`` binary is missing or the server cannot start, the tests that use these
@@ -14,6 +15,7 @@ import shutil
 import uuid
 
 import pytest
+
 from support.s3 import Bucket, FaultProxy, S3Server, S3ServerError, find_weed
 
 _buckets = itertools.count()

@@ -1,0 +1,31 @@
+"""A local Ray cluster for the tests of ``mmstore.ray``: ``ray.init(num_cpus=2)`` on
+loopback (no dashboard, no usage statistics), started once per test run. Where Ray is not
+installed or cannot start, the tests that use it are skipped, and the skip says why."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    try:
+        import ray
+        import ray.data
+    except ImportError as exc:
+        pytest.skip(f"Ray Data is not installed ({exc}): pip install 'mmstore[ray]' (the test extra has it)")
+    try:
+        ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level=logging.WARNING,
+                 log_to_driver=False)
+    except Exception as exc:  # noqa: BLE001 - any reason Ray cannot start here is a skip, said as it is
+        pytest.skip(f"a local Ray cluster cannot start here: {type(exc).__name__}: {exc}")
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    try:
+        yield ray
+    finally:
+        ray.shutdown()

@@ -1,0 +1,130 @@
+"""``mmstore.ray.write`` straight into object storage (the real S3 server of the tests): the
+store at the URL reads, pulls and verifies as ``mmstore ingest`` of the same inputs; a task
+killed mid-write leaves no object the store does not list; a store with parts is read from the
+URL through the sparse replica."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+from support import rayfaults
+from support.compare import assert_reads_same
+from support.images import make_folder, make_source
+
+import mmstore
+from mmstore.check.verify import verify_store
+from mmstore.errors import StoreExistsError
+from mmstore.remote.client import Remote
+from mmstore.transfer import pull
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+SIZE = (32, 32)
+CLASSES = ["ant", "bee"]
+
+
+def _args(s3):
+    """The write tasks reach the bucket with the test's environment (a real cluster's nodes have their own)."""
+    return {"runtime_env": {"env_vars": dict(s3.env)}}
+
+
+def _only_store_objects(url):
+    """Every object under the URL is one the store lists (no attempt, no part's own bookkeeping)."""
+    with _opened(url) as s:
+        listed = set(s.manifest["files"]) | {"manifest.json", "_remote.json"}
+    have = set(Remote(url).list())
+    assert have == listed, (sorted(have - listed), sorted(listed - have))
+
+
+class _opened:
+    """The store at ``url``, opened with a cache directory of its own (removed on exit)."""
+
+    def __init__(self, url):
+        self.url = url
+
+    def __enter__(self):
+        import tempfile
+
+        self.tmp = tempfile.mkdtemp()
+        self.s = mmstore.open(self.url, cache_dir=self.tmp)
+        return self.s
+
+    def __exit__(self, *exc):
+        import shutil
+
+        self.s.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def test_write_to_s3_equals_ingest(ray_cluster, s3, tmp_path):
+    import mmstore.ray
+
+    root = make_source(str(tmp_path / "src"), n_per_class=6)
+    ref = str(tmp_path / "ref.store")
+    mmstore.ingest(root, ref, size=SIZE, workers=0, quiet=True)
+    ds = ray_cluster.data.read_binary_files(root, include_paths=True)
+    ds = ds.map(lambda r: {**r, "label": CLASSES.index(os.path.basename(os.path.dirname(r["path"])))})
+    url = s3.url("stores/ray.store")
+    res = mmstore.ray.write(ds.repartition(3), url, SIZE, image="bytes", root=root, label_names=CLASSES,
+                            quiet=True, ray_remote_args=_args(s3), staging=str(tmp_path / "staging"))
+    assert (res.records, res.skipped) == (12, 2)
+    assert os.listdir(tmp_path / "staging") == []  # each task's local part is gone once uploaded
+    _only_store_objects(url)
+    # read from the URL (sparse replica), then pulled: both as the ingest
+    with _opened(url) as s:
+        r = mmstore.open(ref)
+        assert len(s) == len(r) and s.parts is not None and len(s.parts) == 3
+        for i in range(len(r)):
+            a, b = s[i], r[i]
+            assert all(np.array_equal(a[f], b[f]) for f in r.fields) and s.key(i) == r.key(i)
+        assert np.array_equal(s.slot_view.checksums(), r.slot_view.checksums())
+        r.close()
+    assert verify_store(url).ok
+    dest = str(tmp_path / "pulled.store")
+    pull(url, dest)
+    assert_reads_same(dest, ref)
+    assert verify_store(dest).ok
+    with pytest.raises(StoreExistsError):
+        mmstore.ray.write(ds, url, SIZE, image="bytes", quiet=True, ray_remote_args=_args(s3))
+
+
+def test_task_killed_mid_write_to_s3(ray_cluster, s3, tmp_path):
+    """A task SIGKILLed in the middle of its part on its first attempt: retried, and the bucket
+    ends with the ingest's store and nothing else (the killed attempt's objects are removed)."""
+    import mmstore.ray
+
+    rayfaults.register()
+    root = str(tmp_path / "src")
+    rels = make_folder(root, CLASSES, per_class=6, sizes=(24, 60))
+    ref = str(tmp_path / "ref.store")
+    mmstore.ingest(root, ref, size=SIZE, workers=0, quiet=True)
+    marker = str(tmp_path / "fired")
+    items = []
+    for j, rel in enumerate(rels):
+        p = os.path.join(root, rel)
+        cell = rayfaults.FaultyPath(p, marker, "kill") if j == 7 else rayfaults.PlainPath(p)
+        items.append({"image": cell, "label": CLASSES.index(rel.split("/")[0]), "key": rel})
+    url = s3.url("k.store")
+    mmstore.ray.write(ray_cluster.data.from_items(items, override_num_blocks=3), url, SIZE, label_names=CLASSES,
+                      quiet=True, ray_remote_args=_args(s3))
+    assert os.path.exists(marker)
+    _only_store_objects(url)
+    dest = str(tmp_path / "pulled.store")
+    pull(url, dest)
+    assert_reads_same(dest, ref)
+
+
+def test_overwrite_a_store_in_s3(ray_cluster, s3, tmp_path):
+    import mmstore.ray
+
+    url = s3.url("o.store")
+    items = [{"image": np.full((4, 4), i, np.uint8), "label": i} for i in range(20)]
+    mmstore.ray.write(ray_cluster.data.from_items(items, override_num_blocks=2), url, quiet=True,
+                      ray_remote_args=_args(s3))
+    mmstore.ray.write(ray_cluster.data.from_items(items[:5], override_num_blocks=2), url, overwrite=True,
+                      quiet=True, ray_remote_args=_args(s3))
+    with _opened(url) as s:
+        assert [int(s[i]["label"]) for i in range(len(s))] == list(range(5))
+    _only_store_objects(url)

@@ -1,0 +1,238 @@
+"""``mmstore.ray.write`` on a local Ray cluster: the store it writes equals ``mmstore ingest``
+of the same inputs in the same order (bookkeeping byte for byte, every record through every
+read path), whatever the number of blocks; bad inputs are listed with their keys; a task
+killed or failing mid-write is retried and the store is still exactly once; a driver killed
+before the commit leaves nothing the next write does not clean up."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from support import rayfaults
+from support.compare import assert_reads_same
+from support.images import make_folder, make_source
+
+import mmstore
+from mmstore.check.verify import verify_store
+from mmstore.errors import AllInputsFailedError, IngestError, StoreExistsError
+from mmstore.torch import Loader
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+
+SIZE = (32, 32)
+CLASSES = ["ant", "bee"]
+
+
+def _ingest(src, dest, **kw):
+    return mmstore.ingest(src, dest, size=SIZE, workers=0, quiet=True, **kw)
+
+
+def _labelled(ray, root, blocks):
+    """``read_binary_files`` of an ImageFolder, with the class folder's label, in ``blocks`` blocks."""
+    ds = ray.data.read_binary_files(root, include_paths=True)
+    ds = ds.map(lambda r: {**r, "label": CLASSES.index(os.path.basename(os.path.dirname(r["path"])))})
+    return ds.repartition(blocks)
+
+
+def _write(ds, dest, root, **kw):
+    import mmstore.ray
+
+    return mmstore.ray.write(ds, dest, SIZE, image="bytes", root=root, label_names=CLASSES, quiet=True, **kw)
+
+
+def _no_leftovers(dest):
+    assert not os.path.exists(dest + ".partial")
+    parts = os.path.join(dest, "parts")
+    with mmstore.open(dest) as s:
+        assert sorted(os.listdir(parts)) == sorted(s.parts)  # only the committed parts
+    for pid in os.listdir(parts):  # each holding only its data files
+        assert sorted(os.listdir(os.path.join(parts, pid))) == ["box.npy", "dst.npy", "image.npy", "label.npy",
+                                                                 "orig_size.npy"]
+
+
+@pytest.mark.parametrize("blocks", [1, 3, 8])
+def test_binary_files_equal_ingest(ray_cluster, tmp_path, blocks):
+    root = make_source(str(tmp_path / "src"), n_per_class=6)  # 12 images and 2 broken files
+    ref = str(tmp_path / "ref.store")
+    _ingest(root, ref)
+    out = str(tmp_path / "ray.store")
+    res = _write(_labelled(ray_cluster, root, blocks), out, root)
+    assert_reads_same(out, ref)
+    assert (res.records, res.skipped) == (12, 2)
+    assert sorted(res.reasons) == sorted(e["reason"] for e in mmstore.open(ref).skipped())
+    s = mmstore.open(out)
+    assert s.label_names == CLASSES and [e["key"] for e in s.skipped()] == ["ant/zz_empty.jpg", "bee/zz_html.jpg"]
+    assert s.manifest["version"] == (2, 2) and s.manifest["requires"] == ["parts"]
+    assert len(s.parts) == len(s.segments) and 1 <= len(s.parts) <= blocks
+    assert verify_store(out).ok
+    _no_leftovers(out)
+
+
+@pytest.mark.parametrize("kind", ["bytes", "path"])
+def test_from_items_with_labels_equals_ingest(ray_cluster, tmp_path, kind):
+    root = str(tmp_path / "src")
+    rels = make_folder(root, CLASSES, per_class=5, sizes=(24, 70))
+    ref = str(tmp_path / "ref.store")
+    _ingest(root, ref)
+    items = []
+    for rel in rels:
+        p = os.path.join(root, rel)
+        with open(p, "rb") as f:
+            image = f.read() if kind == "bytes" else p
+        items.append({"image": image, "label": CLASSES.index(rel.split("/")[0]), "key": rel})
+    import mmstore.ray
+
+    out = str(tmp_path / "ray.store")
+    mmstore.ray.write(ray_cluster.data.from_items(items, override_num_blocks=4), out, SIZE, label_names=CLASSES,
+                      quiet=True)
+    assert_reads_same(out, ref)
+
+
+def test_read_images_equals_ingest(ray_cluster, tmp_path):
+    """Decoded pixels (``read_images``: PNGs, which every decoder decodes to the same pixels)
+    are fitted as ingest fits the decoded file."""
+    root = str(tmp_path / "src")
+    make_folder(root, [""], per_class=8, exts=(".png",), sizes=(20, 90))
+    ref = str(tmp_path / "ref.store")
+    _ingest(root, ref)
+    import mmstore.ray
+
+    out = str(tmp_path / "ray.store")
+    ds = ray_cluster.data.read_images(root, include_paths=True, mode="RGB").repartition(3)
+    mmstore.ray.write(ds, out, SIZE, root=root, quiet=True)
+    assert_reads_same(out, ref)
+    assert mmstore.open(out).key(0) == "img000.png"
+
+
+def test_fields_and_codecs(ray_cluster, tmp_path):
+    """More columns as fields (a ragged one), a codec on the image, a Loader epoch over the result."""
+    rng = np.random.default_rng(3)
+    items = []
+    for i in range(40):
+        img = rng.integers(0, 255, (20, 24, 3), dtype=np.uint8)
+        items.append({"image": img, "label": i % 4, "key": f"k{i:03d}",
+                      "boxes": rng.random((i % 3, 4)).astype(np.float32), "caption": f"photo {i}"})
+    import mmstore.ray
+
+    out = str(tmp_path / "ray.store")
+    mmstore.ray.write(ray_cluster.data.from_items(items, override_num_blocks=5), out, (16, 16),
+                      fields={"boxes": ("<f4", (None, 4)), "caption": "str"}, codecs={"image": "png"}, quiet=True)
+    s = mmstore.open(out)
+    assert len(s) == 40 and s.manifest["requires"] == ["ragged", "parts"]
+    for i in (0, 1, 2, 39):
+        r = s[i]
+        assert s.key(i) == f"k{i:03d}" and int(r["label"]) == i % 4
+        assert np.array_equal(r["boxes"], items[i]["boxes"]) and r["caption"] == f"photo {i}"
+        assert r["image"].shape == (16, 16, 3)
+    labels = [int(v) for batch in Loader(out, 7, "block", fields=["label", "image"]) for v in batch["label"]]
+    assert sorted(labels) == sorted(i % 4 for i in range(40))
+    assert verify_store(out).ok
+
+
+def test_loader_epoch_every_record_once(ray_cluster, tmp_path):
+    items = [{"image": np.full((8, 8), i % 256, np.uint8), "label": i} for i in range(300)]
+    import mmstore.ray
+
+    out = str(tmp_path / "ray.store")
+    mmstore.ray.write(ray_cluster.data.from_items(items, override_num_blocks=6), out, quiet=True)
+    s = mmstore.open(out)
+    assert len(s.parts) == 6
+    labels = []
+    for batch in Loader(out, 32, "block"):
+        labels.extend(int(v) for v in batch["label"])
+    assert sorted(labels) == list(range(300))
+
+
+def test_bad_inputs_all_failed_and_max_errors(ray_cluster, tmp_path):
+    import mmstore.ray
+
+    bad = [{"image": b"not an image %d" % i, "label": 0, "key": f"b{i}"} for i in range(6)]
+    with pytest.raises(AllInputsFailedError):
+        mmstore.ray.write(ray_cluster.data.from_items(bad, override_num_blocks=2), str(tmp_path / "a.store"),
+                          SIZE, quiet=True)
+    assert not os.path.exists(tmp_path / "a.store") and not os.path.exists(tmp_path / "a.store.partial")
+    root = make_source(str(tmp_path / "src"), n_per_class=3)
+    with pytest.raises(IngestError, match="max-errors 1"):
+        _write(_labelled(ray_cluster, root, 2), str(tmp_path / "m.store"), root, max_errors=1)
+    assert not os.path.exists(tmp_path / "m.store")
+    res = _write(_labelled(ray_cluster, root, 2), str(tmp_path / "m.store"), root, max_errors=2)
+    assert res.skipped == 2 and "not-an-image" in res.summary() or "empty" in res.summary()
+
+
+def test_existing_store_and_overwrite(ray_cluster, tmp_path):
+    import mmstore.ray
+
+    out = str(tmp_path / "o.store")
+    items = [{"image": np.full((4, 4), i, np.uint8), "label": i} for i in range(10)]
+    mmstore.ray.write(ray_cluster.data.from_items(items), out, quiet=True)
+    with pytest.raises(StoreExistsError):
+        mmstore.ray.write(ray_cluster.data.from_items(items), out, quiet=True)
+    mmstore.ray.write(ray_cluster.data.from_items(items[:4]), out, overwrite=True, quiet=True)
+    assert len(mmstore.open(out)) == 4 and verify_store(out).ok
+
+
+@pytest.mark.parametrize("action", ["kill", "raise"])
+def test_task_fault_mid_write_is_retried_exactly_once(ray_cluster, tmp_path, action):
+    """A task whose process is SIGKILLed (or that raises) in the middle of its part, on its first
+    attempt: Ray runs it again, and the store is still the ingest's, with no left-over attempt."""
+    rayfaults.register()
+    root = str(tmp_path / "src")
+    rels = make_folder(root, CLASSES, per_class=8, sizes=(24, 60))
+    ref = str(tmp_path / "ref.store")
+    _ingest(root, ref)
+    marker = str(tmp_path / "fault-fired")
+    items = []
+    for j, rel in enumerate(rels):
+        p = os.path.join(root, rel)
+        cell = rayfaults.FaultyPath(p, marker, action) if j == 10 else rayfaults.PlainPath(p)
+        items.append({"image": cell, "label": CLASSES.index(rel.split("/")[0]), "key": rel})
+    import mmstore.ray
+
+    out = str(tmp_path / "ray.store")
+    mmstore.ray.write(ray_cluster.data.from_items(items, override_num_blocks=4), out, SIZE, label_names=CLASSES,
+                      quiet=True)
+    assert os.path.exists(marker)  # the fault fired
+    assert_reads_same(out, ref)
+    _no_leftovers(out)
+
+
+_DRIVER = r"""
+import os, signal, sys
+os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+import logging, ray, mmstore.ray, mmstore.ray.sink as sink
+ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level=logging.WARNING,
+         log_to_driver=False)
+ray.data.DataContext.get_current().enable_progress_bars = False
+import numpy as np
+if sys.argv[2] == "kill":
+    def die(*a, **k):
+        os.kill(os.getpid(), signal.SIGKILL)
+    sink.join_parts = die
+items = [{"image": np.full((6, 6), i, np.uint8), "label": i} for i in range(50)]
+mmstore.ray.write(ray.data.from_items(items, override_num_blocks=5), sys.argv[1], quiet=True)
+"""
+
+
+def test_driver_killed_before_commit_then_rerun(tmp_path):
+    """The driver SIGKILLed after every task wrote its part, before the commit: no store, and
+    the next write removes what was left and writes the store."""
+    out = str(tmp_path / "d.store")
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    r = subprocess.run([sys.executable, "-c", _DRIVER, out, "kill"], env=env, capture_output=True, timeout=180)
+    assert r.returncode == -signal.SIGKILL, r.stderr.decode()[-2000:]
+    assert not os.path.exists(out)
+    left = os.listdir(os.path.join(out + ".partial", "parts"))
+    with open(os.path.join(out + ".partial", "_ray.json"), "rb") as f:
+        assert len(left) == 5 and json.loads(f.read())["writer"] == "mmstore.ray"
+    r = subprocess.run([sys.executable, "-c", _DRIVER, out, "ok"], env=env, capture_output=True, timeout=180)
+    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    s = mmstore.open(out)
+    assert len(s) == 50 and [int(s[i]["label"]) for i in range(50)] == list(range(50))
+    assert not set(left) & set(s.parts) and verify_store(out).ok
+    assert not os.path.exists(out + ".partial")
