@@ -30,7 +30,8 @@ class Ctx:
         # (segment id: its number, its part id or None, first slot, slot count) of each data segment
         counts = manifest.get("segments") or [self.slots]
         firsts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).tolist()
-        ids: list[int | str | None] = list(segment_ids(manifest) or [None])
+        found = segment_ids(manifest)
+        ids: list[int | str | None] = list(found) if found is not None else [None]
         self.segments: list[tuple[int | str | None, int, int]] = [
             (ids[k], firsts[k], int(c)) for k, c in enumerate(counts)
         ]

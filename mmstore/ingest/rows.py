@@ -47,11 +47,25 @@ def image_kind(value: Any) -> str:
     return "pixels"
 
 
-def _path_key(path: Any, root: bytes | None) -> bytes:
+def _roots(root: str | os.PathLike[str] | None) -> list[bytes]:
+    """The prefixes a path under ``root`` starts with: ``root`` as given, with
+    no URL scheme (an engine lists ``s3://bucket/photos`` as
+    ``bucket/photos/...``), and a local root made absolute."""
+    if root is None:
+        return []
+    r = os.fsencode(root)
+    if b"://" in r:
+        r = r.split(b"://", 1)[1]
+        out = [r]
+    else:
+        out = [r, os.fsencode(os.path.abspath(root))]
+    return [x.rstrip(b"/") + b"/" for x in out if x.strip(b"/")]
+
+
+def _path_key(path: Any, roots: list[bytes]) -> bytes:
     p = os.fsencode(path)
-    if root:
-        r = root.rstrip(b"/") + b"/"
-        for prefix in (r, b"local://" + r):
+    for r in roots:
+        for prefix in (r, b"local://" + r, b"/" + r):
             if p.startswith(prefix):
                 return p[len(prefix):]
     return p
@@ -103,7 +117,7 @@ class RowsSource(Source):
         self.label = label if label is not None and label in columns else None
         self.key = key if key is not None and key in columns else None
         self.path_col = path if path is not None and path in columns else None
-        self.root = os.fsencode(os.path.abspath(root)) if root is not None else None
+        self.roots = _roots(root)
         self.label_names = [str(c) for c in label_names] if label_names is not None else None
         self.fields = None
         if fields:
@@ -140,7 +154,7 @@ class RowsSource(Source):
             return b"" if v is None else v if isinstance(v, bytes) else encode_key(str(v))
         if self.path_col is not None:
             v = self.columns[self.path_col][i]
-            return b"" if v is None else _path_key(v, self.root)
+            return b"" if v is None else _path_key(v, self.roots)
         if self.image_kind == "path":
             v = self.columns[self.image][i]
             return b"" if v is None else encode_key(os.fspath(v))

@@ -107,6 +107,24 @@ def _columns(blocks: Iterable[Any]) -> dict[str, list[Any]]:
     return out
 
 
+_STAGING_PREFIX = "mmstore-part-"  # + the writing process's pid + "-": a task's local part before upload
+
+
+def _remove_dead_staging(base: str) -> None:
+    """Remove what killed tasks on this node left in ``base``: the staging
+    folders of processes that no longer exist (a task removes its own)."""
+    for name in os.listdir(base):
+        pid = name[len(_STAGING_PREFIX):].split("-", 1)[0]
+        if not (name.startswith(_STAGING_PREFIX) and pid.isdigit()):
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:
+            shutil.rmtree(os.path.join(base, name), ignore_errors=True)
+        except OSError:
+            pass  # alive (another user's process): not ours to remove
+
+
 class MmstoreDatasink(Datasink):
     """A ``Datasink`` writing one part per task (see the module docstring);
     :func:`write` is the way to use it (it sets the row order and commits)."""
@@ -140,7 +158,8 @@ class MmstoreDatasink(Datasink):
         if self.remote:
             base = self.staging or tempfile.gettempdir()
             os.makedirs(base, exist_ok=True)
-            work = tempfile.mkdtemp(prefix="mmstore-part-", dir=base)
+            _remove_dead_staging(base)
+            work = tempfile.mkdtemp(prefix=f"{_STAGING_PREFIX}{os.getpid()}-", dir=base)
             local = os.path.join(work, pid)
         else:
             work, local = None, os.path.join(self.dest + PARTIAL_SUFFIX, PARTS_DIR, pid)
@@ -219,9 +238,9 @@ def _commit_remote(dest: str, ids: list[str], provenance: dict[str, Any], label_
                 present[part_file(pid, name)] = index.files[name]
             books.append(book)
         joined = join_parts(work, books, provenance=provenance, where=loc.url, label_names=label_names)
-        mine = {f"{PARTS_DIR}/{pid}/" for pid in ids}
-        removed = len({n.split("/")[1] for n in listing if n.startswith(PARTS_DIR + "/") and n.count("/") >= 2
-                       and n[: n.index("/", len(PARTS_DIR) + 1) + 1] not in mine})
+        # the other attempts' parts, which the push deletes with everything else the store does not list
+        removed = len({n.split("/")[1] for n in listing if n.startswith(PARTS_DIR + "/") and n.count("/") == 2}
+                      - set(ids))
         push(work, loc.url, overwrite=overwrite, present=present)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -359,7 +378,8 @@ def write(
         if remote:
             joined, removed = _commit_remote(dest, ids, provenance, label_names, overwrite, staging_dir)
         else:
-            joined, removed = commit_parts(dest, ids, provenance=provenance, label_names=label_names)
+            joined, removed = commit_parts(dest, ids, provenance=provenance,
+                                               label_names=list(label_names) if label_names is not None else None)
     except BaseException:
         if not remote and os.path.isfile(os.path.join(dest + PARTIAL_SUFFIX, RAY_MARK)):
             shutil.rmtree(dest + PARTIAL_SUFFIX, ignore_errors=True)  # nothing in it can be resumed

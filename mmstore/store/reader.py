@@ -631,7 +631,8 @@ class Store:
 
     def _mean_entry_bytes(self, name: str) -> float:
         if self.backend_name == "memmap":
-            segs = segment_ids(self.manifest) or [None]
+            found = segment_ids(self.manifest)
+            segs: list[int | str | None] = list(found) if found is not None else [None]
             data = sum(int(self.manifest["files"][variable_files(name, k)[0]]) for k in segs)
             return data / self.records
         n = min(self.records, 4096)

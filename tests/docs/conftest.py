@@ -290,10 +290,61 @@ def _s3(cwd: str) -> dict:
     return {}
 
 
+def _ray_photos_in_s3(cwd: str) -> dict:
+    """No names: the ``s3`` fixture's bucket holding an ImageFolder of 8 JPEGs under
+    ``photos/`` (classes ``cat`` and ``dog``), and a local Ray cluster (2 CPUs, loopback)
+    started with that environment, which Ray Data then uses. Skipped where Ray is missing."""
+    try:
+        import ray  # noqa: F401
+    except ImportError as exc:
+        pytest.skip(f"Ray Data is not installed ({exc}): pip install 'mmstore[ray]'")
+    import obstore
+    from obstore.store import S3Store
+
+    _s3(cwd)
+    env = os.environ
+    bucket = S3Store(DOC_BUCKET, endpoint=env["AWS_ENDPOINT_URL"], region=env["AWS_REGION"],
+                     access_key_id=env["AWS_ACCESS_KEY_ID"], secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+                     client_options={"allow_http": True})
+    rng = np.random.default_rng(7)
+    with tempfile.TemporaryDirectory() as tmp:
+        for i in range(8):
+            path = os.path.join(tmp, f"{i}.jpg")
+            write_image(path, photo(rng, 40 + i, 50), ".jpg", rgb=True)
+            with open(path, "rb") as f:
+                obstore.put(bucket, f"photos/{('cat', 'dog')[i % 2]}/{i:03d}.jpg", f.read())
+    return _ray(cwd, fresh=True)
+
+
+def _ray(cwd: str, fresh: bool = False) -> dict:
+    """No names: a local Ray cluster (2 CPUs, loopback, no dashboard), which Ray Data then
+    uses; ``fresh``: started anew, so that its workers have this block's environment."""
+    try:
+        import ray
+    except ImportError as exc:
+        pytest.skip(f"Ray Data is not installed ({exc}): pip install 'mmstore[ray]'")
+    import logging
+
+    os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
+    if fresh and ray.is_initialized():
+        ray.shutdown()
+    if not ray.is_initialized():
+        ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level=logging.WARNING,
+                 log_to_driver=False)
+    ray.data.DataContext.get_current().enable_progress_bars = False
+    _DOC_RAY[:] = [ray]
+    return {}
+
+
+_DOC_RAY: list = []  # the Ray module, while a block's cluster runs (shut down after the block)
+
+
 NAME_FIXTURES: dict[str, Callable[[str], dict]] = {
     "imagenet-script": _imagenet_script,
     "tags-model": _tags_model,
     "s3": _s3,
+    "ray-photos-in-s3": _ray_photos_in_s3,
+    "ray": _ray,
 }
 
 
@@ -347,6 +398,9 @@ def _fixture_environment():
     """A fixture may set environment variables for its block (``s3`` does): they are put back after it."""
     saved = dict(os.environ)
     yield
+    for ray in _DOC_RAY:  # a process holding a Ray driver's threads must not fork: the suite forks
+        ray.shutdown()
+    _DOC_RAY.clear()
     for key in [k for k in os.environ if k not in saved]:
         del os.environ[key]
     for key, value in saved.items():

@@ -124,13 +124,13 @@ def test_from_dataset_with_zstd_and_the_codec_in_the_fingerprint(tmp_path):
 
 def test_sigkill_then_resume_is_byte_identical(tmp_path, h):
     root = str(tmp_path / "k")
-    h.make_folder(root, per_class=30, seed=8)
+    h.make_folder(root, per_class=200, seed=8)  # enough work (about 0.3 s) for a kill to land mid-run
     args = ("--size", "32x32", "-q", "--codec", "image=jpeg:85", "--chunk", "2")
     ref = str(tmp_path / "ref")
     p = h.cli_subprocess("ingest", root, ref, "--workers", "2", *args)
     assert p.wait(120) == 0
     killed_mid = 0
-    for trial, delay in enumerate((0.05, 0.2, 0.5)):
+    for trial, delay in enumerate((0.02, 0.08, 0.2)):
         dest = str(tmp_path / f"t{trial}")
         p = h.cli_subprocess("ingest", root, dest, "--workers", "2", *args)
         deadline = time.monotonic() + 60

@@ -1,5 +1,7 @@
 """A local Ray cluster for the tests of ``mmstore.ray``: ``ray.init(num_cpus=2)`` on
-loopback (no dashboard, no usage statistics), started once per test run. Where Ray is not
+loopback (no dashboard, no usage statistics), started for each test module and shut down
+after it: a process holding a Ray driver's threads must not fork (the rest of the suite
+forks readers and workers). Where Ray is not
 installed or cannot start, the tests that use it are skipped, and the skip says why."""
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ import os
 import pytest
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def ray_cluster():
     os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
     try:

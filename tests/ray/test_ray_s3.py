@@ -107,9 +107,14 @@ def test_task_killed_mid_write_to_s3(ray_cluster, s3, tmp_path):
         cell = rayfaults.FaultyPath(p, marker, "kill") if j == 7 else rayfaults.PlainPath(p)
         items.append({"image": cell, "label": CLASSES.index(rel.split("/")[0]), "key": rel})
     url = s3.url("k.store")
+    staging = str(tmp_path / "staging")
     mmstore.ray.write(ray_cluster.data.from_items(items, override_num_blocks=3), url, SIZE, label_names=CLASSES,
-                      quiet=True, ray_remote_args=_args(s3))
+                      quiet=True, ray_remote_args=_args(s3), staging=staging)
     assert os.path.exists(marker)
+    # the killed attempt's local part is removed by the next task of this node that stages one
+    mmstore.ray.write(ray_cluster.data.from_items(items[:2]), s3.url("k2.store"), SIZE, quiet=True,
+                      ray_remote_args=_args(s3), staging=staging)
+    assert os.listdir(staging) == []
     _only_store_objects(url)
     dest = str(tmp_path / "pulled.store")
     pull(url, dest)

@@ -213,7 +213,7 @@ import numpy as np
 if sys.argv[2] == "kill":
     def die(*a, **k):
         os.kill(os.getpid(), signal.SIGKILL)
-    sink.join_parts = die
+    sink.commit_parts = die
 items = [{"image": np.full((6, 6), i, np.uint8), "label": i} for i in range(50)]
 mmstore.ray.write(ray.data.from_items(items, override_num_blocks=5), sys.argv[1], quiet=True)
 """
