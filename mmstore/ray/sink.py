@@ -131,17 +131,22 @@ class MmstoreDatasink(Datasink):
 
     def __init__(self, dest: str, spec: Any, *, image: str, label: str | None, key: str | None, path: str | None,
                  root: str | None, label_names: Sequence[str] | None, fields: Any, on_error: str, backend: str,
-                 codecs: Any, staging: str | None) -> None:
+                 codecs: Any, staging: str | None, part_rows: int | None = None) -> None:
         self.dest, self.spec = dest, spec
         self.remote = is_url(dest)
         self.columns = {"image": image, "label": label, "key": key, "path": path}
         self.root, self.label_names, self.fields = root, label_names, fields
         self.on_error, self.backend, self.codecs = on_error, backend, codecs
         self.staging = staging
+        self.part_rows = part_rows
         self.returns: list[dict[str, Any]] = []
 
     def get_name(self) -> str:
         return "mmstore"
+
+    @property
+    def min_rows_per_write(self) -> int | None:
+        return self.part_rows
 
     # -- in a write task -----------------------------------------------------------
     def write(self, blocks: Iterable[Any], ctx: Any) -> dict[str, Any]:
@@ -275,6 +280,7 @@ def write(
     concurrency: int | None = None,
     ray_remote_args: Mapping[str, Any] | None = None,
     staging: str | os.PathLike[str] | None = None,
+    part_rows: int | None = 1000,
     quiet: bool = False,
     **decode: Any,
 ) -> RayWriteResult:
@@ -315,6 +321,11 @@ def write(
         Passed to ``Dataset.write_datasink`` (the write tasks' concurrency
         and their Ray options; the default retries a task up to 3 times,
         whatever it raised).
+    part_rows
+        The rows of one part: Ray bundles the blocks so that each write task
+        gets at least this many (a task's setup and commit cost then spread
+        over its rows, and a billion rows stay within a manifest's parts);
+        None: one part per block Ray hands the writer.
     staging
         Where a task writes its part before uploading it (URL destinations;
         default: the temporary directory of the node).
@@ -343,7 +354,8 @@ def write(
     staging_dir = os.fspath(staging) if staging is not None else None
     sink = MmstoreDatasink(dest, spec, image=image, label=label, key=key, path=path,
                            root=os.fspath(root) if root is not None else None, label_names=label_names,
-                           fields=fields, on_error=on_error, backend=backend, codecs=codec_map, staging=staging_dir)
+                           fields=fields, on_error=on_error, backend=backend, codecs=codec_map, staging=staging_dir,
+                           part_rows=part_rows)
     args = {"max_retries": 3, "retry_exceptions": True, **dict(ray_remote_args or {})}
     lock = None
     if remote:

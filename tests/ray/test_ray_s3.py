@@ -68,7 +68,8 @@ def test_write_to_s3_equals_ingest(ray_cluster, s3, tmp_path):
     ds = ds.map(lambda r: {**r, "label": CLASSES.index(os.path.basename(os.path.dirname(r["path"])))})
     url = s3.url("stores/ray.store")
     res = mmstore.ray.write(ds.repartition(3), url, SIZE, image="bytes", root=root, label_names=CLASSES,
-                            quiet=True, ray_remote_args=_args(s3), staging=str(tmp_path / "staging"))
+                            quiet=True, ray_remote_args=_args(s3), staging=str(tmp_path / "staging"),
+                            part_rows=None)
     assert (res.records, res.skipped) == (12, 2)
     assert os.listdir(tmp_path / "staging") == []  # each task's local part is gone once uploaded
     _only_store_objects(url)

@@ -43,6 +43,7 @@ def _labelled(ray, root, blocks):
 def _write(ds, dest, root, **kw):
     import mmstore.ray
 
+    kw.setdefault("part_rows", None)  # a part per block: several parts from few rows
     return mmstore.ray.write(ds, dest, SIZE, image="bytes", root=root, label_names=CLASSES, quiet=True, **kw)
 
 
@@ -140,13 +141,24 @@ def test_loader_epoch_every_record_once(ray_cluster, tmp_path):
     import mmstore.ray
 
     out = str(tmp_path / "ray.store")
-    mmstore.ray.write(ray_cluster.data.from_items(items, override_num_blocks=6), out, quiet=True)
+    mmstore.ray.write(ray_cluster.data.from_items(items, override_num_blocks=6), out, quiet=True, part_rows=None)
     s = mmstore.open(out)
     assert len(s.parts) == 6
     labels = []
     for batch in Loader(out, 32, "block"):
         labels.extend(int(v) for v in batch["label"])
     assert sorted(labels) == list(range(300))
+
+
+def test_part_rows_bundles_blocks(ray_cluster, tmp_path):
+    """Each write task gets at least ``part_rows`` rows (Ray bundles the blocks), in order."""
+    items = [{"image": np.full((4, 4), i % 256, np.uint8), "label": i} for i in range(300)]
+    import mmstore.ray
+
+    out = str(tmp_path / "b.store")
+    mmstore.ray.write(ray_cluster.data.from_items(items, override_num_blocks=6), out, quiet=True, part_rows=100)
+    with mmstore.open(out) as s:
+        assert s.segments == [100, 100, 100] and [int(s[i]["label"]) for i in range(300)] == list(range(300))
 
 
 def test_bad_inputs_all_failed_and_max_errors(ray_cluster, tmp_path):
@@ -215,7 +227,7 @@ if sys.argv[2] == "kill":
         os.kill(os.getpid(), signal.SIGKILL)
     sink.commit_parts = die
 items = [{"image": np.full((6, 6), i, np.uint8), "label": i} for i in range(50)]
-mmstore.ray.write(ray.data.from_items(items, override_num_blocks=5), sys.argv[1], quiet=True)
+mmstore.ray.write(ray.data.from_items(items, override_num_blocks=5), sys.argv[1], quiet=True, part_rows=None)
 """
 
 
