@@ -174,7 +174,9 @@ def test_bad_inputs_all_failed_and_max_errors(ray_cluster, tmp_path):
         _write(_labelled(ray_cluster, root, 2), str(tmp_path / "m.store"), root, max_errors=1)
     assert not os.path.exists(tmp_path / "m.store")
     res = _write(_labelled(ray_cluster, root, 2), str(tmp_path / "m.store"), root, max_errors=2)
-    assert res.skipped == 2 and "not-an-image" in res.summary() or "empty" in res.summary()
+    assert res.skipped == 2 and "skipped by reason" in res.summary() and "zz_html.jpg" not in res.summary()
+    assert sorted(e["key"] for e in mmstore.open(str(tmp_path / "m.store")).skipped()) == [
+        "ant/zz_empty.jpg", "bee/zz_html.jpg"]
 
 
 def test_existing_store_and_overwrite(ray_cluster, tmp_path):
