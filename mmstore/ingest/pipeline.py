@@ -133,6 +133,7 @@ class RunOptions:
     resume_hint: ResumeHint = RUN_DEFAULTS["resume_hint"]
     log: Callable[[str], None] | None = None
     part: bool = False  # one part of several (mmstore.ray): published even when every input failed
+    threads: int = 1  # with workers=0: decode on this many threads of this process (mmstore.ray's tasks)
 
     def say(self, message: str) -> None:
         if self.log is not None:
@@ -341,7 +342,8 @@ class _Run:
             self.o.say(f"{self.dest}: resuming: {self.already} of {plan.slots} inputs already committed")
         self.writer.set_keys(*plan.listing.sub(plan.lo, plan.hi))
         decoded = sum(f.nbytes for f in plan.schema)  # the work per record, encoded fields included
-        chunk_n = chunk_size(self.o.chunk, decoded, plan.slots, max(1, nworkers))
+        decoders = nworkers or max(1, self.o.threads)  # processes, else threads of this one
+        chunk_n = chunk_size(self.o.chunk, decoded, plan.slots, decoders)
         sched = Scheduler(pending_ranges(tally.done, chunk_n), tally, limit)
         if sched.stopped is None and nworkers > 0:
             todo = plan.slots - self.already
@@ -362,9 +364,11 @@ class _Run:
             except WorkerFailed as exc:  # a worker could not write (its message says why)
                 raise IngestError(f"{self.dest}: {exc}; {self._kept()}") from None
             return
-        reader = self.source.reader()
         try:
-            sched.run_inline(self.job, self.writer.slot_writer, reader)
+            if self.o.threads > 1:
+                sched.run_threads(self.job, self.o.threads)
+            else:
+                sched.run_inline(self.job, self.writer.slot_writer, self.source.reader())
         except OSError as exc:  # writing failed here (a bad input is a hole, never an OSError)
             raise IngestError(f"{self.dest}: {describe_write_error(exc)}; {self._kept()}") from None
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import math
+import threading
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
 from .._os import crash as _crash
 from ..errors import IngestError
+from ..store.writer import SlotWriter
 from .committer import Tally
 from .records import RecordJob, process_range
 from .workers import WorkerPool
@@ -60,6 +62,43 @@ class Scheduler:
                 return
             self.tally.finished(*r, process_range(job, sw, reader, *r))
             self.check_limit()
+
+    def run_threads(self, job: RecordJob, n: int) -> None:
+        """Decode every pending range on ``n`` threads of this process (each
+        with its own writer and reader, as a worker process has; the decoder
+        releases the GIL). A write error stops the others and is raised here."""
+        lock = threading.Lock()
+        failed: list[BaseException] = []
+
+        def work() -> None:
+            try:
+                sw = SlotWriter(job.partial)
+                try:
+                    reader = job.source.reader()
+                    while True:
+                        with lock:
+                            if self.stopped is not None or failed:
+                                return
+                            r = self.next_range()
+                        if r is None:
+                            return
+                        errs = process_range(job, sw, reader, *r)
+                        with lock:
+                            self.tally.finished(*r, errs)
+                            self.check_limit()
+                finally:
+                    sw.close()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller below
+                with lock:
+                    failed.append(exc)
+
+        threads = [threading.Thread(target=work, name=f"mmstore-decode-{i}", daemon=True) for i in range(n)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if failed:
+            raise failed[0]
 
     # -- through the pool --------------------------------------------------------
     def run_pool(self, pool: WorkerPool) -> None:

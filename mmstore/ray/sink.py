@@ -131,7 +131,7 @@ class MmstoreDatasink(Datasink):
 
     def __init__(self, dest: str, spec: Any, *, image: str, label: str | None, key: str | None, path: str | None,
                  root: str | None, label_names: Sequence[str] | None, fields: Any, on_error: str, backend: str,
-                 codecs: Any, staging: str | None, part_rows: int | None = None) -> None:
+                 codecs: Any, staging: str | None, part_rows: int | None = None, threads: int = 1) -> None:
         self.dest, self.spec = dest, spec
         self.remote = is_url(dest)
         self.columns = {"image": image, "label": label, "key": key, "path": path}
@@ -139,6 +139,7 @@ class MmstoreDatasink(Datasink):
         self.on_error, self.backend, self.codecs = on_error, backend, codecs
         self.staging = staging
         self.part_rows = part_rows
+        self.threads = threads
         self.returns: list[dict[str, Any]] = []
 
     def get_name(self) -> str:
@@ -170,7 +171,7 @@ class MmstoreDatasink(Datasink):
             work, local = None, os.path.join(self.dest + PARTIAL_SUFFIX, PARTS_DIR, pid)
         try:
             res = run_ingest(src, local, self.spec, workers=0, quiet=True, on_error=self.on_error,
-                             backend=self.backend, codecs=self.codecs, part=True)
+                             backend=self.backend, codecs=self.codecs, part=True, threads=self.threads)
             if self.remote:
                 push(local, f"{self.dest.rstrip('/')}/{PARTS_DIR}/{pid}")
         finally:
@@ -281,6 +282,7 @@ def write(
     ray_remote_args: Mapping[str, Any] | None = None,
     staging: str | os.PathLike[str] | None = None,
     part_rows: int | None = 1000,
+    threads: int | None = None,
     quiet: bool = False,
     **decode: Any,
 ) -> RayWriteResult:
@@ -321,6 +323,10 @@ def write(
         Passed to ``Dataset.write_datasink`` (the write tasks' concurrency
         and their Ray options; the default retries a task up to 3 times,
         whatever it raised).
+    threads
+        The decode threads of one write task (default: the CPUs it asks Ray
+        for, ``ray_remote_args["num_cpus"]``, 1 unless given). Fewer, wider
+        tasks (``{"num_cpus": 4}``) decode as fast and write fewer parts.
     part_rows
         The rows of one part: Ray bundles the blocks so that each write task
         gets at least this many (a task's setup and commit cost then spread
@@ -352,11 +358,15 @@ def write(
         raise SourceError(f"the dataset has no column {image!r} (columns: {dataset.columns()}); pass image= the "
                           "column that holds the images")
     staging_dir = os.fspath(staging) if staging is not None else None
+    args = {"max_retries": 3, "retry_exceptions": True, **dict(ray_remote_args or {})}
+    if threads is None:  # as many decode threads as the CPUs a write task asks Ray for
+        threads = max(1, int(float(args.get("num_cpus", 1))))
+    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+        raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
     sink = MmstoreDatasink(dest, spec, image=image, label=label, key=key, path=path,
                            root=os.fspath(root) if root is not None else None, label_names=label_names,
                            fields=fields, on_error=on_error, backend=backend, codecs=codec_map, staging=staging_dir,
-                           part_rows=part_rows)
-    args = {"max_retries": 3, "retry_exceptions": True, **dict(ray_remote_args or {})}
+                           part_rows=part_rows, threads=threads)
     lock = None
     if remote:
         _check_remote_dest(dest, overwrite)

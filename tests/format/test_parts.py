@@ -39,9 +39,9 @@ def _slice(cols, a, b):
     return {k: v[a:b] for k, v in cols.items()}
 
 
-def _ingest(cols, dest, part=False):
+def _ingest(cols, dest, part=False, **kw):
     src = RowsSource(cols, label_names=["a", "b", "c"])
-    run_ingest(src, dest, SPEC, workers=0, quiet=True, part=part)
+    return run_ingest(src, dest, SPEC, workers=0, quiet=True, part=part, **kw)
 
 
 def _joined(cols, dest, cuts):
@@ -167,3 +167,21 @@ def test_a_damaged_part_manifest_digest_is_caught(tmp_path):
         f.write(b"X")
     with pytest.raises(FormatError, match="does not match the part's manifest"):
         commit_parts(out, ["a"], provenance={})
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+def test_decoding_on_threads_writes_the_same_store(tmp_path, threads):
+    """A Ray write task decodes its rows on threads: the part equals one decoded on one thread
+    (many small ranges, bad inputs among them), and a failure stops every thread."""
+    cols = _rows(40, bad={3, 17, 18, 39})
+    ref, out = str(tmp_path / "one.store"), str(tmp_path / "many.store")
+    _ingest(cols, ref, chunk=3)
+    res = _ingest(cols, out, chunk=3, threads=threads)
+    assert (res.records, res.skipped) == (36, 4)
+    assert_reads_same(out, ref)
+    with pytest.raises(IngestError, match="broken|decode|corrupt"):
+        _ingest(cols, str(tmp_path / "fail.store"), chunk=3, threads=threads, on_error="fail")
+    assert not os.path.exists(tmp_path / "fail.store")
+    with pytest.raises(IngestError, match="max"):
+        _ingest(cols, str(tmp_path / "few.store"), chunk=1, threads=threads, max_errors=1)
+    assert not os.path.exists(tmp_path / "few.store")

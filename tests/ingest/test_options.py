@@ -117,7 +117,7 @@ def test_each_run_default_is_the_same_in_the_cli_ingest_and_run_options():
     flag_dest = {"codecs": "codec", "progress_interval": "log_interval"}
     keywords = {n for n, q in sig.items() if q.kind is inspect.Parameter.KEYWORD_ONLY}
     assert keywords - set(SPEC_OPTIONS) - set(SOURCE_OPTIONS) == set(RUN_DEFAULTS)
-    assert set(run) - {"log", "part"} == set(RUN_DEFAULTS)  # part: set by mmstore.ray, not an option
+    assert set(run) - {"log", "part", "threads"} == set(RUN_DEFAULTS)  # part, threads: set by mmstore.ray
     for name, default in RUN_DEFAULTS.items():
         assert sig[name].default == default and run[name] == default, name
         if name != "resume_hint":  # the CLI makes its own

@@ -75,8 +75,9 @@ def test_binary_files_equal_ingest(ray_cluster, tmp_path, blocks):
     _no_leftovers(out)
 
 
-@pytest.mark.parametrize("kind", ["bytes", "path"])
-def test_from_items_with_labels_equals_ingest(ray_cluster, tmp_path, kind):
+@pytest.mark.parametrize("kind,wide", [("bytes", False), ("path", False), ("path", True)])
+def test_from_items_with_labels_equals_ingest(ray_cluster, tmp_path, kind, wide):
+    """``wide``: write tasks of 2 CPUs, which decode on 2 threads (and the same records)."""
     root = str(tmp_path / "src")
     rels = make_folder(root, CLASSES, per_class=5, sizes=(24, 70))
     ref = str(tmp_path / "ref.store")
@@ -90,9 +91,21 @@ def test_from_items_with_labels_equals_ingest(ray_cluster, tmp_path, kind):
     import mmstore.ray
 
     out = str(tmp_path / "ray.store")
-    mmstore.ray.write(ray_cluster.data.from_items(items, override_num_blocks=4), out, SIZE, label_names=CLASSES,
-                      quiet=True)
+    res = mmstore.ray.write(ray_cluster.data.from_items(items, override_num_blocks=4), out, SIZE,
+                            label_names=CLASSES, quiet=True, part_rows=None,
+                            ray_remote_args={"num_cpus": 2} if wide else None)
     assert_reads_same(out, ref)
+    assert res.parts == 4
+
+
+def test_threads_must_be_a_positive_integer(ray_cluster, tmp_path):
+    import mmstore.ray
+
+    ds = ray_cluster.data.from_items([{"image": b"x"}])
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="threads must be an integer >= 1"):
+            mmstore.ray.write(ds, str(tmp_path / "s.store"), SIZE, threads=bad, quiet=True)
+    assert not os.path.exists(tmp_path / "s.store") and not os.path.exists(tmp_path / "s.store.partial")
 
 
 def test_read_images_equals_ingest(ray_cluster, tmp_path):
