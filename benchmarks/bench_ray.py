@@ -38,6 +38,7 @@ Each Ray store is checked to equal the ingest's (checksums and keys).
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import platform
@@ -46,6 +47,7 @@ import statistics
 import sys
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
@@ -138,24 +140,17 @@ def main() -> int:
 
         parts: dict[str, int] = {}
 
-        def run_paths(folder: str) -> float:
+        def run_paths(folder: str, side: str = "paths", **kw: Any) -> float:
             t0 = time.monotonic()
             rows = [{"path": os.path.join(folder, c, f), "label": k}
                     for k, c in enumerate(classes) for f in sorted(os.listdir(os.path.join(folder, c)))]
-            res = mmstore.ray.write(ray.data.from_items(rows), os.path.join(work, "paths.store"), (224, 224),
-                                    image="path", root=folder, label_names=classes, quiet=True, overwrite=True)
-            parts["paths"] = res.parts
+            res = mmstore.ray.write(ray.data.from_items(rows), os.path.join(work, f"{side}.store"), (224, 224),
+                                    image="path", root=folder, label_names=classes, quiet=True, overwrite=True, **kw)
+            parts[side] = res.parts
             return time.monotonic() - t0
 
-        def run_wide(folder: str) -> float:  # the tuned variant: write tasks of 2 CPUs, 2 decode threads each
-            t0 = time.monotonic()
-            rows = [{"path": os.path.join(folder, c, f), "label": k}
-                    for k, c in enumerate(classes) for f in sorted(os.listdir(os.path.join(folder, c)))]
-            res = mmstore.ray.write(ray.data.from_items(rows), os.path.join(work, "wide.store"), (224, 224),
-                                    image="path", root=folder, label_names=classes, quiet=True, overwrite=True,
-                                    ray_remote_args={"num_cpus": 2})
-            parts["wide"] = res.parts
-            return time.monotonic() - t0
+        # the tuned variant: write tasks of 2 CPUs, 2 decode threads each
+        run_wide = functools.partial(run_paths, side="wide", ray_remote_args={"num_cpus": 2})
 
         def run_bytes(folder: str) -> float:
             t0 = time.monotonic()
@@ -168,25 +163,23 @@ def main() -> int:
 
         # two phases, each alternating with the ingest: the defaults, then the tuned variant (a job of 2-CPU
         # tasks makes Ray start new 1-CPU workers for the next job, which would charge the defaults for it)
-        phases = [{"ingest": run_ingest, "paths": run_paths, "bytes": run_bytes},
-                  {"ingest": run_ingest, "wide": run_wide}]
+        phases = [{"ingest0": run_ingest, "paths": run_paths, "bytes": run_bytes},
+                  {"ingest1": run_ingest, "wide": run_wide}]
         times: dict[str, list[float]] = {}
         fixed: dict[str, list[float]] = {}
         warm = 0.0
-        for p, sides in enumerate(phases):
+        for sides in phases:
             t = time.monotonic()
             for k, fn in sides.items():
-                if k != "ingest":  # Ray's workers import mmstore and OpenCV: part of starting Ray
+                if not k.startswith("ingest"):  # Ray's workers import mmstore and OpenCV: part of starting Ray
                     fn(tiny)
             warm += time.monotonic() - t
             for r in range(args.rounds):
                 for k, fn in sides.items():
-                    key = k if k != "ingest" else f"ingest{p}"
-                    fixed.setdefault(key, []).append(fn(tiny))
-                    times.setdefault(key, []).append(fn(small))  # last: the stores compared are of the N photos
-                print(f"round {r + 1}: " + "; ".join(
-                    f"{k} {times[k if k != 'ingest' else f'ingest{p}'][-1]:.2f} s "
-                    f"(4 photos: {fixed[k if k != 'ingest' else f'ingest{p}'][-1]:.2f} s)" for k in sides), flush=True)
+                    fixed.setdefault(k, []).append(fn(tiny))
+                    times.setdefault(k, []).append(fn(small))  # last: the stores compared are of the N photos
+                print(f"round {r + 1}: " + "; ".join(f"{k} {times[k][-1]:.2f} s (4 photos: {fixed[k][-1]:.2f} s)"
+                                                     for k in sides), flush=True)
         same = {}
         a = mmstore.open(os.path.join(work, "ingest.store"))
         for k in ("paths", "bytes", "wide"):
@@ -203,22 +196,21 @@ def main() -> int:
                  "wide": "tuned: rows of paths, num_cpus=2 per write task"}
         for k in ("paths", "bytes", "wide"):
             base = "ingest1" if k == "wide" else "ingest0"  # the ingest of the same phase
-            med["ingest"], fix["ingest"] = med[base], fix[base]
-            ratio = med["ingest"] / med[k]
-            apart = (med["ingest"] - fix["ingest"]) / max(1e-9, med[k] - fix[k])
-            print(f"{names[k]}: {med[k]:.2f} s against ingest {med['ingest']:.2f} s: {ratio:.2f} (target >= 0.8); "
-                  f"fixed cost of a job {fix[k]:.2f} s against {fix['ingest']:.2f} s, apart: {apart:.2f}; "
+            ratio = med[base] / med[k]
+            apart = (med[base] - fix[base]) / max(1e-9, med[k] - fix[k])
+            print(f"{names[k]}: {med[k]:.2f} s against ingest {med[base]:.2f} s: {ratio:.2f} (target >= 0.8); "
+                  f"fixed cost of a job {fix[k]:.2f} s against {fix[base]:.2f} s, apart: {apart:.2f}; "
                   f"stores equal: {same[k]}; parts {parts[k]}", flush=True)
             rows.append([f"{names[k]}, {n:,} photos", f"{med[k]:.2f} s ({n / med[k]:,.0f} photos/s)",
-                         f"{med['ingest']:.2f} s ({n / med['ingest']:,.0f} photos/s)", f"{ratio:.2f}", ">= 0.8",
+                         f"{med[base]:.2f} s ({n / med[base]:,.0f} photos/s)", f"{ratio:.2f}", ">= 0.8",
                          "yes" if ratio >= 0.8 else "NO"])
-            rows.append([f"{names[k]}, fixed cost of a job (4 photos)", f"{fix[k]:.2f} s", f"{fix['ingest']:.2f} s",
+            rows.append([f"{names[k]}, fixed cost of a job (4 photos)", f"{fix[k]:.2f} s", f"{fix[base]:.2f} s",
                          "", "", ""])
             rows.append([f"{names[k]}, the fixed costs taken off", f"{med[k] - fix[k]:.2f} s",
-                         f"{med['ingest'] - fix['ingest']:.2f} s", f"{apart:.2f}", "", ""])
+                         f"{med[base] - fix[base]:.2f} s", f"{apart:.2f}", "", ""])
         rows.append(["ray.init (apart, once)", f"{ray_start:.2f} s", "", "", "", ""])
-        rows.append(["first two jobs on 4 photos (apart, once: the workers' imports)", f"{warm:.2f} s", "", "", "",
-                     ""])
+        rows.append(["a first job of each kind on 4 photos (apart, once: the workers' imports)", f"{warm:.2f} s",
+                     "", "", "", ""])
         cmd = "python benchmarks/bench_ray.py" + ("" if n == 2000 else f" --n {n}") + \
             ("" if args.rounds == 3 else f" --rounds {args.rounds}")
         record = {
