@@ -20,6 +20,9 @@ ImageFolder of 4 classes. Every side decodes them to 224x224 with the defaults:
 - Ray, bytes (the guide's way for a folder in object storage): ``read_binary_files(folder,
   include_paths=True)``, a ``map`` adding the label, then ``write(..., image="bytes")``: Ray's
   read tasks read the files, the write tasks decode the bytes;
+- Ray, rows of paths through Ray Data's own write operator: ``from_items(rows).write_datasink(
+  mmstore.ray.MmstoreDatasink(dest, (224, 224), image="path", root=folder))`` with
+  ``preserve_order`` (the streaming executor runs one task until it knows the cluster's CPUs);
 - beside them, a tuned variant: rows of paths with ``ray_remote_args={"num_cpus": 2}`` (write
   tasks of 2 CPUs, each decoding on 2 threads), timed in a second phase, alternating with the
   ingest again (a job of 2-CPU tasks makes Ray start new 1-CPU workers for the job after it).
@@ -152,6 +155,20 @@ def main() -> int:
         # the tuned variant: write tasks of 2 CPUs, 2 decode threads each
         run_wide = functools.partial(run_paths, side="wide", ray_remote_args={"num_cpus": 2})
 
+        def run_sink(folder: str) -> float:  # the same rows through Ray Data's own write operator
+            t0 = time.monotonic()
+            rows = [{"path": os.path.join(folder, c, f), "label": k}
+                    for k, c in enumerate(classes) for f in sorted(os.listdir(os.path.join(folder, c)))]
+            sink = mmstore.ray.MmstoreDatasink(os.path.join(work, "sink.store"), (224, 224), image="path",
+                                               root=folder, label_names=classes, overwrite=True)
+            ctx = ray.data.DataContext.get_current()
+            ctx.execution_options.preserve_order = True
+            ray.data.from_items(rows).write_datasink(sink)
+            ctx.execution_options.preserve_order = False
+            assert sink.result is not None
+            parts["sink"] = sink.result.parts
+            return time.monotonic() - t0
+
         def run_bytes(folder: str) -> float:
             t0 = time.monotonic()
             ds = ray.data.read_binary_files(folder, include_paths=True)
@@ -163,7 +180,7 @@ def main() -> int:
 
         # two phases, each alternating with the ingest: the defaults, then the tuned variant (a job of 2-CPU
         # tasks makes Ray start new 1-CPU workers for the next job, which would charge the defaults for it)
-        phases = [{"ingest0": run_ingest, "paths": run_paths, "bytes": run_bytes},
+        phases = [{"ingest0": run_ingest, "paths": run_paths, "bytes": run_bytes, "sink": run_sink},
                   {"ingest1": run_ingest, "wide": run_wide}]
         times: dict[str, list[float]] = {}
         fixed: dict[str, list[float]] = {}
@@ -182,7 +199,7 @@ def main() -> int:
                                                      for k in sides), flush=True)
         same = {}
         a = mmstore.open(os.path.join(work, "ingest.store"))
-        for k in ("paths", "bytes", "wide"):
+        for k in ("paths", "bytes", "sink", "wide"):
             b = mmstore.open(os.path.join(work, f"{k}.store"))
             same[k] = (len(a) == len(b) and np.array_equal(a.slot_view.checksums(), b.slot_view.checksums())
                        and all(a.key(i) == b.key(i) for i in range(len(a))))
@@ -193,8 +210,9 @@ def main() -> int:
         load = os.getloadavg()
         rows = []
         names = {"paths": "Ray, rows of paths", "bytes": "Ray, read_binary_files",
+                 "sink": "rows of paths through write_datasink(MmstoreDatasink)",
                  "wide": "tuned: rows of paths, num_cpus=2 per write task"}
-        for k in ("paths", "bytes", "wide"):
+        for k in ("paths", "bytes", "sink", "wide"):
             base = "ingest1" if k == "wide" else "ingest0"  # the ingest of the same phase
             ratio = med[base] / med[k]
             apart = (med[base] - fix[base]) / max(1e-9, med[k] - fix[k])
@@ -225,12 +243,14 @@ def main() -> int:
                 "text": (f"{n:,} JPEG photographs ({photo_bytes / 1e6:.0f} MB, 300 to 640 pixels a side, cut "
                          "from the sample photographs of scikit-image and scikit-learn) decoded to 224x224, "
                          f"{args.rounds} alternating rounds, medians. Ray: a local cluster of 2 CPUs at its "
-                         f"defaults, mmstore.ray.write at its defaults ({parts['paths']} parts of 1,000 rows); "
+                         f"defaults, mmstore.ray.write at its defaults ({parts['paths']} parts: parts of up to "
+                         "1,000 rows, the rows left at the end split evenly); "
                          "starting Ray (ray.init, then a first job of each kind on 4 photos) took "
                          f"{ray_start + warm:.1f} s, "
                          "not counted. Ray's stores equal "
                          f"the ingest's (checksums and keys): rows of paths {'yes' if same['paths'] else 'NO'}, "
-                         f"bytes {'yes' if same['bytes'] else 'NO'}, tuned {'yes' if same['wide'] else 'NO'}. "
+                         f"bytes {'yes' if same['bytes'] else 'NO'}, Datasink {'yes' if same['sink'] else 'NO'}, "
+                         f"tuned {'yes' if same['wide'] else 'NO'}. "
                          "The tuned "
                          "variant asks Ray for 2 CPUs per write task (ray_remote_args={'num_cpus': 2}), which "
                          "then decodes on 2 threads."),

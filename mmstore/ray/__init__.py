@@ -21,6 +21,6 @@ This package imports Ray only when it is used; ``import mmstore`` never does.
 
 from __future__ import annotations
 
-from .sink import RayWriteResult, write
+from .sink import MmstoreDatasink, RayWriteResult, write
 
-__all__ = ["RayWriteResult", "write"]
+__all__ = ["MmstoreDatasink", "RayWriteResult", "write"]

@@ -1,13 +1,26 @@
-"""The Ray Data ``Datasink`` that writes one mmstore store, and :func:`write`.
+"""Writing a ``ray.data.Dataset`` as one mmstore store: :func:`write`, and
+the Ray Data ``Datasink`` :class:`MmstoreDatasink`.
 
-Order. The store's slots follow the dataset's row order: :func:`write` runs
-the write with ``preserve_order`` (Ray then hands the write tasks their
-blocks in order and numbers the tasks in that order), each task writes its
-rows in the order it got them, and the driver joins the parts by task index.
-So the store is the same whatever the number of blocks, tasks or retries,
-and it equals, record for record and checksum for checksum, ``mmstore
-ingest`` of the same inputs listed in the same order (for a folder: rows
-sorted as the folder scan sorts them, see ``mmstore.ingest.sources``).
+Tasks. :func:`write` streams the dataset's blocks out of Ray Data
+(``Dataset.iter_internal_ref_bundles``, so whatever reads or maps them runs
+in Ray Data as usual), cuts them into parts of ``part_rows`` rows
+(:mod:`mmstore.ray.plan`) and runs one Ray task per part, a bounded number
+in flight (the dataset then waits for the writer: back-pressure). Ray starts those tasks as soon as the cluster
+has the CPUs; the streaming executor that ``write_datasink`` runs holds a new
+job to one task per operator until it has learned the cluster's resources
+(about a second in Ray Data 2.60), which is most of a short job on a few
+CPUs. ``ds.write_datasink(MmstoreDatasink(...))`` writes the same store
+through Ray Data's own write operator, for a pipeline that ends in one.
+
+Order. The store's slots follow the dataset's row order: the blocks are
+taken with ``preserve_order`` (set by :func:`write`; for the ``Datasink``,
+set ``DataContext.execution_options.preserve_order`` yourself), the tasks
+are numbered in that order, each writes its rows in the order it got them,
+and the driver joins the parts by task number. So the store is the same
+whatever the number of blocks, tasks or retries, and it equals, record for
+record and checksum for checksum, ``mmstore ingest`` of the same inputs
+listed in the same order (for a folder: rows sorted as the folder scan sorts
+them, see ``mmstore.ingest.sources``).
 
 Exactly once. A task writes its rows as a complete part under
 ``parts/<task>-<attempt>`` (an attempt id is random, so two attempts of one
@@ -28,11 +41,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,9 +72,9 @@ from ..remote.index import parse_index
 from ..remote.url import is_url, parse_url
 from ..store.dest import PARTIAL_MARK, RAY_MARK, check_dest, is_own_partial, is_store
 from ..transfer.push import push
+from .plan import Part, PartPlan
 
 __all__ = ["MmstoreDatasink", "RayWriteResult", "write"]
-
 
 @dataclass
 class RayWriteResult:
@@ -124,65 +138,6 @@ def _remove_dead_staging(base: str) -> None:
         except OSError:
             pass  # alive (another user's process): not ours to remove
 
-
-class MmstoreDatasink(Datasink):
-    """A ``Datasink`` writing one part per task (see the module docstring);
-    :func:`write` is the way to use it (it sets the row order and commits)."""
-
-    def __init__(self, dest: str, spec: Any, *, image: str, label: str | None, key: str | None, path: str | None,
-                 root: str | None, label_names: Sequence[str] | None, fields: Any, on_error: str, backend: str,
-                 codecs: Any, staging: str | None, part_rows: int | None = None, threads: int = 1) -> None:
-        self.dest, self.spec = dest, spec
-        self.remote = is_url(dest)
-        self.columns = {"image": image, "label": label, "key": key, "path": path}
-        self.root, self.label_names, self.fields = root, label_names, fields
-        self.on_error, self.backend, self.codecs = on_error, backend, codecs
-        self.staging = staging
-        self.part_rows = part_rows
-        self.threads = threads
-        self.returns: list[dict[str, Any]] = []
-
-    def get_name(self) -> str:
-        return "mmstore"
-
-    @property
-    def min_rows_per_write(self) -> int | None:
-        return self.part_rows
-
-    # -- in a write task -----------------------------------------------------------
-    def write(self, blocks: Iterable[Any], ctx: Any) -> dict[str, Any]:
-        cols = _columns(blocks)
-        task = int(ctx.task_idx)
-        if not cols:
-            return {"task": task, "id": None, "rows": 0}
-        pid = f"{task:06d}-{uuid.uuid4().hex[:12]}"
-        c = self.columns
-        src = RowsSource(cols, image=c["image"] or "image", label=c["label"], key=c["key"], path=c["path"],
-                         root=self.root, label_names=self.label_names, fields=self.fields,
-                         description={"engine": f"ray {ray.__version__}", "task": task})
-        t0 = time.monotonic()
-        if self.remote:
-            base = self.staging or tempfile.gettempdir()
-            os.makedirs(base, exist_ok=True)
-            _remove_dead_staging(base)
-            work = tempfile.mkdtemp(prefix=f"{_STAGING_PREFIX}{os.getpid()}-", dir=base)
-            local = os.path.join(work, pid)
-        else:
-            work, local = None, os.path.join(self.dest + PARTIAL_SUFFIX, PARTS_DIR, pid)
-        try:
-            res = run_ingest(src, local, self.spec, workers=0, quiet=True, on_error=self.on_error,
-                             backend=self.backend, codecs=self.codecs, part=True, threads=self.threads)
-            if self.remote:
-                push(local, f"{self.dest.rstrip('/')}/{PARTS_DIR}/{pid}")
-        finally:
-            if work is not None:
-                shutil.rmtree(work, ignore_errors=True)
-        return {"task": task, "id": pid, "rows": len(cols[next(iter(cols))]), "records": res.records,
-                "seconds": round(time.monotonic() - t0, 3), "reasons": dict(res.reasons)}
-
-    # -- on the driver -------------------------------------------------------------
-    def on_write_complete(self, write_result: Any) -> None:
-        self.returns = [r for r in write_result.write_returns if isinstance(r, dict)]
 
 
 def _committed(returns: list[dict[str, Any]]) -> list[str]:
@@ -261,6 +216,216 @@ def _check_remote_dest(dest: str, overwrite: bool) -> None:
                                "another URL")
 
 
+class _Job:
+    """One write: the destination and the options, checked once on the driver.
+
+    A copy goes to every write task (:meth:`write_part`); the driver
+    prepares the destination (:meth:`begin`), and commits the parts of the
+    successful attempts (:meth:`commit`) or removes what the write left
+    (:meth:`abort`)."""
+
+    def __init__(self, dest: str | os.PathLike[str], size: Any, *, image: str, label: str | None, key: str | None,
+                 path: str | None, root: str | os.PathLike[str] | None, label_names: Sequence[str] | None,
+                 fields: Any, on_error: str, max_errors: str | int | None, overwrite: bool, backend: str,
+                 codecs: Any, staging: str | os.PathLike[str] | None, part_rows: int | None, threads: int | None,
+                 cpus: float, decode: Mapping[str, Any]) -> None:
+        dest = os.fspath(dest)
+        self.remote = is_url(dest)
+        self.dest = dest if self.remote else os.path.abspath(dest)
+        spec_kw, src_kw = split_options(dict(decode))
+        if src_kw:
+            raise TypeError(f"options {sorted(src_kw)} are for file sources; give columns instead")
+        self.spec = make_spec(size, **spec_kw)
+        self.codecs = parse_codec_specs(codecs)
+        self.limit = ErrorLimit(on_error, max_errors)  # a bad value fails here, before the job
+        if threads is None:  # as many decode threads as the CPUs a write task asks Ray for
+            threads = max(1, int(cpus))
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
+        if part_rows is not None and (isinstance(part_rows, bool) or not isinstance(part_rows, int)
+                                      or part_rows < 1):
+            raise ValueError(f"part_rows must be an integer >= 1 or None, got {part_rows!r}")
+        self.columns = {"image": image, "label": label, "key": key, "path": path}
+        self.root = os.fspath(root) if root is not None else None
+        self.label_names = list(label_names) if label_names is not None else None
+        self.fields, self.on_error, self.backend = fields, on_error, backend
+        self.overwrite = overwrite
+        self.staging = os.fspath(staging) if staging is not None else None
+        self.part_rows, self.threads = part_rows, threads
+
+    # -- in a write task -----------------------------------------------------------
+    def write_part(self, blocks: Iterable[Any], task: int) -> dict[str, Any]:
+        """Write the rows of ``blocks`` as one complete part; return what a
+        commit needs of it (its id, rows, records and bad inputs)."""
+        cols = _columns(blocks)
+        if not cols:
+            return {"task": task, "id": None, "rows": 0}
+        pid = f"{task:06d}-{uuid.uuid4().hex[:12]}"
+        c = self.columns
+        src = RowsSource(cols, image=c["image"] or "image", label=c["label"], key=c["key"], path=c["path"],
+                         root=self.root, label_names=self.label_names, fields=self.fields,
+                         description={"engine": f"ray {ray.__version__}", "task": task})
+        t0 = time.monotonic()
+        if self.remote:
+            base = self.staging or tempfile.gettempdir()
+            os.makedirs(base, exist_ok=True)
+            _remove_dead_staging(base)
+            work = tempfile.mkdtemp(prefix=f"{_STAGING_PREFIX}{os.getpid()}-", dir=base)
+            local = os.path.join(work, pid)
+        else:
+            work, local = None, os.path.join(self.dest + PARTIAL_SUFFIX, PARTS_DIR, pid)
+        try:
+            res = run_ingest(src, local, self.spec, workers=0, quiet=True, on_error=self.on_error,
+                             backend=self.backend, codecs=self.codecs, part=True, threads=self.threads)
+            if self.remote:
+                push(local, f"{self.dest.rstrip('/')}/{PARTS_DIR}/{pid}")
+        finally:
+            if work is not None:
+                shutil.rmtree(work, ignore_errors=True)
+        return {"task": task, "id": pid, "rows": len(cols[next(iter(cols))]), "records": res.records,
+                "columns": list(cols), "seconds": round(time.monotonic() - t0, 3), "reasons": dict(res.reasons)}
+
+    # -- on the driver -------------------------------------------------------------
+    def check_columns(self, columns: Sequence[str] | None) -> None:
+        image = self.columns["image"]
+        if columns is not None and image not in columns:
+            raise SourceError(f"the dataset has no column {image!r} (columns: {list(columns)}); pass image= "
+                              "the column that holds the images")
+
+    def begin(self) -> int | None:
+        """Check and prepare the destination; return the local writer lock's fd."""
+        if self.remote:
+            _check_remote_dest(self.dest, self.overwrite)
+            return None
+        os.makedirs(os.path.dirname(self.dest) or ".", exist_ok=True)
+        lock = acquire_lock(self.dest)
+        try:
+            _prepare_local(self.dest, self.overwrite)
+        except BaseException:
+            release_lock(self.dest, lock)
+            raise
+        return lock
+
+    def commit(self, returns: Sequence[Any], started: float) -> RayWriteResult:
+        """Join the parts of the successful attempts in ``returns`` (manifest last)."""
+        returns = [r for r in returns if isinstance(r, dict)]
+        ids = _committed(returns)
+        done = [r for r in returns if r["id"] is not None and r["id"] in ids]
+        holes: Counter = Counter()
+        for r in done:
+            holes.update(r.get("reasons") or {})
+        rows = sum(int(r["rows"]) for r in done)
+        if self.limit.exceeded(sum(holes.values()), rows):
+            raise IngestError(f"{self.dest}: {self.limit.message(sum(holes.values()), holes)}; nothing was published")
+        spec = self.spec
+        columns: list[str] = next((r["columns"] for r in done if "columns" in r), [])
+        provenance = {"engine": {"name": "ray", "version": ray.__version__, "tasks": len(ids)},
+                      "source": {"kind": "ray", "rows": rows, "columns": columns},
+                      "resize": spec.resize if spec is not None else None,
+                      "size": list(spec.size) if spec is not None else None,
+                      "tool": {"name": "mmstore", "version": __version__}}
+        if self.remote:
+            joined, removed = _commit_remote(self.dest, ids, provenance, self.label_names, self.overwrite,
+                                             self.staging)
+        else:
+            joined, removed = commit_parts(self.dest, ids, provenance=provenance, label_names=self.label_names)
+            if not is_store(self.dest):  # pragma: no cover - publish raises before this
+                raise DestinationError(f"{self.dest}: was not published")
+        return RayWriteResult(self.dest, joined["slots"], joined["records"], joined["slots"] - joined["records"],
+                              len(ids), joined["reasons"], time.monotonic() - started, removed)
+
+    def abort(self) -> None:
+        """Remove what a failed write left at a local destination (nothing in it can be resumed)."""
+        if not self.remote and os.path.isfile(os.path.join(self.dest + PARTIAL_SUFFIX, RAY_MARK)):
+            shutil.rmtree(self.dest + PARTIAL_SUFFIX, ignore_errors=True)
+
+    def end(self, lock: int | None) -> None:
+        if lock is not None:
+            release_lock(self.dest, lock)
+
+
+def _write_task(job: _Job, task: int, slices: Sequence[tuple[int, int] | None], *blocks: Any) -> dict[str, Any]:
+    """A write task of :func:`write`: the part of ``blocks`` (each cut to its slice)."""
+    cut = [b if s is None else BlockAccessor.for_block(b).slice(s[0], s[1], copy=False)
+           for b, s in zip(blocks, slices)]
+    return job.write_part(cut, task)
+
+
+def _entries(bundle: Any) -> Iterator[tuple[Any, int, tuple[int, int] | None]]:
+    """A bundle's blocks as (ref, the block's rows, the slice of it or None),
+    whichever shape its Ray version gives them (entries with ``ref`` and
+    ``metadata``, or pairs)."""
+    slices = getattr(bundle, "slices", None) or (None,) * len(bundle.blocks)
+    for entry, cut in zip(bundle.blocks, slices):
+        ref, meta = (entry.ref, entry.metadata) if hasattr(entry, "ref") else entry
+        rows = int(meta.num_rows or 0)
+        yield ref, max(rows, cut.end_offset if cut is not None else 0), (
+            None if cut is None else (cut.start_offset, cut.end_offset))
+
+
+def _slots(cpus: float, concurrency: int | None) -> int:
+    """The write tasks the cluster runs at once."""
+    slots = max(1, int(float(ray.cluster_resources().get("CPU", 1.0)) / max(cpus, 1e-9)))
+    return min(slots, concurrency) if concurrency else slots
+
+
+def _run_tasks(dataset: Any, job: _Job, args: dict[str, Any], slots: int, in_flight: int,
+               quiet: bool) -> list[dict[str, Any]]:
+    """The write tasks of :func:`write` over the dataset's blocks, in row order
+    (cut into parts by :class:`PartPlan`); their returns (one per task). A
+    task that fails after Ray's retries cancels the others and raises."""
+    remote_fn = ray.remote(_write_task).options(**args)
+    job_ref = ray.put(job)
+    running: dict[Any, int] = {}
+    returns: list[dict[str, Any]] = []
+    bar = None
+    if not quiet:
+        from tqdm import tqdm
+
+        bar = tqdm(desc="mmstore.ray.write", unit=" rows", file=sys.stderr, dynamic_ncols=True)
+
+    def collect(block: bool) -> None:
+        if not running:
+            return
+        done, _ = ray.wait(list(running), num_returns=1 if block else len(running), timeout=None if block else 0)
+        for ref in done:
+            running.pop(ref)
+            r = ray.get(ref)
+            returns.append(r)
+            if bar is not None:
+                bar.update(int(r["rows"]))
+
+    def submit(part: Part) -> None:
+        while len(running) >= in_flight:
+            collect(True)
+        task = len(returns) + len(running)
+        running[remote_fn.remote(job_ref, task, [p.cut for p in part], *[p.ref for p in part])] = task
+        collect(False)
+
+    opts = dataset.context.execution_options
+    before = opts.preserve_order
+    opts.preserve_order = True  # the row order (see the module docstring)
+    plan = PartPlan(job.part_rows, slots)
+    try:
+        for bundle in dataset.iter_internal_ref_bundles():
+            for ref, rows, cut in _entries(bundle):
+                for part in plan.add(ref, rows, cut):
+                    submit(part)
+        for part in plan.finish():
+            submit(part)
+        while running:
+            collect(True)
+    except BaseException:
+        for ref in running:
+            ray.cancel(ref, force=True)
+        raise
+    finally:
+        opts.preserve_order = before
+        if bar is not None:
+            bar.close()
+    return returns
+
+
 def write(
     dataset: Any,
     dest: str | os.PathLike[str],
@@ -319,24 +484,28 @@ def write(
         Replace a store at ``dest``.
     backend, codecs
         As in :func:`mmstore.ingest`.
-    concurrency, ray_remote_args
-        Passed to ``Dataset.write_datasink`` (the write tasks' concurrency
-        and their Ray options; the default retries a task up to 3 times,
-        whatever it raised).
+    concurrency
+        The most write tasks submitted at once (default: twice as many as the
+        cluster's CPUs run at once, so that the next ones wait queued); the
+        dataset's blocks wait for the writer past that.
+    ray_remote_args
+        The write tasks' Ray options (``num_cpus``, ``memory``, ``resources``,
+        ...); the default retries a task up to 3 times, whatever it raised.
     threads
         The decode threads of one write task (default: the CPUs it asks Ray
         for, ``ray_remote_args["num_cpus"]``, 1 unless given). Fewer, wider
-        tasks (``{"num_cpus": 4}``) decode as fast and write fewer parts.
+        tasks (``{"num_cpus": 4}``) write fewer parts.
     part_rows
-        The rows of one part: Ray bundles the blocks so that each write task
-        gets at least this many (a task's setup and commit cost then spread
-        over its rows, and a billion rows stay within a manifest's parts);
-        None: one part per block Ray hands the writer.
+        The rows of one part, one write task each (a task's setup and commit
+        cost then spread over its rows, and a billion rows stay within a
+        manifest's parts); the rows left at the end of the dataset are split
+        evenly into smaller parts, so that the last tasks end together (see
+        :mod:`mmstore.ray.plan`). None: one part per block.
     staging
         Where a task writes its part before uploading it (URL destinations;
         default: the temporary directory of the node).
     quiet
-        No summary on stderr.
+        No progress bar and no summary on stderr.
 
     Returns
     -------
@@ -344,77 +513,90 @@ def write(
         Its ``summary()`` reads like ``mmstore ingest``'s.
     """
     t0 = time.monotonic()
-    dest = os.fspath(dest)
-    remote = is_url(dest)
-    if not remote:
-        dest = os.path.abspath(dest)
-    spec_kw, src_kw = split_options(decode)
-    if src_kw:
-        raise TypeError(f"options {sorted(src_kw)} are for file sources; give columns instead")
-    spec = make_spec(size, **spec_kw)
-    codec_map = parse_codec_specs(codecs)
-    limit = ErrorLimit(on_error, max_errors)  # a bad value fails here, before the job
-    if image not in dataset.columns():
-        raise SourceError(f"the dataset has no column {image!r} (columns: {dataset.columns()}); pass image= the "
-                          "column that holds the images")
-    staging_dir = os.fspath(staging) if staging is not None else None
     args = {"max_retries": 3, "retry_exceptions": True, **dict(ray_remote_args or {})}
-    if threads is None:  # as many decode threads as the CPUs a write task asks Ray for
-        threads = max(1, int(float(args.get("num_cpus", 1))))
-    if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-        raise ValueError(f"threads must be an integer >= 1, got {threads!r}")
-    sink = MmstoreDatasink(dest, spec, image=image, label=label, key=key, path=path,
-                           root=os.fspath(root) if root is not None else None, label_names=label_names,
-                           fields=fields, on_error=on_error, backend=backend, codecs=codec_map, staging=staging_dir,
-                           part_rows=part_rows, threads=threads)
-    lock = None
-    if remote:
-        _check_remote_dest(dest, overwrite)
-    else:
-        os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
-        lock = acquire_lock(dest)
+    cpus = float(args.get("num_cpus", 1))
+    job = _Job(dest, size, image=image, label=label, key=key, path=path, root=root, label_names=label_names,
+               fields=fields, on_error=on_error, max_errors=max_errors, overwrite=overwrite, backend=backend,
+               codecs=codecs, staging=staging, part_rows=part_rows, threads=threads, cpus=cpus, decode=decode)
+    job.check_columns(dataset.columns())
+    if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
+                                    or concurrency < 1):
+        raise ValueError(f"concurrency must be an integer >= 1, got {concurrency!r}")
+    lock = job.begin()
     try:
-        if not remote:
-            _prepare_local(dest, overwrite)
-        opts = dataset.context.execution_options
-        before = opts.preserve_order
-        opts.preserve_order = True  # the row order (see the module docstring)
-        try:
-            dataset.write_datasink(sink, ray_remote_args=args, concurrency=concurrency)
-        finally:
-            opts.preserve_order = before
-        ids = _committed(sink.returns)
-        returned = [r for r in sink.returns if r["id"] is not None]
-        holes: Counter = Counter()
-        for r in returned:
-            if r["id"] in ids:
-                holes.update(r.get("reasons") or {})
-        rows = sum(int(r["rows"]) for r in returned if r["id"] in ids)
-        if limit.exceeded(sum(holes.values()), rows):
-            raise IngestError(f"{dest}: {limit.message(sum(holes.values()), holes)}; nothing was published")
-        provenance = {"engine": {"name": "ray", "version": ray.__version__, "tasks": len(ids)},
-                      "source": {"kind": "ray", "rows": rows, "columns": list(dataset.columns())},
-                      "resize": spec.resize if spec is not None else None,
-                      "size": list(spec.size) if spec is not None else None,
-                      "tool": {"name": "mmstore", "version": __version__}}
-        if remote:
-            joined, removed = _commit_remote(dest, ids, provenance, label_names, overwrite, staging_dir)
-        else:
-            joined, removed = commit_parts(dest, ids, provenance=provenance,
-                                               label_names=list(label_names) if label_names is not None else None)
+        slots = _slots(cpus, concurrency)
+        returns = _run_tasks(dataset, job, args, slots, concurrency or 2 * slots, quiet)
+        result = job.commit(returns, t0)
     except BaseException:
-        if not remote and os.path.isfile(os.path.join(dest + PARTIAL_SUFFIX, RAY_MARK)):
-            shutil.rmtree(dest + PARTIAL_SUFFIX, ignore_errors=True)  # nothing in it can be resumed
+        job.abort()
         raise
     finally:
-        if lock is not None:
-            release_lock(dest, lock)
-    if not remote and not is_store(dest):  # pragma: no cover - publish raises before this
-        raise DestinationError(f"{dest}: was not published")
-    result = RayWriteResult(dest, joined["slots"], joined["records"], joined["slots"] - joined["records"], len(ids),
-                            joined["reasons"], time.monotonic() - t0, removed)
+        job.end(lock)
     if not quiet:
-        import sys
-
         print(result.summary(), file=sys.stderr)
     return result
+
+
+class MmstoreDatasink(Datasink):
+    """The store writer as a Ray Data ``Datasink``, for a pipeline that ends
+    in ``ds.write_datasink(MmstoreDatasink(dest, size, ...))``.
+
+    It takes the options of :func:`write` (but ``concurrency``,
+    ``ray_remote_args`` and ``quiet``, which go to ``write_datasink`` and
+    Ray's own progress), prepares the destination when the write starts,
+    writes a part per write task, and commits when the write completes
+    (``result`` then holds the :class:`RayWriteResult`); a failed write
+    leaves no store and nothing the next write does not remove. For the
+    store to follow the dataset's row order, set
+    ``DataContext.get_current().execution_options.preserve_order = True``
+    first (:func:`write` does). Pass ``threads=`` the ``num_cpus`` given to
+    ``write_datasink``'s ``ray_remote_args``."""
+
+    def __init__(self, dest: str | os.PathLike[str], size: Any = None, *, image: str = "image",
+                 label: str | None = "label", key: str | None = "key", path: str | None = "path",
+                 root: str | os.PathLike[str] | None = None, label_names: Sequence[str] | None = None,
+                 fields: Any = None, on_error: str = "skip", max_errors: str | int | None = None,
+                 overwrite: bool = False, backend: str = "memmap", codecs: Any = None,
+                 staging: str | os.PathLike[str] | None = None, part_rows: int | None = 1000,
+                 threads: int | None = None, **decode: Any) -> None:
+        self.job = _Job(dest, size, image=image, label=label, key=key, path=path, root=root,
+                        label_names=label_names, fields=fields, on_error=on_error, max_errors=max_errors,
+                        overwrite=overwrite, backend=backend, codecs=codecs, staging=staging, part_rows=part_rows,
+                        threads=threads, cpus=1.0, decode=decode)
+        self.result: RayWriteResult | None = None
+        self._lock: int | None = None
+        self._started = 0.0
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"job": self.job, "result": None, "_lock": None, "_started": 0.0}  # what a write task needs
+
+    def get_name(self) -> str:
+        return "mmstore"
+
+    @property
+    def min_rows_per_write(self) -> int | None:
+        return self.job.part_rows
+
+    def on_write_start(self, schema: Any = None) -> None:
+        self._started = time.monotonic()
+        if schema is not None and hasattr(schema, "names"):
+            self.job.check_columns(list(schema.names))
+        self._lock = self.job.begin()
+
+    def write(self, blocks: Iterable[Any], ctx: Any) -> dict[str, Any]:
+        return self.job.write_part(blocks, int(ctx.task_idx))
+
+    def on_write_complete(self, write_result: Any) -> None:
+        try:
+            self.result = self.job.commit(list(write_result.write_returns), self._started)
+        except BaseException:
+            self.job.abort()
+            raise
+        finally:
+            self.job.end(self._lock)
+            self._lock = None
+
+    def on_write_failed(self, error: Exception) -> None:
+        self.job.abort()
+        self.job.end(self._lock)
+        self._lock = None

@@ -108,6 +108,94 @@ def test_threads_must_be_a_positive_integer(ray_cluster, tmp_path):
     assert not os.path.exists(tmp_path / "s.store") and not os.path.exists(tmp_path / "s.store.partial")
 
 
+def test_options_are_checked_before_the_job(ray_cluster, tmp_path):
+    import mmstore.ray
+
+    ds = ray_cluster.data.from_items([{"image": b"x"}])
+    out = str(tmp_path / "s.store")
+    for kw, msg in [({"part_rows": 0}, "part_rows must be"), ({"part_rows": 2.5}, "part_rows must be"),
+                    ({"concurrency": 0}, "concurrency must be")]:
+        with pytest.raises(ValueError, match=msg):
+            mmstore.ray.write(ds, out, SIZE, quiet=True, **kw)
+    assert not os.path.exists(out) and not os.path.exists(out + ".partial")
+
+
+def test_one_task_in_flight_after_a_limit(ray_cluster, tmp_path):
+    """A limit cuts the dataset inside a block and one task at a time runs
+    (``concurrency=1``): the store holds the first rows, in order, once each."""
+    import mmstore.ray
+
+    items = [{"image": np.full((4, 4), i % 256, np.uint8), "label": i} for i in range(300)]
+    out = str(tmp_path / "l.store")
+    ds = ray_cluster.data.from_items(items, override_num_blocks=4).limit(130)
+    res = mmstore.ray.write(ds, out, quiet=True, part_rows=50, concurrency=1)
+    with mmstore.open(out) as s:
+        assert [int(s[i]["label"]) for i in range(len(s))] == list(range(130))
+        assert all(int(s[i]["image"][0, 0]) == i for i in range(130))
+    assert res.parts == len(mmstore.open(out).segments) and verify_store(out).ok
+
+
+def test_a_sliced_bundle_writes_its_slice(ray_cluster, tmp_path):
+    """Ray may hand over a bundle that holds part of a block (its own ``RefBundle.slice``, as
+    its bundler makes): the write task writes exactly the rows of the slice."""
+    from mmstore.ray import sink
+
+    items = [{"image": np.full((4, 4), i, np.uint8), "label": i} for i in range(40)]
+    bundle = next(iter(ray_cluster.data.from_items(items, override_num_blocks=1).iter_internal_ref_bundles()))
+    _, rest = bundle.slice(15)
+    (ref, rows, cut), = list(sink._entries(rest))
+    assert (rows, cut) == (40, (15, 40))
+    job = sink._Job(str(tmp_path / "s.store"), None, image="image", label="label", key="key", path="path",
+                    root=None, label_names=None, fields=None, on_error="skip", max_errors=None, overwrite=False,
+                    backend="memmap", codecs=None, staging=None, part_rows=None, threads=None, cpus=1, decode={})
+    lock = job.begin()
+    try:
+        r = ray_cluster.get(ray_cluster.remote(sink._write_task).remote(job, 0, [cut], ref))
+        job.commit([r], 0.0)
+    finally:
+        job.end(lock)
+    with mmstore.open(str(tmp_path / "s.store")) as s:
+        assert [int(s[i]["label"]) for i in range(len(s))] == list(range(15, 40))
+
+
+def test_datasink_in_a_pipeline_equals_ingest(ray_cluster, tmp_path):
+    """``write_datasink(MmstoreDatasink(...))`` with ``preserve_order``: Ray Data's own write
+    operator, the same store as the ingest's; the result is on the sink."""
+    from mmstore.ray import MmstoreDatasink
+
+    root = make_source(str(tmp_path / "src"), n_per_class=6)
+    ref = str(tmp_path / "ref.store")
+    _ingest(root, ref)
+    out = str(tmp_path / "sink.store")
+    ctx = ray_cluster.data.DataContext.get_current()
+    before = ctx.execution_options.preserve_order
+    ctx.execution_options.preserve_order = True
+    try:
+        sink = MmstoreDatasink(out, SIZE, image="bytes", root=root, label_names=CLASSES, part_rows=None)
+        _labelled(ray_cluster, root, 3).write_datasink(sink)
+    finally:
+        ctx.execution_options.preserve_order = before
+    assert_reads_same(out, ref)
+    assert sink.result is not None and (sink.result.records, sink.result.skipped) == (12, 2)
+    _no_leftovers(out)
+
+
+def test_datasink_failed_write_leaves_nothing(ray_cluster, tmp_path):
+    """A write that fails (every task meets a bad input under ``on_error="fail"``): no store,
+    no partial, no lock, and the next write to the destination works."""
+    from mmstore.ray import MmstoreDatasink
+
+    bad = [{"image": b"not an image", "label": 0, "key": "b0"}]
+    out = str(tmp_path / "f.store")
+    with pytest.raises(Exception, match="b0|not an image|decode"):
+        ray_cluster.data.from_items(bad).write_datasink(
+            MmstoreDatasink(out, SIZE, on_error="fail"), ray_remote_args={"max_retries": 0})
+    assert not os.path.exists(out) and not os.path.exists(out + ".partial") and not os.path.exists(out + ".lock")
+    good = [{"image": np.full((4, 4), 7, np.uint8), "label": 1}]
+    ray_cluster.data.from_items(good).write_datasink(MmstoreDatasink(out))
+    assert len(mmstore.open(out)) == 1
+
+
 def test_read_images_equals_ingest(ray_cluster, tmp_path):
     """Decoded pixels (``read_images``: PNGs, which every decoder decodes to the same pixels)
     are fitted as ingest fits the decoded file."""
@@ -163,15 +251,16 @@ def test_loader_epoch_every_record_once(ray_cluster, tmp_path):
     assert sorted(labels) == list(range(300))
 
 
-def test_part_rows_bundles_blocks(ray_cluster, tmp_path):
-    """Each write task gets at least ``part_rows`` rows (Ray bundles the blocks), in order."""
+def test_part_rows_cuts_parts(ray_cluster, tmp_path):
+    """Parts of ``part_rows`` rows cut across blocks, in order; the rows left at the end split
+    evenly (300 rows, parts of 100, 2 CPUs: a part of 100, then 200 rows in 3 parts)."""
     items = [{"image": np.full((4, 4), i % 256, np.uint8), "label": i} for i in range(300)]
     import mmstore.ray
 
     out = str(tmp_path / "b.store")
-    mmstore.ray.write(ray_cluster.data.from_items(items, override_num_blocks=6), out, quiet=True, part_rows=100)
+    mmstore.ray.write(ray_cluster.data.from_items(items, override_num_blocks=7), out, quiet=True, part_rows=100)
     with mmstore.open(out) as s:
-        assert s.segments == [100, 100, 100] and [int(s[i]["label"]) for i in range(300)] == list(range(300))
+        assert s.segments == [100, 67, 67, 66] and [int(s[i]["label"]) for i in range(300)] == list(range(300))
 
 
 def test_bad_inputs_all_failed_and_max_errors(ray_cluster, tmp_path):
