@@ -161,10 +161,12 @@ def main() -> int:
                     for k, c in enumerate(classes) for f in sorted(os.listdir(os.path.join(folder, c)))]
             sink = mmstore.ray.MmstoreDatasink(os.path.join(work, "sink.store"), (224, 224), image="path",
                                                root=folder, label_names=classes, overwrite=True)
-            ctx = ray.data.DataContext.get_current()
-            ctx.execution_options.preserve_order = True
-            ray.data.from_items(rows).write_datasink(sink)
-            ctx.execution_options.preserve_order = False
+            opts = ray.data.DataContext.get_current().execution_options
+            before, opts.preserve_order = opts.preserve_order, True  # the row order
+            try:
+                ray.data.from_items(rows).write_datasink(sink)
+            finally:
+                opts.preserve_order = before
             assert sink.result is not None
             parts["sink"] = sink.result.parts
             return time.monotonic() - t0

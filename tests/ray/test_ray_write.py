@@ -158,6 +158,27 @@ def test_a_sliced_bundle_writes_its_slice(ray_cluster, tmp_path):
         assert [int(s[i]["label"]) for i in range(len(s))] == list(range(15, 40))
 
 
+def test_a_task_failing_after_its_retries_fails_the_write(ray_cluster, tmp_path):
+    """``on_error="fail"`` and no retries: the bad input's task fails, the others are
+    cancelled, and no store, partial or lock is left; the next write works."""
+    import cv2
+
+    import mmstore.ray
+
+    items = [{"image": cv2.imencode(".png", np.full((8, 8), i, np.uint8))[1].tobytes(), "label": i}
+             for i in range(200)]
+    items[150] = {"image": b"not an image", "label": 0}
+    out = str(tmp_path / "f.store")
+    ds = ray_cluster.data.from_items(items, override_num_blocks=4)
+    with pytest.raises(Exception, match="not an image|decode|image"):
+        mmstore.ray.write(ds, out, SIZE, on_error="fail", part_rows=50, quiet=True,
+                          ray_remote_args={"max_retries": 0, "retry_exceptions": False})
+    assert not os.path.exists(out) and not os.path.exists(out + ".partial") and not os.path.exists(out + ".lock")
+    mmstore.ray.write(ds, out, SIZE, part_rows=50, quiet=True)
+    with mmstore.open(out) as s:
+        assert (s.slots, len(s)) == (200, 199) and [e["slot"] for e in s.skipped()] == [150]
+
+
 def test_datasink_in_a_pipeline_equals_ingest(ray_cluster, tmp_path):
     """``write_datasink(MmstoreDatasink(...))`` with ``preserve_order``: Ray Data's own write
     operator, the same store as the ingest's; the result is on the sink."""
