@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Benchmark of stores in object storage: push, pull and training epochs from a URL, against
-the network's own limit, a local store and litdata, over loopback with and without shaping.
+the network's own limit, a local store, litdata and Mosaic Streaming, over loopback with and
+without shaping.
 
 Usage (as root: the shaping uses ``tc``)::
 
@@ -31,22 +32,30 @@ to a baseline measured in the same run, in the same condition:
 3. against litdata (its ``optimize`` of the same images, uploaded to the same server, read
    with ``StreamingDataset(shuffle=True)`` + ``StreamingDataLoader(batch_size=256)`` as a user
    gets it): records/s of mmstore's first epoch over litdata's (>= 1.5x), second (>= 2x);
+   and the same against Mosaic Streaming (its ``MDSWriter`` over the same images, uploaded
+   there too, read with ``StreamingDataset(remote=..., local=..., shuffle=True, batch_size=256)``
+   in a torch ``DataLoader(batch_size=256)`` at its defaults; each epoch checked to yield every
+   record once). Mosaic pins an older numpy, so it runs in an interpreter of its own
+   (``--mosaic-python``, e.g. a venv with ``pip install mosaicml-streaming``), in child processes;
 4. ``cache_limit`` a quarter of the store: each of two epochs' MB/s over the network limit
    (>= 0.7), and the peak disk use of the cache directory (the files' ``st_blocks``, sampled
    every 2 ms) against the limit plus one window; with the defaults and with a window sized
-   to a quarter of the limit;
-5. ``mmstore.transfer.push`` and ``pull`` (defaults) MB/s over the network limit (>= 0.8).
+   to a quarter of the limit (skipped where the default picks that window already);
+5. ``mmstore.transfer.push`` and ``pull`` (defaults) MB/s over the network limit (>= 0.8);
+   beside the push, the same push with each large file sent by obstore's own multipart
+   upload (not resumable by part): what sending the parts through boto3 costs or gains.
 
 Rates are bytes of record data (the store's stored record bytes) per second of wall time.
 Before each timed step the page cache is synced and as much memory as the step will fill is
 touched and freed (see NOTE [fresh memory on a VM]; ``--no-prefault`` skips it). Steps that
-vary from run to run are run twice and the better run kept: push, pull, mmstore's and
-litdata's first epochs (each from an empty cache).
+vary from run to run are run twice and the better run kept: push, pull, mmstore's, litdata's
+and Mosaic's first epochs (each from an empty cache).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import os
 import platform
@@ -71,6 +80,7 @@ sys.path.insert(0, os.path.join(ROOT, "tests"))
 H = W = 128
 BATCH = 256
 BUCKET = "bench"
+PEER_WORKERS = 0  # DataLoader workers of the peers (litdata, Mosaic): the same for both
 _LITDATA_HTTP = "MMSTORE_BENCH_LITDATA_HTTP"
 
 
@@ -626,7 +636,8 @@ def upload_dir(url: str, src: str) -> None:
             obstore.put(client, name, f.read())
 
 
-def litdata_epochs(url: str, cache_dir: str, env: dict[str, str], epochs: int, num_workers: int = 0) -> dict[str, Any]:
+def litdata_epochs(url: str, cache_dir: str, env: dict[str, str], epochs: int,
+                   num_workers: int = PEER_WORKERS) -> dict[str, Any]:
     from litdata import StreamingDataLoader, StreamingDataset
 
     t0 = time.perf_counter()
@@ -637,7 +648,195 @@ def litdata_epochs(url: str, cache_dir: str, env: dict[str, str], epochs: int, n
 
 
 # ------------------------------------------------------------------------------
+# Mosaic Streaming
+#
+# Mosaic's package pins numpy below the one this project uses, so its side runs in an interpreter
+# of its own (``--mosaic-python``): a child process of this same file (``--mosaic-child``) that
+# takes a task as a JSON file and writes its result as another. Only Mosaic's own code runs
+# there; uploads and every figure stay in this process.
+
+_MOSAIC_PYTHON = "MMSTORE_BENCH_MOSAIC_PYTHON"
+MOSAIC_COLUMNS = {"image": f"ndarray:uint8:{H},{W},3", "label": "int64"}
+MOSAIC_ADAPTATION = ("no change to Mosaic's code: its boto3 client gets the loopback endpoint from S3_ENDPOINT_URL "
+                     "(Mosaic's variable) and the keys from the AWS_* variables litdata gets, with "
+                     "AWS_DEFAULT_REGION (boto3's name) set to AWS_REGION. Mosaic pins numpy<2.2, so it runs in an "
+                     "interpreter of its own (a child process per step, timed inside it from the dataset's "
+                     "construction)")
+
+
+def mosaic_python(arg: str | None) -> str:
+    """The interpreter with Mosaic installed: ``--mosaic-python``, else ``$MMSTORE_BENCH_MOSAIC_PYTHON``,
+    else this one."""
+    return arg or os.environ.get(_MOSAIC_PYTHON) or sys.executable
+
+
+def mosaic_env(env: dict[str, str]) -> dict[str, str]:
+    """The environment of a Mosaic child: this process's, the server's AWS_* variables, and
+    the two that Mosaic's boto3 client needs besides: ``S3_ENDPOINT_URL`` (where Mosaic takes the
+    endpoint from) and ``AWS_DEFAULT_REGION`` (boto3's name for the region)."""
+    return {**os.environ, **env, "S3_ENDPOINT_URL": env["AWS_ENDPOINT_URL"], "AWS_DEFAULT_REGION": env["AWS_REGION"]}
+
+
+def mosaic_run(python: str, task: dict[str, Any], env: dict[str, str], timeout: float = 1800) -> dict[str, Any]:
+    """Run one Mosaic ``task`` in a child process of ``python``; its result, or RuntimeError with
+    the child's last error line."""
+    fd, path = tempfile.mkstemp(prefix="mosaic-task-", suffix=".json")
+    os.close(fd)
+    try:
+        with open(path, "w") as fh:
+            json.dump({**task, "result": path + ".out"}, fh)
+        p = subprocess.run([python, os.path.abspath(__file__), "--mosaic-child", path], env=env,
+                           capture_output=True, text=True, timeout=timeout)
+        if p.returncode != 0:
+            lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+            raise RuntimeError(f"Mosaic's process: {lines[-1] if lines else f'exit status {p.returncode}'}")
+        with open(path + ".out") as fh:
+            out: dict[str, Any] = json.load(fh)
+        return out
+    finally:
+        for f in (path, path + ".out"):
+            if os.path.exists(f):
+                os.remove(f)
+
+
+def mosaic_child_main(task_path: str) -> None:
+    """The child's process: run the task in ``task_path`` and write its result where it says."""
+    with open(task_path) as fh:
+        task = json.load(fh)
+    if task["kind"] == "version":
+        out: dict[str, Any] = mosaic_versions()
+    elif task["kind"] == "write":
+        out = mosaic_write(task["out_dir"], task["records"])
+    else:
+        out = mosaic_epochs(task["remote"], task["local"], task["records"], task["epochs"], task["num_workers"],
+                            task["prefault"])
+    with open(task["result"], "w") as fh:
+        json.dump(out, fh)
+
+
+def mosaic_versions() -> dict[str, str]:
+    """Mosaic's version, and those of the numpy and torch beside it (its interpreter's own)."""
+    import streaming
+    import torch
+
+    return {"version": streaming.__version__, "numpy": np.__version__, "torch": torch.__version__}
+
+
+def mosaic_write(out_dir: str, n: int) -> dict[str, Any]:
+    """The bench's images written with Mosaic's ``MDSWriter``: the image as a fixed-shape uint8
+    ndarray column (raw bytes, as litdata stores it) and the label as int64, at the writer's
+    defaults otherwise (64 MiB shards, litdata's chunk size; no compression)."""
+    from streaming import MDSWriter
+
+    images = Images(n)
+    t0 = time.perf_counter()
+    with MDSWriter(out=out_dir, columns=MOSAIC_COLUMNS) as writer:
+        for i in range(n):
+            writer.write(images[i])
+    files = sorted(os.listdir(out_dir))
+    return {"seconds": round(time.perf_counter() - t0, 2), "files": len(files), "columns": MOSAIC_COLUMNS,
+            "bytes": sum(os.path.getsize(os.path.join(out_dir, f)) for f in files)}
+
+
+def check_every_sample_once(labels: np.ndarray, n: int, epoch: int) -> None:
+    """Raise unless an epoch's labels (each record's index) are ``0 .. n-1``, each exactly once."""
+    distinct = np.unique(labels)
+    if len(labels) != n or len(distinct) != n or distinct[0] != 0 or distinct[-1] != n - 1:
+        span = f" in {distinct[0]}..{distinct[-1]}" if len(distinct) else ""
+        raise RuntimeError(f"Mosaic epoch {epoch + 1} yielded {len(labels)} records, {len(distinct)} distinct "
+                           f"labels{span}, of {n} records (expected 0..{n - 1}, each exactly once)")
+
+
+def mosaic_epochs(remote: str, local: str, n: int, epochs: int, num_workers: int, prefault: int) -> dict[str, Any]:
+    """``epochs`` epochs of Mosaic's ``StreamingDataset(shuffle=True, batch_size=256)`` in a torch
+    DataLoader, as its docs show a user, at its defaults (shuffle algorithm, cache, downloads); the
+    first timed from the dataset's construction over an empty ``local``. Each epoch is checked to
+    yield every record exactly once."""
+    from streaming import StreamingDataset
+    from torch.utils.data import DataLoader
+
+    _PREFAULT["bytes"] = prefault
+    settle()
+    t0 = time.perf_counter()
+    ds = StreamingDataset(remote=remote, local=local, shuffle=True, batch_size=BATCH)
+    dl = DataLoader(ds, batch_size=BATCH, num_workers=num_workers)
+    runs = []
+    for e in range(epochs):
+        start = t0 if e == 0 else time.perf_counter()
+        labels = [np.asarray(batch["label"]) for batch in dl]
+        secs = time.perf_counter() - start
+        got = np.concatenate(labels) if labels else np.zeros(0, dtype=np.int64)
+        check_every_sample_once(got, n, e)
+        runs.append({"records": int(len(got)), "seconds": round(secs, 3)})
+    return {"num_workers": num_workers, "shuffle_algo": ds.shuffle_algo, "predownload": ds.predownload,
+            "epochs": runs}
+
+
+def mosaic_prepare(work: str, records: int, python: str, env: dict[str, str]) -> tuple[dict[str, Any], str]:
+    """Write the images with Mosaic's writer (once per work directory) and upload the shards to
+    the bucket; the peer's record and the URL of its dataset."""
+    url = f"s3://{BUCKET}/mosaic"
+    out_dir = os.path.join(work, "mosaic")
+    found = mosaic_run(python, {"kind": "version"}, mosaic_env(env), 300)
+    peer: dict[str, Any] = {"python": python, "version": found.pop("version"), "beside": found}
+    if not os.path.exists(os.path.join(out_dir, "index.json")):
+        shutil.rmtree(out_dir, ignore_errors=True)
+        log("Mosaic MDSWriter")
+        peer["write"] = mosaic_run(python, {"kind": "write", "out_dir": out_dir, "records": records}, mosaic_env(env))
+        log(f"Mosaic MDSWriter {peer['write']}")
+    upload_dir(url, out_dir)
+    peer["adaptation"] = MOSAIC_ADAPTATION
+    return peer, url
+
+
+def best_of_cold_runs(first: dict[str, Any], again: dict[str, Any], record_bytes: int) -> dict[str, Any]:
+    """A peer's two cold starts of two epochs each as one: each epoch the faster of its two runs
+    (both runs kept beside it), with records/s and MB/s."""
+    cold = [rate(first["epochs"][0], record_bytes), rate(again["epochs"][0], record_bytes)]
+    warm = [rate(first["epochs"][1], record_bytes), rate(again["epochs"][1], record_bytes)]
+    return {**first, "cold_runs": cold, "warm_runs": warm,
+            "epochs": [min(cold, key=lambda e: e["seconds"]), min(warm, key=lambda e: e["seconds"])]}
+
+
+def mosaic_condition(name: str, ctx: dict[str, Any]) -> dict[str, Any]:
+    """Mosaic's epochs 1 and 2 in one condition, two cold starts, each in a child of its own and
+    over an empty cache, the better of each epoch kept (as litdata's)."""
+    work = ctx["work"]
+    runs = []
+    try:
+        for k in ("", "-2"):
+            task = {"kind": "epochs", "remote": ctx["mosaic_url"], "local": os.path.join(work, f"mdscache-{name}{k}"),
+                    "records": ctx["records"], "epochs": 2, "num_workers": PEER_WORKERS, "prefault": _PREFAULT["bytes"]}
+            runs.append(mosaic_run(ctx["mosaic_python"], task, mosaic_env(ctx["env"])))
+        return best_of_cold_runs(runs[0], runs[1], ctx["record_bytes"])
+    except Exception as exc:  # noqa: BLE001 - the peer's failure is a result, reported as such
+        return {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"}
+    finally:
+        for k in ("", "-2"):
+            shutil.rmtree(os.path.join(work, f"mdscache-{name}{k}"), ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------
 # one condition
+
+
+def push_rate(report: dict[str, Any]) -> dict[str, Any]:
+    """Bytes, seconds and MB/s of one push's report."""
+    return {"bytes": report["uploaded_bytes"], "seconds": report["seconds"],
+            "MBps": round(report["uploaded_bytes"] / report["seconds"] / 1e6, 1)}
+
+
+@contextmanager
+def whole_file_uploads() -> Iterator[None]:
+    """Pushes that send each large file with obstore's own multipart upload (one call a file,
+    not resumable by part), the way a push without boto3 does: the default's paired baseline."""
+    mod = importlib.import_module("mmstore.transfer.push")
+    saved = mod.multipart_available
+    mod.multipart_available = lambda: False
+    try:
+        yield
+    finally:
+        mod.multipart_available = saved
 
 
 def ratio(a: float, b: float) -> float | None:
@@ -657,19 +856,28 @@ def condition(name: str, ctx: dict[str, Any], args: argparse.Namespace) -> dict[
     data_bytes = rb * n
 
     log(f"[{name}] push")  # always: every other figure reads the pushed store
-    pushes = []
-    for target in (url, url.replace("train.store", "train-2.store")):
-        settle()
-        r = mmstore.transfer.push(src, target)
-        pushes.append({"bytes": r["uploaded_bytes"], "seconds": r["seconds"],
-                       "MBps": round(r["uploaded_bytes"] / r["seconds"] / 1e6, 1)})
+    pushes, whole = [], []
+    for i, target in enumerate((url, url.replace("train.store", "train-2.store"))):
+        sides = ["default"]
+        if only is None or "push" in only:  # beside it: the large files through obstore's own multipart
+            sides = ["default", "whole"] if i == 0 else ["whole", "default"]  # each first once
+        for side in sides:
+            settle()
+            if side == "default":
+                pushes.append(push_rate(mmstore.transfer.push(src, target)))
+                continue
+            with whole_file_uploads():
+                whole.append(push_rate(mmstore.transfer.push(src, url.replace("train.store", f"train-w{i}.store"))))
     res["push"] = {**max(pushes, key=lambda x: x["MBps"]), "runs": pushes}
     log(f"[{name}] push {res['push']}")
+    if whole:
+        res["push_whole_file"] = {**max(whole, key=lambda x: x["MBps"]), "runs": whole}
+        log(f"[{name}] push, whole-file uploads {res['push_whole_file']}")
     res["round_trip_ms"] = round_trip_ms(url)
     objects = data_objects(url)
     res["data_objects"] = objects
 
-    if only is None or {"netlimit", "epochs", "cachelimit", "push", "pull", "litdata"} & only:
+    if only is None or {"netlimit", "epochs", "cachelimit", "push", "pull", "litdata", "mosaic"} & only:
         runs = []
         for threads in (8, 16, 32):
             settle()  # no writeback of earlier steps under any timed step, memory touched
@@ -721,16 +929,10 @@ def condition(name: str, ctx: dict[str, Any], args: argparse.Namespace) -> dict[
         try:
             # two cold starts (its first epoch varies from run to run; the better one is kept)
             settle()
-            ld = litdata_epochs(ctx["litdata_url"], os.path.join(work, f"ldcache-{name}"), env, 2)
+            ld = litdata_epochs(ctx["litdata_url"], os.path.join(work, f"ldcache-{name}"), env, 2, PEER_WORKERS)
             settle()
-            again = litdata_epochs(ctx["litdata_url"], os.path.join(work, f"ldcache-{name}-2"), env, 2)
-            ld["cold_runs"] = [ld["epochs"][0], again["epochs"][0]]
-            ld["warm_runs"] = [ld["epochs"][1], again["epochs"][1]]
-            ld["epochs"][0] = min(ld["cold_runs"], key=lambda e: e["seconds"])
-            ld["epochs"][1] = min(ld["warm_runs"], key=lambda e: e["seconds"])
-            for e in ld["epochs"]:
-                e["records_per_s"] = round(e["records"] / e["seconds"])
-                e["MBps"] = round(e["records"] * rb / e["seconds"] / 1e6, 1)
+            again = litdata_epochs(ctx["litdata_url"], os.path.join(work, f"ldcache-{name}-2"), env, 2, PEER_WORKERS)
+            ld = best_of_cold_runs(ld, again, rb)
             res["litdata"] = ld
             log(f"[{name}] litdata {ld['epochs']} (cold runs {ld['cold_runs']})")
         except Exception as exc:  # noqa: BLE001 - the peer's failure is a result, reported as such
@@ -745,6 +947,22 @@ def condition(name: str, ctx: dict[str, Any], args: argparse.Namespace) -> dict[
             f["epoch2_vs_litdata"] = ratio(max(e["records_per_s"] for e in res["mmstore"]["epochs"][1:]),
                                            res["litdata"]["epochs"][1]["records_per_s"])
 
+    if (only is None or "mosaic" in only) and ctx.get("mosaic_error"):
+        res["mosaic"] = {"error": ctx["mosaic_error"]}  # its setup failed: the table says why
+    elif (only is None or "mosaic" in only) and ctx.get("mosaic_url"):
+        log(f"[{name}] Mosaic Streaming epochs, cold cache")
+        res["mosaic"] = mosaic_condition(name, ctx)
+        if "error" in res["mosaic"]:
+            log(f"[{name}] Mosaic failed: {res['mosaic']['error']}")
+        else:
+            log(f"[{name}] Mosaic {res['mosaic']['epochs']} (cold runs {res['mosaic']['cold_runs']})")
+        if "mmstore" in res and "epochs" in res["mosaic"]:
+            f = res.setdefault("figures", {})
+            f["epoch1_vs_mosaic"] = ratio(res["mmstore"]["epochs"][0]["records_per_s"],
+                                          res["mosaic"]["epochs"][0]["records_per_s"])
+            f["epoch2_vs_mosaic"] = ratio(max(e["records_per_s"] for e in res["mmstore"]["epochs"][1:]),
+                                          res["mosaic"]["epochs"][1]["records_per_s"])
+
     if only is None or "cachelimit" in only:
         lim = (tree_bytes(src) if args.limit_of == "disk" else data_bytes) // 4
         res["cache_limit"] = {"limit_bytes": lim, "variants": {}}
@@ -756,6 +974,9 @@ def condition(name: str, ctx: dict[str, Any], args: argparse.Namespace) -> dict[
                     continue
                 block = m0["block"]
                 window = max(1, (lim // 4) // max(1, block * m0["record_bytes"]))
+                if window == m0["window"]:
+                    log(f"[{name}] cache_limit tuned: the default already picks window={window}")
+                    continue
             cdir = os.path.join(work, f"cachelim-{name}-{variant}")
             log(f"[{name}] cache_limit {lim / 1e6:.0f} MB, {variant} (window={window})")
             settle()
@@ -794,6 +1015,8 @@ def condition(name: str, ctx: dict[str, Any], args: argparse.Namespace) -> dict[
     f = res.setdefault("figures", {})
     if "push" in res and "net_download" in res:
         f["push_vs_net"] = ratio(res["push"]["MBps"], limit)
+        if "push_whole_file" in res:
+            f["push_vs_whole_file"] = ratio(res["push"]["MBps"], res["push_whole_file"]["MBps"])
         if "net_upload" in res:
             f["push_vs_upload_limit"] = ratio(res["push"]["MBps"], res["net_upload"]["best_MBps"])
     if "pull" in res and limit:
@@ -810,6 +1033,7 @@ def condition(name: str, ctx: dict[str, Any], args: argparse.Namespace) -> dict[
 
 TARGETS = {"epoch1_vs_net": 0.8, "epoch1_vs_download_to_file": 0.8,
            "epoch2_vs_local": 0.9, "epoch1_vs_litdata": 1.5, "epoch2_vs_litdata": 2.0,
+           "epoch1_vs_mosaic": 1.5, "epoch2_vs_mosaic": 2.0,
            "cachelimit_default_vs_net": 0.7, "cachelimit_tuned_vs_net": 0.7, "push_vs_net": 0.8,
            "push_vs_upload_limit": 0.8, "pull_vs_net": 0.8}
 
@@ -848,6 +1072,17 @@ def table(results: list[dict[str, Any]]) -> list[list[str]]:
             le = res["litdata"].get("epochs")
             got = " / ".join(f"{x['records_per_s']:,}" for x in le) + " rec/s" if le else res["litdata"].get("error")
             rows.append([c, "3. litdata epochs 1 / 2", str(got), "", "", "", ""])
+        if "epochs" in res.get("mosaic", {}) and "mmstore" in res:
+            me = res["mosaic"]["epochs"]
+            e = res["mmstore"]["epochs"]
+            row("3. vs Mosaic Streaming, epoch 1", f"{e[0]['records_per_s']:,} rec/s",
+                f"Mosaic {me[0]['records_per_s']:,}", "epoch1_vs_mosaic")
+            row("3. vs Mosaic Streaming, epoch 2", f"{max(x['records_per_s'] for x in e[1:]):,} rec/s",
+                f"Mosaic {me[1]['records_per_s']:,}", "epoch2_vs_mosaic")
+        elif "mosaic" in res:
+            me = res["mosaic"].get("epochs")
+            got = " / ".join(f"{x['records_per_s']:,}" for x in me) + " rec/s" if me else res["mosaic"].get("error")
+            rows.append([c, "3. Mosaic Streaming epochs 1 / 2", str(got), "", "", "", ""])
         for v, m in res.get("cache_limit", {}).get("variants", {}).items():
             ep = " / ".join(str(x["MBps"]) for x in m["epochs"])
             row(f"4. cache_limit 1/4, {v} (window {m['window_bytes'] / 1e6:.0f} MB), worst epoch", f"{ep} MB/s",
@@ -865,6 +1100,9 @@ def table(results: list[dict[str, Any]]) -> list[list[str]]:
             if "net_upload" in res:
                 row("5. push", f"{res['push']['MBps']} MB/s", f"plain upload {res['net_upload']['best_MBps']} MB/s",
                     "push_vs_upload_limit")
+            if "push_whole_file" in res:
+                row("5. push (parts resumable) vs whole-file uploads", f"{res['push']['MBps']} MB/s",
+                    f"obstore multipart {res['push_whole_file']['MBps']} MB/s", "push_vs_whole_file")
         if "pull" in res:
             row("5. pull (record verify on)", f"{res['pull']['MBps']} MB/s", f"network {lim} MB/s", "pull_vs_net")
     return rows
@@ -891,13 +1129,15 @@ def machine() -> str:
             f"Python {platform.python_version()}")
 
 
-def versions() -> dict[str, str]:
+def versions(mosaic_version: str | None = None) -> dict[str, str]:
+    """The versions of the libraries measured (Mosaic's as its own interpreter reported it)."""
     out = {}
     for mod in ("numpy", "torch", "obstore", "litdata"):
         try:
             out[mod] = __import__(mod).__version__
         except Exception:  # noqa: BLE001 - absent or broken: reported as such
             out[mod] = "absent"
+    out["mosaicml-streaming"] = mosaic_version or "absent"
     try:
         from support.s3 import find_weed
 
@@ -918,11 +1158,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="3,000 records")
     ap.add_argument("--shape", default="delay 10ms rate 1gbit", help="netem options of the shaped condition")
     ap.add_argument("--conditions", default="unshaped,shaped", help="unshaped, shaped or both (default)")
-    ap.add_argument("--only", default=None, help="a subset: netlimit,epochs,litdata,cachelimit,push,pull")
+    ap.add_argument("--only", default=None, help="a subset: netlimit,epochs,litdata,mosaic,cachelimit,push,pull")
     ap.add_argument("--warm-epochs", type=int, default=5, help="epochs after the first (epoch 2: the best)")
     ap.add_argument("--no-prefault", action="store_true",
                     help="do not touch memory before each timed step (see NOTE [fresh memory on a VM])")
     ap.add_argument("--no-litdata", action="store_true", help="skip the litdata peer")
+    ap.add_argument("--no-mosaic", action="store_true", help="skip the Mosaic Streaming peer")
+    ap.add_argument("--mosaic-python", default=None,
+                    help=f"an interpreter with mosaicml-streaming (default: ${_MOSAIC_PYTHON}, else this one)")
     ap.add_argument("--limit-of", choices=("data", "disk"), default="data",
                     help="cache_limit = 1/4 of the record data (default) or of the whole store on disk")
     ap.add_argument("--upload-bytes", type=int, default=256 << 20, help="bytes of the plain upload baseline")
@@ -933,9 +1176,13 @@ def main() -> None:
     ap.add_argument("--shape-method", choices=("auto", "netem", "relay"), default="auto",
                     help="netem on the S3 port, or htb + a userspace delay relay (auto: netem where the kernel has it)")
     ap.add_argument("--relay", nargs=3, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--mosaic-child", default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.relay:
         relay_main(int(args.relay[0]), int(args.relay[1]), float(args.relay[2]))
+        return
+    if args.mosaic_child:
+        mosaic_child_main(args.mosaic_child)
         return
     if args.quick:
         args.records = 3000
@@ -1004,6 +1251,17 @@ def main() -> None:
             except Exception as exc:  # noqa: BLE001 - reported, the rest still runs
                 peer["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
                 log(f"litdata unavailable: {peer['error']}")
+        mosaic: dict[str, Any] = {}
+        if not args.no_mosaic and (args.only is None or "mosaic" in args.only):
+            try:
+                mosaic, ctx["mosaic_url"] = mosaic_prepare(work, records, mosaic_python(args.mosaic_python), env)
+                ctx["mosaic_python"] = mosaic["python"]
+            except Exception as exc:  # noqa: BLE001 - reported, the rest still runs
+                mosaic["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+                if "No module named 'streaming'" in mosaic["error"]:
+                    mosaic["error"] += " (pip install mosaicml-streaming in a venv of its own; pass --mosaic-python)"
+                ctx["mosaic_error"] = mosaic["error"]
+                log(f"Mosaic Streaming unavailable: {mosaic['error']}")
         for c in conds:
             if c == "shaped":
                 with shaped(server, args.shape, args.shape_method) as how:
@@ -1022,7 +1280,7 @@ def main() -> None:
             "title": "Stores in object storage: push, pull and epochs from a URL",
             "command": "python benchmarks/bench_remote.py " + " ".join(sys.argv[1:]),
             "machine": machine(),
-            "versions": versions(),
+            "versions": versions(mosaic.get("version")),
             "date": time.strftime("%Y-%m-%d %H:%M"),
             "load_average": {"start": [round(x, 2) for x in load_start],
                              "end": [round(x, 2) for x in os.getloadavg()]},
@@ -1034,6 +1292,7 @@ def main() -> None:
                            "shape": f"{args.shape}, each direction (a round trip takes twice the delay), on the "
                                     "S3 traffic only; how: see results[].shaping"},
             "litdata": peer,
+            "mosaic": mosaic,
             "notes": [
                 "Epoch 2 of this store lasts about 0.1 s: on a shared 2-vCPU machine its ratio to the local "
                 "store moves by +-10% from run to run (both Loaders' epochs alternate to share the noise).",

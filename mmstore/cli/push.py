@@ -15,8 +15,9 @@ EXAMPLE = """examples:
 
 Files go up in parallel, large ones in parts; the manifest goes last, so the
 URL is a store only once everything is there. Killed? Run the same command
-again: files already uploaded are kept. Pushing the same store again uploads
-nothing. Then train from the URL (mmstore.open(URL, cache_dir=...)) or pull it.
+again: files already uploaded are kept, and a large file to s3:// goes on from
+the parts the server holds. Pushing the same store again uploads nothing.
+Then train from the URL (mmstore.open(URL, cache_dir=...)) or pull it.
 """
 
 
@@ -57,7 +58,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"{rep['url']}: already holds this store; nothing uploaded", file=sys.stderr)
         else:
             rate = rep.get("bytes_per_s") or 0
+            resumed = rep.get("resumed_bytes") or 0
+            kept = f", {resumed / 1e6:,.1f} MB of parts already there" if resumed else ""
             print(f"{rep['url']}: pushed {rep['store']} ({rep['uploaded_bytes'] / 1e6:,.1f} MB in "
-                  f"{rep['seconds']:.1f} s, {rate / 1e6:,.1f} MB/s; {rep['skipped_files']} files already there)",
+                  f"{rep['seconds']:.1f} s, {rate / 1e6:,.1f} MB/s; {rep['skipped_files']} files already there{kept})",
                   file=sys.stderr)
     return 0

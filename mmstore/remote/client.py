@@ -13,8 +13,35 @@ one provider. For ``s3://``: ``AWS_ACCESS_KEY_ID``, ``AWS_SECRET_ACCESS_KEY``,
 (an ``http://`` endpoint allows plain HTTP), and where the keys are not in the
 environment, the shared files ``~/.aws/credentials`` and ``~/.aws/config``
 (``AWS_SHARED_CREDENTIALS_FILE``, ``AWS_CONFIG_FILE``, profile ``AWS_PROFILE``);
-otherwise obstore's own chain (instance metadata, web identity). ``gs://`` and
-``az://`` read obstore's ``GOOGLE_*`` and ``AZURE_*`` variables.
+otherwise obstore's own chain (instance metadata, web identity).
+
+``az://CONTAINER/...`` (also ``azure://``, ``abfs://``, ``abfss://``) reads
+obstore's ``AZURE_*`` variables: ``AZURE_STORAGE_ACCOUNT_NAME`` with
+``AZURE_STORAGE_ACCOUNT_KEY``, a SAS (``AZURE_STORAGE_SAS_KEY``), a service
+principal (``AZURE_CLIENT_ID``, ``AZURE_CLIENT_SECRET``, ``AZURE_TENANT_ID``)
+or a managed identity; ``AZURE_STORAGE_ENDPOINT`` for another endpoint (an
+``http://`` one allows plain HTTP), and ``AZURE_STORAGE_USE_EMULATOR=true``
+for the Azurite emulator (at ``AZURITE_BLOB_STORAGE_URL``, default
+``http://127.0.0.1:10000``, account ``devstoreaccount1``).
+
+``gs://BUCKET/...`` reads obstore's ``GOOGLE_*`` variables:
+``GOOGLE_SERVICE_ACCOUNT`` (a key file's path), ``GOOGLE_SERVICE_ACCOUNT_KEY``
+(its JSON), ``GOOGLE_APPLICATION_CREDENTIALS``, and ``GOOGLE_BASE_URL`` (or a
+key file's ``gcs_base_url``) for another endpoint (an ``http://`` one allows
+plain HTTP).
+
+``http://`` and ``https://`` name a store published read-only by a web
+server or a bucket's public HTTP(S) endpoint: a server that answers ``GET``
+with ``Range`` and ``HEAD``, nothing else (no listing, no credentials). The
+manifest and ``_remote.json`` name every object, so a reader never lists;
+writing (``mmstore push``) is refused with ``RemoteAccessError``: push to
+``s3://``, ``gs://`` or ``az://`` and publish that. The etags in
+``_remote.json`` are those of the server the store was pushed to, and
+another server (a web server serving a copy) has its own: a reader of an
+``http(s)://`` store checks its reads against the etag the server itself
+gave on the first read of each object in this process (a file replaced
+under an open reader is refused), and every block against the push's
+digests, as always.
 
 Retries: every request is retried with exponential backoff and jitter on
 5xx answers (``503 SlowDown`` among them), connection errors and timeouts:
@@ -28,7 +55,9 @@ the object.
 from __future__ import annotations
 
 import configparser
+import json
 import os
+import re
 import threading
 from collections.abc import Sequence
 from datetime import timedelta
@@ -46,6 +75,11 @@ from .index import block_digest
 from .url import StoreURL, parse_url
 
 __all__ = ["ObjectInfo", "Remote", "client_available"]
+
+HTTP_SCHEMES = ("http", "https")
+AZURE_SCHEMES = ("az", "azure", "abfs", "abfss")
+_TRUE = ("1", "true", "yes", "on")
+_KEY_FILE_MAX = 1 << 20  # a service-account key file is a few KiB
 
 _INSTALL = "object storage needs the optional client: pip install 'mmstore[remote]' (obstore)"
 
@@ -122,9 +156,61 @@ def _s3_config() -> tuple[dict[str, Any], bool]:
     return cfg, allow_http
 
 
+def _azure_allow_http() -> bool:
+    """The Azure endpoint of the environment is plain HTTP (an emulator's, or
+    ``AZURE_STORAGE_ENDPOINT=http://...``)."""
+    env = os.environ
+    endpoint = (env.get("AZURE_STORAGE_ENDPOINT") or env.get("AZURE_ENDPOINT") or "").strip()
+    if endpoint:
+        return endpoint.lower().startswith("http://")
+    if env.get("AZURE_STORAGE_USE_EMULATOR", "").strip().lower() in _TRUE:
+        return (env.get("AZURITE_BLOB_STORAGE_URL") or "http://").strip().lower().startswith("http://")
+    return False
+
+
+def _gcs_base_url() -> str:
+    """The GCS endpoint of the environment: ``GOOGLE_BASE_URL``, else the
+    ``gcs_base_url`` of the service-account key named there, else ''."""
+    env = os.environ
+    base = (env.get("GOOGLE_BASE_URL") or "").strip()
+    if base:
+        return base
+    texts: list[str] = []
+    if env.get("GOOGLE_SERVICE_ACCOUNT_KEY"):
+        texts.append(env["GOOGLE_SERVICE_ACCOUNT_KEY"])
+    for var in ("GOOGLE_SERVICE_ACCOUNT", "GOOGLE_SERVICE_ACCOUNT_PATH", "GOOGLE_APPLICATION_CREDENTIALS"):
+        path = env.get(var)
+        if path:
+            try:
+                with open(path, "rb") as f:
+                    texts.append(f.read(_KEY_FILE_MAX).decode("utf-8", "replace"))
+            except OSError:
+                continue  # obstore says what is wrong with it
+    for text in texts:
+        try:
+            got = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(got, dict) and isinstance(got.get("gcs_base_url"), str):
+            return str(got["gcs_base_url"]).strip()
+    return ""
+
+
 # the pid of the process whose requests made obstore's runtime (one per process,
 # shared by every client): a process with another pid was forked after it
 _RUNTIME_PID = [0]
+
+
+def _etag(value: Any) -> str | None:
+    """An etag in its quoted form, whichever way the request gave it (Azure's
+    listing gives them bare, its headers quoted), so that one object's etags
+    compare equal."""
+    if not value:
+        return None
+    text = str(value).strip()
+    if text.startswith(('"', "W/")):
+        return text
+    return f'"{text}"'
 
 
 class ObjectInfo(dict[str, Any]):
@@ -140,6 +226,21 @@ class Remote:
         self._lock = threading.Lock()
         self._client: tuple[int, Any] | None = None
         self._forked: tuple[int, Any] | None = None
+        # http(s): the etag the server gave on this process's first read of each object
+        self._served_etags: dict[str, str | None] = {}
+
+    @property
+    def writable(self) -> bool:
+        """Objects can be written and deleted here (``http(s)://`` stores are read-only)."""
+        return self.loc.scheme not in HTTP_SCHEMES
+
+    def check_writable(self, doing: str = "write") -> None:
+        """``RemoteAccessError`` for a store that cannot be written (``http(s)://``)."""
+        if not self.writable:
+            raise RemoteAccessError(
+                f"{self.url}: cannot {doing} a store over {self.loc.scheme}://: an HTTP(S) URL is read-only (a web "
+                "server or a bucket's public endpoint cannot be listed or written through it); push the store to "
+                "s3://, gs:// or az:// and read it at that bucket's http(s):// address")
 
     def __getstate__(self) -> dict[str, Any]:
         return {"url": self.url}
@@ -220,18 +321,26 @@ class Remote:
                     options["allow_http"] = True
                 return obs.store.S3Store(loc.bucket, prefix=loc.prefix, config=cfg, client_options=options,
                                          retry_config=retry)
-            if loc.scheme in ("http", "https"):
+            if loc.scheme in HTTP_SCHEMES:
                 options["allow_http"] = loc.scheme == "http"
                 return obs.store.HTTPStore.from_url(loc.url, client_options=options, retry_config=retry)
+            if loc.scheme in AZURE_SCHEMES:
+                if _azure_allow_http():
+                    options["allow_http"] = True
+                return obs.store.from_url(loc.url, client_options=options, retry_config=retry)
+            if loc.scheme == "gs":
+                if _gcs_base_url().lower().startswith("http://"):
+                    options["allow_http"] = True
+                return obs.store.from_url(loc.url, client_options=options, retry_config=retry)
             return obs.store.from_url(loc.url, client_options=options, retry_config=retry)
         except Exception as exc:  # noqa: BLE001 - obstore raises its own classes for configuration errors
             raise RemoteError(f"{loc.url}: cannot make an object-store client: {_first_line(exc)}; "
-                              "check the URL and the AWS_* / GOOGLE_* / AZURE_* settings") from exc
+                              f"check the URL and {_HINTS.get(loc.scheme, _HINTS['s3'])['settings']}") from exc
 
     # -- requests -------------------------------------------------------------
     def error(self, exc: BaseException, name: str, doing: str) -> RemoteError:
         """The typed error for ``exc``, raised by a request about object ``name``."""
-        return translate(exc, self.loc.object_url(name) if name else self.url, doing)
+        return translate(exc, self.loc.object_url(name) if name else self.url, doing, scheme=self.loc.scheme)
 
     def get(self, name: str) -> bytes:
         """The whole object ``name``."""
@@ -276,6 +385,8 @@ class Remote:
     def _get_range(self, name: str, start: int, end: int, etag: str | None) -> Any:
         obs = _obstore()
         try:
+            if self.loc.scheme in HTTP_SCHEMES:
+                return self._get_served_range(obs, name, start, end)
             if etag:
                 got = obs.get(self.client(), name, options={"range": (start, end), "if_match": etag}).bytes()
             else:
@@ -283,6 +394,21 @@ class Remote:
         except Exception as exc:  # noqa: BLE001 - translated to a typed error
             raise self.error(exc, name, f"read bytes {start}-{end} of") from exc
         return got
+
+    def _get_served_range(self, obs: Any, name: str, start: int, end: int) -> Any:
+        """A range of an object of an ``http(s)://`` store, under the etag
+        the server gave on this process's first read of it (see the module
+        doc: the index's etags are the push target's)."""
+        known = self._served_etags.get(name)
+        options: dict[str, Any] = {"range": (start, end)}
+        if known:
+            options["if_match"] = known
+        res = obs.get(self.client(), name, options=options)
+        if name not in self._served_etags:
+            tag = _etag(res.meta.get("e_tag"))
+            # a weak etag never matches If-Match (strong comparison): only the digests check such a server
+            self._served_etags.setdefault(name, None if tag is None or tag.startswith("W/") else tag)
+        return res.bytes()
 
     def head(self, name: str) -> ObjectInfo | None:
         """Size and etag of object ``name``, or None when it does not exist."""
@@ -295,20 +421,24 @@ class Remote:
             if isinstance(err, RemoteNotFoundError):
                 return None
             raise err from exc
-        return ObjectInfo(size=int(meta["size"]), etag=meta.get("e_tag"))
+        return ObjectInfo(size=int(meta["size"]), etag=_etag(meta.get("e_tag")))
 
     def list(self) -> dict[str, ObjectInfo]:
-        """Every object under the store's prefix: name -> size and etag."""
+        """Every object under the store's prefix: name -> size and etag.
+        An ``http(s)://`` server has no listing: nothing is asked, and the
+        answer is empty (readers never need one; writing there is refused)."""
         self._refuse_forked("list objects")
+        if self.loc.scheme in HTTP_SCHEMES:
+            return {}
         obs = _obstore()
         out: dict[str, ObjectInfo] = {}
         try:
             for chunk in obs.list(self.client(), None, chunk_size=1000):
                 for meta in chunk:
-                    out[str(meta["path"])] = ObjectInfo(size=int(meta["size"]), etag=meta.get("e_tag"))
+                    out[str(meta["path"])] = ObjectInfo(size=int(meta["size"]), etag=_etag(meta.get("e_tag")))
         except Exception as exc:  # noqa: BLE001 - translated to a typed error
             err = self.error(exc, "", "list")
-            if isinstance(err, RemoteNotFoundError) and "bucket" not in str(err).lower():
+            if isinstance(err, RemoteNotFoundError) and not _names_missing_root(err):
                 return out
             raise err from exc
         return out
@@ -319,6 +449,7 @@ class Remote:
         parts of ``chunk`` bytes, ``concurrency`` at a time, when it is larger
         than one part); its new etag."""
         self._refuse_forked("write objects")
+        self.check_writable("write objects of")
         obs = _obstore()
         multipart = size is not None and size > chunk
         try:
@@ -326,11 +457,12 @@ class Remote:
                           max_concurrency=concurrency)
         except Exception as exc:  # noqa: BLE001 - translated to a typed error
             raise self.error(exc, name, "write") from exc
-        return got.get("e_tag") if isinstance(got, dict) else None
+        return _etag(got.get("e_tag")) if isinstance(got, dict) else None
 
     def delete(self, names: Sequence[str]) -> None:
         """Delete objects ``names`` (absent ones are fine)."""
         self._refuse_forked("delete objects")
+        self.check_writable("delete objects of")
         obs = _obstore()
         for name in names:
             try:
@@ -352,35 +484,83 @@ def _first_line(exc: BaseException) -> str:
     return out[:400]
 
 
-def translate(exc: BaseException, where: str, doing: str) -> RemoteError:
-    """The typed mmstore error for an obstore exception about ``where``."""
+# what to tell the user to check, by scheme: the settings, the credentials, the endpoint, and
+# what the top of a URL is called
+_S3 = {"settings": "the AWS_* settings", "root": "bucket",
+       "credentials": "AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or the profile in ~/.aws)",
+       "endpoint": "the endpoint (AWS_ENDPOINT_URL)",
+       "no_credentials": "none in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or ~/.aws, and no instance metadata "
+                         "service answered; set them (or AWS_PROFILE), then run again"}
+_AZ = {"settings": "the AZURE_* settings (AZURE_STORAGE_ACCOUNT_NAME, ...)", "root": "container",
+       "credentials": "AZURE_STORAGE_ACCOUNT_NAME with AZURE_STORAGE_ACCOUNT_KEY, AZURE_STORAGE_SAS_KEY or "
+                      "AZURE_CLIENT_ID / AZURE_CLIENT_SECRET / AZURE_TENANT_ID",
+       "endpoint": "the endpoint (AZURE_STORAGE_ENDPOINT, or AZURITE_BLOB_STORAGE_URL with "
+                   "AZURE_STORAGE_USE_EMULATOR)",
+       "no_credentials": "no AZURE_STORAGE_ACCOUNT_KEY, SAS or service principal in the environment, and no "
+                         "managed identity answered; set them (AZURE_STORAGE_ACCOUNT_NAME and "
+                         "AZURE_STORAGE_ACCOUNT_KEY, say), then run again"}
+_GS = {"settings": "the GOOGLE_* settings", "root": "bucket",
+       "credentials": "GOOGLE_SERVICE_ACCOUNT / GOOGLE_SERVICE_ACCOUNT_KEY / GOOGLE_APPLICATION_CREDENTIALS",
+       "endpoint": "the endpoint (GOOGLE_BASE_URL)",
+       "no_credentials": "no GOOGLE_SERVICE_ACCOUNT, GOOGLE_SERVICE_ACCOUNT_KEY or GOOGLE_APPLICATION_CREDENTIALS "
+                         "in the environment, and no metadata server answered; set one, then run again"}
+_HTTP = {"settings": "that the URL is the store's http(s):// address", "root": "server",
+         "credentials": "",
+         "endpoint": "the host and port in the URL",
+         "no_credentials": "the server refuses to serve these files, and an http(s):// store is read without "
+                           "credentials: publish them, or read the store at its s3:// / gs:// / az:// URL"}
+_HINTS = {"s3": _S3, "gs": _GS, "http": _HTTP, "https": _HTTP, **{k: _AZ for k in AZURE_SCHEMES}}
+
+
+# a 401 or 403 answer, as obstore's messages give the status (not a port or a duration that holds 403)
+_DENIED_STATUS = re.compile(r"status(?: code)?:?\s*40[13]\b")
+
+
+def _names_missing_root(err: RemoteError) -> bool:
+    """``err`` says that the bucket (container) itself is missing."""
+    text = str(err)
+    return "no such bucket" in text or "no such container" in text
+
+
+def translate(exc: BaseException, where: str, doing: str, *, scheme: str = "s3") -> RemoteError:
+    """The typed mmstore error for an obstore exception about ``where``, a
+    URL of scheme ``scheme`` (which settings the message names)."""
     if isinstance(exc, RemoteError):
         return exc
+    hints = _HINTS.get(scheme, _S3)
     name = type(exc).__name__
     text = str(exc)
     low = text.lower()
     why = _first_line(exc)
-    if name == "PreconditionError" or "precondition" in low or "412" in low.split("status")[-1][:8]:
+    if name == "PreconditionError" or "precondition" in low or "conditionnotmet" in low \
+            or "412" in low.split("status")[-1][:8]:
         return RemoteChangedError(  # type: ignore[return-value]
             f"{where}: the object changed since the store was opened (its etag no longer matches): the store "
             "at this URL was pushed again, or the object was modified by something else; open it again "
             "(a store pushed again opens as the new one)")
-    if "/latest/api/token" in low or "169.254.169.254" in low or "/latest/meta-data" in low:
-        return RemoteAccessError(
-            f"{where}: no credentials: none in AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY or ~/.aws, and no instance "
-            "metadata service answered; set them (or AWS_PROFILE), then run again")
-    if name in ("NotFoundError",) or "nosuchbucket" in low or "nosuchkey" in low or "not found" in low:
-        what = "bucket" if "nosuchbucket" in low or "bucket" in low and "not" in low else "object"
-        return RemoteNotFoundError(f"{where}: no such {what} ({why}); check the URL (bucket, prefix, store name)")
+    if ("/latest/api/token" in low or "169.254.169.254" in low or "/latest/meta-data" in low
+            or "computemetadata" in low or "/metadata/identity" in low):
+        return RemoteAccessError(f"{where}: no credentials: {hints['no_credentials']}")
+    if (name in ("NotFoundError",) or "nosuchbucket" in low or "nosuchkey" in low or "not found" in low
+            or "containernotfound" in low or "blobnotfound" in low):
+        if "containernotfound" in low:
+            what = "container"
+        elif "nosuchbucket" in low or "bucket" in low and "not" in low:
+            what = "bucket"
+        else:
+            what = "object"
+        return RemoteNotFoundError(f"{where}: no such {what} ({why}); check the URL ({hints['root']}, prefix, "
+                                   "store name)")
     if (name in ("PermissionDeniedError", "UnauthenticatedError") or "accessdenied" in low
             or "invalidaccesskeyid" in low or "signaturedoesnotmatch" in low or "forbidden" in low
-            or "403" in low or "401" in low):
+            or "authorizationfailure" in low or "authenticationfailed" in low
+            or _DENIED_STATUS.search(low)):
+        if scheme in HTTP_SCHEMES:
+            return RemoteAccessError(f"{where}: access denied ({why}); {hints['no_credentials']}")
         return RemoteAccessError(
-            f"{where}: access denied ({why}); check AWS_ACCESS_KEY_ID / AWS_SECRET_ACCESS_KEY (or the profile "
-            "in ~/.aws), and that they may " + doing.split()[0] + " this bucket")
+            f"{where}: access denied ({why}); check {hints['credentials']}, and that they may "
+            + doing.split()[0] + f" this {hints['root']}")
     return RemoteUnavailableError(
-        f"{where}: could not {doing} it after retries ({why}); check the endpoint (AWS_ENDPOINT_URL), the "
+        f"{where}: could not {doing} it after retries ({why}); check {hints['endpoint']}, the "
         "network and the server, then run again (MMSTORE_REMOTE_RETRIES / MMSTORE_REMOTE_RETRY_TIMEOUT "
         "set how long to keep trying)")
-
-

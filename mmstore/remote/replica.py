@@ -1,7 +1,7 @@
 """The sparse replica: a store in object storage, cached locally block by block.
 
 The cache of a store at a URL is the store's own files, at their own sizes,
-under ``CACHE_DIR/<url key>/<push>/store/``: a plain local store that a
+under ``CACHE_DIR/<url key>/<push>.<layout>/store/``: a plain local store that a
 ``Store`` opens as it opens any other, so a read of a cached block is today's
 local read (page cache, ``preadv``, O_DIRECT). The small files (manifest,
 checksums, keys, index, offsets of encoded fields, an LMDB file, any file of
@@ -14,7 +14,9 @@ hole) when the cache limit needs the room.
 
 ``<push>`` is the remote index's identity: a store pushed again at the same
 URL has another index, so another replica; the two are never mixed, and the
-old one is deleted once no process has it open.
+old one is deleted once no process has it open. ``<layout>`` is the version
+of this cache's own bookkeeping (``_LAYOUT``): a cache made by a version that
+keeps it otherwise is another directory, dropped the same way.
 
 NOTE [block states]: ``blocks.map`` holds one byte per block of the sparse
 files (0 absent, 1 present and verified, 2 being fetched) and ``blocks.use``
@@ -37,12 +39,18 @@ decided by open-file-description locks on the block's byte of ``blocks.map``
 * an *eviction* takes a block's lock exclusively without waiting, so a
   pinned block is never evicted, and never a block being fetched.
 
-The disk the replica uses is accounted under ``acct.lock`` (an ``flock``)
-from the block states: whole files + present and fetching blocks. A fetch
+NOTE [accounting]: the disk the replica uses is the whole files plus the
+present and fetching blocks. ``acct.lock`` holds that sum of the blocks and a
+"dirty" word, in a shared mapping, changed only under an ``flock`` of the
+same file together with every change of a block between absent and not
+absent: the dirty word is set first and cleared last, so a holder killed in
+between leaves it set and the next holder counts the states again (they are
+the truth; the sum only saves counting them on every fetch). A fetch
 reserves its block's bytes first, evicting unpinned blocks, consumed ones
-first, then least recently used. A fetch the reader waits for now may go
-over the limit by what is pinned; a fetch ahead never does (it waits for the
-room the reader frees as it consumes).
+first, then least recently used (from a short list of candidates chosen in
+one pass, not a sort of every block per fetch). A fetch the reader waits for
+now may go over the limit by what is pinned; a fetch ahead never does (it
+waits for the room the reader frees as it consumes).
 
 NOTE [crash and power loss]: a block is written with ``pwrite`` and marked
 present without ``fsync``: a killed process leaves its written pages in the
@@ -61,6 +69,7 @@ import mmap
 import os
 import re
 import shutil
+import struct
 import threading
 import time
 from collections.abc import Iterable, Sequence
@@ -87,6 +96,11 @@ _CONSUMED = 1  # blocks.use of a block the epoch is done with: evicted first
 CONSUMED = _CONSUMED
 KEEP = np.uint64(2**63)  # minus the window that reads it again: above every monotonic time, kept longest
 _ROOM_POLL_S = 0.02
+_ACCT_BYTES = 16  # acct.lock: int64 bytes of not-absent blocks, int64 dirty (NOTE [accounting])
+_EVICT_CANDIDATES = 256  # the least one pass of eviction picks
+# the cache's own layout under cache_dir (not the store format): a replica of
+# another layout is another directory, deleted like an old push's
+_LAYOUT = 2
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*([kmgtp]?)(i?)b?\s*$", re.IGNORECASE)
 
 
@@ -137,9 +151,11 @@ def read_remote_manifest(remote: Remote) -> tuple[RemoteIndex, dict[str, Any], b
         raw_index = remote.get(REMOTE_INDEX_FILE)
     except RemoteNotFoundError as exc:
         if remote.head(MANIFEST_FILE) is not None:
+            how = ("push it with `mmstore push STORE URL`" if remote.writable else
+                   "push it to the bucket this server publishes with `mmstore push STORE s3://...`")
             raise RemoteNotFoundError(
                 f"{remote.url}: a store's files are here but no {REMOTE_INDEX_FILE}: it was copied by another tool; "
-                "push it with `mmstore push STORE URL` (which records what a reader verifies)") from exc
+                f"{how} (which records what a reader verifies)") from exc
         bucket_ok = True
         try:
             remote.list()
@@ -234,6 +250,8 @@ class Replica:
         # the first block of each .npy file holds its header, which every open
         # reads: fetched when the replica is opened and never evicted
         self.sticky = np.array([first[n] for n in names if n.endswith(".npy")], dtype=np.int64)
+        self._evictable = np.ones(self.nblocks, dtype=bool)
+        self._evictable[self.sticky] = False
         self._attach()
 
     # -- process-local state ------------------------------------------------------
@@ -258,6 +276,18 @@ class Replica:
         self.state = np.frombuffer(self._mm, dtype=np.uint8)[: self.nblocks]
         self.use = np.frombuffer(self._um, dtype=np.uint64)[: self.nblocks]
         self._acct_fd = os.open(os.path.join(self.home, "acct.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        if os.fstat(self._acct_fd).st_size < _ACCT_BYTES:
+            fcntl.flock(self._acct_fd, fcntl.LOCK_EX)
+            try:
+                if os.fstat(self._acct_fd).st_size < _ACCT_BYTES:
+                    os.pwrite(self._acct_fd, struct.pack("<qq", 0, 1), 0)  # dirty: counted on first use
+            finally:
+                fcntl.flock(self._acct_fd, fcntl.LOCK_UN)
+        self._am = mmap.mmap(self._acct_fd, _ACCT_BYTES)
+        self._acct_words = np.frombuffer(self._am, dtype="<i8")
+        self._cands = np.zeros(0, np.int64)
+        self._cand_pos = 0
+        self._cand_max_use = 0
         # held shared while this process uses the replica: an old push's
         # replica is deleted only when nobody holds its open.lock
         self._open_fd = os.open(os.path.join(self.home, "open.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
@@ -309,8 +339,43 @@ class Replica:
         return self.nblocks == 0 or bool(np.all(self.state == _PRESENT))
 
     def disk_bytes(self) -> int:
-        """What the replica's files take by the accounting: whole files + present and fetching blocks."""
-        return self.whole_bytes + int(self.sizes[self.state != _ABSENT].sum())
+        """What the replica's files take by the accounting: whole files +
+        present and fetching blocks (NOTE [accounting]; read without the
+        lock, so a moment old)."""
+        words = self._acct_words
+        if words[1]:
+            return self.whole_bytes + self._count_blocks()
+        return self.whole_bytes + int(words[0])
+
+    def accounting(self) -> dict[str, int]:
+        """The accounting as it stands (NOTE [accounting]): ``sum``, the
+        running sum of the not-absent blocks' bytes; ``dirty``, 1 while a
+        change is under way (or its holder died in it); ``counted``, the same
+        bytes counted from the block states now."""
+        words = self._acct_words
+        return {"sum": int(words[0]), "dirty": int(words[1]), "counted": self._count_blocks()}
+
+    def _count_blocks(self) -> int:
+        return int(self.sizes[self.state != _ABSENT].sum())
+
+    def _blocks_bytes_locked(self) -> int:
+        """The accounted bytes of not-absent blocks (the caller holds the
+        accounting lock); counted again from the states after a holder died
+        mid-change."""
+        words = self._acct_words
+        if words[1]:
+            words[0] = self._count_blocks()
+            words[1] = 0
+        return int(words[0])
+
+    def _mark_locked(self, g: int, state: int, delta: int) -> None:
+        """Block ``g`` to ``state`` and its ``delta`` bytes into the sum, as
+        one change (the caller holds the accounting lock)."""
+        words = self._acct_words
+        words[1] = 1
+        self.state[g] = state
+        words[0] += delta
+        words[1] = 0
 
     def describe(self) -> dict[str, Any]:
         return {
@@ -485,15 +550,17 @@ class Replica:
                     if self.state[g] != _PRESENT:
                         size = int(self.sizes[g])
                         with self._acct():
-                            # never wait for room here, holding the block's lock: a
-                            # reader may need this block to make progress. A fetch
-                            # ahead checked the room before (Replica.acquire)
-                            self._reserve_locked(size, overshoot=True, wait=False)
-                            self.state[g] = _FETCHING
+                            if self.state[g] == _ABSENT:  # else a dead fetcher's block: counted already
+                                # never wait for room here, holding the block's lock: a
+                                # reader may need this block to make progress. A fetch
+                                # ahead checked the room before (Replica.acquire)
+                                self._reserve_locked(size, overshoot=True, wait=False)
+                                self._mark_locked(g, _FETCHING, size)
                         try:
                             self._fill_block(g, size)
                         except BaseException:
-                            self.state[g] = _ABSENT
+                            with self._acct():
+                                self._mark_locked(g, _ABSENT, -size)
                             raise
                         self.state[g] = _PRESENT
                     lock_range(fd, g, 1, shared=True, wait=True)  # converts: now a pin like any reader's
@@ -539,13 +606,15 @@ class Replica:
         limit = self.cache_limit
         if limit is None:
             return True
+        whole = self.whole_bytes
         while True:
-            self._clear_stale()
-            used = self.disk_bytes()
+            used = whole + self._blocks_bytes_locked()
             if used + need <= limit:
                 return True
             self._evict(used + need - limit)
-            if self.disk_bytes() + need <= limit or overshoot:
+            if whole + self._blocks_bytes_locked() + need > limit:
+                self._clear_stale()  # a fetcher that died may hold room
+            if whole + self._blocks_bytes_locked() + need <= limit or overshoot:
                 return True
             if not wait:
                 return False
@@ -580,34 +649,56 @@ class Replica:
 
     def _evict(self, free: int) -> None:
         """Give back at least ``free`` bytes of unpinned present blocks,
-        consumed and least recently used first."""
-        present = np.flatnonzero(self.state == _PRESENT)
-        if len(self.sticky):
-            present = np.setdiff1d(present, self.sticky, assume_unique=True)
-        if not len(present):
-            return
-        order = present[np.argsort(self.use[present], kind="stable")]
+        consumed and least recently used first (the caller holds the
+        accounting lock)."""
         fd = self.take_fd()
         freed = 0
         try:
-            for g in order.tolist():
+            for fresh in (False, True):
+                if fresh or self._cand_pos >= len(self._cands):
+                    self._pick_candidates(free - freed)
+                cands, use = self._cands, self.use
+                pos, top = self._cand_pos, self._cand_max_use
+                while pos < len(cands) and freed < free:
+                    g = int(cands[pos])
+                    pos += 1
+                    if self.state[g] != _PRESENT or int(use[g]) > top:
+                        continue  # gone, or used again since it was picked
+                    if not lock_range(fd, g, 1, shared=False, wait=False):
+                        continue  # pinned by a reader, or being fetched
+                    try:
+                        if self.state[g] == _PRESENT:
+                            self._give_back(g)
+                            freed += int(self.sizes[g])
+                            self.evicted_blocks += 1
+                    finally:
+                        unlock_range(fd, g, 1)
+                self._cand_pos = pos
                 if freed >= free:
-                    break
-                if not lock_range(fd, g, 1, shared=False, wait=False):
-                    continue  # pinned by a reader, or being fetched
-                try:
-                    if self.state[g] == _PRESENT:
-                        self._give_back(g)
-                        freed += int(self.sizes[g])
-                        self.evicted_blocks += 1
-                finally:
-                    unlock_range(fd, g, 1)
+                    return
         finally:
             self.give_fd(fd)
 
+    def _pick_candidates(self, free: int) -> None:
+        """The next blocks to evict, in order: the unpinned-or-not present
+        blocks of least last use (consumed ones first), enough for ``free``
+        bytes and at least ``_EVICT_CANDIDATES`` (one pass over the states,
+        a sort of the few picked)."""
+        present = np.flatnonzero((self.state == _PRESENT) & self._evictable)
+        k = max(_EVICT_CANDIDATES, 2 * (free // max(1, self.block_bytes) + 1))
+        use = self.use[present]
+        if k < len(present):
+            part = np.argpartition(use, k - 1)[:k]
+            present, use = present[part], use[part]
+        order = np.argsort(use, kind="stable")
+        self._cands = present[order]
+        self._cand_pos = 0
+        self._cand_max_use = int(use[order[-1]]) if len(order) else 0
+
     def _give_back(self, g: int) -> None:
-        """Block ``g`` absent, its disk given back (caller holds its lock)."""
-        self.state[g] = _ABSENT
+        """Block ``g`` absent, its disk given back (the caller holds its lock
+        and the accounting lock)."""
+        self._mark_locked(g, _ABSENT, -int(self.sizes[g]))
         name = self.sparse[int(self.owner[g])]
         start = (g - self.first[name]) * self.block_bytes
         size = int(self.sizes[g])
@@ -636,7 +727,8 @@ class Replica:
                     start = (g - self.first[name]) * self.block_bytes
                     data = os.pread(self._data_fd(name), int(self.sizes[g]), start)
                     if block_digest(data) != self._digests[g * DIGEST_BYTES : (g + 1) * DIGEST_BYTES]:
-                        self._give_back(g)
+                        with self._acct():
+                            self._give_back(g)
                         bad += 1
                 finally:
                     unlock_range(fd_lock, g, 1)
@@ -715,7 +807,7 @@ def open_replica(url: str, *, cache_dir: str | os.PathLike[str] | None = None,
     index, manifest, raw_manifest = read_remote_manifest(remote)
     root = os.path.abspath(os.fspath(cache_dir)) if cache_dir is not None else default_cache_dir()
     base = os.path.join(root, _url_key(loc.url))
-    home = os.path.join(base, index.identity[:24])
+    home = os.path.join(base, f"{index.identity[:24]}.{_LAYOUT}")
     whole = sum(e.size for n, e in index.files.items()
                 if not _sparse_name(n, e.size, index.block_bytes))
     if limit is not None and whole + index.block_bytes > limit:

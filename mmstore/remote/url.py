@@ -3,8 +3,11 @@
 ``s3://BUCKET/PREFIX/NAME.store``, ``gs://BUCKET/...``, ``az://CONTAINER/...``
 (also ``azure://``, ``abfs://``), ``http://`` and ``https://`` name a store in
 object storage: the objects under that prefix are the store's files, by
-their names (``s3://b/train.store/manifest.json``, ...). ``file://PATH`` and a
-plain path name a local store, as always.
+their names (``s3://b/train.store/manifest.json``, ...). An ``http(s)://``
+URL names a store published read-only over HTTP (``https://HOST/PATH/NAME.store``:
+its files at ``.../NAME.store/manifest.json``, ...), by a web server or a
+bucket's public endpoint. ``file://PATH`` and a plain path name a local store,
+as always.
 """
 
 from __future__ import annotations
@@ -64,10 +67,18 @@ def parse_url(url: str) -> StoreURL:
         raise ValueError(f"{url}: a store URL has no query (?...) or fragment (#...)")
     bucket = parts.netloc
     prefix = unquote(parts.path).strip("/")
+    web = scheme in ("http", "https")
     if not bucket:
-        raise ValueError(f"{url}: no bucket: expected {scheme}://BUCKET/PREFIX/NAME")
+        raise ValueError(f"{url}: no {'host' if web else 'bucket'}: expected "
+                         + (f"{scheme}://HOST/PATH/NAME" if web else f"{scheme}://BUCKET/PREFIX/NAME"))
+    if web and "@" in bucket:
+        shown = f"{scheme}://{bucket.rpartition('@')[2]}{parts.path}"  # never the password
+        raise ValueError(f"{shown}: an http(s) store URL carries no user name or password: an http(s):// store is "
+                         "read without credentials; publish its files, or use its s3:// / gs:// / az:// URL")
     if not prefix:
-        raise ValueError(f"{url}: a store is a prefix inside the bucket, not the bucket itself: "
+        where = "a path on the server, not the server's root" if web else "a prefix inside the bucket, not the " \
+            "bucket itself"
+        raise ValueError(f"{url}: a store is {where}: "
                          f"expected {scheme}://{bucket}/NAME (e.g. {scheme}://{bucket}/train.store)")
     if any(p in (".", "..") for p in prefix.split("/")) or "//" in prefix:
         raise ValueError(f"{url}: the prefix may not hold empty, '.' or '..' parts")

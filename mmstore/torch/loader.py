@@ -818,16 +818,23 @@ def _block_sizes(kw: dict[str, Any], n: int, record_bytes: int, replica: Replica
     on every rank and in a resumed process); the memory only sizes the reads
     (:func:`_check_windows`). A store opened from a URL with a cache limit
     (a setting, the same on every rank) gets windows small enough that the
-    limit holds three of them, each with the replica's blocks its records
-    straddle; a resume under another limit is refused (the order differs)."""
+    limit holds three of them (the one read and the two fetched ahead) beside
+    the files it keeps whole, each order block counted as every replica
+    block its records can straddle; a resume under another limit is refused
+    (the order differs)."""
     if "window" in kw or "mem_bytes" in kw:
         return kw
     sizes = BlockShuffle.auto_sizes(n, record_bytes, block=kw.get("block"))
-    window = sizes["window"]
+    block, window = sizes["block"], sizes["window"]
     if replica is not None and replica.cache_limit is not None:
-        per_block = sizes["block"] * record_bytes + replica.block_bytes
-        window = max(1, min(window, replica.cache_limit // 3 // max(1, per_block)))
-    return {**kw, "block": sizes["block"], "window": window}
+        B = replica.block_bytes
+        room = (replica.cache_limit - replica.whole_bytes - len(replica.sticky) * B) // 3
+        per_block = (-(-block * record_bytes // B) + 1) * B  # the replica blocks of a run at any offset
+        if room < per_block and kw.get("block") is None:  # not even one block a window: smaller blocks
+            block = max(1, min(block, (room // B - 1) * B // max(1, record_bytes)))
+            per_block = (-(-block * record_bytes // B) + 1) * B
+        window = max(1, min(window, room // per_block))
+    return {**kw, "block": block, "window": window}
 
 
 def _check_remote_windows(order: BlockShuffle, record_bytes: int, limit: int | None) -> None:

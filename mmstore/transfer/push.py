@@ -10,10 +10,18 @@ manifest first, so that no reader ever sees a mix.
 
 NOTE [resuming a push]: the push keeps a journal under the cache directory
 (``push/<url key>.json``): each file uploaded, with its size, digests and the
-etag the server gave it. A rerun after a kill skips the files whose object
-still has that size and etag, and uploads the rest; the journal is deleted
-once the manifest is up. A file is the unit of resumption: a multipart
-upload stopped midway is started again (the server drops its parts).
+etag the server gave it, and each multipart upload under way, by its id. A
+rerun after a kill skips the files whose object still has that size and
+etag; a large file to ``s3://`` goes on with its upload: the server lists the
+parts it holds, each part whose MD5 (the ETag S3 gives a part) matches the
+file's bytes there is kept, and only the others are sent
+(:mod:`mmstore.remote.multipart`). An upload whose file changed
+since (size or modification time), or of a journal for another store, is
+aborted and started again. The journal is deleted once the manifest is up.
+For other schemes the file is the unit of resumption: an upload stopped
+midway is started again. A push stopped and never rerun leaves its parts on
+the server (S3 charges for them until they are aborted: a rerun, or a
+bucket lifecycle rule for incomplete uploads, removes them).
 """
 
 from __future__ import annotations
@@ -25,15 +33,23 @@ import os
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, as_completed, wait
 from typing import Any
 
 from .._os.io import atomic_write
-from ..errors import FormatError, IncompleteStoreError, RemoteNotFoundError, StoreExistsError, spell_option
+from ..errors import (
+    FormatError,
+    IncompleteStoreError,
+    RemoteError,
+    RemoteNotFoundError,
+    StoreExistsError,
+    spell_option,
+)
 from ..format.layout import MANIFEST_FILE, REMOTE_INDEX_FILE
 from ..format.manifest import read_manifest
 from ..remote.client import Remote
 from ..remote.index import DEFAULT_BLOCK_BYTES, BlockHasher, FileEntry, RemoteIndex, parse_index
+from ..remote.multipart import S3Multipart, multipart_available, part_bytes_for
 from ..remote.replica import default_cache_dir
 from ..remote.url import local_path, parse_url
 
@@ -113,6 +129,7 @@ def push(store: str | os.PathLike[str], url: str, *, overwrite: bool = False, jo
         raw_manifest = f.read()
     loc = parse_url(url)
     remote = Remote(loc)
+    remote.check_writable("push")
     names = sorted(manifest["files"])
     sizes = {n: int(manifest["files"][n]) for n in names}
     present = dict(present or {})
@@ -132,7 +149,7 @@ def push(store: str | os.PathLike[str], url: str, *, overwrite: bool = False, jo
                               "`mmstore verify` the store before pushing it")
     report: dict[str, Any] = {"store": path, "url": loc.url, "store_id": manifest["store_id"], "files": len(names) + 2,
                               "bytes": sum(sizes.values()) + len(raw_manifest), "uploaded_bytes": 0,
-                              "skipped_files": 0, "up_to_date": False}
+                              "resumed_bytes": 0, "skipped_files": 0, "up_to_date": False}
 
     # what is at the URL now
     there = remote.head(MANIFEST_FILE)
@@ -156,16 +173,30 @@ def push(store: str | os.PathLike[str], url: str, *, overwrite: bool = False, jo
 
     journal_path = _journal_path(loc.url)
     done: dict[str, FileEntry] = {}
+    uploads: dict[str, dict[str, Any]] = {}  # multipart uploads under way: name -> id, size, mtime, part size
+    multipart = S3Multipart(loc, _FILE_JOBS * max(1, jobs)) if loc.scheme == "s3" and multipart_available() else None
     try:
         with open(journal_path, "rb") as f:
             j = json.loads(f.read())
-        if (j.get("store_id") == manifest["store_id"] and j.get("block_bytes") == block_bytes
-                and j.get("manifest") == hashlib.sha256(raw_manifest).hexdigest()):
+        ours = (j.get("store_id") == manifest["store_id"] and j.get("block_bytes") == block_bytes
+                and j.get("manifest") == hashlib.sha256(raw_manifest).hexdigest())
+        got = j.get("uploads", {})
+        if isinstance(got, dict):
+            uploads = {n: u for n, u in got.items()
+                       if n in sizes and isinstance(u, dict) and isinstance(u.get("upload_id"), str)}
+        if ours:
             for n, e in j.get("files", {}).items():
                 if n in sizes and e.get("size") == sizes[n]:
                     done[n] = FileEntry(int(e["size"]), str(e["digest"]), base64.b64decode(e["blocks"]), e["etag"])
-    except (OSError, ValueError, KeyError, TypeError):
-        done = {}
+        elif multipart is not None:
+            for n, u in uploads.items():  # another store's uploads at this URL: their parts are of no use
+                try:
+                    multipart.abort(n, u["upload_id"])
+                except RemoteError:
+                    pass  # left to the bucket's own clean-up of incomplete uploads
+            uploads = {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        done, uploads = {}, {}
     if present:
         listing = remote.list()
         for n, e in present.items():
@@ -197,7 +228,8 @@ def push(store: str | os.PathLike[str], url: str, *, overwrite: bool = False, jo
         obj = {"url": loc.url, "store_id": manifest["store_id"], "block_bytes": block_bytes,
                "manifest": hashlib.sha256(raw_manifest).hexdigest(),
                "files": {n: {"size": e.size, "digest": e.digest, "etag": e.etag,
-                             "blocks": base64.b64encode(e.blocks).decode("ascii")} for n, e in done.items()}}
+                             "blocks": base64.b64encode(e.blocks).decode("ascii")} for n, e in done.items()},
+               "uploads": uploads}
         os.makedirs(os.path.dirname(journal_path), exist_ok=True)
         atomic_write(journal_path, json.dumps(obj).encode("utf-8"))
 
@@ -215,10 +247,13 @@ def push(store: str | os.PathLike[str], url: str, *, overwrite: bool = False, jo
             if progress is not None:
                 progress(size)
             digest, blocks = hasher.finish()
+        elif multipart is not None:
+            digest, blocks, etag = upload_parts(multipart, name)
         else:
             reader = _HashingReader(src, hasher, progress)
             try:
-                etag = remote.put(name, reader, size=size, chunk=PART_BYTES, concurrency=max(1, jobs))
+                etag = remote.put(name, reader, size=size, chunk=part_bytes_for(size, PART_BYTES),
+                                  concurrency=max(1, jobs))
             finally:
                 reader.close()
             digest, blocks = hasher.finish()
@@ -229,6 +264,87 @@ def push(store: str | os.PathLike[str], url: str, *, overwrite: bool = False, jo
         with jlock:
             done[name] = FileEntry(size, digest, blocks, etag)
             save_journal()
+
+    resumed = [0]
+
+    def upload_parts(mp: S3Multipart, name: str) -> tuple[str, bytes, str | None]:
+        """Upload a large file part by part, going on with the upload the
+        journal names (NOTE [resuming a push]); its digests and etag."""
+        src = os.path.join(path, name)
+        size = sizes[name]
+        st = os.stat(src)
+        ident = {"size": size, "mtime_ns": st.st_mtime_ns, "part_bytes": part_bytes_for(size, PART_BYTES)}
+        with jlock:
+            entry = uploads.get(name)
+        held: dict[int, tuple[str, int]] = {}
+        if entry is not None:
+            listed = None
+            if {k: entry.get(k) for k in ident} == ident:
+                listed = mp.parts(name, entry["upload_id"])
+            else:
+                mp.abort(name, entry["upload_id"])  # the file changed since: its parts are not this file's
+            if listed is None:
+                entry = None
+            else:
+                held = listed
+        if entry is None:
+            entry = {**ident, "upload_id": mp.create(name)}
+            with jlock:
+                uploads[name] = entry
+                save_journal()
+        uid, pb = str(entry["upload_id"]), int(ident["part_bytes"])
+        nparts = max(1, -(-size // pb))
+        etags = [""] * nparts
+        hasher = BlockHasher(block_bytes)
+
+        def send(k: int, data: bytes) -> None:
+            etags[k] = mp.put_part(name, uid, k + 1, data)
+            if progress is not None:
+                progress(len(data))
+
+        inflight: set[Future[None]] = set()
+        kept = 0
+        with open(src, "rb") as f, ThreadPoolExecutor(max(1, jobs), thread_name_prefix="mmstore-part") as pool:
+            try:
+                for k in range(nparts):
+                    want = min(pb, size - k * pb)
+                    data = f.read(want)  # in order: the bytes hashed are the bytes sent
+                    if len(data) != want:
+                        raise FormatError(f"{src}: changed while it was pushed (part {k + 1} has {len(data)} bytes, "
+                                          f"expected {want})")
+                    hasher.update(data)
+                    have = held.get(k + 1)
+                    if (have is not None and have[1] == want
+                            and have[0].strip('"') == hashlib.md5(data, usedforsecurity=False).hexdigest()):
+                        etags[k] = have[0]  # on the server already, the same bytes
+                        kept += want
+                        if progress is not None:
+                            progress(want)
+                        continue
+                    while len(inflight) >= max(1, jobs):  # a slot as soon as any part is up
+                        finished, inflight = wait(inflight, return_when=FIRST_COMPLETED)
+                        for fut in finished:
+                            fut.result()
+                    inflight.add(pool.submit(send, k, data))
+                for fut in as_completed(inflight):
+                    fut.result()
+            finally:
+                for fut in inflight:
+                    fut.cancel()
+        after = os.stat(src)
+        if (after.st_size, after.st_mtime_ns) != (size, st.st_mtime_ns):
+            raise FormatError(f"{src}: changed while it was pushed; push the store again once it is finished")
+        etag = mp.complete(name, uid, etags)
+        obj = remote.head(name)
+        if obj is None or obj["size"] != size:
+            raise FormatError(f"{loc.object_url(name)}: the completed upload is "
+                              f"{'missing' if obj is None else str(obj['size']) + ' bytes'}, expected {size}; "
+                              "push again")
+        with jlock:
+            uploads.pop(name, None)
+            resumed[0] += kept
+        digest, blocks = hasher.finish()
+        return digest, blocks, obj.get("etag") or etag
 
     if todo:
         with ThreadPoolExecutor(min(_FILE_JOBS, len(todo)), thread_name_prefix="mmstore-push") as pool:
@@ -257,5 +373,7 @@ def push(store: str | os.PathLike[str], url: str, *, overwrite: bool = False, jo
     except OSError:
         pass
     secs = time.monotonic() - t0
-    report.update(uploaded_bytes=total, seconds=round(secs, 3), bytes_per_s=round(total / secs) if secs > 0 else None)
+    sent = total - resumed[0]
+    report.update(uploaded_bytes=sent, resumed_bytes=resumed[0], seconds=round(secs, 3),
+                  bytes_per_s=round(sent / secs) if secs > 0 else None)
     return report

@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import threading
+import time
 import uuid
 
 import numpy as np
@@ -100,6 +101,68 @@ def test_push_killed_midway_is_no_store_and_a_rerun_completes_it(s3_faulty, tmp_
     _same_store(src, str(tmp_path / "back.store"))
     again = run_sub(["push", src, url, "--json"], env=cli_env(**env))  # a third run: nothing to do
     assert again.returncode == 0 and json.loads(again.stdout)["up_to_date"] is True
+
+
+def _part_puts(proxy) -> list[str]:
+    """The upload-part requests the proxy relayed (``PUT ...?partNumber=N&uploadId=...``)."""
+    return [e.target for e in proxy.events if e.method == "PUT" and "partNumber=" in e.target
+            and e.outcome == "forwarded"]
+
+
+def test_a_large_file_push_killed_midway_resumes_from_the_parts_the_server_holds(s3_faulty, tmp_path):
+    from mmstore.transfer.push import PART_BYTES
+
+    src = image_store(tmp_path / "src.store", n=24_000)  # image.npy: 74 MB, 5 parts of 16 MiB
+    size = os.path.getsize(os.path.join(src, "image.npy"))
+    nparts = -(-size // PART_BYTES)
+    assert nparts == 5
+    url = s3_faulty.url("kill/parts.store")
+    env = {"MMSTORE_CACHE_DIR": str(tmp_path / "cache")}  # the push journal
+    proxy = s3_faulty.proxy
+    proxy.set_delay(0.4, method="PUT", path="partNumber=")  # one part at a time, slowly: the kill lands midway
+    proc = popen_cli(["push", src, url, "-q", "--jobs", "1"], env=env, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.PIPE, start_new_session=True)
+    wait_for("two uploaded parts", lambda: len(_part_puts(proxy)) >= 2, proc)
+    kill9(proc)
+    first = len(_part_puts(proxy))
+    assert 2 <= first < nparts
+    proxy.clear()
+
+    again = run_sub(["push", src, url, "--json"], env=cli_env(**env))
+    assert again.returncode == 0, again.stderr
+    rep = json.loads(again.stdout)
+    sent = len(_part_puts(proxy)) - first
+    assert sent == nparts - first, (first, sent)  # only the parts the server did not hold
+    assert rep["resumed_bytes"] == first * PART_BYTES
+    assert size - first * PART_BYTES <= rep["uploaded_bytes"] <= rep["bytes"] - rep["resumed_bytes"]
+    pull(url, tmp_path / "back.store")
+    _same_store(src, str(tmp_path / "back.store"))
+
+
+def test_a_push_resumed_after_its_file_changed_starts_that_upload_again(s3_faulty, tmp_path):
+    from mmstore.transfer.push import PART_BYTES
+
+    src = image_store(tmp_path / "src.store", n=12_000)  # image.npy: 37 MB, 3 parts
+    data = os.path.join(src, "image.npy")
+    nparts = -(-os.path.getsize(data) // PART_BYTES)
+    url = s3_faulty.url("kill/changed.store")
+    env = {"MMSTORE_CACHE_DIR": str(tmp_path / "cache")}
+    proxy = s3_faulty.proxy
+    proxy.set_delay(0.4, method="PUT", path="partNumber=")
+    proc = popen_cli(["push", src, url, "-q", "--jobs", "1"], env=env, stdout=subprocess.DEVNULL,
+                     stderr=subprocess.PIPE, start_new_session=True)
+    wait_for("an uploaded part", lambda: len(_part_puts(proxy)) >= 1, proc)
+    kill9(proc)
+    first = len(_part_puts(proxy))
+    proxy.clear()
+    st = os.stat(data)
+    os.utime(data, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))  # touched since: its parts are not trusted
+    again = run_sub(["push", src, url, "--json"], env=cli_env(**env))
+    assert again.returncode == 0, again.stderr
+    assert json.loads(again.stdout)["resumed_bytes"] == 0
+    assert len(_part_puts(proxy)) - first == nparts  # every part again, in a new upload
+    pull(url, tmp_path / "back.store")
+    _same_store(src, str(tmp_path / "back.store"))
 
 
 def test_pull_killed_midway_leaves_a_partial_and_a_rerun_resumes_it(s3_faulty, tmp_path):
@@ -301,6 +364,59 @@ def test_throttling_and_resets_are_survived_by_push_pull_and_an_epoch(s3_faulty,
     finally:
         store.close()
     assert proxy.faults > faults
+
+
+def test_answers_cut_mid_body_are_fetched_again_and_never_reach_a_batch(s3_faulty, tmp_path, monkeypatch):
+    proxy = s3_faulty.proxy
+    src = image_store(tmp_path / "src.store")
+    url = s3_faulty.url("cut/body.store")
+    push(src, url, block_bytes=BLOCK)
+    want = _local_epoch(src)
+
+    # a quarter of the range reads lose their connection part way through the body
+    proxy.cut_next(None, rate=0.25, seed=11, keep=0.6, method="GET")
+    pull(url, tmp_path / "back.store", jobs=4)
+    _same_store(src, str(tmp_path / "back.store"))
+    cuts = proxy.cuts
+    store = mmstore.open(url, cache_dir=tmp_path / "cache")
+    try:
+        with Loader(store, BATCH, SPEC) as loader:
+            assert_same_epoch(batches(loader), want)
+        assert store.replica.complete() and store.replica.verify_present() == 0
+    finally:
+        store.close()
+    assert proxy.cuts > cuts > 0
+    proxy.clear()
+
+    # without retries a cut is a typed error naming the object; the cache keeps nothing of it
+    monkeypatch.setenv("MMSTORE_REMOTE_RETRIES", "0")
+    store = mmstore.open(url, cache_dir=tmp_path / "cache2")
+    try:
+        proxy.cut_next(1, keep=0.5, method="GET", path="image")
+        with pytest.raises(RemoteUnavailableError, match="image.npy") as info:
+            with Loader(store, BATCH, SPEC) as loader:
+                batches(loader)
+        assert url in str(info.value)
+        assert store.replica.verify_present() == 0  # nothing half-written counts as present
+        proxy.clear()
+        with Loader(store, BATCH, SPEC) as loader:  # the next epoch fetches what was missing
+            assert_same_epoch(batches(loader), want)
+    finally:
+        store.close()
+
+    # an answer that stalls part way through its body times out: a typed error, never a hang
+    monkeypatch.setenv("MMSTORE_REMOTE_TIMEOUT", "1")
+    store = mmstore.open(url, cache_dir=tmp_path / "cache3")
+    try:
+        proxy.cut_next(1, keep=0.3, stall=30, method="GET", path="image")
+        t0 = time.monotonic()
+        with pytest.raises(RemoteUnavailableError, match="image.npy"):
+            with Loader(store, BATCH, SPEC) as loader:
+                batches(loader)
+        assert time.monotonic() - t0 < 20
+    finally:
+        proxy.clear()
+        store.close()
 
 
 # -- wrong credentials, a missing bucket, a missing store --------------------------------------

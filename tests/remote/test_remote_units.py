@@ -181,3 +181,13 @@ def test_a_punched_hole_reads_zeros_keeps_the_size_and_frees_the_disk(tmp_path):
         assert os.pread(fd, 16, 0) == bytes(16) and os.pread(fd, 1, 4 << 20) == b"\x07"
     finally:
         os.close(fd)
+
+
+@given(size=st.integers(0, 50 << 40), least=st.sampled_from([5 << 20, 16 << 20, 64 << 20]))
+def test_a_part_size_keeps_any_file_within_the_parts_s3_allows(size, least):
+    from mmstore.remote.multipart import MAX_PARTS, part_bytes_for
+
+    pb = part_bytes_for(size, least)
+    assert pb >= least and -(-size // pb) <= MAX_PARTS
+    assert pb == least or pb % (1 << 20) == 0
+    assert pb == least or -(-size // (pb - (1 << 20))) > MAX_PARTS  # the least whole MiB that does

@@ -10,6 +10,7 @@ import http.server
 import random
 import socket
 import threading
+import time
 from datetime import timedelta
 
 import pytest
@@ -258,3 +259,34 @@ def test_the_proxy_relays_chunked_and_close_delimited_responses():
         upstream.shutdown()
         upstream.server_close()
         serving.join()
+
+
+def test_an_answer_cut_mid_body_is_seen_without_retries_and_survived_with_them(s3_faulty):
+    proxy = s3_faulty.proxy
+    data = random.Random(3).randbytes(300_000)
+    obstore.put(s3_faulty.store(endpoint=s3_faulty.server.endpoint), "big", data)
+
+    proxy.cut_next(1, method="GET", keep=0.5)
+    with pytest.raises(GenericError, match="(?s)body error.*ConnectionReset"):
+        get(s3_faulty.store(retry_config=NO_RETRY), "big")
+    assert proxy.cuts == 1 and proxy.events[-1].outcome == "cut"
+
+    proxy.cut_next(2, method="GET", keep=0.3)
+    assert get(s3_faulty.store(retry_config=retries(3)), "big") == data
+    proxy.cut_next(2, method="GET", keep=0.9)
+    got = obstore.get_range(s3_faulty.store(retry_config=retries(3)), "big", start=1000, end=250_000)
+    assert bytes(got) == data[1000:250_000]
+    assert proxy.cuts == 5
+
+
+def test_an_answer_that_stalls_mid_body_times_out(s3_faulty):
+    proxy = s3_faulty.proxy
+    data = random.Random(4).randbytes(200_000)
+    obstore.put(s3_faulty.store(endpoint=s3_faulty.server.endpoint), "big", data)
+    impatient = s3_faulty.store(retry_config=NO_RETRY, client_options={"timeout": "500ms"})
+    proxy.cut_next(1, method="GET", keep=0.3, stall=5)
+    t0 = time.monotonic()
+    with pytest.raises(GenericError, match="(?s)body error.*TimedOut"):
+        obstore.get_range(impatient, "big", start=0, end=150_000)
+    assert time.monotonic() - t0 < 4
+    assert bytes(obstore.get_range(impatient, "big", start=0, end=150_000)) == data[:150_000]

@@ -8,8 +8,9 @@ bucket, put or get raw bytes) are signed here with AWS Signature V4, so this mod
 standard library only.
 
 ``FaultProxy`` is an HTTP/1.1 proxy on its own loopback port that relays requests to the
-server and, on command, answers some of them ``503 SlowDown``, resets their connection or
-delays them: throttling and dropped connections as object storage produces them.
+server and, on command, answers some of them ``503 SlowDown``, resets their connection, cuts
+their answer in the middle of its body (and may stall there first) or delays them: throttling
+and dropped connections as object storage produces them.
 """
 
 from __future__ import annotations
@@ -413,13 +414,15 @@ _MAX_HEADERS = 200
 
 @dataclass
 class _Rule:
-    action: str  # "fail" or "reset"
+    action: str  # "fail", "reset" or "cut"
     remaining: int | None  # None: every matching request, each with probability ``rate``
     rate: float
     method: str | None
     path: re.Pattern[str] | None
     status: int
     rng: random.Random | None = None
+    keep: float = 0.5  # "cut": the share of the body relayed before the connection is reset
+    stall: float = 0.0  # "cut": seconds the connection then stays silent before the reset
 
     def matches(self, method: str, target: str) -> bool:
         return ((self.method is None or self.method == method)
@@ -430,7 +433,7 @@ class _Rule:
 class ProxyEvent:
     method: str
     target: str
-    outcome: str  # "forwarded", "fail", "reset" or "upstream-down"
+    outcome: str  # "forwarded", "fail", "reset", "cut" or "upstream-down"
 
 
 @dataclass
@@ -537,6 +540,7 @@ class FaultProxy:
         self.requests = 0  # requests seen
         self.faults = 0  # answered with an injected error status
         self.resets = 0  # connections reset instead of answered
+        self.cuts = 0  # answers cut in the middle of their body
         self.forwarded = 0
         self._acceptor = threading.Thread(target=self._accept_loop, name=f"fault-proxy-{self.port}", daemon=True)
         self._acceptor.start()
@@ -558,6 +562,16 @@ class FaultProxy:
         with self._lock:
             self._rules.append(_Rule("reset", n, 1.0, method, self._pattern(path), 0))
 
+    def cut_next(self, n: int | None, *, keep: float = 0.5, stall: float = 0.0, rate: float = 1.0, seed: int = 0,
+                 method: str | None = None, path: str | None = None) -> None:
+        """Relay the next ``n`` matching requests (``None``: every one, each with probability
+        ``rate``) to the server, but their answer only in part: the status line, the headers and
+        the first ``keep`` of the body, then ``stall`` seconds of silence, then a reset. A
+        response cut in the middle of its body, as a dropped connection or a dying server makes it."""
+        with self._lock:
+            self._rules.append(_Rule("cut", n, rate, method, self._pattern(path), 0,
+                                     None if n is not None else random.Random(seed), keep, stall))
+
     def fail_rate(self, p: float, *, seed: int = 0, status: int = 503, method: str | None = None,
                   path: str | None = None) -> None:
         """Answer each matching request with ``status`` with probability ``p`` (a seeded draw per request)."""
@@ -575,8 +589,8 @@ class FaultProxy:
             self._rules.clear()
             self._delay = _Delay()
 
-    def _decide(self, method: str, target: str) -> tuple[str, int, float]:
-        """(action, status, delay) for one request; counts it."""
+    def _decide(self, method: str, target: str) -> tuple[str, int, float, _Rule | None]:
+        """(action, status, delay, the rule that decided) for one request; counts it."""
         with self._lock:
             self.requests += 1
             d = self._delay
@@ -593,10 +607,12 @@ class FaultProxy:
                     continue
                 if rule.action == "reset":
                     self.resets += 1
+                elif rule.action == "cut":
+                    self.cuts += 1
                 else:
                     self.faults += 1
-                return rule.action, rule.status, delay
-            return "forward", 0, delay
+                return rule.action, rule.status, delay, rule
+            return "forward", 0, delay, None
 
     # -- serving
 
@@ -642,7 +658,7 @@ class FaultProxy:
         """One request; False when the client connection must be closed."""
         method, target, _ = lines[0].decode("latin-1").split(" ", 2)
         headers = _headers(lines)
-        action, status, delay = self._decide(method, target)
+        action, status, delay, rule = self._decide(method, target)
         if delay and self._stopping.wait(delay):
             return False
         expects = headers.get("expect", "").lower() == "100-continue"
@@ -682,6 +698,10 @@ class FaultProxy:
                     break  # an interim 1xx is dropped: the proxy answered 100-continue itself
             rheaders = _headers(rlines)
             conn.sendall(b"".join(rlines) + b"\r\n")
+            if rule is not None and rule.action == "cut":
+                self._cut(conn, upfile, rheaders, rule)
+                self._record(method, target, "cut")
+                return False
             framed = True
             if method != "HEAD" and code not in (204, 304):
                 framed = _copy_body(upfile, rheaders, conn.sendall)
@@ -697,6 +717,24 @@ class FaultProxy:
             with self._lock:
                 self._sockets.discard(up)
             up.close()
+
+    def _cut(self, conn: socket.socket, upfile: BinaryIO, rheaders: dict[str, str], rule: _Rule) -> None:
+        """Relay the first ``rule.keep`` of the answer's body, stay silent ``rule.stall``
+        seconds, then reset the client's connection."""
+        try:
+            length = int(rheaders.get("content-length", ""))
+        except ValueError:
+            length = 1 << 16  # not framed by a length: some of it
+        left = int(length * rule.keep)
+        while left > 0:
+            chunk = upfile.read1(min(left, 1 << 16))
+            if not chunk:
+                break
+            conn.sendall(chunk)
+            left -= len(chunk)
+        if rule.stall:
+            self._stopping.wait(rule.stall)
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
 
     def stop(self) -> None:
         """Stop accepting, drop every connection (waking delayed requests), join the threads."""

@@ -1,0 +1,111 @@
+"""Fixtures for stores at ``az://`` and ``http(s)://`` URLs, against real servers on loopback.
+
+* ``azurite_server``: Azurite's blob service (``support.azurite``), started once per test run,
+  stopped by its pid, its directory removed; ``az``: a fresh container on it per test, the
+  standard Azure environment set to reach it (``AZURE_STORAGE_USE_EMULATOR``,
+  ``AZURITE_BLOB_STORAGE_URL``; every other ``AZURE_*`` of the caller's shell removed).
+* ``web``: a store published over HTTP: a fresh bucket on the S3 test server (``s3``), read back
+  through the same SeaweedFS server's filer port, which serves the bucket's objects at
+  ``http://127.0.0.1:PORT/buckets/BUCKET/KEY`` with ``Range``, ``HEAD``, ``ETag`` and
+  ``If-Match``, as a bucket's public HTTP endpoint does.
+
+Where a server cannot be installed or started the tests that use it are skipped, and the skip
+says why; with ``MMSTORE_AZURITE_REQUIRED=1`` (``.ci/run`` sets it where npm is present) Azurite
+that cannot start fails the test instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import uuid
+from dataclasses import dataclass
+
+import pytest
+
+from support.azurite import AzuriteError, AzuriteServer, ensure_azurite
+from support.s3 import Bucket
+
+_containers = itertools.count()
+
+
+def _unavailable(reason: str) -> None:
+    if os.environ.get("MMSTORE_AZURITE_REQUIRED") == "1":
+        pytest.fail(f"MMSTORE_AZURITE_REQUIRED=1 and {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def azurite_server(tmp_path_factory):
+    """The Azurite server of this test run."""
+    try:
+        binary = ensure_azurite()
+    except AzuriteError as e:
+        _unavailable(f"Azurite cannot be installed: {e}")
+    root = str(tmp_path_factory.mktemp("azurite"))
+    server = None
+    try:
+        try:
+            server = AzuriteServer(root, binary)
+            server.start()
+        except (AzuriteError, OSError) as e:
+            server = None
+            _unavailable(f"Azurite cannot start: {e}")
+        yield server
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@dataclass
+class Container:
+    """A fresh container on the emulator and helpers."""
+
+    server: AzuriteServer
+    container: str
+
+    def url(self, path: str = "", scheme: str = "az") -> str:
+        """``az://container/path`` (or another of the Azure schemes)."""
+        return f"{scheme}://{self.container}/{path.lstrip('/')}"
+
+    def read(self, key: str) -> bytes:
+        return self.server.get_blob(self.container, key)
+
+    def write(self, key: str, data: bytes) -> None:
+        self.server.put_blob(self.container, key, data)
+
+
+@pytest.fixture
+def az(azurite_server, monkeypatch):
+    """A fresh container, the Azure environment set to reach it."""
+    name = f"t{next(_containers):04d}-{uuid.uuid4().hex[:10]}"
+    azurite_server.create_container(name)
+    for key in list(os.environ):
+        if key.startswith(("AZURE_", "AZURITE_")):
+            monkeypatch.delenv(key)
+    for key, value in azurite_server.env().items():
+        monkeypatch.setenv(key, value)
+    yield Container(azurite_server, name)
+    azurite_server.delete_container(name)
+
+
+@dataclass
+class Web:
+    """A bucket of the S3 test server (``s3``, to push to and to damage objects through) and
+    the HTTP address its objects are served at."""
+
+    s3: Bucket
+    root: str
+
+    def url(self, path: str = "") -> str:
+        """``http://127.0.0.1:FILER/buckets/BUCKET/path``: what ``s3.url(path)`` holds, over HTTP."""
+        return f"{self.root}/{path.lstrip('/')}"
+
+
+@pytest.fixture
+def web(s3):
+    """A store published over HTTP: push to ``web.s3.url(p)``, read at ``web.url(p)``."""
+    port = s3.server.ports["filer"]
+    return Web(s3, f"http://127.0.0.1:{port}/buckets/{s3.bucket}")
