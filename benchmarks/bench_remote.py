@@ -778,7 +778,8 @@ def mosaic_prepare(work: str, records: int, python: str, env: dict[str, str]) ->
     url = f"s3://{BUCKET}/mosaic"
     out_dir = os.path.join(work, "mosaic")
     found = mosaic_run(python, {"kind": "version"}, mosaic_env(env), 300)
-    peer: dict[str, Any] = {"python": python, "version": found.pop("version"), "beside": found}
+    peer: dict[str, Any] = {"python": "VENV/bin/python (a venv with mosaicml-streaming)",
+                            "version": found.pop("version"), "beside": found}
     if not os.path.exists(os.path.join(out_dir, "index.json")):
         shutil.rmtree(out_dir, ignore_errors=True)
         log("Mosaic MDSWriter")
@@ -818,6 +819,23 @@ def mosaic_condition(name: str, ctx: dict[str, Any]) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------
 # one condition
+
+
+def public_args(argv: list[str]) -> str:
+    """The command line as the published page gives it: no paths of this machine (the output
+    file, the work directory, Mosaic's interpreter)."""
+    out, skip = [], False
+    for a in argv:
+        if skip:
+            skip = False
+            continue
+        if a in ("--out", "--workdir"):
+            skip = True
+            continue
+        if a.startswith(("--out=", "--workdir=")):
+            continue
+        out.append("VENV/bin/python" if a.startswith("/") and a.endswith("python") else a)
+    return " ".join(out)
 
 
 def push_rate(report: dict[str, Any]) -> dict[str, Any]:
@@ -1278,7 +1296,7 @@ def main() -> None:
         print_table(rows)
         out = {
             "title": "Stores in object storage: push, pull and epochs from a URL",
-            "command": "python benchmarks/bench_remote.py " + " ".join(sys.argv[1:]),
+            "command": "python benchmarks/bench_remote.py " + public_args(sys.argv[1:]),
             "machine": machine(),
             "versions": versions(mosaic.get("version")),
             "date": time.strftime("%Y-%m-%d %H:%M"),
