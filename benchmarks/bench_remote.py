@@ -530,7 +530,7 @@ def mmstore_epochs(url: str, cache_dir: str, epochs: int, *, cache_limit: int | 
                    block: int | None = None, window: int | None = None, sampler: bool = False,
                    partner: str | None = None) -> dict[str, Any]:
     """``epochs`` epochs of a block-shuffle Loader over the store at ``url``, timed from ``mmstore.open``;
-    with ``partner`` (a local store), after the first epoch each epoch is followed by one of the same
+    with ``partner`` (a local store), after the first epoch each epoch is paired with one of the same
     Loader over the partner (side by side, so that both see the same machine)."""
     import mmstore
     from mmstore.order import OrderSpec
@@ -553,9 +553,11 @@ def mmstore_epochs(url: str, cache_dir: str, epochs: int, *, cache_limit: int | 
         if partner is not None:
             other = Loader(mmstore.open(partner), BATCH, OrderSpec("block", seed=0))
             partner_runs += run_epochs(other, 1)  # its first epoch: page cache warm, the Loader's setup
-        for _ in range(epochs - 1):
+        for i in range(epochs - 1):  # the pairs alternate which side goes first
+            if other is not None and i % 2:
+                partner_runs += run_epochs(other, 1)
             runs += run_epochs(loader, 1)
-            if other is not None:
+            if other is not None and not i % 2:
                 partner_runs += run_epochs(other, 1)
         if other is not None and hasattr(other, "close"):
             other.close()
@@ -929,7 +931,8 @@ def condition(name: str, ctx: dict[str, Any], args: argparse.Namespace) -> dict[
         res["mmstore"] = m
         log(f"[{name}] mmstore {m['epochs']} (cold runs {m['cold_runs']})")
         loc = {"record_bytes": rb, "epochs": m.pop("partner_epochs"),
-               "note": "epochs of the same Loader over the local store, each right after one from the URL"}
+               "note": "epochs of the same Loader over the local store, in pairs with one from the URL, "
+                       "each pair in the other order than the one before"}
         res["local"] = loc
         log(f"[{name}] local {loc['epochs']}")
         shutil.rmtree(os.path.join(work, f"cache-{name}"), ignore_errors=True)
@@ -1177,7 +1180,7 @@ def main() -> None:
     ap.add_argument("--shape", default="delay 10ms rate 1gbit", help="netem options of the shaped condition")
     ap.add_argument("--conditions", default="unshaped,shaped", help="unshaped, shaped or both (default)")
     ap.add_argument("--only", default=None, help="a subset: netlimit,epochs,litdata,mosaic,cachelimit,push,pull")
-    ap.add_argument("--warm-epochs", type=int, default=5, help="epochs after the first (epoch 2: the best)")
+    ap.add_argument("--warm-epochs", type=int, default=10, help="epochs after the first (epoch 2: the best)")
     ap.add_argument("--no-prefault", action="store_true",
                     help="do not touch memory before each timed step (see NOTE [fresh memory on a VM])")
     ap.add_argument("--no-litdata", action="store_true", help="skip the litdata peer")
@@ -1272,8 +1275,9 @@ def main() -> None:
         mosaic: dict[str, Any] = {}
         if not args.no_mosaic and (args.only is None or "mosaic" in args.only):
             try:
-                mosaic, ctx["mosaic_url"] = mosaic_prepare(work, records, mosaic_python(args.mosaic_python), env)
-                ctx["mosaic_python"] = mosaic["python"]
+                python = mosaic_python(args.mosaic_python)
+                mosaic, ctx["mosaic_url"] = mosaic_prepare(work, records, python, env)
+                ctx["mosaic_python"] = python  # (the record names no path of this machine)
             except Exception as exc:  # noqa: BLE001 - reported, the rest still runs
                 mosaic["error"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
                 if "No module named 'streaming'" in mosaic["error"]:

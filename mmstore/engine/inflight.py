@@ -48,6 +48,7 @@ class InFlight:
         self.cv = threading.Condition()  # window progress (an RLock: notify is safe from a finalizer)
         self.win_thread: threading.Thread | None = None
         self.stream: Any = None  # the CUDA side stream of the epoch's copies
+        self.hold: Any = None  # released once nothing of the epoch reads (a replica's whole pin)
 
     def cancel(self, reason: str) -> None:
         """Stop the epoch: queued reads are cancelled, waiting threads woken.
@@ -79,6 +80,9 @@ class InFlight:
         self.win_thread = None
         if self.stream is not None:
             self.stream.synchronize()
+        hold, self.hold = self.hold, None
+        if hold is not None:
+            hold.release()
 
     def wait_slot(self, s: int) -> list[Future[Any]]:
         """Wait for the reads into buffer ``s``; return their futures (and

@@ -368,12 +368,13 @@ class Remote:
                 "shorter than the store says; it was replaced or truncated since the push: open the store again")
         return view
 
-    def get_verified(self, name: str, start: int, end: int, etag: str | None, digest: bytes) -> tuple[memoryview, int]:
+    def get_verified(self, name: str, start: int, end: int, etag: str | None, digest: bytes,
+                     tries: int = 2) -> tuple[memoryview, int]:
         """Bytes ``[start, end)`` of object ``name`` whose block digest is
-        ``digest`` (the remote index's); fetched once more when they do not
-        match, then ``RemoteChecksumError``. Returns them and how many fetches
-        were repeated."""
-        for attempt in (1, 2):
+        ``digest`` (the remote index's); fetched up to ``tries`` times while
+        they do not match, then ``RemoteChecksumError``. Returns them and how
+        many fetches were repeated."""
+        for attempt in range(1, max(1, tries) + 1):
             data = self.get_range(name, start, end, etag)
             if block_digest(data) == digest:
                 return data, attempt - 1

@@ -39,6 +39,14 @@ decided by open-file-description locks on the block's byte of ``blocks.map``
 * an *eviction* takes a block's lock exclusively without waiting, so a
   pinned block is never evicted, and never a block being fetched.
 
+NOTE [a complete replica]: an epoch that finds every block present pins
+them all with one shared lock over the whole of ``blocks.map`` for as long
+as its reads run, and reads as from a local store, with no window pass: no
+lock per run of blocks, no hand-over per batch. Nobody can evict a block
+meanwhile (an eviction's exclusive lock is refused), so another process
+whose cache limit is smaller than the store waits for that epoch's end or
+goes over its limit by what is pinned, as with any pin.
+
 NOTE [accounting]: the disk the replica uses is the whole files plus the
 present and fetching blocks. ``acct.lock`` holds that sum of the blocks and a
 "dirty" word, in a shared mapping, changed only under an ``flock`` of the
@@ -91,6 +99,7 @@ __all__ = ["CONSUMED", "KEEP", "Pin", "Replica", "default_cache_dir", "open_repl
            "read_remote_manifest"]
 
 _FETCH_THREADS = 16
+_FETCH_RUN_BYTES = 8 << 20  # one range request fetches up to this many bytes of consecutive blocks
 _ABSENT, _PRESENT, _FETCHING = 0, 1, 2
 _CONSUMED = 1  # blocks.use of a block the epoch is done with: evicted first
 CONSUMED = _CONSUMED
@@ -181,10 +190,13 @@ class Pin:
     """Shared locks on blocks being read: the blocks stay present until
     :meth:`release` (see NOTE [block states])."""
 
-    __slots__ = ("_replica", "_locks", "blocks")
+    __slots__ = ("_replica", "_locks", "_pid", "_whole", "blocks")
 
-    def __init__(self, replica: Replica, locks: list[tuple[int, int, int]], blocks: np.ndarray) -> None:
+    def __init__(self, replica: Replica, locks: list[tuple[int, int, int]], blocks: np.ndarray,
+                 whole: bool = False) -> None:
         self._replica = replica
+        self._pid = os.getpid()
+        self._whole = whole  # every block, by pin_complete
         self._locks = locks  # (fd, first block, count)
         self.blocks = blocks
 
@@ -193,6 +205,12 @@ class Pin:
         epoch (they are evicted first)."""
         locks, self._locks = self._locks, []
         r = self._replica
+        if self._pid != os.getpid():
+            return  # a forked child's copy: the locks are the parent's (its descriptors, shared by fork)
+        if self._whole:
+            self._whole = False
+            with r._mu:
+                r._whole_pins -= 1
         if consumed and len(self.blocks):
             r.use[self.blocks] = _CONSUMED
         r.unlock_all(locks)
@@ -206,7 +224,7 @@ class Pin:
         self.release()
 
     def __del__(self) -> None:
-        if self._locks:
+        if self._locks or self._whole:
             try:
                 self.release()
             except Exception:  # noqa: BLE001 - a finalizer never raises
@@ -259,6 +277,7 @@ class Replica:
         self._pid = os.getpid()
         self._mu = threading.Lock()
         self._fds: list[int] = []
+        self._whole_pins = 0
         self._data_fds: dict[str, int] = {}
         self._pool: ThreadPoolExecutor | None = None
         self.fetched_bytes = 0
@@ -469,16 +488,14 @@ class Replica:
                 if ahead and not self._room_for(absent):
                     self.unlock_all(locks)
                     return None
-                futs = [self._fetch_pool().submit(self._fetch, int(g)) for g in absent.tolist()]
+                pool = self._fetch_pool()
+                futs = [pool.submit(self._fetch_run, g, n) for g, n in self._fetch_runs(absent)]
                 err: BaseException | None = None
                 for f in futs:
                     try:
-                        got = f.result()
+                        locks.extend(f.result())
                     except BaseException as exc:  # noqa: BLE001 - the first error is raised after all are done
                         err = err or exc
-                        continue
-                    if got is not None:
-                        locks.append(got)
                 if err is not None:
                     raise err
         except BaseException:
@@ -488,6 +505,29 @@ class Replica:
         if len(blocks):
             self.use[blocks] = now
         return Pin(self, locks, blocks)
+
+    def pin_complete(self) -> Pin | None:
+        """Pin every block with one lock, if every block is present (NOTE
+        [a complete replica]); None, having pinned nothing, when one is not."""
+        self._check_pid()
+        if not self.complete():
+            return None
+        if self.nblocks:
+            fd = self.take_fd()
+            lock_range(fd, 0, self.nblocks, shared=True, wait=True)  # waits out an eviction in progress
+            locks = [(fd, 0, self.nblocks)]
+            if not self.complete():  # a block was evicted before the lock was granted
+                self.unlock_all(locks)
+                return None
+            self.use[:] = time.monotonic_ns()
+        with self._mu:
+            self._whole_pins += 1
+        return Pin(self, locks if self.nblocks else [], np.zeros(0, np.int64), whole=True)
+
+    def pinned_whole(self) -> bool:
+        """Whether this process holds every block pinned (:meth:`pin_complete`):
+        a read needs no pin of its own then."""
+        return self._whole_pins > 0 and self._pid == os.getpid()
 
     def unlock_all(self, locks: list[tuple[int, int, int]]) -> None:
         """Drop the locks ``(fd, first, count)`` and return their descriptors (once each)."""
@@ -534,7 +574,118 @@ class Replica:
         with self._acct():
             return self._reserve_locked(need, overshoot=False, wait=False)
 
-    def _fetch(self, g: int) -> tuple[int, int, int] | None:
+    def _fetch_runs(self, absent: np.ndarray) -> list[tuple[int, int]]:
+        """``absent`` (sorted blocks) as runs ``(first, count)`` of consecutive
+        blocks of one file, each at most ``_FETCH_RUN_BYTES`` (NOTE [runs of
+        blocks])."""
+        if not len(absent):
+            return []
+        most = max(1, _FETCH_RUN_BYTES // self.block_bytes)
+        cut = np.flatnonzero((np.diff(absent) != 1) | (np.diff(self.owner[absent]) != 0)) + 1
+        out = []
+        for a, b in zip(np.concatenate(([0], cut)).tolist(), np.concatenate((cut, [len(absent)])).tolist()):
+            first, n = int(absent[a]), b - a
+            parts = -(-n // most)  # pieces of equal length, not a long run and a short rest
+            for k in range(parts):
+                lo, hi = k * n // parts, (k + 1) * n // parts
+                out.append((first + lo, hi - lo))
+        return out
+
+    def _fetch_run(self, g0: int, n: int) -> list[tuple[int, int, int]]:
+        """Fetch the absent blocks ``g0 .. g0 + n - 1`` (consecutive, of one
+        file) and pin them; their shared locks ``(fd, g, 1)``.
+
+        NOTE [runs of blocks]: a block is the unit of verification, pinning
+        and eviction, but one range request per block costs the client and
+        the server as much per request as per byte: consecutive absent blocks
+        are fetched with one request of up to ``_FETCH_RUN_BYTES``. The run
+        is the longest prefix whose blocks this fetcher locks exclusively at
+        once and finds absent (the rule of a single block's fetch, for each);
+        each block's bytes are checked against its own digest, and a block
+        that does not match is fetched again alone. The rest of the run, and
+        a run of one, go block by block (:meth:`_fetch`). An error releases
+        every block the run pinned before it."""
+        got: list[tuple[int, int, int]] = []
+        try:
+            run = self._fetch_prefix(g0, n, got) if n > 1 else 0
+            for g in range(g0 + run, g0 + n):
+                got.append(self._fetch(g))
+        except BaseException:
+            self.unlock_all(got)  # what this run pinned before the error
+            raise
+        return got
+
+    def _fetch_prefix(self, g0: int, n: int, got: list[tuple[int, int, int]]) -> int:
+        """The longest prefix of ``g0 .. g0 + n - 1`` this fetcher locks
+        exclusively at once and finds absent, fetched with one request and
+        pinned into ``got``, if it has two blocks or more; its length (0 when
+        nothing was fetched)."""
+        fd = self.take_fd()
+        run = 0
+        for g in range(g0, g0 + n):
+            if not lock_range(fd, g, 1, shared=False, wait=False):
+                break
+            if self.state[g] == _PRESENT:
+                unlock_range(fd, g, 1)
+                break
+            run += 1
+        if run < 2:
+            if run:
+                unlock_range(fd, g0, 1)
+            self.give_fd(fd)
+            return 0
+        try:
+            sizes = self.sizes[g0 : g0 + run]
+            marked: list[int] = []
+            try:
+                with self._acct():
+                    fresh = [g for g in range(g0, g0 + run) if self.state[g] == _ABSENT]  # else a dead fetcher's
+                    self._reserve_locked(int(self.sizes[fresh].sum()) if fresh else 0, overshoot=True, wait=False)
+                    for g in fresh:
+                        self._mark_locked(g, _FETCHING, int(self.sizes[g]))
+                        marked.append(g)
+                self._fill_run(g0, run, int(sizes.sum()))
+            except BaseException:
+                with self._acct():
+                    for g in marked:
+                        self._mark_locked(g, _ABSENT, -int(self.sizes[g]))
+                raise
+            self.state[g0 : g0 + run] = _PRESENT
+            lock_range(fd, g0, run, shared=True, wait=True)  # converts: now pins like any reader's
+        except BaseException:
+            try:
+                unlock_range(fd, g0, run)
+            finally:
+                self.give_fd(fd)
+            raise
+        got.extend((fd, g, 1) for g in range(g0, g0 + run))
+        return run
+
+    def _fill_run(self, g0: int, run: int, size: int) -> None:
+        """Blocks ``g0 .. g0 + run - 1`` (``size`` bytes) in one request; each
+        checked against its digest (one that does not match is fetched again
+        alone, once), and written only once every one of them matched."""
+        name = self.sparse[int(self.owner[g0])]
+        etag = self.index.files[name].etag
+        start = (g0 - self.first[name]) * self.block_bytes
+        data = self.remote.get_range(name, start, start + size, etag)
+        B = self.block_bytes
+        pieces = []
+        for i in range(run):
+            g, a, b = g0 + i, i * B, min((i + 1) * B, size)
+            want = self._digests[g * DIGEST_BYTES : (g + 1) * DIGEST_BYTES]
+            piece = data[a:b]
+            if block_digest(piece) != want:
+                self.refetched += 1
+                piece, _ = self.remote.get_verified(name, start + a, start + b, etag, want, tries=1)
+            pieces.append(piece)
+        fd = self._data_fd(name)
+        for i, piece in enumerate(pieces):
+            pwrite_all(fd, piece, start + i * B)
+        self.fetched_bytes += size
+        self.fetched_blocks += run
+
+    def _fetch(self, g: int) -> tuple[int, int, int]:
         """Fetch block ``g`` unless present; return its shared lock ``(fd, g, 1)``.
 
         The exclusive lock is only ever tried, never waited for: other

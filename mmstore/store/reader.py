@@ -324,11 +324,14 @@ class Store:
         """The URL the store was opened from, or None for a local store."""
         return None if self.replica is None else self.replica.url
 
-    def _pin(self, slots: np.ndarray, names: Sequence[str]) -> Pin:
+    def _pin(self, slots: np.ndarray, names: Sequence[str]) -> Pin | None:
         """A store from a URL: make the blocks that reading ``slots`` of
-        ``names`` touches present, and pin them (release after the copy)."""
+        ``names`` touches present, and pin them (release after the copy);
+        None when this process holds them all pinned already."""
         rep = cast("Replica", self.replica)
-        return rep.acquire(rep.blocks_of(record_spans(self._b(), self.schema, slots, names)))  # type: ignore[return-value]
+        if rep.pinned_whole():
+            return None
+        return rep.acquire(rep.blocks_of(record_spans(self._b(), self.schema, slots, names)))
 
     def close(self) -> None:
         """Release this process's mappings and environment."""
@@ -425,8 +428,9 @@ class Store:
             ix = self._slot_index()
             self._check_mapped(INDEX_FILE)
             j = int(ix[j])  # type: ignore[index]
-        if self.replica is not None:
-            with self._pin(np.array([j]), self.schema.names):
+        pin = self._pin(np.array([j]), self.schema.names) if self.replica is not None else None
+        if pin is not None:
+            with pin:
                 return self._read_slot(read, j)
         return self._read_slot(read, j)
 

@@ -625,24 +625,13 @@ class Loader(Resumable):
         window: DirectWindows | WindowPrefetch | RemoteWindows | None = None
         replica = self.store.replica
         if replica is not None:
-            if isinstance(self.order, BlockShuffle):
-                _check_remote_windows(self.order, self._record_bytes, replica.cache_limit)
-                fb = self.order.window_bounds(epoch)
-                if start:
-                    fb = np.unique(np.clip(fb - start * self.batch_size, 0, None))
-            elif isinstance(self.order, Sequential):
-                lim = replica.cache_limit
-                fb = fetch_bounds(len(idx), self.batch_size, max(1, self._record_bytes),
-                                  FETCH_WINDOW_BYTES if lim is None else max(1, min(FETCH_WINDOW_BYTES, lim // 4)))
-            else:  # records one by one: a batch touches a block per record, so a window is one batch
-                fb = fetch_bounds(len(idx), self.batch_size, max(1, self._record_bytes), 1)
-            window = RemoteWindows(self.store, self.fields, idx, fb, inflight, replica)
-            self._plan.remote = {**replica.describe(), "windows": len(fb) - 1,
-                                 "cost": remote_cost(replica, self.order, self._record_bytes)}
-        elif bounds is not None and not reads.cached and self._plan.window_direct and reads.files:
+            window = self._remote_pass(replica, epoch, start, idx, inflight)
+        if window is not None or bounds is None or reads.cached:  # (a complete replica reads as local)
+            pass
+        elif self._plan.window_direct and reads.files:
             window = DirectWindows(reads, idx, bounds, t.window_threads, inflight,
                                    cap=2 * self._plan.window_bytes, batch_size=self.batch_size)
-        elif bounds is not None and not reads.cached:
+        else:
             window = WindowPrefetch(reads, idx, bounds, str(t.window_prefetch), t.window_threads, inflight,
                                     drop_behind=bool(self._plan.drop_behind), chunk=self._plan.window_chunk)
         self._plan.reads = reads.state  # describe()["reads"]: the cut in use, as the cache changes
@@ -667,6 +656,31 @@ class Loader(Resumable):
             batches, epoch, prefetch=self.prefetch, copy=self.copy, on_used=self._commit, wrap=deliver,
             offset=start,
         )
+
+    def _remote_pass(self, replica: Replica, epoch: int, start: int, idx: np.ndarray,
+                     inflight: InFlight) -> RemoteWindows | None:
+        """The window pass that fetches the epoch's blocks of a store opened
+        from a URL; None when every block is present: the epoch then pins
+        them all at once and reads as from a local store (NOTE [a complete
+        replica])."""
+        inflight.hold = replica.pin_complete()
+        window = None
+        if inflight.hold is None:
+            if isinstance(self.order, BlockShuffle):
+                _check_remote_windows(self.order, self._record_bytes, replica.cache_limit)
+                fb = self.order.window_bounds(epoch)
+                if start:
+                    fb = np.unique(np.clip(fb - start * self.batch_size, 0, None))
+            elif isinstance(self.order, Sequential):
+                lim = replica.cache_limit
+                fb = fetch_bounds(len(idx), self.batch_size, max(1, self._record_bytes),
+                                  FETCH_WINDOW_BYTES if lim is None else max(1, min(FETCH_WINDOW_BYTES, lim // 4)))
+            else:  # records one by one: a batch touches a block per record, so a window is one batch
+                fb = fetch_bounds(len(idx), self.batch_size, max(1, self._record_bytes), 1)
+            window = RemoteWindows(self.store, self.fields, idx, fb, inflight, replica)
+        self._plan.remote = {**replica.describe(), "windows": 0 if window is None else len(window.bounds) - 1,
+                             "cost": remote_cost(replica, self.order, self._record_bytes)}
+        return window
 
     def _commit(self, epoch: int) -> None:
         """Epoch ``epoch`` counts as used: the next iteration takes the next one."""

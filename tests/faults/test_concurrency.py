@@ -8,6 +8,7 @@ import hashlib
 import multiprocessing as mp
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -43,9 +44,44 @@ def _digest(store, seed):
     return h.hexdigest()
 
 
-def _reader(args):
-    store, seed = args
-    return seed, _digest(store, seed)
+def _reader(store, seed, conn):
+    conn.send((seed, _digest(store, seed)))
+    conn.close()
+
+
+def _read_in_processes(method, store, seeds, timeout=120.0):
+    """``_digest`` of each seed in a process of its own (``method``: fork, forkserver, spawn);
+    a process that dies or hangs fails the test with its exit code instead of blocking it."""
+    ctx = mp.get_context(method)
+    procs = []
+    for seed in seeds:
+        recv, send = ctx.Pipe(duplex=False)
+        p = ctx.Process(target=_reader, args=(store, seed, send), daemon=True)
+        p.start()
+        send.close()
+        procs.append((seed, p, recv))
+    out = {}
+    deadline = time.monotonic() + timeout
+    try:
+        for seed, p, recv in procs:
+            if not recv.poll(max(0.0, deadline - time.monotonic())):
+                raise AssertionError(f"{method} reader {seed}: no result within {timeout:.0f} s "
+                                     f"(alive: {p.is_alive()}, exit code: {p.exitcode})")
+            try:
+                got = recv.recv()
+            except EOFError:
+                p.join(10)
+                why = f"{method} reader {seed} ended with exit code {p.exitcode} and no result"
+                raise AssertionError(why) from None
+            out[got[0]] = got[1]
+    finally:
+        for _, p, recv in procs:
+            recv.close()
+            p.join(10)
+            if p.is_alive():
+                p.kill()
+                p.join()
+    return out
 
 
 @pytest.mark.parametrize("backend", ["memmap", "lmdb"])
@@ -65,8 +101,7 @@ def test_16_reader_processes_while_verify_runs(tmp_path, backend):
     try:
         results = {}
         for method, seeds in (("fork", range(0, 6)), ("forkserver", range(6, 11)), ("spawn", range(11, 16))):
-            with mp.get_context(method).Pool(len(seeds)) as pool:
-                results.update(pool.map(_reader, [(store, s) for s in seeds]))
+            results.update(_read_in_processes(method, store, seeds))
     finally:
         stop.set()
         t.join()

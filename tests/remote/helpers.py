@@ -1,8 +1,9 @@
-"""Helpers of the remote fault tests: small image stores, epochs as plain arrays, the objects
+"""Helpers of the remote tests: small image stores, epochs as plain arrays, the objects
 of a bucket, and child processes that read a store from its URL."""
 
 from __future__ import annotations
 
+import filecmp
 import json
 import os
 import subprocess
@@ -13,6 +14,7 @@ from typing import Any
 
 import numpy as np
 from support.proc import REPO, cli_env
+from support.stores import write_store
 
 import mmstore
 
@@ -26,6 +28,39 @@ def image_store(path, n: int = 600, seed: int = 7) -> str:
     images = rng.integers(0, 255, (n, *SHAPE), dtype=np.uint8)
     mmstore.from_dataset([{"image": images[i], "label": i} for i in range(n)], path)
     return os.fspath(path)
+
+
+def written_image_store(path, n: int, shape: tuple[int, ...] = (24, 24, 3), *, seed: int = 7, classes: int = 13,
+                        holes=()) -> str:
+    """A store written by ``StoreWriter`` (``support.stores.write_store``): ``n`` random images of
+    ``shape``, ``label`` = the record's index modulo ``classes``, the slots ``holes`` left empty."""
+    schema = {"image": ("|u1", shape), "label": ("<i8", ())}
+    base = np.random.default_rng(seed).integers(0, 255, (n, *shape), dtype=np.uint8)
+    return write_store(path, n, schema=schema, holes=holes,
+                       make=lambda i: {"image": base[i], "label": np.int64(i % classes)})
+
+
+def same_files(a: str, b: str) -> None:
+    """Directories ``a`` and ``b`` hold the same names with byte-identical contents."""
+    names = sorted(os.listdir(a))
+    assert names == sorted(os.listdir(b))
+    for n in names:
+        assert filecmp.cmp(os.path.join(a, n), os.path.join(b, n), shallow=False), n
+
+
+def push_then_pull(path: str, url: str, dest, block_bytes: int = BLOCK) -> dict[str, Any]:
+    """Push ``path`` to ``url`` (all of it), push again (nothing to do), pull into ``dest``
+    (byte-identical, every record verified), pull again (up to date); the first pull's report."""
+    from mmstore.transfer import pull, push
+
+    rep = push(path, url, block_bytes=block_bytes)
+    assert not rep["up_to_date"] and rep["uploaded_bytes"] == rep["bytes"]
+    assert push(path, url, block_bytes=block_bytes)["up_to_date"]  # the same store again: nothing uploaded
+    got = pull(url, dest)
+    assert got["verified_records"] == len(mmstore.open(path))
+    same_files(path, os.fspath(dest))
+    assert pull(url, dest)["up_to_date"]
+    return got
 
 
 def batches(loader) -> list[dict[str, np.ndarray]]:

@@ -268,6 +268,56 @@ def _retag(s3, prefix: str, name: str) -> None:
     s3.server.put_object_raw(s3.bucket, f"{prefix}/_remote.json", json.dumps(index).encode())
 
 
+def _image_gets(proxy) -> int:
+    return sum(1 for e in proxy.events if e.method == "GET" and "image.npy" in e.target and e.outcome == "forwarded")
+
+
+def test_consecutive_blocks_come_in_one_request_each_checked_alone(s3_faulty, tmp_path):
+    """A fetch of consecutive absent blocks sends one range request per run (up to 8 MiB), not one
+    per block; a flipped byte in one block of a run is caught by that block's digest: that block
+    alone is fetched again and refused, its neighbours are written and verified."""
+    from mmstore.remote.replica import Replica
+
+    src = image_store(tmp_path / "src.store", n=1200)  # 3.5 MiB of images: 57 blocks of 64 KiB
+    prefix = "runs/img.store"
+    url = s3_faulty.url(prefix)
+    push(src, url, block_bytes=BLOCK)
+    proxy = s3_faulty.proxy
+    store = mmstore.open(url, cache_dir=tmp_path / "c1")
+    try:
+        rep: Replica = store.replica
+        first = rep.first["image.npy"]
+        nblocks = len([g for g in range(rep.nblocks) if rep.owner[g] == rep.owner[first]])
+        before = _image_gets(proxy)
+        pin = rep.acquire(np.arange(first, first + nblocks))
+        pin.release()
+        # the first block (the header) is fetched at open: the other 56 in one request
+        assert _image_gets(proxy) - before == 1, _image_gets(proxy) - before
+        assert rep.verify_present() == 0 and rep.complete()
+        np.testing.assert_array_equal(store.read_batch(np.arange(len(store)))["image"],
+                                      mmstore.open(src).read_batch(np.arange(len(store)))["image"])
+    finally:
+        store.close()
+
+    pos = 20 * BLOCK + 100  # in block 20 of image.npy
+    _flip(s3_faulty, f"{prefix}/image.npy", pos)
+    _retag(s3_faulty, prefix, "image.npy")
+    store = mmstore.open(url, cache_dir=tmp_path / "c2")
+    try:
+        rep = store.replica
+        first = rep.first["image.npy"]
+        with pytest.raises(RemoteChecksumError, match="image.npy"):
+            rep.acquire(np.arange(first + 10, first + 30))  # blocks 10..29: one run, block 20 bad
+        assert rep.describe()["refetched_blocks"] == 1
+        assert not rep.state[first + 10 : first + 30].any()  # nothing of the failed run counts as present
+        assert rep.accounting()["sum"] == rep.accounting()["counted"]
+        pin = rep.acquire(np.arange(first + 10, first + 20))  # the good blocks before it
+        pin.release()
+        assert rep.verify_present() == 0
+    finally:
+        store.close()
+
+
 def test_a_flipped_byte_under_a_vouching_index_is_a_checksum_error_never_data(s3, tmp_path, capsys):
     src = image_store(tmp_path / "src.store")
     prefix = "bad/flip.store"

@@ -5,7 +5,6 @@ second open starts warm."""
 
 from __future__ import annotations
 
-import filecmp
 import json
 import os
 import subprocess
@@ -15,6 +14,15 @@ import time
 
 import numpy as np
 import pytest
+from remote.helpers import (
+    assert_same_epoch,
+    batches,
+    finish,
+    push_then_pull,
+    python_child,
+    same_files,
+    written_image_store,
+)
 from support.stores import SMALL_SCHEMA, compact_store, write_parts, write_store
 
 import mmstore
@@ -25,21 +33,6 @@ from mmstore.transfer import pull, push
 pytest.importorskip("obstore")
 
 BLOCK = 64 << 10  # small blocks: a small store has many
-
-
-def _same_files(a: str, b: str) -> None:
-    names = sorted(os.listdir(a))
-    assert names == sorted(os.listdir(b))
-    for n in names:
-        assert filecmp.cmp(os.path.join(a, n), os.path.join(b, n), shallow=False), n
-
-
-def _image_store(path, n=1500, shape=(24, 24, 3), holes=()):
-    schema = {"image": ("|u1", shape), "label": ("<i8", ())}
-    rng = np.random.default_rng(7)
-    base = rng.integers(0, 255, (n, *shape), dtype=np.uint8)
-    return write_store(path, n, schema=schema, holes=holes,
-                       make=lambda i: {"image": base[i], "label": np.int64(i % 13)})
 
 
 def _disk(path: str) -> int:
@@ -53,44 +46,26 @@ def _disk(path: str) -> int:
     return total
 
 
-def _batches(loader):
-    return [{k: v.numpy().copy() for k, v in b.items()} for b in loader]
-
-
-def _assert_epochs_equal(a, b):
-    assert len(a) == len(b)
-    for x, y in zip(a, b):
-        assert x.keys() == y.keys()
-        for k in x:
-            np.testing.assert_array_equal(x[k], y[k])
-
-
 @pytest.mark.parametrize("kind", ["memmap", "lmdb", "holes", "merged", "compact"])
 def test_push_then_pull_is_byte_identical(s3, tmp_path, kind):
     src = tmp_path / "src.store"
     if kind == "memmap":
-        path = _image_store(src)
+        path = written_image_store(src, n=1500)
     elif kind == "lmdb":
         path = write_store(src, 300, backend="lmdb")
     elif kind == "holes":
-        path = _image_store(src, n=800, holes=(0, 17, 799))
+        path = written_image_store(src, n=800, holes=(0, 17, 799))
     elif kind == "merged":
         parts = write_parts(tmp_path / "parts", 600, [200, 400])
         path = str(mmstore.merge(parts, src))
     else:
         path = compact_store(src, 120)
     url = s3.url("data/" + kind + ".store")
-    rep = push(path, url, block_bytes=BLOCK)
-    assert not rep["up_to_date"] and rep["uploaded_bytes"] == rep["bytes"]
-    assert push(path, url, block_bytes=BLOCK)["up_to_date"]  # the same store again: nothing uploaded
-    got = pull(url, tmp_path / "pulled.store")
-    assert got["verified_records"] == len(mmstore.open(path))
-    _same_files(path, str(tmp_path / "pulled.store"))
-    assert pull(url, tmp_path / "pulled.store")["up_to_date"]
+    push_then_pull(path, url, tmp_path / "pulled.store", block_bytes=BLOCK)
 
 
 def test_a_url_store_reads_what_the_local_store_reads(s3, tmp_path):
-    path = _image_store(tmp_path / "src.store", n=900, holes=(3, 400))
+    path = written_image_store(tmp_path / "src.store", n=900, holes=(3, 400))
     url = s3.url("a/b/train.store")
     push(path, url, block_bytes=BLOCK)
     local = mmstore.open(path)
@@ -116,7 +91,7 @@ def test_a_url_store_reads_what_the_local_store_reads(s3, tmp_path):
 def test_a_loader_epoch_from_the_url_equals_the_local_one(s3, tmp_path, kind):
     from mmstore.torch import Loader
 
-    path = _image_store(tmp_path / "src.store", n=2000)
+    path = written_image_store(tmp_path / "src.store", n=2000)
     url = s3.url("train.store")
     push(path, url, block_bytes=BLOCK)
     remote = mmstore.open(url, cache_dir=tmp_path / "cache")
@@ -127,7 +102,7 @@ def test_a_loader_epoch_from_the_url_equals_the_local_one(s3, tmp_path, kind):
         b = Loader(local, 96, OrderSpec(kind, seed=5, **kw))
         a.set_epoch(epoch)
         b.set_epoch(epoch)
-        _assert_epochs_equal(_batches(a), _batches(b))
+        assert_same_epoch(batches(a), batches(b))
         assert a.describe().remote["url"] == url
     assert remote.replica.describe()["fetched_blocks"] <= remote.replica.nblocks  # each block once
     # a subset, and a resume from the middle of an epoch
@@ -142,13 +117,13 @@ def test_a_loader_epoch_from_the_url_equals_the_local_one(s3, tmp_path, kind):
     a.close()
     c = Loader(remote, 50, OrderSpec(kind, seed=2, **kw), indices=subset)
     c.load_state_dict(state)
-    _assert_epochs_equal(_batches(c), _batches(b)[4:])
+    assert_same_epoch(batches(c), batches(b)[4:])
 
 
 def test_the_cache_limit_holds_on_disk_during_epochs(s3, tmp_path):
     from mmstore.torch import Loader
 
-    path = _image_store(tmp_path / "src.store", n=4000)  # ~7 MB of records
+    path = written_image_store(tmp_path / "src.store", n=4000)  # ~7 MB of records
     url = s3.url("big.store")
     push(path, url, block_bytes=BLOCK)
     limit = 2_000_000
@@ -171,7 +146,7 @@ def test_the_cache_limit_holds_on_disk_during_epochs(s3, tmp_path):
             a, b = Loader(remote, 64, spec), Loader(local, 64, spec)
             a.set_epoch(epoch)
             b.set_epoch(epoch)
-            _assert_epochs_equal(_batches(a), _batches(b))
+            assert_same_epoch(batches(a), batches(b))
     finally:
         stop.set()
         t.join()
@@ -184,7 +159,7 @@ def test_the_cache_limit_holds_on_disk_during_epochs(s3, tmp_path):
 
 
 def test_a_second_open_and_a_second_process_start_warm(s3, tmp_path):
-    path = _image_store(tmp_path / "src.store", n=600)
+    path = written_image_store(tmp_path / "src.store", n=600)
     url = s3.url("warm.store")
     push(path, url, block_bytes=BLOCK)
     cache = tmp_path / "cache"
@@ -207,8 +182,64 @@ def test_a_second_open_and_a_second_process_start_warm(s3, tmp_path):
     assert got["fetched"] == 0 and got["sum"] == int(mmstore.open(path).column("image").sum())
 
 
+_TRIM_CHILD = (
+    "import json, sys, mmstore\n"
+    "s = mmstore.open(sys.argv[1], cache_dir=sys.argv[2], cache_limit=int(sys.argv[3]))\n"
+    "s.replica.trim()\n"
+    "print(json.dumps({'evicted': s.replica.evicted_blocks, 'complete': s.replica.complete()}))\n"
+)
+
+
+def _trim_from_another_process(url: str, cache: str, limit: int) -> dict:
+    out, err = finish(python_child(_TRIM_CHILD, url, cache, str(limit)), timeout=120)
+    return json.loads(out.decode().strip().splitlines()[-1])
+
+
+def test_an_epoch_over_a_complete_replica_holds_every_block_until_it_ends(s3, tmp_path):
+    """A complete replica is read as a local store (no window pass) under one pin of every
+    block: another process that trims the cache to a small limit evicts nothing while the
+    epoch runs, and evicts once it has ended (finished, or abandoned and closed)."""
+    from mmstore.torch import Loader
+
+    path = written_image_store(tmp_path / "src.store", n=1500)
+    url = s3.url("whole.store")
+    push(path, url, block_bytes=BLOCK)
+    cache = str(tmp_path / "cache")
+    remote = mmstore.open(url, cache_dir=cache)
+    remote.replica.fill()
+    assert remote.replica.complete()
+    spec = OrderSpec("block", seed=3, block=32, window=4)
+    a, b = Loader(remote, 50, spec), Loader(mmstore.open(path), 50, spec)
+    small = remote.replica.whole_bytes + 4 * BLOCK
+    got = []
+    for k, batch in enumerate(a):
+        got.append({f: v.numpy().copy() for f, v in batch.items()})
+        if k == 2:  # mid-epoch: every block is pinned by this process
+            assert remote.replica.pinned_whole()
+            seen = _trim_from_another_process(url, cache, small)
+            assert seen == {"evicted": 0, "complete": True}
+    assert_same_epoch(got, batches(b))
+    assert a.describe().remote["windows"] == 0
+    assert not remote.replica.pinned_whole()  # released when the epoch ended
+    assert a.describe().remote["cost"].startswith("cached")
+
+    # an abandoned epoch holds its pin until the loader is closed
+    remote.replica.fill()
+    it = iter(a)
+    next(it)
+    del it
+    a.close()
+    assert not remote.replica.pinned_whole()
+    seen = _trim_from_another_process(url, cache, small)
+    assert seen["evicted"] > 0 and not seen["complete"]
+    # no longer complete: the next epoch fetches through the window pass and still reads the same
+    before = remote.replica.describe()["fetched_blocks"]
+    assert_same_epoch(batches(Loader(remote, 50, spec)), batches(Loader(mmstore.open(path), 50, spec)))
+    assert remote.replica.describe()["fetched_blocks"] > before
+
+
 def test_a_new_push_at_the_url_is_a_new_replica_and_the_old_one_goes(s3, tmp_path):
-    a = _image_store(tmp_path / "a.store", n=300)
+    a = written_image_store(tmp_path / "a.store", n=300)
     b = write_store(tmp_path / "b.store", 50)
     url = s3.url("moving.store")
     cache = tmp_path / "cache"
@@ -225,7 +256,7 @@ def test_a_new_push_at_the_url_is_a_new_replica_and_the_old_one_goes(s3, tmp_pat
 
 
 def test_a_half_pushed_store_is_not_a_store(s3, tmp_path):
-    path = _image_store(tmp_path / "src.store", n=200)
+    path = written_image_store(tmp_path / "src.store", n=200)
     url = s3.url("half.store")
     push(path, url, block_bytes=BLOCK)
     store = s3.store()
@@ -242,7 +273,7 @@ def test_a_half_pushed_store_is_not_a_store(s3, tmp_path):
 
 
 def test_a_damaged_remote_index_is_refused(s3, tmp_path):
-    path = _image_store(tmp_path / "src.store", n=100)
+    path = written_image_store(tmp_path / "src.store", n=100)
     url = s3.url("idx.store")
     push(path, url, block_bytes=BLOCK)
     raw = json.loads(s3.server.get_object_raw(s3.bucket, "idx.store/_remote.json"))
@@ -253,7 +284,7 @@ def test_a_damaged_remote_index_is_refused(s3, tmp_path):
 
 
 def test_the_checking_tools_take_a_url(s3, tmp_path, monkeypatch):
-    path = _image_store(tmp_path / "src.store", n=300)
+    path = written_image_store(tmp_path / "src.store", n=300)
     url = s3.url("tools.store")
     push(path, url, block_bytes=BLOCK)
     monkeypatch.setenv("MMSTORE_CACHE_DIR", str(tmp_path / "cache"))
@@ -270,7 +301,7 @@ def test_the_checking_tools_take_a_url(s3, tmp_path, monkeypatch):
 
 
 def test_the_cli_push_and_pull(s3, tmp_path):
-    path = _image_store(tmp_path / "src.store", n=400)
+    path = written_image_store(tmp_path / "src.store", n=400)
     url = s3.url("cli.store")
     run = lambda *a: subprocess.run([sys.executable, "-m", "mmstore", *a], capture_output=True, text=True,  # noqa: E731
                                     timeout=300, env=os.environ)
@@ -280,7 +311,7 @@ def test_the_cli_push_and_pull(s3, tmp_path):
     out = run("pull", url, str(tmp_path / "copy.store"), "--json")
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["verified_records"] == 400
-    _same_files(path, str(tmp_path / "copy.store"))
+    same_files(path, str(tmp_path / "copy.store"))
     out = run("push", path, url)
     assert out.returncode == 0 and "nothing uploaded" in out.stderr
     other = write_store(tmp_path / "other.store", 10, schema=SMALL_SCHEMA)

@@ -8,12 +8,12 @@ is caught and never reaches a batch, a missing store is a one-line typed error; 
 
 from __future__ import annotations
 
-import filecmp
 import json
 import os
 
 import numpy as np
 import pytest
+from remote.helpers import assert_same_epoch, batches, push_then_pull, same_files, written_image_store
 from support.proc import run_cli
 from support.stores import write_store
 
@@ -36,32 +36,6 @@ pytest.importorskip("obstore")
 BLOCK = 64 << 10  # small blocks: a small store has many
 
 
-def _image_store(path, n=900, shape=(24, 24, 3)):
-    schema = {"image": ("|u1", shape), "label": ("<i8", ())}
-    rng = np.random.default_rng(11)
-    base = rng.integers(0, 255, (n, *shape), dtype=np.uint8)
-    return write_store(path, n, schema=schema, make=lambda i: {"image": base[i], "label": np.int64(i % 7)})
-
-
-def _same_files(a: str, b: str) -> None:
-    names = sorted(os.listdir(a))
-    assert names == sorted(os.listdir(b))
-    for n in names:
-        assert filecmp.cmp(os.path.join(a, n), os.path.join(b, n), shallow=False), n
-
-
-def _batches(loader):
-    return [{k: v.numpy().copy() for k, v in b.items()} for b in loader]
-
-
-def _assert_same_epoch(got, want):
-    assert len(got) == len(want)
-    for i, (x, y) in enumerate(zip(got, want)):
-        assert x.keys() == y.keys(), i
-        for k in x:
-            np.testing.assert_array_equal(x[k], y[k], err_msg=f"batch {i}, field {k!r}")
-
-
 def _epochs_equal(url: str, path: str, cache, kinds=("sequential", "permutation")) -> None:
     from mmstore.torch import Loader
 
@@ -74,7 +48,7 @@ def _epochs_equal(url: str, path: str, cache, kinds=("sequential", "permutation"
                 a, b = Loader(remote, 64, OrderSpec(kind, seed=3)), Loader(local, 64, OrderSpec(kind, seed=3))
                 a.set_epoch(epoch)
                 b.set_epoch(epoch)
-                _assert_same_epoch(_batches(a), _batches(b))
+                assert_same_epoch(batches(a), batches(b))
                 assert a.describe().remote["url"] == url
         assert remote.replica.complete()
         assert remote.replica.describe()["fetched_blocks"] <= remote.replica.nblocks  # each block once
@@ -86,6 +60,18 @@ def _record_of(path: str, field: str, pos: int) -> int:
     """The record whose bytes of ``field`` hold byte ``pos`` of its ``.npy`` file."""
     arr = np.load(os.path.join(path, f"{field}.npy"), mmap_mode="r")
     return (pos - int(arr.offset)) // int(np.prod(arr.shape[1:]) * arr.dtype.itemsize)
+
+
+def _the_tools_take(url: str, slots: int, tmp_path, monkeypatch, capsys) -> None:
+    """``mmstore inspect`` and ``mmstore verify`` of ``url`` (a store of ``slots`` records) succeed,
+    through a cache of their own."""
+    monkeypatch.setenv("MMSTORE_CACHE_DIR", str(tmp_path / "cache"))
+    rc, out, err = run_cli(["inspect", url, "--json"], capsys)
+    assert rc == 0, err
+    rc, out, err = run_cli(["verify", url, "--json"], capsys)
+    assert rc == 0, err
+    rep = json.loads(out)
+    assert rep["ok"] and rep["checked_slots"] == slots and rep["path"] == url
 
 
 def _one_line(err: str, *names: str) -> None:
@@ -101,30 +87,27 @@ def _one_line(err: str, *names: str) -> None:
 @pytest.mark.parametrize("backend", ["memmap", "lmdb"])
 def test_az_push_then_pull_is_byte_identical(az, tmp_path, backend):
     src = tmp_path / "src.store"
-    path = _image_store(src) if backend == "memmap" else write_store(src, 300, backend="lmdb")
+    if backend == "memmap":
+        path = written_image_store(src, n=900, seed=11, classes=7)
+    else:
+        path = write_store(src, 300, backend="lmdb")
     url = az.url("data/train.store")
-    rep = push(path, url, block_bytes=BLOCK)
-    assert not rep["up_to_date"] and rep["uploaded_bytes"] == rep["bytes"]
-    assert push(path, url, block_bytes=BLOCK)["up_to_date"]  # the same store again: nothing uploaded
-    got = pull(url, tmp_path / "pulled.store")
-    assert got["verified_records"] == len(mmstore.open(path))
-    _same_files(path, str(tmp_path / "pulled.store"))
-    assert pull(url, tmp_path / "pulled.store")["up_to_date"]
+    got = push_then_pull(path, url, tmp_path / "pulled.store", block_bytes=BLOCK)
     # the other spelling of the scheme names the same objects
     again = pull(az.url("data/train.store", scheme="azure"), tmp_path / "again.store")
     assert again["store_id"] == got["store_id"]
-    _same_files(path, str(tmp_path / "again.store"))
+    same_files(path, str(tmp_path / "again.store"))
 
 
 def test_az_a_loader_epoch_from_the_url_equals_the_local_one(az, tmp_path):
-    path = _image_store(tmp_path / "src.store", n=1500)
+    path = written_image_store(tmp_path / "src.store", n=1500, seed=11, classes=7)
     url = az.url("train.store")
     push(path, url, block_bytes=BLOCK)
     _epochs_equal(url, path, tmp_path / "cache")
 
 
 def test_az_another_store_at_the_url_needs_overwrite(az, tmp_path):
-    a = _image_store(tmp_path / "a.store", n=200)
+    a = written_image_store(tmp_path / "a.store", n=200, seed=11, classes=7)
     b = write_store(tmp_path / "b.store", 40)
     url = az.url("moving.store")
     push(a, url, block_bytes=BLOCK)
@@ -136,7 +119,7 @@ def test_az_another_store_at_the_url_needs_overwrite(az, tmp_path):
 
 
 def test_az_a_flipped_byte_is_refused_never_data(az, tmp_path):
-    path = _image_store(tmp_path / "src.store")
+    path = written_image_store(tmp_path / "src.store", n=900, seed=11, classes=7)
     prefix = "bad/flip.store"
     url = az.url(prefix)
     push(path, url, block_bytes=BLOCK)
@@ -188,16 +171,10 @@ def test_az_a_missing_store_or_container_is_a_one_line_error(az, tmp_path, monke
 
 
 def test_az_the_checking_tools_take_a_url(az, tmp_path, monkeypatch, capsys):
-    path = _image_store(tmp_path / "src.store", n=300)
+    path = written_image_store(tmp_path / "src.store", n=300, seed=11, classes=7)
     url = az.url("tools.store")
     push(path, url, block_bytes=BLOCK)
-    monkeypatch.setenv("MMSTORE_CACHE_DIR", str(tmp_path / "cache"))
-    rc, out, err = run_cli(["inspect", url, "--json"], capsys)
-    assert rc == 0, err
-    rc, out, err = run_cli(["verify", url, "--json"], capsys)
-    assert rc == 0, err
-    rep = json.loads(out)
-    assert rep["ok"] and rep["checked_slots"] == 300 and rep["path"] == url
+    _the_tools_take(url, 300, tmp_path, monkeypatch, capsys)
 
 
 def test_az_without_the_emulator_setting_is_a_typed_error(az, tmp_path, monkeypatch):
@@ -211,7 +188,7 @@ def test_az_without_the_emulator_setting_is_a_typed_error(az, tmp_path, monkeypa
 
 
 def test_http_a_url_store_reads_what_the_local_store_reads(web, tmp_path):
-    path = _image_store(tmp_path / "src.store", n=1500)
+    path = written_image_store(tmp_path / "src.store", n=1500, seed=11, classes=7)
     push(path, web.s3.url("pub/train.store"), block_bytes=BLOCK)
     url = web.url("pub/train.store")
     local = mmstore.open(path)
@@ -227,7 +204,7 @@ def test_http_a_url_store_reads_what_the_local_store_reads(web, tmp_path):
 def test_http_reads_never_list(web, tmp_path, monkeypatch):
     from mmstore.remote.client import Remote
 
-    path = _image_store(tmp_path / "src.store", n=300)
+    path = written_image_store(tmp_path / "src.store", n=300, seed=11, classes=7)
     push(path, web.s3.url("nolist.store"), block_bytes=BLOCK)
 
     def refuse(self):
@@ -238,31 +215,25 @@ def test_http_reads_never_list(web, tmp_path, monkeypatch):
         s.replica.fill()
         assert s.replica.complete()
     pull(web.url("nolist.store"), tmp_path / "pulled.store")
-    _same_files(path, str(tmp_path / "pulled.store"))
+    same_files(path, str(tmp_path / "pulled.store"))
 
 
 def test_http_pull_is_byte_identical_and_the_tools_take_the_url(web, tmp_path, monkeypatch, capsys):
-    path = _image_store(tmp_path / "src.store", n=400)
+    path = written_image_store(tmp_path / "src.store", n=400, seed=11, classes=7)
     push(path, web.s3.url("tools.store"), block_bytes=BLOCK)
     url = web.url("tools.store")
     rep = pull(url, tmp_path / "pulled.store")
     assert rep["verified_records"] == 400
-    _same_files(path, str(tmp_path / "pulled.store"))
+    same_files(path, str(tmp_path / "pulled.store"))
     assert pull(url, tmp_path / "pulled.store")["up_to_date"]
-    monkeypatch.setenv("MMSTORE_CACHE_DIR", str(tmp_path / "cache"))
-    rc, out, err = run_cli(["inspect", url, "--json"], capsys)
-    assert rc == 0, err
-    rc, out, err = run_cli(["verify", url, "--json"], capsys)
-    assert rc == 0, err
-    got = json.loads(out)
-    assert got["ok"] and got["checked_slots"] == 400 and got["path"] == url
+    _the_tools_take(url, 400, tmp_path, monkeypatch, capsys)
     rc, _, err = run_cli(["pull", url, str(tmp_path / "cli.store"), "--json"], capsys)
     assert rc == 0, err
-    _same_files(path, str(tmp_path / "cli.store"))
+    same_files(path, str(tmp_path / "cli.store"))
 
 
 def test_http_a_flipped_byte_is_a_checksum_error_never_data(web, tmp_path):
-    path = _image_store(tmp_path / "src.store")
+    path = written_image_store(tmp_path / "src.store", n=900, seed=11, classes=7)
     prefix = "bad/flip.store"
     push(path, web.s3.url(prefix), block_bytes=BLOCK)
     pos = 7 * BLOCK + 99
@@ -284,7 +255,7 @@ def test_http_a_flipped_byte_is_a_checksum_error_never_data(web, tmp_path):
 
 
 def test_http_a_file_replaced_under_an_open_reader_is_refused(web, tmp_path):
-    path = _image_store(tmp_path / "src.store")
+    path = written_image_store(tmp_path / "src.store", n=900, seed=11, classes=7)
     prefix = "moving.store"
     push(path, web.s3.url(prefix), block_bytes=BLOCK)
     local = mmstore.open(path)
@@ -351,7 +322,7 @@ def test_http_urls_are_checked(tmp_path):
 
 
 def test_a_store_from_the_http_endpoint_and_from_s3_is_the_same_store(web, tmp_path):
-    path = _image_store(tmp_path / "src.store", n=200)
+    path = written_image_store(tmp_path / "src.store", n=200, seed=11, classes=7)
     push(path, web.s3.url("both.store"), block_bytes=BLOCK)
     with mmstore.open(web.url("both.store"), cache_dir=tmp_path / "c") as a, \
             mmstore.open(web.s3.url("both.store"), cache_dir=tmp_path / "c") as b:
@@ -362,7 +333,7 @@ def test_a_store_from_the_http_endpoint_and_from_s3_is_the_same_store(web, tmp_p
 
 
 def test_a_damaged_index_over_http_is_refused(web, tmp_path):
-    path = _image_store(tmp_path / "src.store", n=100)
+    path = written_image_store(tmp_path / "src.store", n=100, seed=11, classes=7)
     push(path, web.s3.url("idx.store"), block_bytes=BLOCK)
     raw = json.loads(web.s3.server.get_object_raw(web.s3.bucket, "idx.store/_remote.json"))
     raw["files"]["image.npy"]["size"] += 1
