@@ -29,12 +29,21 @@ from ..format.layout import (
 )
 
 __all__ = ["DEFAULT_BLOCK_BYTES", "DIGEST_BYTES", "BlockHasher", "FileEntry", "RemoteIndex", "block_digest",
-           "parse_index"]
+           "check_block_bytes", "parse_index"]
 
 DEFAULT_BLOCK_BYTES = 1 << 20
 DIGEST_BYTES = 16
 _MIN_BLOCK, _MAX_BLOCK = 64 << 10, 1 << 30
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
+
+
+def check_block_bytes(block_bytes: object) -> int:
+    """``block_bytes`` if a remote index may have it (what a reader accepts),
+    else ``ValueError`` saying what is allowed."""
+    if type(block_bytes) is not int or block_bytes % 4096 or not _MIN_BLOCK <= block_bytes <= _MAX_BLOCK:
+        raise ValueError(f"block_bytes must be a multiple of 4096 in [{_MIN_BLOCK:,}, {_MAX_BLOCK:,}] "
+                         f"(64 KiB to 1 GiB), got {block_bytes!r}")
+    return block_bytes
 # a store file's name, or a part's (format.py, "Parts": parts/<part id>/<name>)
 _NAME = re.compile(r"^(parts/[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}/)?[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}$")
 
@@ -162,8 +171,10 @@ def parse_index(raw: bytes, where: str) -> RemoteIndex:
     if not (isinstance(store_id, str) and _HEX32.match(store_id)):
         raise fail(f"store_id {store_id!r}: expected 32 hex digits")
     B = obj.get("block_bytes")
-    if type(B) is not int or B % 4096 or not _MIN_BLOCK <= B <= _MAX_BLOCK:
-        raise fail(f"block_bytes {B!r}: expected a multiple of 4096 in [{_MIN_BLOCK}, {_MAX_BLOCK}]")
+    try:
+        B = check_block_bytes(B)
+    except ValueError:
+        raise fail(f"block_bytes {B!r}: expected a multiple of 4096 in [{_MIN_BLOCK}, {_MAX_BLOCK}]") from None
     if obj.get("digest") != "xxh3_128":
         raise fail(f"digest {obj.get('digest')!r}: expected \"xxh3_128\"")
     files = obj.get("files")

@@ -453,6 +453,11 @@ class Replica:
             g0 = self.first.get(name)
             if g0 is None:
                 continue
+            if len(starts) == 1 and len(ends) == 1:  # one range (one record): in integers
+                a0, e0 = int(starts[0]), int(ends[0])
+                if e0 > a0:
+                    out.append(np.arange(g0 + a0 // B, g0 + (e0 - 1) // B + 1, dtype=np.int64))
+                continue
             starts = np.asarray(starts, dtype=np.int64)
             ends = np.asarray(ends, dtype=np.int64)
             keep = ends > starts
@@ -471,6 +476,8 @@ class Replica:
                 out.append(rep + offs + g0)
         if not out:
             return np.zeros(0, np.int64)
+        if len(out) == 1 and len(out[0]) <= 1:
+            return out[0]
         return np.unique(np.concatenate(out))
 
     # -- pinning and fetching -----------------------------------------------------
@@ -933,8 +940,8 @@ os.register_at_fork(after_in_child=_new_locks_after_fork)
 
 def _runs(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Sorted unique ``blocks`` as runs: (first, count) arrays."""
-    if not len(blocks):
-        return blocks, blocks
+    if len(blocks) <= 1:
+        return blocks, np.ones(len(blocks), np.int64)
     cut = np.flatnonzero(np.diff(blocks) != 1) + 1
     firsts = blocks[np.concatenate(([0], cut))]
     counts = np.diff(np.concatenate(([0], cut, [len(blocks)])))

@@ -45,7 +45,7 @@ from .backends import BackendReader, data_file_names, open_backend
 from .backends.base import check_npy
 from .bookkeeping import check_index, check_key_offsets
 from .slots import SlotView
-from .spans import record_spans
+from .spans import RecordSpans
 
 if TYPE_CHECKING:
     from ..remote.replica import Pin, Replica
@@ -161,6 +161,7 @@ class Store:
         self._key_offsets: np.ndarray | None = None
         self._key_blob: Any = None
         self._item: Callable[[int], dict[str, Any]] | None = None  # this process's one-record reader
+        self._spans: dict[tuple[str, ...], RecordSpans] = {}  # a store from a URL: where fields lie, by fields
 
     def _load(self, dir_fd: int, ident: dict[str, tuple[int, int, int, int]], store_id: str | None) -> None:
         """One try of ``_open``: the manifest of the directory ``dir_fd`` and
@@ -263,6 +264,7 @@ class Store:
             self._pid = pid
             self._maps = {}
             self._item = None
+            self._spans = {}
             self._index = None
             self._key_offsets = None
             self._key_blob = None
@@ -331,7 +333,12 @@ class Store:
         rep = cast("Replica", self.replica)
         if rep.pinned_whole():
             return None
-        return rep.acquire(rep.blocks_of(record_spans(self._b(), self.schema, slots, names)))
+        backend = self._b()
+        key = tuple(names)
+        spans = self._spans.get(key)
+        if spans is None:
+            spans = self._spans[key] = RecordSpans(backend, self.schema, names)
+        return rep.acquire(rep.blocks_of(spans(slots)))
 
     def close(self) -> None:
         """Release this process's mappings and environment."""
@@ -340,6 +347,7 @@ class Store:
         self._backend = None
         self._maps = {}
         self._item = None
+        self._spans = {}
         self._index = self._key_offsets = self._key_blob = None
         if self.replica is not None:
             self.replica.close()

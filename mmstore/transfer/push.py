@@ -48,7 +48,7 @@ from ..errors import (
 from ..format.layout import MANIFEST_FILE, REMOTE_INDEX_FILE
 from ..format.manifest import read_manifest
 from ..remote.client import Remote
-from ..remote.index import DEFAULT_BLOCK_BYTES, BlockHasher, FileEntry, RemoteIndex, parse_index
+from ..remote.index import DEFAULT_BLOCK_BYTES, BlockHasher, FileEntry, RemoteIndex, check_block_bytes, parse_index
 from ..remote.multipart import S3Multipart, multipart_available, part_bytes_for
 from ..remote.replica import default_cache_dir
 from ..remote.url import local_path, parse_url
@@ -117,12 +117,15 @@ def push(store: str | os.PathLike[str], url: str, *, overwrite: bool = False, jo
     deleted first); without it that is a ``StoreExistsError``. Pushing a
     store that is already there unchanged uploads nothing. ``progress`` is
     called with byte counts as they are read for upload, ``on_total`` once
-    with the bytes to upload. ``present``: files of the manifest that are at
+    with the bytes to upload. ``block_bytes``: the unit in which a cache of
+    the URL fetches, verifies and evicts the record data (a multiple of 4096
+    from 64 KiB to 1 GiB; default 1 MiB). ``present``: files of the manifest that are at
     the URL already (their remote-index entries: the data files of parts
     uploaded one by one, format.py "Parts"); they need not exist locally,
     are checked against the bucket's listing and are kept, while every other
     object under the URL that the store does not list is deleted."""
     t0 = time.monotonic()
+    check_block_bytes(block_bytes)  # before anything is uploaded: a reader refuses any other
     path = os.path.abspath(local_path(store))
     manifest = read_manifest(path)  # IncompleteStoreError / FormatError for what is not a finished store
     with open(os.path.join(path, MANIFEST_FILE), "rb") as f:

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from remote.helpers import BLOCK, finish, image_store, python_child
+from remote.helpers import BLOCK, finish, image_store, objects, python_child
 
 import mmstore
 from mmstore.remote.replica import open_replica
@@ -222,3 +222,57 @@ def test_a_store_opened_under_a_limit_reads_through_the_sum(pushed, tmp_path):
     assert rep.evicted_blocks > 0 and rep.disk_bytes() <= 8_000_000
     _assert_blocks_match_source(rep, src)
     store.close()
+
+
+def _blocks_match(rep, spans, segs, n: int) -> None:
+    """For any few slots, ``rep.blocks_of(spans(slots))`` is the set of blocks holding a byte of
+    their records, counted from ``segs`` ((file name, FieldSegment) of each fixed field)."""
+    B = rep.block_bytes
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(slots=st.lists(st.integers(0, n - 1), max_size=6))
+    def check(slots):
+        want = set()
+        for s in slots:
+            for name, g in segs:
+                if g.first <= s < g.first + g.count and name in rep.first:
+                    lo = g.offset + (s - g.first) * g.entry_bytes
+                    hi = lo + g.entry_bytes
+                    want.update(rep.first[name] + b for b in range(lo // B, (hi - 1) // B + 1))
+        got = rep.blocks_of(spans(np.array(slots, dtype=np.int64)))
+        assert list(got) == sorted(want), (slots, list(got), sorted(want))
+
+    check()
+
+
+def test_the_blocks_a_read_touches_are_those_of_its_records_bytes(s3, tmp_path):
+    """``Replica.blocks_of(RecordSpans(...)(slots))`` (the pin of every read of a store from a
+    URL, its one-record path in integers included) is exactly the set of blocks that hold a byte
+    of the slots' records, counted here byte range by byte range from the files' layout; for a
+    store of several segments (a merge) with blocks smaller and larger than a record."""
+    from support.stores import write_parts
+
+    from mmstore.store.spans import RecordSpans
+
+    schema = {"image": ("|u1", (96, 96, 3)), "label": ("<i8", ())}  # 27 KB records: many straddle two blocks
+    rng = np.random.default_rng(5)
+    parts = write_parts(tmp_path / "parts", 300, [120], schema=schema,
+                        make=lambda i: {"image": rng.integers(0, 255, (96, 96, 3), dtype=np.uint8),
+                                        "label": np.int64(i)})
+    src = str(mmstore.merge(parts, tmp_path / "merged.store"))
+    local = mmstore.open(src)
+    backend = local.slot_view.backend
+    names = [n for n in local.schema.names if not local.schema[n].variable]
+    with pytest.raises(ValueError, match="multiple of 4096"):
+        push(src, s3.url("small.store"), block_bytes=4096)  # refused before any upload: no reader takes it
+    assert not [k for k in objects(s3) if "small.store" in k]
+    for block in (BLOCK, 2 * BLOCK):
+        url = s3.url(f"spans-{block}.store")
+        push(src, url, block_bytes=block)
+        rep = open_replica(url, cache_dir=tmp_path / f"cache-{block}")
+        try:
+            spans = RecordSpans(backend, local.schema, names)
+            segs = [(os.path.relpath(g.path, backend.root), g) for n in names for g in backend.field_segments(n)]
+            _blocks_match(rep, spans, segs, len(local))
+        finally:
+            rep.close()
