@@ -35,6 +35,8 @@ DEFAULT_BLOCK_BYTES = 1 << 20
 DIGEST_BYTES = 16
 _MIN_BLOCK, _MAX_BLOCK = 64 << 10, 1 << 30
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
+# a store file's name, or a part's (format.py, "Parts": parts/<part id>/<name>)
+_NAME = re.compile(r"^(parts/[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}/)?[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}$")
 
 
 def check_block_bytes(block_bytes: object) -> int:
@@ -44,8 +46,6 @@ def check_block_bytes(block_bytes: object) -> int:
         raise ValueError(f"block_bytes must be a multiple of 4096 in [{_MIN_BLOCK:,}, {_MAX_BLOCK:,}] "
                          f"(64 KiB to 1 GiB), got {block_bytes!r}")
     return block_bytes
-# a store file's name, or a part's (format.py, "Parts": parts/<part id>/<name>)
-_NAME = re.compile(r"^(parts/[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}/)?[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}$")
 
 
 def block_digest(data: Any) -> bytes:
