@@ -20,7 +20,7 @@ INTER_AREA; the crop before resizing is the variant's "original file" (JPEG qual
    process's own memory (torch, the Loader's batch buffers: about 350 MB), so with a 1.5 GB raw
    store (limit 376 MB) not even the compact store stays cached and both thrash: 4.5 GB is the
    smallest store for which the figure means what it says.
-2b. hdd (larger than RAM on a spinning disk): the model of /work/shared/sim/hdd_sim.py, a loop-mounted
+2b. hdd (larger than RAM on a spinning disk): a model of one, a loop-mounted
    ext4 throttled by the blkio cgroup to 120 read IOs/s and 150 MB/s plus a 600 MB memory cgroup;
    a raw and a jpeg:90 store of ``--hdd-records`` photo variants on it, one Loader epoch each (block,
    defaults), evicted first; ratio jpeg:90 / raw.
@@ -59,139 +59,28 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from compact_common import (
+    BATCH,
+    SIDE,
+    cores,
+    data_bytes,
+    demo_images,
+    evict_store,
+    field_bytes,
+    loader_epoch,
+    photo_variants,
+    say,
+    write_store,
+)
+
 import mmstore
 from mmstore import _os
 from mmstore.check.codec_advice import decode_rate
 from mmstore.check.common import table
 from mmstore.format.codecs import parse_codec
 
-SIDE = 224
-BATCH = 256
 CODECS = ("raw", "jpeg:90", "jpeg:95", "png", "zstd")
-PHOTOS_SKIMAGE = ("astronaut", "chelsea", "coffee", "rocket", "hubble_deep_field", "retina", "immunohistochemistry",
-                  "stereo_motorcycle")
 CG_ROOT = "/sys/fs/cgroup/memory"
-
-
-def cores() -> int:
-    from mmstore.ingest.workers import default_workers
-
-    return default_workers()
-
-
-def say(*a: Any) -> None:
-    print(*a, flush=True)
-
-
-# -- images ------------------------------------------------------------------------------------
-
-
-def real_photos() -> list[tuple[str, np.ndarray]]:
-    """(name, RGB uint8) of every RGB sample photo of scikit-image and scikit-learn."""
-    from skimage import data as skd
-    from sklearn.datasets import load_sample_images
-
-    out = []
-    for name in PHOTOS_SKIMAGE:
-        fn = getattr(skd, name, None)
-        if fn is None:
-            continue
-        try:
-            got = fn()
-        except Exception as exc:  # noqa: BLE001 - a photo that needs a download is left out
-            say(f"  {name}: left out ({type(exc).__name__})")
-            continue
-        for k, img in enumerate(got[:2] if isinstance(got, tuple) else [got]):  # stereo: left and right
-            out.append((f"{name}{k or ''}", np.asarray(img)))
-    out = [(n, im) for n, im in out if im.ndim == 3 and im.shape[2] == 3 and im.dtype == np.uint8
-           and min(im.shape[:2]) >= SIDE]
-    sk = load_sample_images()
-    for fname, img in zip(sk.filenames, sk.images):
-        out.append((os.path.basename(fname).split(".")[0], np.asarray(img, np.uint8)))
-    return out
-
-
-def resize(img: np.ndarray) -> np.ndarray:
-    import cv2
-
-    return cv2.resize(img, (SIDE, SIDE), interpolation=cv2.INTER_AREA)
-
-
-def photo_variants(n: int, seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """``n`` 224x224 variants of the real photos and the crop each came from."""
-    photos = real_photos()
-    rng = np.random.default_rng(seed)
-    small, crops = [], []
-    for i in range(n):
-        img = photos[i % len(photos)][1]
-        h, w = img.shape[:2]
-        s = int(min(h, w) * rng.uniform(0.35, 1.0))
-        y, x = int(rng.integers(0, h - s + 1)), int(rng.integers(0, w - s + 1))
-        crop = img[y : y + s, x : x + s]
-        if rng.integers(2):
-            crop = crop[:, ::-1]
-        crop = np.ascontiguousarray(crop)
-        crops.append(crop)
-        small.append(resize(crop))
-    return small, crops
-
-
-def demo_images(n: int, seed: int = 0) -> list[np.ndarray]:
-    """``n`` images of ``mmstore demo``'s generator (BGR there), as RGB 224x224."""
-    from mmstore.cli.demo import _photo
-
-    return [resize(_photo(np.random.default_rng([seed, i]), i % 10)[:, :, ::-1]) for i in range(n)]
-
-
-# -- stores ------------------------------------------------------------------------------------
-
-
-def write_store(path: str, images: Any, codec: str, n: int | None = None) -> str:
-    """A store of ``image`` (224x224x3, ``codec``) + ``label`` (int64 i) from ``images[i]``."""
-    if os.path.exists(path):
-        shutil.rmtree(path)
-    schema = {"image": ("|u1", (SIDE, SIDE, 3), codec), "label": ("<i8", ())}
-    count = len(images) if n is None else n
-    with mmstore.StoreWriter(path, schema) as w:
-        for i in range(count):
-            w.append({"image": images[i % len(images)], "label": np.int64(i)})
-    return path
-
-
-def field_bytes(path: str, name: str = "image") -> int:
-    return sum(os.path.getsize(os.path.join(path, f)) for f in os.listdir(path)
-               if f.split(".")[0] == name and f.endswith((".npy", ".bin")))
-
-
-def data_bytes(path: str) -> int:
-    with mmstore.open(path) as s:
-        return sum(os.path.getsize(p) for p in s.slot_view.backend.data_paths())
-
-
-def evict_store(path: str) -> None:
-    for f in os.listdir(path):
-        _os.evict(os.path.join(path, f))
-
-
-def loader_epoch(path: str, order: str = "permutation", epochs: int = 1, **kw: Any) -> list[float]:
-    """samples/s of ``epochs`` Loader epochs (each checked: every record exactly once)."""
-    from mmstore.torch import Loader
-
-    rates = []
-    with mmstore.open(path) as s:
-        n = s.records
-    with Loader(path, BATCH, order=order, as_tuple=True, **kw) as ld:
-        for e in range(epochs):
-            if hasattr(ld, "set_epoch"):
-                ld.set_epoch(e)
-            seen = np.zeros(n, np.int64)
-            t0 = time.perf_counter()
-            for _img, lab in ld:
-                seen[lab.numpy()] += 1
-            rates.append(n / (time.perf_counter() - t0))
-            if not (seen == 1).all():
-                raise RuntimeError(f"{path}: an epoch did not read every record exactly once")
-    return rates
 
 
 # -- 1. size -----------------------------------------------------------------------------------
@@ -310,7 +199,7 @@ def _in_cgroups(cgs: list[str], path: str) -> dict[str, Any]:
 
 
 def part_hdd(work: str, n: int, seed: int, iops: int = 120, mbps: int = 150, mem_mb: int = 600) -> dict[str, Any]:
-    """The spinning disk of /work/shared/sim/hdd_sim.py: both stores on a loop-mounted ext4 whose loop
+    """A modelled spinning disk: both stores on a loop-mounted ext4 whose loop
     device the blkio cgroup throttles to ``iops`` read IOs/s and ``mbps`` MB/s, read in a child in that
     cgroup and a ``mem_mb`` memory cgroup (so neither store is served from the page cache)."""
     blk_root = "/sys/fs/cgroup/blkio"
@@ -516,16 +405,6 @@ def part_open(work: str) -> dict[str, Any]:
 # -- 6. FFCV's images --------------------------------------------------------------------------
 
 
-def _cpu_ms_per_decode(entries: list[bytes], fn: Any, reps: int = 3) -> float:
-    best = float("inf")
-    for _ in range(reps):
-        t0 = time.process_time()
-        for e in entries:
-            fn(e)
-        best = min(best, (time.process_time() - t0) / len(entries))
-    return best * 1e3
-
-
 # -- main --------------------------------------------------------------------------------------
 
 
@@ -562,9 +441,10 @@ def main() -> int:
                     help="records of the larger-than-RAM stores (30,000: 4.5 GB raw, so that 1/4 of it holds the "
                          "Loader process's own ~350 MB and the jpeg:90 store)")
     ap.add_argument("--hdd-records", type=int, default=6000,
-                    help="records of the spinning-disk stores (part hdd; 6,000: 900 MB raw, as hdd_sim.py)")
+                    help="records of the spinning-disk stores (part hdd; 6,000: 900 MB raw)")
     ap.add_argument("--ffcv-images", type=int, default=2000)
-    ap.add_argument("--ffcv-dir", default="/work/shared/peers/ffcv")
+    ap.add_argument("--ffcv-dir", default=None,
+                    help="a directory holding FFCV's peer benchmark script bench_ffcv.py (part ffcv)")
     ap.add_argument("--ffcv-python", default=None,
                     help="a Python with FFCV installed (e.g. /tmp/ffcvvenv/bin/python): part ffcv runs FFCV's "
                          "Loader in a child process of it on the same images; without it only mmstore is measured")

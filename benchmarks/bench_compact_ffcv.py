@@ -4,7 +4,7 @@
     python benchmarks/bench_compact.py --parts ffcv [--ffcv-python /tmp/ffcvvenv/bin/python] [--ffcv-images 2000]
 
 For each image set (FFCV's own synthetic images, ``make_image`` of
-/work/shared/peers/ffcv/bench_ffcv.py, and the real-photo variants of bench_compact), the same
+FFCV's peer benchmark script ``bench_ffcv.py`` (``--ffcv-dir``), and the real-photo variants of bench_compact), the same
 224x224 RGB pixels are written once as an mmstore ``jpeg:90`` store and, when ``--ffcv-python``
 names a Python with FFCV installed (FFCV is not a dependency of mmstore: it runs in a child
 process of that interpreter, ``python benchmarks/bench_compact_ffcv.py --child JSON``), as an FFCV
@@ -103,17 +103,17 @@ def _run_ffcv(python: str, images: str, beton: str, workers: int, epochs: int) -
 
 
 def _loader_run(path: str, epochs: int) -> tuple[list[float], list[float]]:
-    import bench_compact as bc
+    from compact_common import loader_epoch
 
     c0 = _cpu()
-    rates = bc.loader_epoch(path, "permutation", epochs=epochs)
+    rates = loader_epoch(path, "permutation", epochs=epochs)
     return rates, [(_cpu() - c0) / (epochs * len(np.load(os.path.join(path, "label.npy"), mmap_mode="r"))) * 1e3]
 
 
 def _decode_ways(entries: list[bytes]) -> dict[str, float]:
     import cv2
     import simplejpeg
-    from bench_compact import _cpu_ms_per_decode
+    from compact_common import cpu_ms_per_decode
 
     from mmstore.format.codecs import parse_codec
 
@@ -126,7 +126,7 @@ def _decode_ways(entries: list[bytes]) -> dict[str, float]:
         "fast DCT + fast upsampling": lambda e: simplejpeg.decode_jpeg(e, "RGB", True, True, buffer=out),
         "cv2.imdecode": lambda e: cv2.imdecode(np.frombuffer(e, np.uint8), cv2.IMREAD_COLOR),
     }
-    return {k: _cpu_ms_per_decode(entries, fn) for k, fn in ways.items()}
+    return {k: cpu_ms_per_decode(entries, fn) for k, fn in ways.items()}
 
 
 def _pixel_cost(entries: list[bytes]) -> dict[str, dict[str, float]]:
@@ -145,7 +145,7 @@ def _pixel_cost(entries: list[bytes]) -> dict[str, dict[str, float]]:
 def _subsampling(imgs: list[np.ndarray]) -> dict[str, dict[str, float]]:
     """4:2:0 (mmstore's) vs 4:4:4 at quality 90: bytes, decode CPU ms, PSNR vs raw."""
     import simplejpeg
-    from bench_compact import _cpu_ms_per_decode
+    from compact_common import cpu_ms_per_decode
 
     out = {}
     for sub in ("420", "444"):
@@ -154,24 +154,24 @@ def _subsampling(imgs: list[np.ndarray]) -> dict[str, dict[str, float]]:
                for e, im in zip(enc, imgs)]
         buf = np.empty((224, 224, 3), np.uint8)
         out[sub] = {"kib_per_image": float(np.mean([len(e) for e in enc])) / 1024,
-                    "decode_cpu_ms": _cpu_ms_per_decode(
+                    "decode_cpu_ms": cpu_ms_per_decode(
                         enc, lambda e, b=buf: simplejpeg.decode_jpeg(e, "RGB", buffer=b)),
                     "psnr_db": float(np.mean([10 * np.log10(255.0**2 / max(m, 1e-12)) for m in mse]))}
     return out
 
 
-def part_ffcv(work: str, n: int, ffcv_dir: str, ffcv_python: str | None, rounds: int = 2) -> dict[str, Any]:
+def part_ffcv(work: str, n: int, ffcv_dir: str | None, ffcv_python: str | None, rounds: int = 2) -> dict[str, Any]:
     import importlib.util
     import shutil
 
-    import bench_compact as bc
+    import compact_common as bc
 
     from mmstore.check.common import table
     from mmstore.format.codecs import parse_codec
 
     sets: dict[str, list[np.ndarray]] = {}
-    src = os.path.join(ffcv_dir, "bench_ffcv.py")
-    if os.path.exists(src):
+    src = os.path.join(ffcv_dir, "bench_ffcv.py") if ffcv_dir else "bench_ffcv.py (--ffcv-dir)"
+    if ffcv_dir and os.path.exists(src):
         spec = importlib.util.spec_from_file_location("bench_ffcv", src)
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)  # type: ignore[union-attr]

@@ -28,7 +28,7 @@ What it measures (224x224x3 uint8 + int64 label per record, batch 256, shuffled)
    way a permutation that does not fit is read) in the same cgroup, with the
    CPU each epoch took (user/system); each epoch timed from the
    Loader's construction, with its time to the first batch, and again with the
-   child's ``import mmstore.torch`` added (how ``../shared/sim`` times it);
+   child's ``import mmstore.torch`` added (as a pass timed from a cold process sees it);
    the disk requests each pass made and their average size; shuffle
    quality; modelled HDD epoch time.
 5. Memory: PSS of each DataLoader worker over one epoch of a 1,000,000-record
@@ -52,7 +52,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import mmstore  # noqa: E402
 from mmstore import _os  # noqa: E402
-from mmstore.order import BlockShuffle, Permutation, modelled_hdd_seconds, shuffle_quality  # noqa: E402
+from mmstore.order import BlockShuffle, OrderSpec, Permutation, modelled_hdd_seconds, shuffle_quality  # noqa: E402
 from mmstore.torch import LoaderTuning
 
 try:  # a checkout from before the O_DIRECT probe (to compare versions with this tool)
@@ -249,7 +249,7 @@ def cgroup_child(args: argparse.Namespace) -> None:
     (after ``import mmstore.torch``), with the time to its first batch. The
     import itself (torch: ~2 s on a 2-core VM, as long as reading the whole
     2.4 GB store once) is timed once, here, and reported beside: a pass timed
-    from before the import (``../shared/sim/memory_limit.py``) is
+    from before the import is
     ``bytes / (import + epoch)``."""
     t0 = time.perf_counter()
     from mmstore.torch import Loader
@@ -280,7 +280,8 @@ def cgroup_child(args: argparse.Namespace) -> None:
         d0 = disk_reads(img)
         c0 = os.times()
         t = time.perf_counter()
-        L = Loader(args.store, BATCH, order, fields=("image", "label"), seed=1, **kw)
+        spec = OrderSpec(order, seed=1) if isinstance(order, str) else order
+        L = Loader(args.store, BATCH, spec, fields=("image", "label"), tuning=LoaderTuning(**kw))
         out.setdefault("describe", {})[key] = dict(L.describe())
         got, t1 = 0, None
         for b in L:

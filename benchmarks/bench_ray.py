@@ -9,7 +9,7 @@ Usage::
     .venv/bin/python benchmarks/bench_ray.py --n 2000 --rounds 3 --out docs/benchmarks/data/ray.json
 
 The photos: JPEG files (quality 90, 300 to 640 pixels a side) cut from the sample photographs
-of scikit-image and scikit-learn (random crops and flips, ``bench_compact.real_photos``), in an
+of scikit-image and scikit-learn (random crops and flips, ``compact_common.real_photos``), in an
 ImageFolder of 4 classes. Every side decodes them to 224x224 with the defaults:
 
 - baseline: ``mmstore.ingest(folder, dest, size=(224, 224), workers=2)``, what
@@ -60,7 +60,7 @@ sys.path.insert(0, HERE)
 
 def make_photos(root: str, n: int, seed: int = 0) -> list[str]:
     import cv2
-    from bench_compact import real_photos
+    from compact_common import real_photos
 
     photos = real_photos()
     rng = np.random.default_rng(seed)

@@ -98,7 +98,8 @@ class Trial:
 
     # -- configuration and checks ------------------------------------------------------
     def loader(self, path: str | None = None, **over: Any) -> Any:
-        from mmstore.torch import Loader
+        from mmstore.order import OrderSpec
+        from mmstore.torch import Loader, LoaderTuning
 
         r = self.rng
         n = STORES[self.store][0]
@@ -116,7 +117,12 @@ class Trial:
         kw.update(over)
         if self.store == "lmdb" or kw["batch_size"] > n:
             kw["batch_size"] = min(kw["batch_size"], max(1, n // 4))
-        return Loader(path or self.path, **kw)
+        # drawn flat (the draws, and so a trial's seed, stay those of earlier runs), passed as the Loader takes them
+        tuning = LoaderTuning(**{k: kw.pop(k) for k in ("prefetch", "hold", "threads", "method", "window_prefetch")
+                                 if k in kw})
+        order = OrderSpec(kw.pop("order"), **{k: kw.pop(k) for k in ("rank", "world_size", "seed", "block", "window")
+                                              if k in kw})
+        return Loader(path or self.path, order=order, tuning=tuning, **kw)
 
     def checker(self, L: Any, epoch: int) -> Checker:
         return Checker(self, L, epoch)

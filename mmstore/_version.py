@@ -1,3 +1,3 @@
 """The package version, in a leaf module that the package, the writer and the CLI all import."""
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"

@@ -18,10 +18,14 @@ import re
 
 __all__ = [
     "AllInputsFailedError",
+    "CacheFullError",
+    "CacheLimitError",
     "ChecksumError",
+    "ClaimedSizeError",
     "DecodeError",
     "DestinationError",
     "EntryDecodeError",
+    "ForeignObjectsError",
     "FormatError",
     "GeometryError",
     "IncompleteStoreError",
@@ -37,6 +41,7 @@ __all__ = [
     "RemoteChecksumError",
     "RemoteError",
     "RemoteNotFoundError",
+    "RemoteTooLargeError",
     "RemoteUnavailableError",
     "ResourceLimitError",
     "ResumeMismatchError",
@@ -46,6 +51,7 @@ __all__ = [
     "StoreAccessError",
     "StoreChangedError",
     "StoreExistsError",
+    "StoreURLError",
     "TruncatedReadError",
     "VersionError",
     "cli_wording",
@@ -80,11 +86,21 @@ class EntryDecodeError(FormatError):
     """A stored entry of an encoded field does not decode to its field's dtype and shape.
 
     The message names the field, index, slot and key where the reader knows
-    them; ``mmstore verify --decode`` lists every such entry. Raised by a
-    store read, it also carries them as attributes: ``field``, ``slot``,
-    ``index`` (None for a hole), ``key`` and ``reason``. Offsets that do not
-    form an increasing pair within the data file raise it too.
+    them; ``mmstore verify --decode`` lists every such entry. It also carries
+    them as attributes, None where unknown: ``field``, ``slot``, ``index``
+    (None for a hole too), ``key`` and ``reason`` (why, without the place;
+    else the message). Offsets that do not form an increasing pair within
+    the data file raise it too.
     """
+
+    def __init__(self, message: str, *, field: str | None = None, slot: int | None = None,
+                 index: int | None = None, key: str | None = None, reason: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+        self.slot = slot
+        self.index = index
+        self.key = key
+        self.reason = message if reason is None else reason
 
 
 class StoreChangedError(FormatError):
@@ -131,6 +147,14 @@ class StoreExistsError(MmstoreError, FileExistsError):
     command line's exit code 2: the user chooses."""
 
     usage_error = True
+
+
+class ForeignObjectsError(StoreExistsError):
+    """A push (or a Ray write) to a URL whose prefix holds objects that are
+    not the store's own: another store, a README, anything that no store's
+    index at that URL lists. A push never deletes or overwrites them, with
+    or without ``overwrite``; the message names a few of them and their
+    count, and says what to do (push to a prefix of the store's own)."""
 
 
 class DestinationError(MmstoreError, ValueError):
@@ -287,6 +311,56 @@ class RemoteChangedError(StoreChangedError):
     """The store at a URL changed after it was opened or cached (a new push:
     another manifest, other objects); nothing of the two is mixed. Open it
     again to read the new one."""
+
+
+class CacheFullError(MmstoreError, OSError):
+    """The disk under the cache of a store opened from a URL is full
+    (``ENOSPC``): the message names the cache directory, the bytes the
+    cache needed, its ``cache_limit``, and what to do (free space on that
+    disk, set a smaller ``cache_limit``, or use another ``cache_dir``)."""
+
+
+class RemoteTooLargeError(FormatError):
+    """A file of a store in object storage that is read whole
+    (``manifest.json``, ``_remote.json``) is larger than such a file may be:
+    refused before more than its limit was downloaded. Attributes ``size``
+    (the object's bytes, as far as known) and ``limit``."""
+
+    def __init__(self, message: str, size: int = 0, limit: int = 0) -> None:
+        super().__init__(message)
+        self.size = size
+        self.limit = limit
+
+
+class ClaimedSizeError(FormatError):
+    """A store's manifest (and its remote index) claims a size for one of
+    its files that its schema and slot count do not give: refused before
+    any file is created at that size. Attributes ``name``, ``claimed`` and
+    ``expected`` (bytes)."""
+
+    def __init__(self, message: str, name: str = "", claimed: int = 0, expected: int = 0) -> None:
+        super().__init__(message)
+        self.name = name
+        self.claimed = claimed
+        self.expected = expected
+
+
+class StoreURLError(MmstoreError, ValueError):
+    """A store location that is a malformed or unsupported URL: no bucket or
+    no store path (``s3://bucket``), a scheme mmstore does not read
+    (``ftp://``), a URL with one slash (``s3:/bucket/x``). Never taken as a
+    local path. The command line's exit code 2."""
+
+    usage_error = True
+
+
+class CacheLimitError(MmstoreError, ValueError):
+    """A ``cache_limit`` too small for the order to read from a URL: it
+    could not hold what the epoch keeps at once without fetching a block
+    twice. The message gives the smallest limit that works (and the
+    sizes it works with). The command line's exit code 2."""
+
+    usage_error = True
 
 
 class RemoteChecksumError(ChecksumError):

@@ -1,10 +1,14 @@
-"""The on-disk specification (``mmstore/format/__init__.py``'s docstring) as Markdown.
+"""A specification written as a module docstring, as Markdown: the on-disk
+format (``mmstore/format/__init__.py``) and the decode rules
+(``mmstore/decode/__init__.py``).
 
-The docstring is written in the plain reStructuredText that numpy's format
+The docstrings are written in the plain reStructuredText that numpy's format
 module uses: titles underlined with ``=`` or ``-``, ````literals````, ``::``
 literal blocks, field lists whose name stands alone in double backticks
-followed by its text in an aligned column. This turns exactly those into
-Markdown, so the site renders the specification itself and never a copy.
+followed by its text in an aligned column, bullet lists (a list inside an
+item indented by two spaces), and Sphinx roles (``:func:`name```). This
+turns exactly those into Markdown, so the site renders the specification
+itself and never a copy.
 """
 
 from __future__ import annotations
@@ -12,11 +16,14 @@ from __future__ import annotations
 import re
 
 _LITERAL = re.compile(r"``(.+?)``")
+_ROLE = re.compile(r":(?:class|func|meth|mod|attr|data|exc|obj|const):`~?([^`]+)`")
 _FIELD = re.compile(r"^``([^`]+)``\s{2,}(\S.*)$")
+_NESTED_ITEM = re.compile(r"^ {1,3}([-*] )")  # Markdown nests a list indented by 4
 
 
 def _inline(text: str) -> str:
-    return _LITERAL.sub(lambda m: "`" + m.group(1) + "`", text)
+    text = _ROLE.sub(lambda m: "`" + m.group(1).rsplit(".", 1)[-1] + "`", text)
+    return _NESTED_ITEM.sub(r"    \1", _LITERAL.sub(lambda m: "`" + m.group(1) + "`", text))
 
 
 def to_markdown(doc: str, level: int = 2) -> str:

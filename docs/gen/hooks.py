@@ -6,6 +6,9 @@ A page asks for generated content with a marker on a line of its own:
   ``mmstore.cli.build_parser()`` (``cli_reference.py``);
 - ``<!-- gen: format-spec -->``: the on-disk specification, the docstring of
   ``mmstore/format/__init__.py`` (``format_spec.py``);
+- ``<!-- gen: decode-rules -->``: how an image becomes a record (decoding,
+  resize and crop, the order of the steps), the docstring of
+  ``mmstore/decode/__init__.py``, rendered as the format specification is;
 - ``<!-- gen: bench NAME -->``: the tables and plots of the benchmark record
   ``docs/benchmarks/data/NAME.json`` (``bench_pages.py``).
 
@@ -53,12 +56,22 @@ def on_page_markdown(markdown, page, config, files):
             import mmstore.format
 
             return format_spec.to_markdown(mmstore.format.__doc__ or "")
+        if what == "decode-rules":
+            return decode_rules_markdown()
         if what == "bench" and arg:
             here = posixpath.dirname(page.file.src_uri) or "."
             return bench_pages.run_markdown(arg, posixpath.relpath("benchmarks/plots", here))
         raise ValueError(f"{page.file.src_uri}: unknown generated content {m.group(0)!r}")
 
     return MARKER.sub(replace, markdown)
+
+
+def decode_rules_markdown() -> str:
+    """The decode rules of ``mmstore.decode`` as Markdown: its docstring's
+    sections as second-level headings of the concepts page."""
+    import mmstore.decode
+
+    return format_spec.to_markdown(mmstore.decode.__doc__ or "", level=1)
 
 
 def orders_svg() -> bytes:

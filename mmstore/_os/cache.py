@@ -6,8 +6,8 @@ import mmap
 import os
 import sys
 import threading
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -22,25 +22,35 @@ __all__ = [
 # file needs neither a 1 TB mapping nor a 256 MB result vector.
 _MINCORE_WINDOW = 1 * GiB
 
+
+class _Calls(NamedTuple):
+    """The C library's calls a residency query makes, their prototypes set."""
+
+    mmap: Callable[..., Any]  # mmap64 where the C library has it (offsets past 2 GiB on 32-bit)
+    mincore: Callable[..., int]
+    munmap: Callable[..., int]
+
+
 _libc_lock = threading.Lock()
-_libc_cache: list[Any] = []
+_libc_cache: list[_Calls | None] = []
 
 
-def _libc() -> Any:
-    """The C library with mmap/mincore/munmap prototypes set, or raise
-    NotImplementedError where there is none (Windows)."""
+def _libc() -> _Calls:
+    """The C library's mmap/mincore/munmap, or raise NotImplementedError
+    where there are none (Windows)."""
     if not _libc_cache:
         with _libc_lock:
             if not _libc_cache:
                 _libc_cache.append(_load_libc())
-    if _libc_cache[0] is None:
+    calls = _libc_cache[0]
+    if calls is None:
         raise NotImplementedError(
             f"page-cache residency needs mmap(2)/mincore(2), which this "
             f"platform ({sys.platform}) does not provide")
-    return _libc_cache[0]
+    return calls
 
 
-def _load_libc() -> Any:
+def _load_libc() -> _Calls | None:
     try:
         import ctypes
         import ctypes.util
@@ -64,8 +74,7 @@ def _load_libc() -> Any:
         lib.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
         lib.munmap.restype = ctypes.c_int
         lib.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        lib._mm_mmap = mm  # type: ignore[attr-defined]  # our own attribute: CDLL stubs know only C functions
-        return lib
+        return _Calls(mm, lib.mincore, lib.munmap)
     except Exception:  # pragma: no cover - exotic platforms
         return None
 
@@ -81,7 +90,7 @@ def _mincore_pages(fd: int, offset: int, length: int) -> np.ndarray:
     maplen = offset + length - start
     npages = -(-maplen // PAGE_SIZE)
     vec = np.zeros(npages, dtype=np.uint8)
-    addr = lib._mm_mmap(None, maplen, mmap.PROT_READ, mmap.MAP_SHARED, fd, start)
+    addr = lib.mmap(None, maplen, mmap.PROT_READ, mmap.MAP_SHARED, fd, start)
     if addr is None or addr == ctypes.c_void_p(-1).value:
         e = ctypes.get_errno()
         raise OSError(e, f"mmap for mincore failed: {os.strerror(e)}")

@@ -202,15 +202,22 @@ def describe_write_error(exc: OSError) -> str:
     return f"writing the store failed: {cause} [{exc}]"
 
 
-def atomic_write(path: str, data: bytes) -> None:
-    """Write ``path`` atomically: temp file, fsync, rename, fsync the dir."""
-    tmp = path + ".tmp"
+def atomic_write(path: str, data: bytes, *, unique: bool = False) -> None:
+    """Write ``path`` atomically: temp file, fsync, rename, fsync the dir.
+    ``unique``: the temp file's name is this process's own (``path.<pid>.<random>.tmp``),
+    for a file that other processes may write at the same time (the last
+    rename wins, whole); else ``path.tmp``."""
+    tmp = f"{path}.{os.getpid()}.{os.urandom(4).hex()}.tmp" if unique else path + ".tmp"
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     try:
         pwrite_all(fd, data, 0)
         fsync_file(fd)
-    finally:
+    except BaseException:
         os.close(fd)
+        if unique:
+            os.unlink(tmp)
+        raise
+    os.close(fd)
     crash_point("rename")
     os.replace(tmp, path)
     fsync_dir(os.path.dirname(os.path.abspath(path)))

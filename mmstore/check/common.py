@@ -130,6 +130,8 @@ def image_layout(f: Field) -> str | None:
     if f.dtype != np.dtype("|u1"):
         return None
     s = f.shape
+    if f.shaped:  # images of their own shape: (None, None, C) or (None, None)
+        return "hwc" if len(s) == 3 and s[2] in (1, 3) else "hw" if len(s) == 2 else None
     if len(s) == 3 and s[2] in (1, 3) and s[0] > 0 and s[1] > 0:
         return "hwc"
     if len(s) == 3 and s[0] in (1, 3) and s[1] > 3 and s[2] > 3:

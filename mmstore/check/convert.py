@@ -14,7 +14,6 @@ conversion instead of being copied.
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from collections.abc import Callable
@@ -28,11 +27,12 @@ from ..errors import ChecksumError, EntryDecodeError, SchemaError
 from ..format.codecs import Codec, library_versions, parse_codec_specs
 from ..format.layout import SUPPORTED_BACKENDS, encode_key
 from ..format.schema import Schema
+from ..store.backends.base import unpack_record
 from ..store.dest import check_dest
 from ..store.reader import Store, open_store
 from ..store.writer import StoreWriter
 
-__all__ = ["ConvertReport", "convert_store", "unpack_record"]
+__all__ = ["ConvertReport", "convert_store"]
 
 
 @dataclass
@@ -156,33 +156,6 @@ def _provenance(store: Store, schema: Schema, backend: str) -> dict[str, Any]:
     return prov
 
 
-def unpack_record(schema: Schema, packed: Any) -> tuple[dict[str, np.ndarray], dict[str, memoryview]] | None:
-    """Split a record's checksummed bytes (format.py, "Checksums") into its
-    fixed fields' arrays and its variable-size fields' stored entries (views
-    into ``packed``); None when the bytes do not have that layout (every
-    length is checked before slicing)."""
-    mv = memoryview(packed).cast("B")
-    fixed: dict[str, np.ndarray] = {}
-    entries: dict[str, memoryview] = {}
-    pos = 0
-    for f in schema:
-        if f.variable:
-            if pos + 8 > len(mv):
-                return None
-            n = int.from_bytes(mv[pos : pos + 8], "little")
-            pos += 8
-            if n > len(mv) - pos:
-                return None
-            entries[f.name] = mv[pos : pos + n]
-            pos += n
-        else:
-            if pos + f.nbytes > len(mv):
-                return None
-            fixed[f.name] = np.frombuffer(mv, f.dtype, count=math.prod(f.shape), offset=pos).reshape(f.shape)
-            pos += f.nbytes
-    return (fixed, entries) if pos == len(mv) else None
-
-
 def _copy_records(store: Store, w: StoreWriter, progress: Callable[[int], Any] | None) -> None:
     """Every slot of ``store`` into ``w`` (whose schema may change codecs)."""
     src, dst = store.schema, w.schema
@@ -207,7 +180,9 @@ def _copy_records(store: Store, w: StoreWriter, progress: Callable[[int], Any] |
                 raise ChecksumError(_damaged(store, s, packed, stored))
             fixed, entries = parts
             for f in recode:
-                if f.ragged:
+                if f.shaped:
+                    _recode_shaped(store, s, src[f.name], f.codec, fixed, entries)
+                elif f.ragged:
                     _recode_ragged(store, s, src[f.name], f.codec, entries)
                 else:
                     _recode(store, s, f.name, src[f.name].codec, f.codec, fixed, entries, scratch[f.name])
@@ -232,13 +207,28 @@ def _recode(store: Store, slot: int, name: str, old: Codec, new: Codec, fixed: d
         try:
             old.decode_into(entries.pop(name), scratch)
         except EntryDecodeError as exc:  # name the record, slot and key
-            exc.field = name  # type: ignore[attr-defined]
-            raise store._entry_error(exc, slot) from None
+            exc.field = name
+            raise store.slot_view.entry_error(exc, slot) from None
         arr = scratch
     if new.raw:
         fixed[name] = arr
     else:
         entries[name] = new.encode(arr)
+
+
+def _recode_shaped(store: Store, slot: int, old: Any, new: Codec, fixed: dict[str, Any],
+                   entries: dict[str, Any]) -> None:
+    """Shaped field ``old`` of one record to codec ``new``, in place in
+    ``entries``: decoded at its record's size (``fixed[<name>_hw]``, checked
+    against the entry first) and encoded again."""
+    from ..format.shaped import decode_shaped
+
+    try:
+        arr = decode_shaped(old, entries.pop(old.name), fixed[old.hw_name], slot)
+    except EntryDecodeError as exc:  # name the record, slot and key
+        exc.field = old.name
+        raise store.slot_view.entry_error(exc, slot) from None
+    entries[old.name] = new.encode(arr)
 
 
 def _recode_ragged(store: Store, slot: int, old: Any, new: Codec, entries: dict[str, Any]) -> None:
@@ -250,8 +240,8 @@ def _recode_ragged(store: Store, slot: int, old: Any, new: Codec, entries: dict[
         check_entry(old, entries[old.name])
         raw = entry_bytes(old, entries.pop(old.name))
     except EntryDecodeError as exc:  # name the record, slot and key
-        exc.field = old.name  # type: ignore[attr-defined]
-        raise store._entry_error(exc, slot) from None
+        exc.field = old.name
+        raise store.slot_view.entry_error(exc, slot) from None
     entries[old.name] = new.encode(np.frombuffer(raw, np.uint8))
 
 

@@ -51,6 +51,11 @@ class InspectReport:
     raw_data_bytes: int = 0
     raw_equivalent_bytes: int = 0
     sizes_sampled: int | None = None
+    image_shapes: dict[str, Any] | None = None
+    """An image field of its own shape (``(None, None, C)``): its records'
+    heights and widths over every record, from its ``<field>_hw`` column:
+    ``{"field", "min_h", "median_h", "max_h", "min_w", "median_w", "max_w",
+    "distinct"}`` (``distinct``: the number of distinct ``(h, w)``)."""
     ragged_lengths: list[dict[str, Any]] = field(default_factory=list)
     """Per ragged field: rows (str/bytes: bytes) per record, min/mean/max, the
     total, and how many records have none (over ``sizes_sampled`` when set)."""
@@ -140,6 +145,9 @@ def _ragged_lengths(store: Any, rep: InspectReport, idx: Any) -> dict[str, float
     for f in store.schema.ragged_fields:
         if not n:
             lengths = np.zeros(0, np.int64)
+        elif f.shaped:  # pixels per record, from its sizes column (no entry read)
+            hw = store.column(f.hw_name).astype(np.int64).reshape(-1, 2)
+            lengths = (hw[:, 0] * hw[:, 1]) if idx is None else (hw[:, 0] * hw[:, 1])[np.asarray(idx)]
         elif f.codec.raw:
             lengths = store.slot_view.entry_sizes(f.name, idx) // f.row_bytes
         else:
@@ -148,7 +156,8 @@ def _ragged_lengths(store: Any, rep: InspectReport, idx: Any) -> dict[str, float
                                       for a in range(0, len(which), 4096)])
         k = len(lengths)
         rep.ragged_lengths.append({
-            "name": f.name, "kind": f.kind, "unit": "bytes" if f.kind != "array" else "rows",
+            "name": f.name, "kind": f.kind,
+            "unit": "bytes" if f.kind != "array" else "pixels" if f.shaped else "rows",
             "min": int(lengths.min()) if k else 0, "mean": round(float(lengths.mean()), 2) if k else 0.0,
             "max": int(lengths.max()) if k else 0,
             "total": int(lengths.sum()) if idx is None else round(float(lengths.mean()) * n) if k else 0,
@@ -156,6 +165,15 @@ def _ragged_lengths(store: Any, rep: InspectReport, idx: Any) -> dict[str, float
         })
         out[f.name] = float(lengths.mean()) * f.row_bytes if k else 0.0
     return out
+
+
+def _shapes(store: Any, f: Any) -> dict[str, Any]:
+    """``InspectReport.image_shapes`` of shaped field ``f``, from its sizes column."""
+    hw = store.column(f.hw_name).astype(np.int64).reshape(-1, 2)
+    h, w = hw[:, 0], hw[:, 1]
+    return {"field": f.name, "min_h": int(h.min()), "median_h": float(np.median(h)), "max_h": int(h.max()),
+            "min_w": int(w.min()), "median_w": float(np.median(w)), "max_w": int(w.max()),
+            "distinct": int(len(np.unique(hw, axis=0)))}
 
 
 def inspect_store(
@@ -217,19 +235,25 @@ def inspect_store(
             if names and len(vals) and (vals.min() < 0 or vals.max() >= len(names)):
                 rep.notes.append(f"labels outside 0..{len(names) - 1} appear; label_names does not cover them")
         found = find_image_field(store.schema, image_field)
+        shaped = [g for g in store.schema.shaped_fields if found is None or g.name == found[0].name]
+        if shaped and store.records:
+            rep.image_shapes = _shapes(store, shaped[0])
         if found is not None and store.records and sample > 0:
             f, lay = found
             rep.image_field, rep.image_layout = f.name, lay
             idx = sample_indices(store.records, sample, seed)
-            hwc = to_hwc(np.zeros((1, *f.shape), np.uint8), lay).shape[1:]  # (H, W, C) of one image
-            s1 = np.zeros(hwc[-1])  # per channel: the sum of the pixel values, and of their squares
-            s2 = np.zeros(hwc[-1])
+            channels = 1 if lay == "hw" else int(f.shape[2] if lay == "hwc" else f.shape[0])
+            s1 = np.zeros(channels)  # per channel: the sum of the pixel values, and of their squares
+            s2 = np.zeros(channels)
+            npx = 0
             for a in range(0, len(idx), 256):
-                imgs = to_hwc(store.read_batch(idx[a : a + 256], fields=[f.name])[f.name], lay)
-                px = imgs.reshape(-1, imgs.shape[-1]).astype(np.float64)
-                s1 += px.sum(0)
-                s2 += (px * px).sum(0)
-            npx = len(idx) * int(np.prod(hwc[:2]))
+                got = store.read_batch(idx[a : a + 256], fields=[f.name])[f.name]
+                for imgs in (got if f.shaped else [got]):  # images of their own shape: a list, one by one
+                    imgs = to_hwc(imgs, lay)
+                    px = imgs.reshape(-1, imgs.shape[-1]).astype(np.float64)
+                    s1 += px.sum(0)
+                    s2 += (px * px).sum(0)
+                    npx += len(px)
             mean = s1 / npx
             var = np.maximum(s2 / npx - mean * mean, 0.0)
             rep.image_sample = len(idx)

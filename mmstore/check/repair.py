@@ -21,9 +21,8 @@ A positional backend (memmap, see ``BackendReader.positional``): each
 field's entry is written in place, then fsynced (``BackendReader.rewrite_entries``).
 Other backends (lmdb: rewriting a value in place would change the page layout): the data
 files of each segment concerned are rebuilt the way a writer builds them
-(``Backend.write_segment``: the backend's slot files of every record, then its ``finalize``: for lmdb
-the same keys in the same order, same transactions), and replace the old
-ones atomically (the manifest's size entries are updated if they differ).
+(``Backend.rebuild``: for lmdb the same keys in the same order, same transactions), and
+replace the old ones atomically (the manifest's size entries are updated if they differ).
 
 A store may come from someone else, so its provenance is untrusted input:
 repair writes only to regular files directly inside the store (opened with
@@ -51,20 +50,18 @@ from typing import Any, cast
 
 import numpy as np
 
-from .._os.io import atomic_write, fsync_dir, fsync_path
+from .._os.io import atomic_write, fsync_dir
 from ..errors import EntryDecodeError, FormatError
 from ..format.codecs import library_versions
 from ..format.layout import MANIFEST_FILE, decode_key
 from ..format.names import json_bytes
-from ..store.backends import Backend
-from ..store.backends.base import packed_record
+from ..store.backends.base import packed_record, unpack_record
 from ..store.reader import Store, open_store
-from .convert import unpack_record
 from .verify import VerifyReport
 
 __all__ = ["RepairReport", "repair_store"]
 
-REPAIRABLE = ("checksum", "hole-not-zero", "missing", "size", "hole-has-record", "extra-key", "decode")
+REPAIRABLE = ("checksum", "hole-not-zero", "missing", "size", "hole-has-record", "extra-key", "decode", "shape")
 MAX_TEMPLATE_WIDTH = 255  # the widest field a provenance path_template may pad to
 MAX_LABELS = 100_000  # label values tried for a record whose stored label is damaged
 LABEL_SEARCH_BYTES = 2 << 30  # record bytes the label search of one repair may hash (bounded time)
@@ -237,6 +234,8 @@ class _Source:
                 raise SourceGone("the provenance has no decode spec for encoded inputs")
             d = decode_image(raw, self.spec)
         out["image"] = d.image
+        if self.spec is not None and self.spec.aspect_kept:  # an image of its own shape: its size beside it
+            out["image_hw"] = np.asarray(d.image.shape[:2], "<u4")
         if getattr(d, "orig_size", None) is not None:
             out["orig_size"] = np.asarray(d.orig_size)
         if getattr(d, "box", None) is not None:
@@ -422,7 +421,7 @@ def repair_store(path: str | os.PathLike[str], report: VerifyReport) -> RepairRe
     try:
         try:
             image = store.schema["image"].shape if "image" in store.schema else None
-            src = (_Source(store.provenance, image) if any(b.what in ("checksum", "missing", "size", "decode")
+            src = (_Source(store.provenance, image) if any(b.what in ("checksum", "missing", "size", "decode", "shape")
                                                            for b in bad)
                    else None)
         except SourceGone as exc:
@@ -568,64 +567,6 @@ def _write_encoded_in_place(store: Store, fixes: dict[int, bytes]) -> dict[int, 
     return failed
 
 
-def _build_lmdb_variable(store: Store, part: Any, fixes: dict[int, bytes], holes: np.ndarray, lo: int,
-                         count: int) -> str:
-    """An LMDB segment with encoded fields, built again the way a writer
-    builds it (the same keys, values and transactions) with ``fixes``
-    written in; any other value is copied as it is. Returns the work
-    directory (inside the store) holding the new file."""
-    import lmdb
-
-    from ..format.layout import lmdb_file, lmdb_key
-    from ..store.backends.lmdb import LMDB_TXN_RECORDS, lmdb_map_size_of, put_values
-
-    work = os.path.join(store.path, f".repair-{uuid.uuid4().hex[:8]}")
-    os.mkdir(work)
-    try:
-        present = np.flatnonzero(~holes[lo : lo + count]).tolist()
-        env_old = part.env()
-
-        def value(txn: Any, j: int) -> bytes | None:
-            fix = fixes.get(lo + j)
-            if fix is not None:
-                return _lmdb_value(store, fix)
-            v = txn.get(lmdb_key(j))
-            return bytes(v) if v is not None else None
-
-        with env_old.begin(buffers=True) as txn:
-            sizes = np.array([len(value(txn, j) or b"") for j in present], np.int64)
-        path = os.path.join(work, lmdb_file(None))
-        map_size = lmdb_map_size_of(sizes)
-        env = lmdb.open(path, subdir=False, lock=False, map_size=map_size, readahead=False, meminit=True,
-                        max_dbs=0, sync=True, metasync=True)
-        try:
-            with env_old.begin(buffers=True) as txn:
-                for a in range(0, len(present), LMDB_TXN_RECORDS):
-                    items = [(lmdb_key(j), value(txn, j)) for j in present[a : a + LMDB_TXN_RECORDS]]
-                    map_size = put_values(env, [(k, v) for k, v in items if v is not None], map_size)
-            env.sync(True)
-        finally:
-            env.close()
-        fsync_path(path)
-        return work
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-
-
-def _lmdb_value(store: Store, packed: bytes) -> bytes:
-    """A record's checksummed bytes as its 2.0 lmdb value (format.py, "lmdb
-    backend": raw fields, the entries' lengths, the entries)."""
-    parts = unpack_record(store.schema, packed)
-    if parts is None:
-        raise ValueError("internal error: the rebuilt record has no valid layout")
-    fixed, entries = parts
-    var = store.schema.variable_fields
-    return b"".join([*(fixed[f.name].tobytes() for f in store.schema.fixed_fields),
-                     *(len(entries[f.name]).to_bytes(8, "little") for f in var),
-                     *(bytes(entries[f.name]) for f in var)])
-
-
 def _rebuild_segments(store: Store, fixes: dict[int, bytes], drop: bool) -> None:
     """Rebuild the data files of every segment that holds a fix, or (``drop``)
     an entry that is not a record; the others stay as they are (in a merged
@@ -642,22 +583,22 @@ def _rebuild_segments(store: Store, fixes: dict[int, bytes], drop: bool) -> None
             need = part.has_stray_entries(holes[lo : lo + count])
         if need:
             todo.append((part, lo, count))
-    built: list[tuple[str, str, str]] = []  # (work directory, new file, the store's file it replaces)
+    built: list[tuple[str, str]] = []  # (new file, the store's file it replaces)
+    works: list[str] = []
     try:
         for part, lo, count in todo:
-            if store.schema.has_variable:
-                work = _build_lmdb_variable(store, part, fixes, holes, lo, count)
-            else:
-                work = _build_segment(store, type(part), fixes, holes, lo, count)
+            work = os.path.join(store.path, f".repair-{uuid.uuid4().hex[:8]}")  # inside the store, never next to it
+            os.mkdir(work)
+            works.append(work)
+            part.rebuild(work, holes[lo : lo + count], {s - lo: v for s, v in fixes.items() if lo <= s < lo + count})
             names = part.data_file_names(store.schema, part.segment)
-            built += [(work, os.path.join(work, new), name)
-                      for new, name in zip(part.data_file_names(store.schema), names)]
+            built += [(os.path.join(work, new), name) for new, name in zip(part.data_file_names(store.schema), names)]
         store.close()
-        for _, new, name in built:
+        for new, name in built:
             # a new inode: a part store sharing the old file (merge) keeps it
             os.replace(new, os.path.join(store.path, name))
         fsync_dir(store.path)
-        sizes = {name: os.path.getsize(os.path.join(store.path, name)) for _, _, name in built}
+        sizes = {name: os.path.getsize(os.path.join(store.path, name)) for _, name in built}
         if any(size != store.manifest["files"].get(name) for name, size in sizes.items()):
             mpath = os.path.join(store.path, MANIFEST_FILE)
             with open(mpath, "rb") as fh:
@@ -665,39 +606,5 @@ def _rebuild_segments(store: Store, fixes: dict[int, bytes], drop: bool) -> None
             obj["files"].update(sizes)
             atomic_write(mpath, json_bytes(obj, indent=1) + b"\n")
     finally:
-        for work in {w for w, _, _ in built}:
+        for work in works:
             shutil.rmtree(work, ignore_errors=True)
-
-
-def _build_segment(store: Store, cls: type[Backend], fixes: dict[int, bytes], holes: np.ndarray, lo: int,
-                   count: int) -> str:
-    """Build the data files of global slots ``[lo, lo + count)`` the way a
-    writer does (``cls``'s slot files, then its ``finalize``) in a work
-    directory inside the store; return the directory."""
-    work = os.path.join(store.path, f".repair-{uuid.uuid4().hex[:8]}")  # inside the store, never next to it
-    os.mkdir(work)
-    try:
-        step = 4096
-        packed = ((a - lo, _packed_chunk(store, fixes, holes, a, min(lo + count, a + step)))
-                  for a in range(lo, lo + count, step))
-        cls.write_segment(work, store.schema, count, holes[lo : lo + count], packed)
-        return work
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
-        raise
-
-
-def _packed_chunk(store: Store, fixes: dict[int, bytes], holes: np.ndarray, a: int, b: int) -> np.ndarray:
-    """The packed records of slots ``[a, b)`` (fixed where ``fixes`` says,
-    zeros for holes and unreadable records), shape ``(b - a, record_bytes)``."""
-    rb = store.schema.record_bytes
-    chunk = np.zeros((b - a, rb), np.uint8)
-    for s, v in store.slot_view.backend.iter_packed(a, b):
-        if holes[s]:
-            continue
-        val = fixes.get(s)
-        if val is None and v is not None and len(v) == rb:
-            val = bytes(v)
-        if val is not None:
-            chunk[s - a] = np.frombuffer(val, np.uint8)
-    return chunk

@@ -201,6 +201,8 @@ def show_store(
     (tags and text first). With ``boxes`` (default) a ``boxes`` field is drawn
     on the tiles (see :func:`draw_boxes`; the module docstring for the
     fields), named by the ``category`` field.
+    Images of their own shape are drawn each at its own size, at the top
+    left of a tile of the largest.
     ``scale`` (default: enough to make tiles at least 96 pixels wide) enlarges
     small images by pixel repetition, so every tile is the record's exact
     pixels. Colour order: RGB unless the provenance says the store is BGR.
@@ -236,7 +238,15 @@ def show_store(
         if len(idx) == 0:
             raise ValueError(f"{store.path}: nothing to show (the store has {store.records} records)")
         batch = store.read_batch(idx)
-        imgs = np.ascontiguousarray(to_hwc(batch[f.name], lay))
+        own = None  # images of their own shape: each drawn at its size, top-left in a tile of the largest
+        if f.shaped:
+            own = [to_hwc(a, lay) for a in batch[f.name]]
+            imgs = np.full((len(own), max(a.shape[0] for a in own), max(a.shape[1] for a in own),
+                            own[0].shape[2]), 32, np.uint8)
+            for j, a in enumerate(own):
+                imgs[j, : a.shape[0], : a.shape[1]] = a
+        else:
+            imgs = np.ascontiguousarray(to_hwc(batch[f.name], lay))
         ih, iw = imgs.shape[1:3]
         if scale is None:
             scale = max(1, math.ceil(96 / max(iw, 1)))
@@ -260,7 +270,8 @@ def show_store(
             other = {g.name: _caption_value(g, batch[g.name][j]) for g in others}
             cap += [f"{k}={v}" for k, v in other.items()][:3]
             captions.append(cap)
-            tiles.append(Tile(i, int(slots[j]), key, lab, lname, 0, 0, iw * scale, ih * scale, other))
+            th, tw = (ih, iw) if own is None else own[j].shape[:2]
+            tiles.append(Tile(i, int(slots[j]), key, lab, lname, 0, 0, tw * scale, th * scale, other))
         canvas, grid = render_grid(imgs, captions, cols=cols, scale=scale, bgr_in=bgr)
         for t, (x, y, _, _) in zip(tiles, grid):
             t.x, t.y = x, y

@@ -36,8 +36,10 @@ from ..format.layout import lmdb_file
 from ..format.manifest import read_manifest
 from ..remote.url import is_url, local_path
 from ..store.reader import open_store
+from .common import UsageError
 from .verify_entries import content_variable, decode_packed
 from .verify_lmdb import value_layout_arg, walk_range
+from .verify_remote import verify_remote
 from .verify_report import MAX_LISTED, BadRecord, Problem, VerifyReport
 from .verify_structure import Ctx, check_structure
 
@@ -288,14 +290,15 @@ def _content_packed(ctx: Ctx, col: _Collector, progress: Callable[[int], Any] | 
     return total
 
 
-def _decode_lmdb(ctx: Ctx, col: _Collector, rep: VerifyReport) -> None:
-    """``decode`` on an LMDB store: only when every file was walked without
+def _decode_lmdb(ctx: Ctx, col: _Collector, rep: VerifyReport, decode: bool = True) -> None:
+    """``decode`` on an LMDB store (without ``decode``: the size check of
+    shaped fields' entries): only when every file was walked without
     damage (reading a damaged LMDB file in this process could kill it)."""
     if any(p.kind == "lmdb-damaged" for p in rep.problems) or any(
             r.what == "unreadable" for r in rep.bad_records):
         rep.note = "entries not decoded: an LMDB file is damaged (see problems)"
         return
-    decode_packed(ctx, col, {r.slot for r in rep.bad_records})
+    decode_packed(ctx, col, {r.slot for r in rep.bad_records}, decode)
 
 
 def verify_store(
@@ -306,6 +309,7 @@ def verify_store(
     threads: int | None = None,
     progress: Callable[[int], Any] | None = None,
     on_total: Callable[[int], Any] | None = None,
+    deep: bool = False,
 ) -> VerifyReport:
     """Verify the store at ``path``; return a :class:`VerifyReport`.
 
@@ -322,15 +326,22 @@ def verify_store(
         Called with a byte count after each chunk of the content pass.
     on_total
         Called once with the bytes the content pass will read.
+    deep
+        A store URL only: also fetch every block of every object straight
+        from the bucket and check it against its digest
+        (:mod:`mmstore.check.verify_remote`), before the record pass.
 
     Raises
     ------
     IncompleteStoreError
         Not a store (no manifest): the CLI's exit code 2.
     """
-    if is_url(path):  # a store in object storage: verified in its (complete) local replica
-        return _verify_url(os.fspath(path), quick=quick, decode=decode, threads=threads, progress=progress,
+    if is_url(path):  # a store in object storage: its objects, then its (complete) local replica
+        return _verify_url(os.fspath(path), deep, quick=quick, decode=decode, threads=threads, progress=progress,
                            on_total=on_total)
+    if deep:
+        raise UsageError("deep=True checks a store URL's objects block by block; a local store's verify reads "
+                         "every record already")
     path = os.path.abspath(local_path(path))
     rep = VerifyReport(path=path, quick=quick)
     if os.path.lexists(path) and not os.path.isdir(path):
@@ -367,8 +378,8 @@ def verify_store(
             nbytes = _content_positional(ctx, col, threads, progress)
         elif ctx.cls.crashes_on_damage:  # LMDB: walked in child processes
             nbytes = _content_lmdb(ctx, col, rep, threads, progress)
-            if decode and ctx.schema.has_variable:
-                _decode_lmdb(ctx, col, rep)
+            if (decode and ctx.schema.has_variable) or ctx.schema.has_shaped:
+                _decode_lmdb(ctx, col, rep, decode)
         else:
             nbytes = _content_packed(ctx, col, progress)
     except Exception as exc:  # noqa: BLE001 - an unreadable file is a finding, not a crash
@@ -389,11 +400,18 @@ def verify_store(
     return rep
 
 
-def _verify_url(url: str, **kw: Any) -> VerifyReport:
-    """Verify the store at ``url``: every block is fetched into the replica
-    (``MMSTORE_CACHE_DIR``; each block checked against the push's digest on
-    the way) and pinned, so that no other reader of the cache evicts one
-    while it is checked; then the replica is verified as a local store."""
+def _verify_url(url: str, deep: bool, **kw: Any) -> VerifyReport:
+    """Verify the store at ``url``: its objects against its index (one
+    listing; with ``deep`` every block by range GETs), and when they match,
+    every block is fetched into the replica (``MMSTORE_CACHE_DIR``; each
+    block checked against the push's digest on the way) and pinned, so that
+    no other reader of the cache evicts one while it is checked; then the
+    replica is verified as a local store."""
+    bucket = verify_remote(url, deep=deep, progress=kw.get("progress"), on_total=kw.get("on_total"))
+    if not bucket.ok:  # a reader would be refused: say which objects differ, and what repairs them
+        return VerifyReport(path=url, store_id=bucket.store_id, backend=bucket.backend, records=bucket.records,
+                            slots=bucket.slots, quick=kw.get("quick", False),
+                            problems=list(bucket.problems), remote=bucket, seconds=bucket.seconds)
     with open_store(url) as store:
         replica = store.replica
         if replica is None:  # pragma: no cover - a URL always opens through a replica
@@ -405,4 +423,5 @@ def _verify_url(url: str, **kw: Any) -> VerifyReport:
             if pin is not None:
                 pin.release()
     rep.path = url
+    rep.remote = bucket
     return rep

@@ -11,7 +11,10 @@ Content: each record's checksummed bytes (the fixed fields' bytes and each
 entry's ``<u8`` length and stored bytes, in schema order) are hashed from
 large sequential reads, by threads; with ``decode`` every entry is also
 decoded with its field's codec and each one that fails is a bad record
-(``decode``, the codec's reason). LMDB stores are hashed by verify's child
+(``decode``, the codec's reason). An entry of a shaped field (format.py,
+"Images of their own shape") is checked against its record's ``<field>_hw``
+in every full pass, without decoding (``shape``: a raw entry's size, a zstd
+frame's content size, a JPEG's or PNG's header). LMDB stores are hashed by verify's child
 processes (:mod:`mmstore.check.verify_lmdb`); their entries are decoded
 afterwards, in this process, through the backend (:func:`decode_packed`),
 only when walking every file succeeded.
@@ -30,10 +33,11 @@ import numpy as np
 from ..errors import EntryDecodeError
 from ..format.layout import KEY_DTYPE, variable_files
 from ..format.ragged import check_entry
+from ..format.shaped import check_shaped
 from .verify_context import Ctx
 from .verify_report import Problem, VerifyReport
 
-__all__ = ["check_offsets", "content_variable", "decode_packed", "report_offsets"]
+__all__ = ["check_offsets", "check_shaped_entry", "content_variable", "decode_packed", "report_offsets"]
 
 MAX_NAMED = 10  # offsets problems named one by one per file (the rest are counted)
 _CHUNK_BYTES = 8 << 20
@@ -197,8 +201,13 @@ def content_variable(ctx: Ctx, col: Any, threads: int, progress: Callable[[int],
             got = h.intdigest()
             if got != int(stored[s]):
                 col.bad(s, "checksum", f"{int(stored[s]):016x}", f"{got:016x}")
+            for f in schema.shaped_fields:
+                hw = np.frombuffer(fixed[f.hw_name][j * 8 : (j + 1) * 8], "<u4")
+                check_shaped_entry(col, s, f, rec[f.name], hw, decode)
             if decode:
                 for f in schema.variable_fields:
+                    if f.shaped:
+                        continue
                     try:
                         check_entry(f, rec[f.name], scratch(f.name))
                     except EntryDecodeError as exc:
@@ -250,11 +259,30 @@ def _read_entries(files: _Segment, where: tuple[np.ndarray, int], name: str, la:
     return out
 
 
-def decode_packed(ctx: Ctx, col: Any, skip: set[int]) -> None:
+def check_shaped_entry(col: Any, slot: int, f: Any, entry: Any, hw: Any, decode: bool) -> None:
+    """Note slot ``slot`` bad when its entry of shaped field ``f`` does not
+    have the size ``hw`` says (``shape``) or, with ``decode``, does not
+    decode (``decode``)."""
+    try:
+        check_shaped(f, entry, hw, decode=False)
+    except EntryDecodeError as exc:
+        col.bad(slot, "shape", f"field {f.name!r}: an entry of the {int(hw[0])} x {int(hw[1])} pixels its "
+                f"{f.hw_name!r} says", str(exc))
+        return
+    if decode:
+        try:
+            check_shaped(f, entry, hw)
+        except EntryDecodeError as exc:
+            col.bad(slot, "decode", f"field {f.name!r}: a {f.codec.spec} entry of {f.dtype.str} "
+                    f"{[int(hw[0]), int(hw[1]), *f.shape[2:]]}", str(exc))
+
+
+def decode_packed(ctx: Ctx, col: Any, skip: set[int], decode: bool = True) -> None:
     """Decode every entry of every record through the backend (lmdb), slots
     in ``skip`` (already bad) and holes left out; each failure is a
     ``decode`` bad record, and a record the backend refuses to read is one
-    too (named with the backend's reason)."""
+    too (named with the backend's reason). Without ``decode`` only the
+    entries of shaped fields are checked, against their sizes."""
     schema = ctx.schema
     scratch = {f.name: np.empty(f.shape, f.dtype) for f in schema.variable_fields if not f.ragged}
     skip_all = skip | _holes(ctx)
@@ -265,7 +293,7 @@ def decode_packed(ctx: Ctx, col: Any, skip: set[int]) -> None:
             while pos < count:
                 done = pos - 1
                 try:
-                    for s in _decode_range(part, pos, count, first, skip_all, scratch, schema, col):
+                    for s in _decode_range(part, pos, count, first, skip_all, scratch, schema, col, decode):
                         done = s
                     pos = count
                 except Exception as exc:  # noqa: BLE001 - e.g. a value off its layout: that slot is bad
@@ -283,17 +311,21 @@ def _holes(ctx: Ctx) -> set[int]:
 
 
 def _decode_range(part: Any, a: int, b: int, first: int, skip: set[int], scratch: dict[str, np.ndarray],
-                  schema: Any, col: Any) -> Any:
+                  schema: Any, col: Any, decode: bool = True) -> Any:
     """Decode the entries of local slots ``[a, b)``; yield each local slot
     once done (so a failure is known to be at the next one)."""
-    from .convert import unpack_record
+    from ..store.backends.base import unpack_record
 
     for s, packed in part.iter_packed(a, b):
         g = first + s
         if packed is not None and g not in skip:
             parts = unpack_record(schema, packed)
             entries = parts[1] if parts is not None else {}
-            for f in schema.variable_fields if parts is not None else ():
+            for f in schema.shaped_fields if parts is not None else ():
+                check_shaped_entry(col, g, f, entries[f.name], parts[0][f.hw_name], decode)  # type: ignore[index]
+            for f in schema.variable_fields if parts is not None and decode else ():
+                if f.shaped:
+                    continue
                 try:
                     check_entry(f, entries[f.name], scratch.get(f.name))
                 except EntryDecodeError as exc:

@@ -63,6 +63,7 @@ class VerifyReport:
     threads: int = 0
     note: str | None = None
     repair: Any = None  # a RepairReport when --repair ran
+    remote: Any = None  # a store URL's objects against its index (check.verify_remote.RemoteVerifyReport)
 
     _json_extra = ("ok", "mb_per_s")
 

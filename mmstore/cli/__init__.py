@@ -24,6 +24,8 @@ import difflib
 import errno
 import importlib
 import os
+import select
+import signal
 import sys
 import traceback
 from collections.abc import Iterator, Sequence
@@ -33,9 +35,10 @@ from .._version import __version__
 from ..errors import IncompleteStoreError, MmstoreError, cli_wording
 from ..format.names import printable
 
-__all__ = ["COMMANDS", "EXIT_CODES", "EXIT_OK", "EXIT_PROBLEM", "EXIT_USAGE", "main"]
+__all__ = ["COMMANDS", "EXIT_CODES", "EXIT_OK", "EXIT_OUTPUT_CLOSED", "EXIT_PROBLEM", "EXIT_USAGE", "main"]
 
 EXIT_OK, EXIT_PROBLEM, EXIT_USAGE = 0, 1, 2
+EXIT_OUTPUT_CLOSED = 128 + 13  # 128 + SIGPIPE: what a shell reports for `cat big | head -1`'s cat
 
 # the one statement of the rule, shown by `mmstore --help`
 EXIT_CODES = """exit codes (every command):
@@ -46,6 +49,8 @@ EXIT_CODES = """exit codes (every command):
        source or store that is not there or cannot be used; nothing was changed: fix
        the command
   130  interrupted (Ctrl-C, SIGTERM)
+  141  the reader of the output went away (`mmstore show STORE | head -1`): the command
+       stops quietly, with the status a shell gives a command ended by SIGPIPE
 """
 
 # module names in mmstore.cli, in the order `mmstore --help` lists them
@@ -61,9 +66,21 @@ class _Parser(argparse.ArgumentParser):
         kwargs["allow_abbrev"] = False
         super().__init__(*args, **kwargs)
 
-    def error(self, message: str) -> NoReturn:  # argparse exits 2 too; keep the usage line
-        self.print_usage(sys.stderr)
-        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n")
+    def error(self, message: str) -> NoReturn:
+        """Exit 2 with what is wrong first, then one line of usage that points
+        to ``--help`` (argparse's full usage of a command runs to 20 lines and
+        would bury the message)."""
+        self.exit(EXIT_USAGE, f"{self.prog}: error: {message}\n{self.synopsis()}\n")
+
+    def synopsis(self) -> str:
+        """``usage: mmstore ingest source dest [options] (see mmstore ingest --help)``."""
+        words = [self.prog]
+        for a in self._actions:
+            if a.option_strings:
+                continue
+            name = a.metavar if isinstance(a.metavar, str) else a.dest
+            words.append(f"{name} ..." if isinstance(a, argparse._SubParsersAction) else str(name))
+        return f"usage: {' '.join(words)} [options] (see {self.prog} --help)"
 
     def unrecognized(self, extra: list[str]) -> NoReturn:
         """Exit 2 for arguments no option of this parser takes, naming the
@@ -76,7 +93,7 @@ class _Parser(argparse.ArgumentParser):
                 if near:
                     hint = f"; did you mean {near[0]}?"
                     break
-        self.error(f"unrecognized arguments: {' '.join(extra)}{hint} (see {self.prog} --help)")
+        self.error(f"unrecognized arguments: {' '.join(extra)}{hint}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -99,8 +116,74 @@ def main(argv: Sequence[str] | None = None) -> int:
     Every failure ends with one line on stderr and exit code 1 or 2, never a
     traceback (set ``MMSTORE_DEBUG=1`` to see it); :data:`EXIT_CODES` states
     the rule. Options named in a library message print in their command-line
-    spelling (:func:`mmstore.errors.cli_wording`).
+    spelling (:func:`mmstore.errors.cli_wording`). When the reader of the
+    output goes away (``| head -1``), the command stops printing and exits
+    :data:`EXIT_OUTPUT_CLOSED` without a message. Ctrl-C and SIGTERM stop
+    any command with one line and exit 130 (:func:`_signals_interrupt`).
     """
+    try:
+        try:
+            with _signals_interrupt():
+                try:
+                    return _main(argv)
+                except KeyboardInterrupt:  # before or after the command's own work
+                    print("mmstore: interrupted", file=sys.stderr)
+                    return 130
+        finally:
+            sys.stdout.flush()  # a reader that went away shows here, not in the interpreter's exit
+    except BrokenPipeError:  # stdout's: _main lets no other one through
+        # the rest of the output goes nowhere, so that the interpreter's own flush at exit is quiet too
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_OUTPUT_CLOSED
+
+
+@contextlib.contextmanager
+def _signals_interrupt() -> Iterator[None]:
+    """SIGTERM (a job scheduler, ``kill``, ``timeout``) stops a command as
+    Ctrl-C does: ``KeyboardInterrupt`` in the main thread, one line, exit 130
+    (:data:`EXIT_CODES`), instead of the process ending by the signal. A
+    second signal while the first is being handled (a clean-up that takes
+    long) ends the process at once, also 130. The previous handlers are put
+    back on the way out (``main`` may be called in-process); a SIGINT that
+    is ignored (``nohup``) stays ignored."""
+    hit = [False]
+
+    def handler(signum: int, frame: object) -> None:
+        if hit[0]:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stderr.flush()
+            os._exit(130)
+        hit[0] = True
+        raise KeyboardInterrupt
+
+    saved: dict[signal.Signals, Any] = {}
+    try:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            if sig == signal.SIGINT and signal.getsignal(sig) is not signal.default_int_handler:
+                continue
+            saved[sig] = signal.signal(sig, handler)
+    except ValueError:  # not the main thread: signals are not ours to take
+        pass
+    try:
+        yield
+    finally:
+        for num, old in saved.items():
+            if signal.getsignal(num) is handler:  # a command that chose otherwise on its way out (push) keeps it
+                signal.signal(num, old)
+
+
+def _stdout_reader_gone() -> bool:
+    """Whether stdout is a pipe (or socket) whose reading end was closed."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(ev & (select.POLLERR | select.POLLHUP) for _, ev in poll.poll(0))
+    except (OSError, ValueError, AttributeError):  # not a file (captured), or no poll on this platform
+        return False
+
+
+def _main(argv: Sequence[str] | None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # named by the command's own parser, with the nearest option
@@ -116,10 +199,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             print(f"mmstore {args.command}: interrupted", file=sys.stderr)
             return 130
         except Exception as exc:  # noqa: BLE001 - the one place that turns any failure into a message
+            if isinstance(exc, BrokenPipeError) and _stdout_reader_gone():
+                raise  # `mmstore show STORE | head -1`: main stops quietly
             code, message = _describe(exc)
-            if isinstance(exc, BrokenPipeError):  # `mmstore ... | head`: no flush error at exit
-                with contextlib.suppress(OSError, ValueError):
-                    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
             if os.environ.get("MMSTORE_DEBUG"):
                 traceback.print_exc()
             # a message may quote names found in a store

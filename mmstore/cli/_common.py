@@ -7,12 +7,15 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from ..check.common import dumps
 from ..errors import cli_wording
 
-__all__ = ["add_common", "emit_json", "progress_bar", "subparser", "usage_error"]
+T = TypeVar("T")
+
+__all__ = ["add_common", "emit_json", "off_main", "progress_bar", "subparser", "usage_error"]
 
 
 def subparser(sub: argparse._SubParsersAction, name: str, help: str, description: str,
@@ -63,3 +66,18 @@ def progress_bar(enabled: bool, desc: str, total: int | None = None, unit: str =
 def usage_error(command: str, message: str) -> int:
     print(f"mmstore {command}: error: {cli_wording(message)}", file=sys.stderr)
     return 2
+
+
+def off_main(store: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+    """``fn(*args, **kwargs)``; for a store URL on a daemon thread, so that a
+    Ctrl-C or SIGTERM stops the command at once even while a request to the
+    bucket is stalled (NOTE [stopping a transfer] in
+    mmstore/transfer/threads.py: the request is abandoned). A local store's
+    work stays on the main thread."""
+    from ..remote.url import is_url
+
+    if not is_url(store):
+        return fn(*args, **kwargs)
+    from ..transfer.threads import call
+
+    return call(lambda: fn(*args, **kwargs), name="mmstore-" + getattr(fn, "__name__", "command"))

@@ -22,6 +22,7 @@ EXAMPLE = """examples:
   mmstore ingest bedroom_train_lmdb/ lsun.store --size 128x128 --resize center-crop
   mmstore ingest features.npy feats.store
   mmstore ingest instances_val2017.json coco.store --root val2017/ --size 512x512 --resize pad
+  mmstore ingest photos/ photos.store --max-side 512 --codec image=jpeg:90   # each image at its own aspect
   mmstore ingest photos/ part0.store --size 224x224 --shard 0/4 --resume   # one of 4 jobs; then
   mmstore merge part0.store part1.store part2.store part3.store photos.store
   sbatch --array=0-3 --wrap 'mmstore ingest photos/ part$SLURM_ARRAY_TASK_ID.store --size 224x224 --shard auto --resume'
@@ -40,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "ingest",
         help="decode images (folder, csv/tsv list, LMDB, .npy/.npz, COCO .json) once into a store",
-        description="Decode SOURCE once into fixed-shape records at DEST. SOURCE is recognised from "
+        description="Decode SOURCE once into fixed-shape records at DEST (or, with --max-side or "
+        "--short-side, records that keep each image's own aspect). SOURCE is recognised from "
         "what it is: a directory of images (ImageFolder layout gives labels), a .csv/.tsv list, an "
         "LMDB directory of encoded images, a .npy/.npz file, or a COCO instances .json (boxes, categories, "
         "polygons; images under --root).",
@@ -52,7 +54,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     # defaults: DecodeSpec's (SPEC_DEFAULTS) and RUN_DEFAULTS; a switch is the opposite of its option's default
     d = SPEC_DEFAULTS
     g = p.add_argument_group("decode")
-    g.add_argument("--size", metavar="HxW", help="target size, e.g. 224x224 (required for images)")
+    g.add_argument("--size", metavar="HxW",
+                   help="target size: HxW such as 224x224, or N for NxN (images need it, --max-side or --short-side)")
+    g.add_argument("--max-side", type=int, metavar="N",
+                   help="instead of --size: keep each image's own aspect, its long side resized to N (smaller "
+                   "images keep their size unless --upscale); records of their own shape, their (h, w) in "
+                   "the field image_hw")
+    g.add_argument("--short-side", type=int, metavar="N",
+                   help="instead of --size: keep each image's own aspect, its short side resized to N "
+                   "(LAION's convention; smaller images keep their size unless --upscale)")
+    g.add_argument("--upscale", action="store_true",
+                   help="with --max-side/--short-side: enlarge images whose side is below N too")
     g.add_argument("--resize", choices=["center-crop", "stretch", "pad", "none"], default=d["resize"],
                    help="how a source becomes the target size (default %(default)s)")
     g.add_argument("--channels", type=int, choices=[1, 3], default=d["channels"],
@@ -142,8 +154,8 @@ def resume_command(args: argparse.Namespace, changes: Mapping[str, str] | None =
     """The command that resumes this ingest, with ``changes`` (option -> value) made."""
     args = argparse.Namespace(**{**vars(args), **(changes or {})})
     # the options that must be repeated for a resume (they enter the fingerprint); one at its default is left out
-    repeat = ("size", *SPEC_OPTIONS, *SOURCE_OPTIONS, "shard", "backend", "codec", "workers", "on_error",
-              "max_errors", "quiet")
+    repeat = ("size", "max_side", "short_side", *SPEC_OPTIONS, *SOURCE_OPTIONS, "shard", "backend", "codec",
+              "workers", "on_error", "max_errors", "quiet")
     defaults = {**SPEC_DEFAULTS, **RUN_DEFAULTS}
     argv = ["mmstore", "ingest", args.source, args.dest]
     for k in repeat:
@@ -199,6 +211,8 @@ def run(args: argparse.Namespace) -> int:
             args.source,
             args.dest,
             args.size,
+            max_side=args.max_side,
+            short_side=args.short_side,
             workers=args.workers,
             on_error=args.on_error,
             max_errors=args.max_errors,

@@ -7,7 +7,7 @@ import re
 
 from ..check.common import fmt_bytes, table
 from ..format.names import json_text, printable
-from ._common import add_common, emit_json, subparser, usage_error
+from ._common import add_common, emit_json, off_main, subparser, usage_error
 
 EXAMPLE = """examples:
   mmstore inspect /data/landmarks.store
@@ -40,8 +40,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.sample < 0:
         return usage_error("inspect", "--sample must be >= 0")
-    rep = inspect_store(args.store, sample=args.sample, seed=args.seed,
-                        image_field=args.image_field, label_field=args.label_field)
+    rep = off_main(args.store, inspect_store, args.store, sample=args.sample, seed=args.seed,
+                   image_field=args.image_field, label_field=args.label_field)
     if args.json:
         emit_json(rep)  # names that are not UTF-8 as \udcXX escapes (mmstore/format/names.py)
     else:
@@ -110,6 +110,11 @@ def render(rep) -> str:  # noqa: ANN001
             out.append(f"  ... {len(rep.label_histogram) - 30} more labels (see --json)")
     elif rep.label_names:
         out.append(f"labels       {len(rep.label_names)} names, no label field found")
+    if rep.image_shapes is not None:
+        sh = rep.image_shapes
+        out.append(f"shapes       field {sh['field']!r}, each image its own: h {sh['min_h']}..{sh['max_h']} (median "
+                   f"{sh['median_h']:g}), w {sh['min_w']}..{sh['max_w']} (median {sh['median_w']:g}); "
+                   f"{sh['distinct']:,} distinct shapes")
     if rep.channel_mean is not None:
         out.append(f"images       field {rep.image_field!r} ({rep.image_layout}); from a sample of "
                    f"{rep.image_sample:,}: mean {rep.channel_mean} std {rep.channel_std} (0-255 scale)")

@@ -32,11 +32,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..remote.url import is_url
+    from ..remote.url import local_dest, parse_url
     from ..transfer import pull
 
-    if not is_url(args.url):
-        return usage_error("pull", f"{args.url!r} is not an object-storage URL (s3://BUCKET/PREFIX, gs://, az://)")
+    parse_url(args.url)  # StoreURLError (exit 2) for what is not a store URL, saying what one looks like
+    local_dest(args.dest)  # a local directory: a URL here is refused, never taken as ./s3:/...
     if args.jobs < 1:
         return usage_error("pull", "--jobs must be >= 1")
     bar = progress_bar(not (args.quiet or args.json), "pull")

@@ -7,7 +7,8 @@ import sys
 
 from ..check.common import fmt_bytes
 from ..format.names import printable
-from ._common import add_common, emit_json, progress_bar, subparser, usage_error
+from ..remote.url import is_url
+from ._common import add_common, emit_json, off_main, progress_bar, subparser, usage_error
 
 EXAMPLE = """examples:
   mmstore verify /data/landmarks.store            # structure + every record (parallel)
@@ -15,6 +16,8 @@ EXAMPLE = """examples:
   mmstore verify /data/landmarks.store --repair   # re-ingest bad records from the source
   mmstore verify /data/lm-q90.store --decode      # also decode every jpeg/png/zstd entry
   mmstore verify STORE --json | jq '.bad_records[] | {index, slot, key}'
+  mmstore verify s3://bucket/train.store --quick  # the objects' sizes and etags against the index
+  mmstore verify s3://bucket/train.store --deep   # also every block of every object, from the bucket
 
 exit codes: 0 the store is sound, 1 a problem was found (listed), 2 not a store
 """
@@ -33,6 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--quick", action="store_true", help="structure only: read no record data")
     p.add_argument("--decode", action="store_true",
                    help="also decode every entry of each encoded field (jpeg, png, zstd) and list those that fail")
+    p.add_argument("--deep", action="store_true",
+                   help="a store URL: also fetch every block of every object from the bucket and check it "
+                        "against the digest the push recorded, naming each block that differs")
     p.add_argument("--repair", action="store_true",
                    help="re-ingest the bad records from their source files (needs the source), then verify again")
     p.add_argument("--threads", type=int, default=None, metavar="N", help="reader threads (default: CPUs, max 8)")
@@ -51,6 +57,9 @@ def run(args: argparse.Namespace) -> int:
         return usage_error("verify", "--repair needs the content check; drop --quick")
     if args.threads is not None and args.threads < 1:
         return usage_error("verify", "--threads must be >= 1")
+    if args.deep and not is_url(args.store):
+        return usage_error("verify", "--deep is for a store URL (s3://...): a local store's verify reads every "
+                           "record already")
     rep = _verify(args, verify_store)
     if args.repair and not rep.ok:
         from ..check.repair import repair_store
@@ -86,8 +95,8 @@ def _verify(args: argparse.Namespace, verify_store):  # noqa: ANN001, ANN202
         bar.total = n
 
     try:
-        return verify_store(args.store, quick=args.quick, decode=args.decode, threads=args.threads,
-                            progress=bar.update, on_total=on_total)
+        return off_main(args.store, verify_store, args.store, quick=args.quick, decode=args.decode,
+                        threads=args.threads, progress=bar.update, on_total=on_total, deep=args.deep)
     finally:
         bar.close()
 
@@ -115,8 +124,15 @@ def render(rep, max_listed: int = 20) -> str:  # noqa: ANN001
             out.append(f"  {where:>14}  {slot:<12}  key {r.key!r}: {r.what}{printable(detail)}")
         if rep.bad_count > max_listed:
             out.append(f"  ... and {rep.bad_count - max_listed:,} more (--json lists them all)")
+    remote = getattr(rep, "remote", None)
+    if remote is not None and remote.foreign:
+        shown = ", ".join(printable(n) for n in remote.foreign[:5])
+        out.append(f"note       {len(remote.foreign)} object(s) under the URL are not the store's: {shown}"
+                   + (" ..." if len(remote.foreign) > 5 else "") + " (a push refuses to write beside them)")
     out.append(rep.summary())
-    if not rep.ok and rep.repair is None:
+    if not rep.ok and remote is not None and remote.next:
+        out.append(f"next       {remote.next}")
+    elif not rep.ok and rep.repair is None:
         if any(p.kind != "lmdb-keys" for p in rep.problems):  # what --repair refuses (benchmarks/repair.py)
             out.append("next       restore the files named above from a copy, or re-create the store "
                        "(`mmstore verify --repair` restores records, not these files)")

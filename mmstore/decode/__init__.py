@@ -1,7 +1,8 @@
-"""Decode an encoded image once, to a fixed shape, pixel-exactly.
+"""Decode an encoded image once, to a fixed shape or at its own aspect, pixel-exactly.
 
 This module turns the bytes of one image file (or an already decoded array)
-into one fixed-shape ``uint8`` record.  It is pure (no global state that
+into one ``uint8`` record: of a fixed shape, or, with ``resize="max-side"``
+/ ``"short-side"``, of its image's own aspect (*Aspect kept*).  It is pure (no global state that
 changes results), torch-free, and imports OpenCV lazily: ``cv2`` is imported
 inside the functions that need it, never at ``import mmstore`` time.  Worker
 processes of the ingest pipeline call :func:`read_bytes` and
@@ -12,6 +13,45 @@ each record with plain ``cv2`` calls following these rules and compare bytes.
 Records are byte-identical for a given OpenCV build (same input, same spec,
 any worker count); another OpenCV or libjpeg-turbo version may round
 differently, so provenance should record ``cv2.__version__``.
+
+The steps, in order
+-------------------
+An encoded file (:func:`decode_image`) becomes a record in these steps; each
+is specified in the section named after it.
+
+1. The format is sniffed from the content; width and height are read from
+   the header and checked against ``max_pixels`` (*Content, not extension*;
+   *Limits and corrupt input*).
+2. OpenCV decodes it to ``S``: a JPEG directly to RGB (or BGR, or gray) with
+   its EXIF orientation applied; every other format unchanged, as stored
+   (*Decoding*).
+3. 16-bit samples become 8-bit: ``v >> 8``.
+4. An alpha channel is composited over black or white, or dropped
+   (``DecodeSpec.alpha``).
+5. The EXIF orientation of the other formats (the EXIF block OpenCV
+   returns: PNG, WebP; TIFF's is applied by its decoder in step 2) is
+   applied, at source resolution.
+6. ``channels=1`` from a colour source: converted to gray, at source
+   resolution (a JPEG was decoded gray in step 2; *Channels and order*).
+7. The geometry is planned on the oriented ``h x w`` source: the region cut
+   (``box``), the size it is resampled to and where it lands (``dst``)
+   (*Geometry*).
+8. The region is resized once, ``INTER_AREA`` when no axis grows, else
+   ``INTER_LINEAR`` (``INTER_CUBIC`` with ``interp_up="cubic"``); no resize
+   when it already has its output size.
+9. ``resize="pad"``: the result is bordered with ``pad_value`` to the target
+   size.
+10. ``channels=3`` from a gray source: the gray output is replicated to
+    three channels.
+11. Colour order: a BGR output of a non-JPEG decoder is swapped to RGB
+    (unless ``bgr=True``), at output size.
+12. Layout: ``(H, W, C)`` or a C-contiguous ``(C, H, W)``.
+
+An array given to :func:`fit_array` (arrays ingested with a target size:
+``.npy``/``.npz`` files, datasets, Ray rows of pixels) takes steps 3 (or, for a float array, the float rule
+under *Decoding*), 4 and 6 to 12: it has no EXIF orientation and is read as
+RGB. With ``fast_decode=True`` a JPEG may take another path (*Fast JPEG
+decode*).
 
 Content, not extension
 ----------------------
@@ -90,9 +130,12 @@ Channels and order
 * ``layout="hwc"`` gives ``(H, W, C)``, also ``(H, W, 1)`` for one channel;
   ``layout="chw"`` gives a C-contiguous ``(C, H, W)``.
 
-Geometry (all integers; ``S`` is ``h x w`` after orientation, target is
-``th x tw`` = ``DecodeSpec.size``)
------------------------------------------------------------------------------
+Geometry
+--------
+All arithmetic is in integers: ``S`` is ``h x w`` after orientation (and
+after the gray conversion of ``channels=1``), the target is ``th x tw`` =
+``DecodeSpec.size``, ``//`` is floor division.
+
 * ``center-crop``: the largest centred region of the target's aspect ratio is
   cut from ``S`` and resized once (one resampling, not "resize shorter side
   then crop")::
@@ -116,12 +159,51 @@ Geometry (all integers; ``S`` is ``h x w`` after orientation, target is
 
   ``box = (0, 0, w, h)``, ``dst = (ox, oy, ox + nw, oy + nh)``.
 * ``none``: ``S`` must already be ``th x tw``, else ``wrong-shape``.
+* ``max-side`` / ``short-side``: the whole source, resized to its own
+  aspect (*Aspect kept*); ``box = (0, 0, w, h)``, ``dst = (0, 0, nw, nh)``.
 * Interpolation: no resize call when the region already has the output size;
   ``INTER_AREA`` when neither axis grows (``out_h <= in_h`` and
   ``out_w <= in_w``); otherwise (either axis grows, including the mixed case
   where one axis shrinks) ``INTER_LINEAR`` or ``INTER_CUBIC`` per
   ``interp_up``.  In the mixed case the shrinking axis is interpolated, not
   area-averaged (it only happens with ``stretch`` to a very different aspect).
+  The output size is ``th x tw``, or ``nh x nw`` for ``pad``, whose border
+  is then added by ``cv2.copyMakeBorder(out, oy, th - oy - nh, ox,
+  tw - ox - nw, BORDER_CONSTANT, value=pad_value)`` (on the gray image when
+  the source is gray, before step 10).
+
+Aspect kept
+-----------
+``resize="max-side"`` (``mmstore ingest --max-side N``) and ``"short-side"``
+(``--short-side N``, LAION's convention) keep every image's own aspect: the
+record is the whole oriented source ``S`` (``h x w``) resized once to ``nh x
+nw``, with ``N = DecodeSpec.size[0]`` (``size`` is ``(N, N)``)::
+
+    side = max(h, w)   # max-side;  min(h, w) for short-side
+    if side == N or (side < N and not upscale):
+        nh, nw = h, w                                    # kept as it is: no resize
+    elif the side is h:                                  # h >= w (max-side), h <= w (short-side)
+        nh = N;  nw = max(1, (2*w*N + h) // (2*h))       # round(w*N/h), half up
+    else:
+        nw = N;  nh = max(1, (2*h*N + w) // (2*w))       # round(h*N/w), half up
+
+so the long (short) side is exactly ``N`` and the other is rounded half up,
+at least 1 pixel: a 1 x 5000 image at ``max-side`` 256 gives 1 x 256, a 300
+x 500 image gives 154 x 256 (153.6 rounds up). An image whose side is
+already below ``N`` is not enlarged (a documented rule, not an error): it
+is stored at its own size unless ``upscale=True`` (``--upscale``), which
+enlarges it to ``N`` by the same formula. With ``upscale`` a record of more
+than ``max_pixels`` pixels (when not 0) is refused (``too-large``), so a
+1 x 5000 image at ``short-side`` 256 does not become 256 x 1,280,000
+silently. The resize is step 8's: ``INTER_AREA`` when it shrinks,
+``INTER_LINEAR`` (``INTER_CUBIC`` with ``interp_up="cubic"``) when it
+enlarges; decoding, EXIF orientation, 16-bit, alpha, gray and colour order
+are the steps above, unchanged. ``box = (0, 0, w, h)`` and ``dst = (0, 0, nw,
+nh)``, so boxes and points map exactly as for a fixed shape (*Box
+convention*). The layout is ``hwc``; the record's shape is ``(nh, nw, C)``
+and the store keeps it in the field ``image_hw`` (the format's "Images of
+their own shape"). ``fast_decode`` applies as for ``stretch`` (the whole
+image is the region).
 
 Box convention
 --------------
@@ -141,17 +223,26 @@ Fast JPEG decode (``fast_decode=True``)
 ---------------------------------------
 libjpeg can decode at 1/2, 1/4 or 1/8 scale in the DCT domain
 (``IMREAD_REDUCED_COLOR_k`` / ``IMREAD_REDUCED_GRAYSCALE_k``), which skips most
-of the IDCT and colour-conversion work.  mmstore uses the largest ``k`` in
-(8, 4, 2) for which the source region (crop box, or whole image for ``pad`` /
+of the IDCT and colour-conversion work.  It applies with a ``resize`` other
+than ``none`` when the header gave the size: the geometry is planned on the
+full-resolution oriented size (width and height swapped for EXIF
+orientations 5 to 8), and mmstore uses the largest ``k`` in (8, 4, 2) for
+which the source region (crop box, or whole image for ``pad`` /
 ``stretch``) is still at least ``k`` times the output region on both axes;
-otherwise it takes the exact path.  A ``W x H`` JPEG decodes to
-``ceil(W/k) x ceil(H/k)`` with EXIF orientation applied (both checked; if the
-decoder returns another shape the exact path is used).  The crop box is
-mapped to reduced pixels by rounding half up (``r = (2*x + k) // (2*k)``),
-resized with ``INTER_AREA``, and ``box`` reports the region actually used in
-full-resolution pixels (``(rx0*k, ry0*k, min(rx1*k, w), min(ry1*k, h))``), so
-it can differ from the exact path's box by less than ``k`` pixels.  Pixels are
-*not* identical to the exact path; it is off by default.
+otherwise it takes the exact path.  A ``w x h`` JPEG decodes to
+``ceil(w/k) x ceil(h/k)`` (``rw x rh``) with EXIF orientation applied (both
+checked; if the decoder returns another shape the exact path is used).  The
+crop box is mapped to reduced pixels by rounding half up::
+
+    rx0 = (2*x0 + k) // (2*k);   ry0 = (2*y0 + k) // (2*k)
+    rx1 = rw if x1 == w else min(rw, max(rx0 + 1, (2*x1 + k) // (2*k)))
+    ry1 = rh if y1 == h else min(rh, max(ry0 + 1, (2*y1 + k) // (2*k)))
+
+that region is resized with ``INTER_AREA`` (then steps 9 to 12), and
+``box`` reports the region actually used in full-resolution pixels
+(``(rx0*k, ry0*k, min(rx1*k, w), min(ry1*k, h))``), so it can differ from the
+exact path's box by less than ``k`` pixels.  Pixels are *not* identical to
+the exact path; it is off by default.
 
 Limits and corrupt input
 ------------------------
@@ -247,7 +338,8 @@ class Decoded:
     Attributes
     ----------
     image : numpy.ndarray
-        ``uint8`` array of ``spec.record_shape()``, C-contiguous.
+        ``uint8`` array of ``spec.record_shape()`` (with ``resize="max-side"``
+        / ``"short-side"``: ``(nh, nw, C)``, see *Aspect kept*), C-contiguous.
     orig_size : tuple of int
         ``(h, w)`` of the source after EXIF orientation.
     box : tuple of int

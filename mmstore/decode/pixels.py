@@ -64,6 +64,12 @@ def _plan(h: int, w: int, spec: DecodeSpec):
     """Return (box, out_hw, dst) for an ``h x w`` source; see the module docstring."""
     th, tw = spec.size
     policy = spec.resize
+    if policy in ("max-side", "short-side"):
+        nh, nw = aspect_size(h, w, th, policy == "short-side", spec.upscale)
+        if spec.max_pixels and nh * nw > spec.max_pixels:
+            raise DecodeError(f"too-large: a {w}x{h} image enlarged to {nw}x{nh} ({nh * nw:,} pixels) under "
+                              f"resize={policy!r} would pass max_pixels ({spec.max_pixels:,})")
+        return (0, 0, w, h), (nh, nw), (0, 0, nw, nh)
     if policy == "none":
         if (h, w) != (th, tw):
             raise DecodeError(f"wrong-shape: expected WxH {tw}x{th}, found {w}x{h}")
@@ -85,6 +91,20 @@ def _plan(h: int, w: int, spec: DecodeSpec):
         nh, nw = th, min(tw, max(1, (2 * w * th + h) // (2 * h)))
     ox, oy = (tw - nw) // 2, (th - nh) // 2
     return (0, 0, w, h), (nh, nw), (ox, oy, ox + nw, oy + nh)
+
+
+def aspect_size(h: int, w: int, n: int, short: bool = False, upscale: bool = False) -> tuple[int, int]:
+    """The ``(h, w)`` an ``h x w`` image keeps under ``resize="max-side"``
+    (``short=False``: its long side becomes ``n``) or ``"short-side"`` (its
+    short side becomes ``n``); the other side rounded half up, at least 1.
+    Without ``upscale`` an image whose side is already at most ``n`` keeps
+    its size. See the module docstring of ``mmstore.decode``, *Aspect kept*."""
+    side = min(h, w) if short else max(h, w)
+    if side == n or (side < n and not upscale):
+        return h, w
+    if h >= w if not short else h <= w:  # h is the side that becomes n
+        return n, max(1, (2 * w * n + h) // (2 * h))
+    return max(1, (2 * h * n + w) // (2 * w)), n
 
 
 def _render(
@@ -114,7 +134,7 @@ def _render(
         img = region
         fresh = False
     th, tw = spec.size
-    if (oh, ow) != (th, tw):
+    if (oh, ow) != (th, tw) and spec.resize == "pad":
         x0, y0, x1, y1 = dst
         v = spec.pad_value
         img = cv2.copyMakeBorder(img, y0, th - y1, x0, tw - x1, cv2.BORDER_CONSTANT, value=(v, v, v, v))

@@ -1,4 +1,5 @@
-"""``DecodeSpec``: how every image becomes one fixed-shape record (the
+"""``DecodeSpec``: how every image becomes one record, of a fixed shape or of
+its own aspect (the
 policy the decoding in :mod:`mmstore.decode` and its pixel side apply; the
 arithmetic is written out in that module's docstring)."""
 
@@ -12,7 +13,8 @@ import numpy as np
 __all__ = ["DecodeSpec"]
 
 
-_RESIZE = ("center-crop", "stretch", "pad", "none")
+_RESIZE = ("center-crop", "stretch", "pad", "none", "max-side", "short-side")
+ASPECT_KEPT = ("max-side", "short-side")  # policies whose records keep each image's own aspect
 _LAYOUT = ("hwc", "chw")
 _INTERP = ("linear", "cubic")
 _ALPHA = ("black", "white", "drop")
@@ -22,14 +24,16 @@ _ALPHA_UNSTATED = "black"
 
 @dataclass(frozen=True)
 class DecodeSpec:
-    """How every image becomes one fixed-shape record.
+    """How every image becomes one record: of one fixed shape, or of its own
+    aspect (``resize="max-side"`` / ``"short-side"``).
 
     Parameters
     ----------
     size : tuple of int
         Target ``(H, W)``.  With ``resize="none"`` it is the exact shape every
-        source must already have.
-    resize : {"center-crop", "stretch", "pad", "none"}
+        source must already have.  With ``"max-side"`` / ``"short-side"`` it
+        is ``(N, N)``: the long (short) side of every record is ``N``.
+    resize : {"center-crop", "stretch", "pad", "none", "max-side", "short-side"}
         Geometry policy; see the module docstring for the exact arithmetic.
     channels : {1, 3}
         Output channels.
@@ -52,6 +56,9 @@ class DecodeSpec:
         What a transparent source becomes: composited over black (default)
         or white, or its alpha ignored (Pillow's ``convert("RGB")``); see
         the module docstring.
+    upscale : bool
+        ``"max-side"`` / ``"short-side"`` only: enlarge an image whose side is
+        below ``N`` to ``N`` too (default: it keeps its own size).
 
     The field defaults are the defaults of the ingest's decode options
     (``mmstore.ingest.options.SPEC_DEFAULTS``, the CLI's flags) too.
@@ -68,6 +75,7 @@ class DecodeSpec:
     max_pixels: int = 178_956_970
     strict_jpeg: bool = True
     alpha: str = "black"
+    upscale: bool = False
 
     def __post_init__(self) -> None:
         size = self.size
@@ -92,14 +100,30 @@ class DecodeSpec:
             raise ValueError(f"alpha must be one of {_ALPHA}, got {self.alpha!r}")
         if not _is_int(self.max_pixels) or self.max_pixels < 0:
             raise ValueError(f"max_pixels must be an int >= 0, got {self.max_pixels!r}")
-        for name in ("bgr", "fast_decode", "strict_jpeg"):
+        if self.resize in ASPECT_KEPT:
+            if self.size[0] != self.size[1]:
+                raise ValueError(f"resize={self.resize!r} takes size (N, N), the side N; got {self.size!r}")
+            if self.layout != "hwc":
+                raise ValueError(f"resize={self.resize!r} keeps each image's own shape, stored (h, w, C): "
+                                 f"layout must be 'hwc', got {self.layout!r}")
+        elif self.upscale:
+            raise ValueError(f"upscale applies to resize='max-side' or 'short-side' only, got resize={self.resize!r}")
+        for name in ("bgr", "fast_decode", "strict_jpeg", "upscale"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
         for name in ("channels", "pad_value", "max_pixels"):  # numpy ints -> int (JSON-able)
             object.__setattr__(self, name, int(getattr(self, name)))
 
-    def record_shape(self) -> tuple[int, ...]:
-        """Shape of one record: ``(H, W, C)`` or ``(C, H, W)``."""
+    @property
+    def aspect_kept(self) -> bool:
+        """True when every record keeps its image's own aspect (shape ``(None, None, C)``)."""
+        return self.resize in ASPECT_KEPT
+
+    def record_shape(self) -> tuple[Any, ...]:
+        """Shape of one record: ``(H, W, C)`` or ``(C, H, W)``; ``(None,
+        None, C)`` when records keep their own aspect."""
+        if self.aspect_kept:
+            return (None, None, self.channels)
         h, w = self.size
         if self.layout == "chw":
             return (self.channels, h, w)
@@ -116,6 +140,8 @@ class DecodeSpec:
         d["size"] = list(self.size)
         if d["alpha"] == _ALPHA_UNSTATED:
             del d["alpha"]
+        if not d["upscale"]:  # as for alpha: the specs written before the option keep their fingerprints
+            del d["upscale"]
         return d
 
     @classmethod

@@ -136,7 +136,8 @@ class LoaderPlan:
     None before the first), ``warm`` (None before the first epoch, then
     ``"foreground"``, ``"background"`` or ``"none"``) and ``remote`` (a store
     opened from a URL, from its first epoch on: the replica's state, the
-    fetch windows and what the order costs in fetched bytes).
+    fetch windows and what the order costs in fetched bytes), ``crop``
+    (with ``crop=``: the field, the crop and what runs per record).
     """
 
     budget: int
@@ -167,6 +168,7 @@ class LoaderPlan:
     reads: dict[str, Any] | None = None
     warm: str | None = None
     remote: dict[str, Any] | None = None
+    crop: dict[str, Any] | None = None
 
     # -- mapping access: the spelling of describe() results as dicts ---------------
     def keys(self) -> list[str]:
@@ -230,6 +232,9 @@ class LoaderPlan:
             lines.append("warm: " + ("a sequential pass read the fields' files into the page cache first"
                                      if w == "foreground" else
                                      "a sequential pass reads the fields' files into the page cache in a thread"))
+        c = d.get("crop")
+        if c:
+            lines.append(f"crop: field {c['field']!r}, {c['crop']}: {c['path']}")
         r = d.get("reads")
         if r:  # the epoch in progress (or the last one): EpochReads.state
             lines.append(

@@ -322,13 +322,17 @@ class EpochReads:
     def __init__(
         self, store: Store, fields: Sequence[str], files: dict[str, FieldFiles], tuning: LoaderTuning, *,
         batch_size: int, shuffled: bool, block: bool, ragged: Sequence[str] = (), direct: bool = False,
+        crop: Any = None,
     ) -> None:
         self.store = store
         self.fields = tuple(fields)
+        # a cropped field (mmstore/engine/crop.py: CropReader) is read, cropped and resized
+        # record by record into its rows, after the other fields of the piece
+        self.crop = crop
         resident = resident_fraction(data_paths(store, fields)) if (files or block) else 1.0
         self.cached = resident >= 0.99
         self.files = files
-        self.rest = [f for f in self.fields if f not in self.files]
+        self.rest = [f for f in self.fields if f not in self.files and (crop is None or f not in crop.fields)]
         # ragged fields read with the pieces' fixed ones, in the same read_batch:
         # a backend whose one lookup per record gives every field (lmdb), where
         # a read of their own would look every record up again (_ragged.py)
@@ -349,7 +353,8 @@ class EpochReads:
         self._tuning = tuning
         self._shuffled = shuffled
         self._block = block
-        self.decode_gate = _decode_gate(store, self.rest, batch_size, block)
+        self.decode_gate = _decode_gate(store, [*self.rest, *(crop.fields if crop is not None else ())], batch_size,
+                                        block)
         # a store that does not fit, read record by record (a permutation): O_DIRECT
         # reads, no page cache (NOTE [direct record reads] in mmstore/engine/direct.py)
         self.direct = bool(direct and self.files and not self.cached and not block)
@@ -375,6 +380,8 @@ class EpochReads:
             self.piece_rows = self._cold_rows
         if self.decode_gate is not None:
             self.piece_rows = -(-self._batch_size // self.decode_gate[1])
+        elif self.crop is not None:  # a crop is CPU work per record: the batch over every reader thread
+            self.piece_rows = min(self.piece_rows, -(-self._batch_size // max(1, int(t.threads or 1))))
         if self.direct and _aio.available():
             # each piece's reads go out in one AIO submit (NOTE [record reads in one
             # submit] in mmstore/engine/aio.py): a few long pieces per batch, not one per thread
@@ -443,7 +450,16 @@ class EpochReads:
             else:
                 with self.decode_gate[0]:
                     got = self.store.read_batch(part, fields=names, out={f: slot[f][lo:hi] for f in self.rest})
-            if self.ragged:
+            if self.ragged and self.crop is None:
+                return {f: got[f] for f in self.ragged}
+        if self.crop is not None:  # CPU-bound (decode, resize): one task per usable core at a time
+            f = self.crop.field
+            if self.decode_gate is None:
+                self.crop.read(part, slot[f][lo:hi])
+            else:
+                with self.decode_gate[0]:
+                    self.crop.read(part, slot[f][lo:hi])
+            if self.rest and self.ragged:
                 return {f: got[f] for f in self.ragged}
         return None
 

@@ -3,9 +3,7 @@ frozen object (how much to read ahead, with how many threads, which read
 strategy, which kernel hints). None of them changes which samples a batch
 holds; the defaults are measured ones (see ``loader.py``'s docstring).
 
-``Loader(path, 256, tuning=LoaderTuning(prefetch=2))``; the fields as
-keywords of ``Loader`` (``Loader(path, 256, prefetch=2)``, the spelling of
-0.2) still work, with a ``DeprecationWarning``.
+``Loader(path, 256, tuning=LoaderTuning(prefetch=2))``.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The mmstore on-disk format, version 2.2: the one place it is specified.
+"""The mmstore on-disk format, version 2.3: the one place it is specified.
 
 This docstring is the contract. Code elsewhere imports the constants and the
 ``parse_*`` / ``npy_*`` helpers below and never repeats a literal. "MUST" and
@@ -73,7 +73,9 @@ Stored geometry (an ingest that resizes): ``orig_size`` ``<i4 (2,)`` the
 source ``(h, w)`` after EXIF orientation, ``box`` ``<i4 (4,)`` the source
 region that was resampled and ``dst`` ``<i4 (4,)`` the record rectangle it
 landed in (edges, xyxy; see ``mmstore/decode/__init__.py`` "Box convention" and
-``mmstore/decode/geometry.py``). Stores written before ``dst`` was stored lack it;
+``mmstore/decode/geometry.py``); a record that keeps its image's aspect
+(a shaped field) has ``box`` the whole source and ``dst`` the whole record,
+``(0, 0, w, h)`` of its ``F_hw``. Stores written before ``dst`` was stored lack it;
 it is a function of ``orig_size`` and the decode spec in the provenance.
 
 The same records written in any order, by any number of writers, MUST give
@@ -88,9 +90,10 @@ the size before parsing). Keys (readers MUST ignore unknown keys of the same
 major version):
 
 ``format``       the string ``"mmstore"`` (``FORMAT_NAME``).
-``version``      ``[major, minor]``. This document is ``[2, 2]``. Writers
-                 write ``[2, 2]`` for a store with ``parts`` (see
-                 "Parts"), ``[2, 1]`` for one with a ragged field (see
+``version``      ``[major, minor]``. This document is ``[2, 3]``. Writers
+                 write ``[2, 3]`` for a store with a shaped field (see
+                 "Images of their own shape"), ``[2, 2]`` for one with
+                 ``parts`` (see "Parts"), ``[2, 1]`` for one with a ragged field (see
                  "Ragged fields"), ``[2, 0]`` for one with another
                  variable-size field (see "Encoded fields"), else ``[1, 0]`` for a store
                  without ``segments`` (every 1.x reader reads it) and
@@ -110,7 +113,9 @@ major version):
                  ``shape`` a list of ints >= 0 (``[]`` for a scalar); and
                  ``"codec"`` for an encoded field (2.0, see "Encoded fields").
                  A ragged field (2.1) has ``null`` as its first dimension, or
-                 ``"dtype": "str"`` / ``"bytes"`` (see "Ragged fields").
+                 ``"dtype": "str"`` / ``"bytes"`` (see "Ragged fields");
+                 a shaped field (2.3) ``null`` as its first two (see
+                 "Images of their own shape").
                  An integer field may carry ``"classes"`` (see "Class names
                  of a field").
 ``checksum``     ``{"algorithm": "xxh3_64", "digest": HEX16}``: the algorithm of
@@ -130,8 +135,9 @@ major version):
                  "Parts". Absent: the segments' files are in the store's
                  own directory.
 ``requires``     optional (2.1): list of feature names a reader MUST know to
-                 read the store (``["ragged"]``, ``["parts"]``); see "Ragged
-                 fields" and "Parts".
+                 read the store (``["ragged"]``, ``["parts"]``,
+                 ``["shapes"]``), in that order when several; see "Ragged
+                 fields", "Parts" and "Images of their own shape".
 ``label_names``  list of strings (label ``k`` is ``label_names[k]``) or null.
 ``provenance``   free-form JSON object: source, parameters, tool version,
                  time. Nothing else in the store may depend on it.
@@ -318,6 +324,53 @@ knows neither, still refuses such a store rather than misread it: its schema
 check rejects a ``null`` dimension and the dtypes ``str`` / ``bytes``
 (``FormatError``). 1.x readers refuse major version 2.
 
+Images of their own shape (version 2.3)
+---------------------------------------
+
+A schema entry may describe a *shaped* field: images that keep their own
+height and width (``mmstore ingest --max-side N`` / ``--short-side N``),
+``"shape": [null, null, C]`` (``C`` from 1 to 4) or ``[null, null]``, any
+dtype its codec stores (``{"name": "image", "dtype": "|u1", "shape": [null,
+null, 3], "codec": {"name": "jpeg", "quality": 90}}``). Every shaped field
+``F`` comes with its *companion* field ``F_hw`` (``HW_SUFFIX``), a fixed raw
+field ``{"name": "F_hw", "dtype": "<u4", "shape": [2]}`` that a writer puts
+right after it: record ``s``'s ``(h, w)``, both at least 1 (a hole's is
+``[0, 0]``, as any field of a hole). Readers MUST refuse (``FormatError``) a
+schema with a shaped field whose companion is missing or of another dtype,
+shape or codec. So a record's shape is known in O(1) without reading its
+entry (``F_hw.npy`` is a standard ``.npy``: the shapes of all records are
+one array), and a store of shaped fields reads as fast as any variable-size
+store: two lookups and one copy, then the decode.
+
+A shaped field is variable-size and is stored with the offsets index of
+"Encoded fields" (the ``.bin`` + ``.offsets.npy`` pair, the lmdb value
+layout, segments and parts, the checksum rule: nothing new). Its entry is,
+for the record of size ``h x w`` (``F_hw``):
+
+- ``raw`` (no codec): the C-ordered little-endian bytes of its ``h x w x C``
+  (``h x w``) array: exactly ``h * w * C * itemsize`` bytes;
+- ``zstd``: one zstd frame with its content size, which decompresses to
+  those bytes;
+- ``jpeg`` / ``png``: as in "Encoded fields", an image of exactly
+  ``h x w`` pixels (the channels, dtype and end rules of those codecs).
+
+A record decodes to at most ``SHAPED_MAX_BYTES`` bytes (2 GiB); readers
+refuse a larger ``F_hw`` (``EntryDecodeError``) before they allocate.
+Readers MUST check an entry against ``F_hw`` before they allocate or decode:
+a raw entry's size, a zstd frame's content size, a JPEG's frame header or a
+PNG's ``IHDR`` must give ``h x w`` (``EntryDecodeError`` naming the record
+and field otherwise); ``verify`` checks every entry so in its full pass.
+A record is read as the array of shape ``(h, w, C)`` (``(h, w)``); a batch
+of a shaped field is a list of such arrays.
+
+Version: a writer writes ``[2, 3]`` and ``requires`` with ``"shapes"``
+(``SHAPES_FEATURE``, after ``"ragged"`` and ``"parts"`` when the store
+has those) for a store with a shaped field. A 2.1 or 2.2 reader refuses it
+because it does not know the feature (``VersionError``); a 2.0 reader
+because its schema check rejects a ``null`` dimension; 1.x readers refuse
+major version 2. A shaped field alone does not make a store list
+``"ragged"``.
+
 Class names of a field
 ----------------------
 
@@ -463,12 +516,31 @@ UTF-8 JSON, at most ``REMOTE_INDEX_MAX_BYTES``:
 Writing (``mmstore push``): upload every file but the manifest, then the
 remote index, then ``manifest.json``, last: a prefix without a manifest is
 not a store, whatever else it holds. Replacing a store at a URL first
-deletes its manifest. Readers MUST check that the index's files are the
+deletes its manifest. While a push writes, ``_push.json``
+(``PUSH_MARK_FILE``: ``{"format": "mmstore-push", "store_id": ...,
+"files": [names]}``) names the objects it writes; it is deleted once the
+manifest is up. A writer MUST NOT delete or overwrite an object under the
+prefix that neither the manifest, the remote index nor that mark found
+there names (another store under the prefix, anything else), nor one they
+name that is not a name a store's file can have (``is_store_file_name``:
+the files above, ``<field>.npy``, ``.bin``, ``.offsets.npy``,
+``records.mdb``, their segment forms ``<base>.<k><ext>``, and those under
+``parts/<part id>/``): they are anyone's to write. A zero-byte key ending
+in ``/`` (a "folder") is no store's and is left alone. Readers MUST check that the index's files are the
 manifest's ``files`` plus ``manifest.json`` with the same sizes and the
 manifest's digest, that every block fetched matches its digest before
 any byte of it is used, and SHOULD fetch with the etag as a precondition,
 so that a store pushed again meanwhile is refused, never mixed
-(``RemoteChangedError``). Everything in the bucket is untrusted input.
+(``RemoteChangedError``). Everything in the bucket is untrusted input:
+readers MUST NOT download more of ``manifest.json`` or ``_remote.json``
+than its limit (``MANIFEST_MAX_BYTES``, ``REMOTE_INDEX_MAX_BYTES``) plus one
+byte; a reader reads the manifest first and SHOULD read no more of the index
+than the largest a store of the manifest's files can have (each file's entry
+with ``ceil(size / 64 KiB)`` block digests, an etag of 1024 characters, and
+4 KiB for the index's own keys: ``mmstore.remote.index.index_max_bytes``)
+plus one byte, and MUST check every file size that the schema and slot count fix
+(every ``.npy`` file) against the manifest's ``files`` before they create a
+file at that size.
 """
 
 from __future__ import annotations
@@ -480,6 +552,7 @@ from .layout import (
     FIELD_NAME_RE,
     FORMAT_NAME,
     FORMAT_VERSION,
+    HW_SUFFIX,
     INDEX_FILE,
     KEY_DTYPE,
     KEYS_BLOB_FILE,
@@ -506,6 +579,8 @@ from .layout import (
     REMOTE_INDEX_MAX_BYTES,
     REPLACED_INFIX,
     SEGMENTED_VERSION,
+    SHAPES_FEATURE,
+    SHAPES_VERSION,
     SUPPORTED_BACKENDS,
     VARIABLE_VERSION,
     decode_key,
@@ -534,6 +609,7 @@ __all__ = [
     "FIELD_NAME_RE",
     "FORMAT_NAME",
     "FORMAT_VERSION",
+    "HW_SUFFIX",
     "INDEX_FILE",
     "KEYS_BLOB_FILE",
     "KEYS_OFFSETS_FILE",
@@ -560,6 +636,8 @@ __all__ = [
     "REMOTE_INDEX_MAX_BYTES",
     "REPLACED_INFIX",
     "SEGMENTED_VERSION",
+    "SHAPES_FEATURE",
+    "SHAPES_VERSION",
     "SUPPORTED_BACKENDS",
     "VARIABLE_VERSION",
     "decode_key",

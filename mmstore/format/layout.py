@@ -40,6 +40,7 @@ __all__ = [
     "PARTS_FEATURE",
     "PARTS_VERSION",
     "PART_ID_RE",
+    "PUSH_MARK_FILE",
     "RAGGED_FEATURE",
     "RAGGED_VERSION",
     "RAGGED_ZSTD_MAX_BYTES",
@@ -50,12 +51,17 @@ __all__ = [
     "REMOTE_INDEX_MAX_BYTES",
     "REPLACED_INFIX",
     "SEGMENTED_VERSION",
+    "SHAPES_FEATURE",
+    "SHAPES_VERSION",
+    "SHAPED_MAX_BYTES",
+    "HW_SUFFIX",
     "VARIABLE_VERSION",
     "SUPPORTED_BACKENDS",
     "decode_key",
     "encode_key",
     "field_file",
     "file_identity",
+    "is_store_file_name",
     "note_identity",
     "open_store_file",
     "lmdb_file",
@@ -71,7 +77,7 @@ __all__ = [
 ]
 
 FORMAT_NAME = "mmstore"
-FORMAT_VERSION = (2, 2)  # this document
+FORMAT_VERSION = (2, 3)  # this document
 PLAIN_VERSION = (1, 0)  # what a store without segments or variable-size fields is written as
 SEGMENTED_VERSION = (1, 1)  # ... with segments, without variable-size fields
 VARIABLE_VERSION = (2, 0)  # ... with a variable-size field (segmented or not)
@@ -79,9 +85,13 @@ RAGGED_VERSION = (2, 1)  # ... with a ragged field (see "Ragged fields")
 RAGGED_FEATURE = "ragged"  # what such a store's "requires" lists
 PARTS_VERSION = (2, 2)  # ... whose segments are parts (see "Parts")
 PARTS_FEATURE = "parts"  # what such a store's "requires" lists
+SHAPES_VERSION = (2, 3)  # ... with a field of images of their own shape (see "Images of their own shape")
+SHAPES_FEATURE = "shapes"  # what such a store's "requires" lists
+HW_SUFFIX = "_hw"  # the companion field of shaped field F: F_hw, each record's (h, w)
+SHAPED_MAX_BYTES = 1 << 31  # a shaped field's record decodes to at most this many bytes
 PARTS_DIR = "parts"  # a part's data files: parts/<part id>/<name>
 PART_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
-KNOWN_FEATURES = (RAGGED_FEATURE, PARTS_FEATURE)  # the "requires" entries this reader knows
+KNOWN_FEATURES = (RAGGED_FEATURE, PARTS_FEATURE, SHAPES_FEATURE)  # the "requires" entries this reader knows
 RAGGED_ZSTD_MAX_BYTES = 1 << 31  # a zstd entry of a ragged field decompresses to at most this
 READ_MAJORS = (1, 2)  # the major versions this reader reads
 MANIFEST_FILE = "manifest.json"
@@ -98,6 +108,7 @@ LMDB_FILE = "records.mdb"
 LMDB_TXN_RECORDS = 1024
 CHECKSUM_ALGORITHM = "xxh3_64"
 REMOTE_INDEX_FILE = "_remote.json"  # a store in object storage: see "A store in object storage"
+PUSH_MARK_FILE = "_push.json"  # beside them while a push writes them: the names it writes
 REMOTE_INDEX_MAX_BYTES = 1 << 30
 REMOTE_FORMAT_NAME = "mmstore-remote"
 REMOTE_FORMAT_VERSION = (1, 0)
@@ -163,10 +174,13 @@ def variable_files(name: str, segment: int | str | None = None) -> tuple[str, st
     return _data_name(name, ".bin", segment), _data_name(name, ".offsets.npy", segment)
 
 
-def manifest_version(variable: bool, segmented: bool, ragged: bool = False, parts: bool = False) -> tuple[int, int]:
-    """The version a writer writes (see ``version``): 2.2 with parts, 2.1 with
-    a ragged field, 2.0 with another variable-size field, else 1.1 with
-    segments, else 1.0."""
+def manifest_version(variable: bool, segmented: bool, ragged: bool = False, parts: bool = False,
+                     shaped: bool = False) -> tuple[int, int]:
+    """The version a writer writes (see ``version``): 2.3 with a shaped field,
+    2.2 with parts, 2.1 with a ragged field, 2.0 with another variable-size
+    field, else 1.1 with segments, else 1.0."""
+    if shaped:
+        return SHAPES_VERSION
     if parts:
         return PARTS_VERSION
     if ragged:
@@ -179,6 +193,30 @@ def manifest_version(variable: bool, segmented: bool, ragged: bool = False, part
 def lmdb_file(segment: int | str | None = None) -> str:
     """File name of the LMDB environment (of one segment)."""
     return _data_name("records", ".mdb", segment)
+
+
+_BOOKKEEPING_FILES = frozenset({MANIFEST_FILE, CHECKSUMS_FILE, KEYS_OFFSETS_FILE, KEYS_BLOB_FILE, INDEX_FILE,
+                                 ERRORS_FILE})
+_DATA_FILE_RE = re.compile(
+    rf"^(?:{FIELD_NAME_RE.pattern.strip('^$')}(?:\.[0-9]+)?(?:\.npy|\.bin|\.offsets\.npy)"
+    r"|records(?:\.[0-9]+)?\.mdb)$")
+
+
+def is_store_file_name(name: str) -> bool:
+    """Whether ``name`` is a name a store's file can have (relative to the
+    store): a bookkeeping file, a data file (``<field>.npy``, ``.bin``,
+    ``.offsets.npy``, ``records.mdb``, each also as a segment's
+    ``<base>.<k><ext>``), either of those under ``parts/<part id>/``, or the
+    remote index and a push's mark. Anything else is no store's, whatever a
+    manifest or an index claims."""
+    if name in (REMOTE_INDEX_FILE, PUSH_MARK_FILE):
+        return True
+    head, sep, rest = name.partition("/")
+    if sep:
+        part, sep, name = rest.partition("/")
+        if head != PARTS_DIR or not PART_ID_RE.fullmatch(part) or "/" in name:
+            return False
+    return name in _BOOKKEEPING_FILES or bool(_DATA_FILE_RE.fullmatch(name))
 
 
 def lmdb_key(slot: int) -> bytes:

@@ -21,6 +21,7 @@ from .layout import (
     CHECKSUMS_FILE,
     FIELD_NAME_RE,
     FORMAT_NAME,
+    HW_SUFFIX,
     KEYS_BLOB_FILE,
     KEYS_OFFSETS_FILE,
     MANIFEST_FILE,
@@ -33,6 +34,8 @@ from .layout import (
     PARTS_VERSION,
     RAGGED_FEATURE,
     RAGGED_VERSION,
+    SHAPES_FEATURE,
+    SHAPES_VERSION,
     SUPPORTED_BACKENDS,
     VARIABLE_VERSION,
     normalize_dtype,
@@ -64,6 +67,9 @@ def _parse_schema(path: str, raw: object) -> list[tuple[str, np.dtype, tuple[int
         if not isinstance(dts, str):
             raise _fail(path, f"schema[{i}].dtype must be a string, found {dts!r}")
         codec = codec_from_json(path, ent["codec"], name) if "codec" in ent else RAW
+        if isinstance(shape, list) and shape[:2] == [None, None]:
+            out.append(_parse_shaped(path, name, dts, shape, codec))
+            continue
         if dts in ("str", "bytes") or (isinstance(shape, list) and shape[:1] == [None]):
             out.append(_parse_ragged(path, name, dts, shape, codec))
             continue
@@ -84,7 +90,40 @@ def _parse_schema(path: str, raw: object) -> list[tuple[str, np.dtype, tuple[int
         except SchemaError as exc:
             raise _fail(path, str(exc)) from None
         out.append((name, dt, tuple(shape), codec))
+    _check_hw_fields(path, out)
     return out
+
+
+def _parse_shaped(path: str, name: str, dts: str, shape: list[Any],
+                  codec: Any) -> tuple[str, Any, tuple[Any, ...], Any]:
+    """A shaped schema entry (see "Images of their own shape"): ``[null,
+    null]`` or ``[null, null, C]``, ``C`` from 1 to 4, a codec that stores
+    images of that dtype and channels."""
+    if len(shape) not in (2, 3) or (len(shape) == 3 and (isinstance(shape[2], bool) or not isinstance(shape[2], int)
+                                                        or not 1 <= shape[2] <= 4)):
+        raise _fail(path, f"field {name!r}: an image of its own shape has shape [null, null] or [null, null, C] "
+                    f"with C from 1 to 4, found {shape!r}")
+    dt = normalize_dtype(dts, where=f"{path}: field {name!r}")
+    if dt.str != dts:
+        raise _fail(path, f"field {name!r} dtype {dts!r} is not explicit; expected {dt.str!r}")
+    try:
+        codec.check(dt, (1, 1, *shape[2:]), where=f"{path}: field {name!r}")
+    except SchemaError as exc:
+        raise _fail(path, str(exc)) from None
+    return (name, dt, (None, None, *shape[2:]), codec)
+
+
+def _check_hw_fields(path: str, schema: list[Any]) -> None:
+    """Each shaped field ``F`` has its companion ``F_hw``: ``<u4``, ``[2]``, raw."""
+    by_name = {ent[0]: ent for ent in schema}
+    for name, _, shape, _ in schema:
+        if shape[:2] != (None, None):
+            continue
+        hw = by_name.get(name + HW_SUFFIX)
+        if hw is None or hw[1] != np.dtype("<u4") or hw[2] != (2,) or not hw[3].raw:
+            raise _fail(path, f"field {name!r} is an image of its own shape: the schema must have its companion "
+                        f"field {name + HW_SUFFIX!r} ({{\"dtype\": \"<u4\", \"shape\": [2]}}, raw), found "
+                        f"{'none' if hw is None else [str(hw[1]), list(hw[2]), str(hw[3])]}")
 
 
 def _parse_classes(path: str, raw: object, schema: list[tuple[str, Any, tuple[Any, ...], Any]]) -> dict[str, Any]:
@@ -148,7 +187,12 @@ def _parse_requires(path: str, obj: dict[str, Any], ver: list[int], schema: list
             f"{path}: the store requires feature(s) {unknown}, which this mmstore does not know (it knows "
             f"{', '.join(_fmt.KNOWN_FEATURES)}); upgrade mmstore (pip install -U mmstore) to read it"
         )
-    ragged = [f[0] for f in schema if f[2][:1] == (None,)]
+    shaped = [f[0] for f in schema if f[2][:2] == (None, None)]
+    if shaped and (SHAPES_FEATURE not in req or tuple(ver) < SHAPES_VERSION):
+        raise _fail(path, f"field(s) {shaped} of images of their own shape need format version "
+                    f"{SHAPES_VERSION[0]}.{SHAPES_VERSION[1]} and 'requires': [{SHAPES_FEATURE!r}]; the manifest says "
+                    f"{ver[0]}.{ver[1]}, requires {req}")
+    ragged = [f[0] for f in schema if f[2][:1] == (None,) and f[2][:2] != (None, None)]
     if ragged and (RAGGED_FEATURE not in req or tuple(ver) < RAGGED_VERSION):
         raise _fail(path, f"ragged field(s) {ragged} need format version {RAGGED_VERSION[0]}.{RAGGED_VERSION[1]} "
                     f"and 'requires': [{RAGGED_FEATURE!r}]; the manifest says {ver[0]}.{ver[1]}, requires {req}")

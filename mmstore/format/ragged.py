@@ -71,9 +71,8 @@ class Ragged:
 
 
 def _bad(field: Any, slot: int, reason: str) -> EntryDecodeError:
-    err = EntryDecodeError(f"field {field.name!r}, slot {slot}: {reason}")
-    err.field, err.slot, err.reason = field.name, int(slot), reason  # type: ignore[attr-defined]
-    return err
+    return EntryDecodeError(f"field {field.name!r}, slot {slot}: {reason}", field=field.name, slot=int(slot),
+                            reason=reason)
 
 
 def _unzstd(data: Any) -> bytes:
@@ -199,7 +198,7 @@ def check_entry(field: Any, data: Any, scratch: np.ndarray | None = None) -> Non
     try:
         decode_entry(field, data)
     except EntryDecodeError as exc:
-        raise EntryDecodeError(getattr(exc, "reason", str(exc))) from None
+        raise EntryDecodeError(exc.reason) from None
 
 
 def read_ragged(store: Any, name: str, slots: np.ndarray, sorted_slots: np.ndarray, rows: np.ndarray,

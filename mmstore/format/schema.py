@@ -6,7 +6,12 @@ found through an offsets index; format.py, "Encoded fields"). A fixed-shape
 field decodes to exactly its dtype and shape. A *ragged* field (format.py,
 "Ragged fields") has a variable leading dimension, shape ``(None, *row)``,
 or is ``str`` (UTF-8 text) or ``bytes``: always variable-size, each entry
-its own number of rows. ``record_bytes`` and ``offsets`` are
+its own number of rows. A *shaped* field (format.py, "Images of their own
+shape") is an image of its own height and width, shape ``(None, None)`` or
+``(None, None, C)``: a variable-size field that always comes with its
+companion fixed field ``<name>_hw`` (``<u4``, ``(2,)``: each record's
+``(h, w)``), added by :class:`Schema` when not given and filled from the
+image when a sample lacks it. ``record_bytes`` and ``offsets`` are
 about the fixed fields only (:attr:`Schema.fixed_fields`): the packed part of
 a record that sits at fixed positions.
 """
@@ -21,12 +26,13 @@ import numpy as np
 
 from ..errors import FormatError, SchemaError
 from .codecs import RAW, Codec, codec_from_json, parse_codec
-from .layout import FIELD_NAME_RE, normalize_dtype
+from .layout import FIELD_NAME_RE, HW_SUFFIX, SHAPED_MAX_BYTES, normalize_dtype
 
 __all__ = ["Field", "Schema"]
 
 
 TEXT_KINDS = ("str", "bytes")  # ragged fields of bytes: UTF-8 text, or bytes as they are
+HW_DTYPE = np.dtype("<u4")  # the companion field of a shaped field: (h, w) per record
 
 
 class Field(NamedTuple):
@@ -58,8 +64,23 @@ class Field(NamedTuple):
         return self.shape[:1] == (None,)
 
     @property
+    def shaped(self) -> bool:
+        """True for an image of its own height and width: shape ``(None,
+        None)`` or ``(None, None, C)`` (also :attr:`ragged`, as its first
+        dimension varies; its size is in the companion field ``<name>_hw``)."""
+        return self.shape[:2] == (None, None)
+
+    @property
+    def hw_name(self) -> str:
+        """The companion field of a shaped field: ``<name>_hw``."""
+        return self.name + HW_SUFFIX
+
+    @property
     def row_shape(self) -> tuple[int, ...]:
-        """Shape of one row of a ragged field (``shape[1:]``)."""
+        """Shape of one row of a ragged field (``shape[1:]``); of one pixel
+        of a shaped field (``shape[2:]``)."""
+        if self.shaped:
+            return cast("tuple[int, ...]", tuple(self.shape[2:]))
         return tuple(self.shape[1:]) if self.ragged else tuple(self.shape)
 
     @property
@@ -153,6 +174,8 @@ class Schema:
             seen.add(name)
             cod = extra.get(name, None) or parse_codec(codec, where=f"field {name!r}")
             out.append(_make_field(name, dtype, shape, cod))
+        out = _with_hw_fields(out)
+        seen = {f.name for f in out}
         given = {it[0]: it[4] for it in items if it[4] is not None}  # field -> classes the fields given carry
         given.update(classes or {})
         unknown = [k for k in given if k not in seen]
@@ -172,6 +195,8 @@ class Schema:
         """The encoded and ragged fields, in schema order: entries of any size, behind an offsets index."""
         self.ragged_fields: tuple[Field, ...] = tuple(f for f in out if f.ragged)
         """The ragged fields (a variable leading dimension, ``str``, ``bytes``), in schema order."""
+        self.shaped_fields: tuple[Field, ...] = tuple(f for f in out if f.shaped)
+        """The shaped fields (images of their own height and width), in schema order; also in ``ragged_fields``."""
         offs = [0]
         for f in self.fixed_fields:
             offs.append(offs[-1] + f.nbytes)
@@ -196,6 +221,18 @@ class Schema:
     def has_ragged(self) -> bool:
         """True when some field is ragged (the store is format 2.1)."""
         return bool(self.ragged_fields)
+
+    @property
+    def has_shaped(self) -> bool:
+        """True when some field is shaped (the store is format 2.3)."""
+        return bool(self.shaped_fields)
+
+    def shaped_of(self, name: str) -> Field | None:
+        """The shaped field whose companion ``<name>_hw`` field ``name`` is, or None."""
+        for f in self.shaped_fields:
+            if f.hw_name == name:
+                return f
+        return None
 
     # -- container protocol -------------------------------------------------
     @property
@@ -270,11 +307,20 @@ class Schema:
         if extra:
             raise SchemaError(f"unknown field(s) {extra}; the schema has {list(self.names)}")
         out: dict[str, np.ndarray] = {}
+        hws = {f.hw_name: f for f in self.shaped_fields}
         for f in self.fields:
+            if f.name in hws and f.name not in sample:
+                continue  # filled from its image below
             if f.name not in sample:
                 raise SchemaError(f"sample lacks field {f.name!r}; the schema has {list(self.names)}")
             out[f.name] = coerce_ragged(f, sample[f.name]) if f.ragged else _coerce(f, sample[f.name])
-        return out
+        for name, f in hws.items():
+            hw = np.array(out[f.name].shape[:2], HW_DTYPE)
+            if name in out and not np.array_equal(out[name], hw):
+                raise SchemaError(f"field {name!r} says {out[name].tolist()}, but the image of field {f.name!r} "
+                                  f"is {hw.tolist()} (h, w); leave {name!r} out, it is filled from the image")
+            out[name] = hw
+        return {f.name: out[f.name] for f in self.fields}
 
 
 MAX_CLASSES = 1 << 20  # class names one field may carry (the manifest holds them)
@@ -362,6 +408,8 @@ def _make_field(name: str, dtype: Any, shape: Any, cod: Codec) -> Field:
         raise SchemaError(str(exc)) from None
     if isinstance(shape, (int, np.integer)) or shape is None:
         shape = (shape,)
+    if tuple(shape)[:2] == (None, None):
+        return _make_shaped(name, dt, tuple(shape), cod)
     try:
         shp = tuple(None if (k == 0 and d is None) else int(d) for k, d in enumerate(shape))
     except TypeError:
@@ -377,6 +425,73 @@ def _make_field(name: str, dtype: Any, shape: Any, cod: Codec) -> Field:
     else:
         cod.check(dt, cast("tuple[int, ...]", shp), where=f"field {name!r}")  # no dimension is None
     return Field(name, dt, shp, cod)
+
+
+MAX_CHANNELS = 4  # a shaped field's channels: gray (none, or 1), RGB, RGBA; 2 for gray with alpha
+
+
+def _make_shaped(name: str, dt: np.dtype, shape: tuple[Any, ...], cod: Codec) -> Field:
+    """A shaped field (format.py, "Images of their own shape"): ``(None,
+    None)`` or ``(None, None, C)``, ``C`` from 1 to 4, any codec that stores
+    an image of that dtype and channels."""
+    if len(shape) not in (2, 3) or (len(shape) == 3 and (isinstance(shape[2], bool) or not isinstance(
+            shape[2], (int, np.integer)) or not 1 <= int(shape[2]) <= MAX_CHANNELS)):
+        raise SchemaError(f"field {name!r}: an image of its own shape has shape (None, None) or (None, None, C) "
+                          f"with C from 1 to {MAX_CHANNELS}, found {shape!r}")
+    if len(name) + len(HW_SUFFIX) > 63:
+        raise SchemaError(f"field {name!r}: the name of an image of its own shape has at most {63 - len(HW_SUFFIX)} "
+                          f"characters (its companion field {name + HW_SUFFIX!r} must be a field name too)")
+    shp: tuple[Any, ...] = (None, None, *(int(d) for d in shape[2:]))
+    cod.check(dt, (1, 1, *shp[2:]), where=f"field {name!r}")  # dtype and channels; any height and width
+    return Field(name, dt, shp, cod)
+
+
+def _with_hw_fields(fields: list[Field]) -> list[Field]:
+    """``fields`` with each shaped field's companion ``<name>_hw`` (``<u4``,
+    ``(2,)``, raw) right after it unless given; a given one is checked."""
+    by_name = {f.name: f for f in fields}
+    out: list[Field] = []
+    for f in fields:
+        if f.name.endswith(HW_SUFFIX) and f.name[: -len(HW_SUFFIX)] in by_name \
+                and by_name[f.name[: -len(HW_SUFFIX)]].shaped:
+            if f.dtype != HW_DTYPE or f.shape != (2,) or not f.codec.raw or f.kind != "array":
+                raise SchemaError(f"field {f.name!r} is the companion of the image field {f.name[:-3]!r}: it must be "
+                                  f"{HW_DTYPE.str} of shape (2,), raw, found {f.dtype_name} {list(f.shape)} {f.codec}")
+            continue  # placed after its image field
+        out.append(f)
+        if f.shaped:
+            out.append(by_name.get(f.hw_name) or Field(f.hw_name, HW_DTYPE, (2,)))
+    return out
+
+
+def coerce_shaped(f: Field, value: Any) -> np.ndarray:
+    """One image of shaped field ``f`` as a C-contiguous array of its dtype:
+    ``(h, w)`` or ``(h, w, C)`` as the field's shape says (a ``(h, w)``
+    array is taken for ``C == 1``), ``h`` and ``w`` at least 1. Casts as
+    ``_coerce``.
+
+    Raises
+    ------
+    SchemaError
+        Another number of dimensions or channels, an empty image, a lossy cast.
+    """
+    arr = _as_array(f, value)
+    if len(f.shape) == 3 and f.shape[2] == 1 and arr.ndim == 2:
+        arr = arr[:, :, None]
+    want = "(h, w)" if len(f.shape) == 2 else f"(h, w, {f.shape[2]})"
+    if arr.ndim != len(f.shape) or arr.shape[2:] != tuple(f.shape[2:]):
+        raise SchemaError(f"field {f.name!r}: expected an image of shape {want}, found an array of shape {arr.shape}")
+    if arr.shape[0] < 1 or arr.shape[1] < 1:
+        raise SchemaError(f"field {f.name!r}: an image has at least 1 x 1 pixels, found shape {arr.shape}")
+    if arr.size * f.dtype.itemsize > SHAPED_MAX_BYTES:
+        raise SchemaError(f"field {f.name!r}: an image of shape {arr.shape} is larger than the {SHAPED_MAX_BYTES:,} "
+                          "bytes a record of an image field of its own shape may hold; resize it first")
+    if not f.codec.raw and f.codec.name != "zstd":
+        try:
+            f.codec.check(f.dtype, arr.shape, where=f"field {f.name!r}")
+        except SchemaError as exc:
+            raise SchemaError(f"{exc} (this record)") from None
+    return _coerce(Field(f.name, f.dtype, arr.shape), arr)
 
 
 def _check_ragged_codec(name: str, codec: Codec) -> None:
@@ -396,6 +511,8 @@ def coerce_ragged(f: Field, value: Any) -> np.ndarray:
         Another row shape, a lossy cast, a ``str`` field given bytes (or a
         ``bytes`` field given text), text that is not encodable as UTF-8.
     """
+    if f.shaped:
+        return coerce_shaped(f, value)
     if f.kind == "str":
         if not isinstance(value, str):
             raise SchemaError(f"field {f.name!r}: expected str, found {type(value).__name__}")
@@ -426,13 +543,18 @@ def coerce_ragged(f: Field, value: Any) -> np.ndarray:
     return _coerce(Field(f.name, f.dtype, arr.shape), arr)
 
 
-def _coerce(f: Field, value: Any) -> np.ndarray:
+def _as_array(f: Field, value: Any) -> np.ndarray:
+    """``value`` (an array, a torch tensor, a nested sequence) as a numpy array, as it is."""
     if hasattr(value, "detach") and hasattr(value, "cpu"):  # torch.Tensor, without importing torch
         value = value.detach().cpu().numpy()
     try:
-        arr = np.asarray(value)
+        return np.asarray(value)
     except (TypeError, ValueError) as exc:
         raise SchemaError(f"field {f.name!r}: cannot make an array of {type(value).__name__} ({exc})") from None
+
+
+def _coerce(f: Field, value: Any) -> np.ndarray:
+    arr = _as_array(f, value)
     if arr.shape != f.shape:
         raise SchemaError(f"field {f.name!r}: expected shape {f.shape}, found {arr.shape}")
     if arr.dtype == f.dtype:

@@ -13,7 +13,9 @@ Library API
 ``merge(parts, dest)``
     Join the stores written by ``--shard K/N`` jobs into one store.
 
-Stored fields: ``image`` (``|u1``, ``spec.record_shape()``), ``label``
+Stored fields: ``image`` (``|u1``, ``spec.record_shape()``; with
+``max_side`` / ``short_side`` each image at its own aspect, ``(None, None,
+C)``, and its ``(h, w)`` in ``image_hw`` (``<u4`` ``(2,)``)), ``label``
 (``<i8``, when there are labels), ``orig_size`` (``<i4`` ``(2,)``: source
 ``(h, w)`` after EXIF orientation), ``box`` (``<i4`` ``(4,)``: source
 region ``(x0, y0, x1, y1)``, end exclusive, that was resampled; see
@@ -90,6 +92,8 @@ def ingest(
     chunk: int | None = RUN_DEFAULTS["chunk"],
     progress_interval: float = RUN_DEFAULTS["progress_interval"],
     resume_hint: ResumeHint = RUN_DEFAULTS["resume_hint"],
+    max_side: int | None = None,
+    short_side: int | None = None,
     # decode options (mmstore.decode.DecodeSpec; None: its default)
     resize: str | None = None,
     channels: int | None = None,
@@ -101,6 +105,7 @@ def ingest(
     max_pixels: int | None = None,
     strict_jpeg: bool | None = None,
     alpha: str | None = None,
+    upscale: bool | None = None,
     # source options (None: not given; each applies to the kinds of source named below)
     labels: str | None = None,
     root: str | os.PathLike[str] | None = None,
@@ -127,59 +132,155 @@ def ingest(
     Parameters
     ----------
     source
-        A path (kind recognised by :func:`detect_source`) or a :class:`Source`.
+        A path (kind recognised by :func:`detect_source`: a folder of images, a
+        ``.csv``/``.tsv`` list, an LMDB directory, a ``.npy``/``.npz`` file, a
+        COCO ``.json``) or a :class:`Source`.
     dest
         The store directory to create (work happens in ``DEST.partial``).
     size
-        Target ``(H, W)`` or ``"HxW"``; required for encoded images.
+        The target size: an ``(H, W)`` pair of positive ints, ``"HxW"``
+        (``"224x224"``), or one int ``N`` (or ``"N"``) for ``N x N``; required
+        for encoded images, None for arrays stored as they are. Excludes
+        ``max_side`` and ``short_side``.
+    max_side
+        Instead of ``size``: every record keeps its image's own aspect, the
+        long side resized to ``N`` (never enlarged unless ``upscale``): an
+        image of its own shape, stored with its size in the field
+        ``image_hw`` (format 2.3; "Aspect kept" in :mod:`mmstore.decode`).
+    short_side
+        Instead of ``size``: as ``max_side``, the short side becomes ``N``
+        (LAION's convention).
     workers
-        Decoder processes (default: the usable CPU cores; 0 = in this process).
-    on_error, max_errors
-        ``"skip"`` (default) leaves a hole per bad input; ``"fail"`` stops at
-        the first. ``max_errors`` (``N`` or ``"P%"``) stops once more inputs
-        than that failed. A stopped run keeps ``DEST.partial``.
+        Decoder processes; None: the usable CPU cores; 0: decode in this
+        process.
+    on_error
+        ``"skip"``: a bad input becomes a hole, listed with its reason in
+        ``errors.jsonl``; ``"fail"``: stop at the first.
+    max_errors
+        Stop once more inputs than this failed: a count ``N`` or a share
+        ``"P%"``; None: no limit. A stopped run keeps ``DEST.partial``.
     resume
         Continue ``DEST.partial`` if present (refused when inputs or
         parameters differ: ``ResumeMismatchError``, naming each change).
+    overwrite
+        Replace ``DEST`` if it is an mmstore store (and discard a
+        ``DEST.partial`` of an earlier run); anything else at ``DEST``, or a
+        ``DEST`` that is, contains or lies inside the source, is refused.
+    shard
+        ``(K, N)`` or ``"K/N"``: ingest only the K-th (from 0) of N contiguous
+        parts of the sorted inputs; ``"auto"``: K and N from the launcher
+        (see :func:`mmstore.ingest.options.shard_from_env`). Join the parts
+        with :func:`merge`.
+    quiet
+        Show no progress on stderr (a bar on a terminal, else a line every
+        ``progress_interval`` seconds).
+    backend
+        The store's backend: ``"memmap"`` (one ``.npy`` per field) or
+        ``"lmdb"``.
+    codecs
+        How fields are stored: ``{"image": "jpeg:90"}`` or ``["image=jpeg:90"]``
+        (CLI: ``--codec image=jpeg:90``, repeatable); see :mod:`mmstore.format.codecs`.
+        None: every field raw. Entries are encoded in the workers from the
+        decoded, resized pixels (the geometry ``raw`` would store); a codec
+        that does not fit its field is refused before any work.
+    chunk
+        Inputs handed to a worker at a time; None: chosen by the run (about
+        32 MB of records, at least 16 chunks per worker). The records do not
+        depend on it.
+    progress_interval
+        Seconds between two progress lines when stderr is not a terminal.
     resume_hint
         How a stopped run's message says to resume: a text, or a function
         of the options the resume must change (``{}``, or after a
         ``max_errors`` stop a raised limit such as ``{"max_errors": "10"}``)
-        that returns it (the command line gives its resume command).
-    shard
-        ``(K, N)`` or ``"K/N"``: ingest only the K-th (from 0) of N contiguous
-        parts of the sorted inputs; join the parts with :func:`merge`.
-    codecs
-        How fields are stored: ``{"image": "jpeg:90"}`` or ``["image=jpeg:90"]``
-        (CLI: ``--codec image=jpeg:90``, repeatable); see :mod:`mmstore.format.codecs`.
-        Default: every field raw. Entries are encoded in the workers from the
-        decoded, resized pixels (the geometry ``raw`` would store); a codec
-        that does not fit its field is refused before any work.
-    resize, channels, layout, bgr, interp_up, pad_value, fast_decode, max_pixels, strict_jpeg, alpha
-        Decode options (``resize``, ``channels``, ``layout``, ``bgr``,
-        ``interp_up``, ``pad_value``, ``fast_decode``, ``max_pixels``,
-        ``strict_jpeg``, ``alpha``: ``"black"`` (default), ``"white"`` or
-        ``"drop"``, see :mod:`mmstore.decode`; None: ``DecodeSpec``'s default).
-    labels, root, path_column, label_column, path_template, delimiter, header, label_type, missing_label, \
-image_key, label_key, classes_from, label_names, new_classes, min_box_size, tags_column, tags_sep, \
-text_column, tag_names
-        Source options (None: not given; ``labels`` for folders; ``root``,
-        ``path_column``, ``label_column``, ``path_template``, ``delimiter``,
-        ``header``, ``label_type``, ``missing_label`` for lists, see
-        :class:`ListSource`; ``image_key``, ``label_key`` for .npz;
-        ``root``, ``min_box_size`` for a COCO .json, see
+        that returns it (the command line gives its resume command). None:
+        "rerun the same ingest with ``resume=True``".
+    resize
+        How a source becomes the target size: ``"center-crop"``,
+        ``"stretch"``, ``"pad"`` or ``"none"`` (the exact arithmetic: "Resize,
+        crop and decode" in the concepts, :mod:`mmstore.decode`). None:
+        ``"center-crop"``.
+    channels
+        Output channels, 1 or 3. None: 3.
+    layout
+        Record layout, ``"hwc"`` or ``"chw"``. None: ``"hwc"``.
+    bgr
+        Store BGR instead of RGB. None: False.
+    interp_up
+        Kernel when an axis is enlarged, ``"linear"`` or ``"cubic"``
+        (shrinking uses ``INTER_AREA``). None: ``"linear"``.
+    pad_value
+        The fill (0-255, every channel) of ``resize="pad"``. None: 0.
+    fast_decode
+        Let libjpeg decode at 1/2, 1/4 or 1/8 scale when the target is small
+        enough (faster; pixels differ from the exact path). None: False.
+    max_pixels
+        Refuse a source with more pixels than this (read from its header
+        before decoding); 0: no limit. None: 178,956,970 (Pillow's limit).
+    strict_jpeg
+        Refuse a JPEG whose scan data libjpeg reports as corrupt. None: True.
+    alpha
+        What a transparent source becomes: ``"black"`` (composited over
+        black), ``"white"``, or ``"drop"`` (the alpha ignored, as Pillow's
+        ``convert("RGB")``). None: ``"black"``.
+    upscale
+        With ``max_side`` / ``short_side``: also enlarge an image whose side
+        is below ``N`` (default False: it keeps its own size).
+    labels
+        A folder: ``"folders"`` (class sub-folders give the labels),
+        ``"none"``, or ``"auto"`` (decided from the layout). None: ``"auto"``.
+    root
+        A list or a COCO ``.json``: the directory relative paths start from
+        (default: the list's directory).
+    path_column
+        A list: the column (name or 0-based index) of the path or id.
+    label_column
+        A list: the column of the label (default: ``"label"`` if present;
+        ``""`` for none).
+    path_template
+        A list: an id to a relative path, e.g. ``"{id[0]}/{id[1]}/{id}.jpg"``.
+    delimiter
+        A list: the field separator (default: a tab for ``.tsv``, else a
+        comma).
+    header
+        A list: whether the first row is a header (default: a header unless
+        its path cell is a file).
+    label_type
+        A list: ``"auto"``, ``"int"`` or ``"names"``, see :class:`ListSource`.
+    missing_label
+        A list: a blank label cell makes its input a hole (``"error"``, the
+        default) or a class of its own (``"class"``).
+    image_key
+        A ``.npz``: the name of the image array.
+    label_key
+        A ``.npz``: the name of the label array.
+    classes_from
+        A folder or a list of class names: label the classes by the class ->
+        id mapping of an existing store (its ``label_names``), so that both
+        stores agree (see :mod:`mmstore.ingest.classes`).
+    label_names
+        As ``classes_from``, from a mapping: a text file of one class name per
+        line (line k, from 0, is label k), a list, or a dict name -> label
+        such as torchvision's ``class_to_idx``.
+    new_classes
+        With ``classes_from`` or ``label_names``: a class not in the mapping
+        raises ``LabelMappingError`` (``"error"``, the default) or gets the
+        next ids after the mapping's (``"append"``); the mapping's classes
+        with no folder are listed in the result's ``warnings``.
+    min_box_size
+        A COCO ``.json``: drop a box narrower or lower than this many stored
+        pixels once clipped to the picture (default 1; see
         :mod:`mmstore.ingest.coco`).
-        Class folders can be labelled by an existing mapping so that stores
-        agree: ``classes_from`` (a store path: its ``label_names``) or
-        ``label_names`` (a text file, one class name per line, line k = label
-        k, or a list, or a dict name -> label such as torchvision's
-        ``class_to_idx``); a class folder not in the mapping raises
-        ``LabelMappingError`` unless ``new_classes="append"`` (ids after the
-        mapping's), and the mapping's classes with no folder are listed in
-        the result's ``warnings`` (see :mod:`mmstore.ingest.classes`).
-        A list's ``tags_column`` (``tags_sep``, ``tag_names``) and
-        ``text_column`` give the fields ``tags`` and ``text`` (multi-label
-        tags and captions, see :mod:`mmstore.ingest.tags`).
+    tags_column
+        A list: the column of multi-label tags (``cat;animal``), stored as the
+        ragged field ``tags`` (see :mod:`mmstore.ingest.tags`).
+    tags_sep
+        A list: the separator of the tags in a cell (default ``";"``).
+    text_column
+        A list: the column of a caption, stored as the str field ``text``.
+    tag_names
+        A list: number the tags by a store's tag names or a file of one tag
+        per line, so that two stores give a tag the same id.
 
     Returns
     -------
@@ -213,10 +314,12 @@ text_column, tag_names
     from ..format.codecs import parse_codec_specs
 
     codec_map = parse_codec_specs(codecs)  # a typo fails here, before the scan
-    spec = make_spec(size, **spec_kw)
+    spec = make_spec(size, max_side=max_side, short_side=short_side, **spec_kw)
     if spec is None and not src.decoded:
         raise SourceError(f"{src.path}: encoded images need a target size: pass "
-                          f"{spell_option('size=(H, W)', '--size HxW')}")
+                          f"{spell_option('size=(H, W)', '--size HxW')} (or "
+                          f"{spell_option('size=N', '--size N')} for N x N), or "
+                          f"{spell_option('max_side=N', '--max-side N')} to keep each image's own aspect")
     return run_ingest(
         src,
         os.fspath(dest),
@@ -257,7 +360,8 @@ def from_dataset(
     (only ``image`` and ``label``; a float image stays float, 4 bytes a
     value); with ``size`` each is fitted like a decoded file (``resize``
     policy etc.), stored as ``uint8``, and ``orig_size``/``box``/``dst`` are
-    stored too. ``label_names`` defaults to ``ds.classes`` when present.
+    stored too; with ``max_side=N`` (or ``short_side=N``) instead of
+    ``size`` each keeps its own aspect (see :func:`ingest`). ``label_names`` defaults to ``ds.classes`` when present.
 
     Float images with ``size`` (what ``ToTensor()`` gives: a float32 tensor,
     ``CHW``, values in ``[0, 1]``; a numpy float array ``HWC`` or ``CHW``):

@@ -69,6 +69,7 @@ from ..format.layout import (
     segment_ids,
 )
 from ..format.manifest import read_manifest
+from ..remote.url import local_dest
 from ..store.backends import backend_class, data_file_names
 from ..store.dest import check_dest, is_own_partial
 from ..store.reader import Store, open_store
@@ -229,7 +230,7 @@ def merge(
     paths = [os.fspath(p) for p in parts]
     if not paths:
         raise SourceError("merge needs at least one part")
-    dest = os.path.abspath(os.fspath(dest))
+    dest = os.path.abspath(local_dest(dest))  # a URL is refused, never made ./s3:/...
     stores = [open_store(p) for p in paths]
     try:
         order = _order(stores, paths)

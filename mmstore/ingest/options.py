@@ -9,20 +9,25 @@ from dataclasses import fields
 from types import MappingProxyType
 from typing import Any
 
+import numpy as np
+
 from ..decode import DecodeSpec
 from ..errors import spell_option
 
 __all__ = [
     "DEFAULT_RESUME_HINT",
     "RUN_DEFAULTS",
+    "SIZE_OPTIONS",
     "SOURCE_OPTIONS",
     "SPEC_DEFAULTS",
     "SPEC_OPTIONS",
     "ErrorLimit",
     "ResumeHint",
     "kept_message",
+    "check_size_options",
     "make_spec",
     "parse_max_errors",
+    "parse_side",
     "parse_shard",
     "parse_size",
     "resume_advice",
@@ -41,6 +46,9 @@ SOURCE_OPTIONS: tuple[str, ...] = ("labels", "root", "path_column", "label_colum
                                    "header", "label_type", "missing_label", "image_key", "label_key", "classes_from",
                                    "label_names", "new_classes")
 SOURCE_OPTIONS += ("min_box_size",)  # COCO (mmstore.ingest.coco)
+
+# ... the keyword options that say, instead of size, that records keep each image's own aspect (make_spec)
+SIZE_OPTIONS: tuple[str, ...] = ("max_side", "short_side")
 
 DEFAULT_RESUME_HINT = f"rerun the same ingest with {spell_option('resume=True', '--resume')}"
 SOURCE_OPTIONS += ("tags_column", "tags_sep", "text_column", "tag_names")  # a list's tags and captions (_tags.py)
@@ -99,18 +107,40 @@ def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, An
     return spec_kw, src_kw
 
 
-def make_spec(size: Any = None, **options: Any) -> DecodeSpec | None:
+def make_spec(size: Any = None, *, max_side: Any = None, short_side: Any = None,
+              **options: Any) -> DecodeSpec | None:
     """A :class:`mmstore.decode.DecodeSpec` from ingest options (None without a size).
 
     ``options`` are decode options (:data:`SPEC_OPTIONS`); one not given, and
     ``max_pixels=None``, takes its :data:`SPEC_DEFAULTS` value (the field
     default of ``DecodeSpec``). An option whose default is a bool or an int
     is converted with ``bool()`` / ``int()``. An unknown name is a TypeError.
+
+    ``max_side=N`` / ``short_side=N`` instead of ``size``: records keep each
+    image's own aspect, its long (short) side ``N`` (``resize="max-side"`` /
+    ``"short-side"``; ``upscale=True`` enlarges smaller images too). At most
+    one of ``size``, ``max_side`` and ``short_side`` may be given
+    (:class:`~mmstore.errors.SourceError` otherwise, saying which to pick),
+    and ``resize`` goes with ``size`` alone.
     """
     unknown = set(options) - set(SPEC_DEFAULTS)
     if unknown:
         raise TypeError(f"make_spec() got unknown decode option(s): {sorted(unknown)}")
-    hw = parse_size(size)
+    side_policy = check_size_options(size, max_side, short_side, options.get("resize"), options.get("upscale"))
+    if side_policy is not None and options.get("layout") == "chw":
+        from ..errors import SourceError
+
+        side = "max_side" if side_policy == "max-side" else "short_side"
+        raise SourceError(f"{spell_option(side + '=N', '--' + side.replace('_', '-') + ' N')} keeps each image's own "
+                          f"shape, stored as (h, w, C): {spell_option('layout=' + repr('chw'), '--layout chw')} "
+                          "is for records of one fixed shape (leave it out; permute the channels at training time)")
+    if side_policy is not None:
+        n = parse_side(max_side if side_policy == "max-side" else short_side,
+                       "max_side" if side_policy == "max-side" else "short_side")
+        options = {**options, "resize": side_policy}
+        hw: tuple[int, int] | None = (n, n)
+    else:
+        hw = parse_size(size)
     if hw is None:
         return None
     kw = {**SPEC_DEFAULTS, **options}
@@ -124,27 +154,82 @@ def make_spec(size: Any = None, **options: Any) -> DecodeSpec | None:
     return DecodeSpec(size=hw, **kw)
 
 
+def check_size_options(size: Any, max_side: Any, short_side: Any, resize: Any = None,
+                       upscale: Any = None) -> str | None:
+    """The aspect-kept policy (``"max-side"`` / ``"short-side"``) the size
+    options ask for, or None for ``size`` (or nothing). Refuses
+    (:class:`~mmstore.errors.SourceError`) more than one of them, ``resize``
+    with an aspect-kept one, and ``upscale`` without one."""
+    from ..errors import SourceError
+
+    given = [name for name, v in (("size", size), ("max_side", max_side), ("short_side", short_side))
+             if v is not None]
+    flag = {"size": ("size=(H, W)", "--size HxW"), "max_side": ("max_side=N", "--max-side N"),
+            "short_side": ("short_side=N", "--short-side N")}
+    if len(given) > 1:
+        raise SourceError(
+            f"{' and '.join(spell_option(*flag[g]) for g in given)} exclude each other: pick one: "
+            f"{spell_option(*flag['size'])} for records of one fixed shape (cropped or padded per "
+            f"{spell_option('resize=', '--resize')}), {spell_option(*flag['max_side'])} to keep each image's aspect "
+            f"with its long side at most N, or {spell_option(*flag['short_side'])} for its short side N")
+    policy = {"max_side": "max-side", "short_side": "short-side"}.get(given[0]) if given else None
+    if policy is not None and resize not in (None, SPEC_DEFAULTS["resize"], policy):
+        raise SourceError(f"{spell_option(f'resize={resize!r}', f'--resize {resize}')} goes with "
+                          f"{spell_option(*flag['size'])}; {spell_option(*flag[given[0]])} keeps each image's whole "
+                          "picture at its own aspect (leave the resize option out)")
+    if upscale and policy is None:
+        raise SourceError(f"{spell_option('upscale=True', '--upscale')} enlarges images smaller than "
+                          f"{spell_option(*flag['max_side'])} or {spell_option(*flag['short_side'])}; "
+                          f"with {spell_option(*flag['size'])} every image is resized to it anyway (leave it out)")
+    return policy
+
+
+def parse_side(value: Any, name: str) -> int:
+    """A side ``N`` of ``max_side`` / ``short_side``: a positive int (or its text)."""
+    v = value
+    if isinstance(v, str) and v.strip().isdigit():
+        v = int(v.strip())
+    if not _is_int(v) or int(v) < 1:
+        raise ValueError(f"{spell_option(name + '=N', '--' + name.replace('_', '-') + ' N')} takes a positive "
+                         f"number of pixels, such as 256; got {value!r}")
+    return int(v)
+
+
 def parse_size(text: str | int | tuple[int, int] | None) -> tuple[int, int] | None:
-    """``"224x224"``, ``"224"``, ``224`` or ``(h, w)`` -> ``(h, w)``."""
+    """The target size ``(h, w)`` of an ingest, or None.
+
+    ``(h, w)`` (a pair of ints), ``"HxW"`` (``"224x224"``, also ``"224*224"``),
+    or one number, ``224`` or ``"224"``, for a square ``224 x 224`` (as
+    torchvision's and timm's sizes read). Each side must be a positive int:
+    anything else raises ``ValueError`` (``TypeError`` for a value of another
+    type) saying what is accepted.
+    """
     if text is None:
         return None
-    if isinstance(text, (tuple, list)):
-        h, w = text
-        return int(h), int(w)
-    if isinstance(text, int):
-        return text, text
-    s = str(text).lower().replace("*", "x")
-    try:
-        if "x" in s:
-            hs, ws = s.split("x")
-            out = int(hs), int(ws)
-        else:
-            out = int(s), int(s)
-    except ValueError:
-        raise ValueError(f"size must be HxW such as 224x224, got {text!r}") from None
-    if min(out) <= 0:
-        raise ValueError(f"size must be positive, got {text!r}")
-    return out
+    parts: list[Any]
+    if isinstance(text, str):
+        s = text.strip().lower().replace("*", "x")
+        try:
+            parts = [int(v) for v in (s.split("x") if "x" in s else (s, s))]
+        except ValueError:
+            raise ValueError(f"size must be {_SIZE_RULE}; got {text!r}") from None
+    elif isinstance(text, (tuple, list)):
+        parts = list(text)
+    elif _is_int(text):
+        parts = [text, text]
+    else:
+        raise TypeError(f"size must be {_SIZE_RULE}; got {type(text).__name__} {text!r}")
+    if len(parts) != 2 or not all(_is_int(v) and v > 0 for v in parts):
+        raise ValueError(f"size must be {_SIZE_RULE}; got {text!r}")
+    return int(parts[0]), int(parts[1])
+
+
+_SIZE_RULE = spell_option("an int N (for N x N) or an (H, W) pair of positive ints",
+                          "HxW such as 224x224, or N for NxN")
+
+
+def _is_int(v: object) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, bool)
 
 
 def shard_from_env(env: Any = None) -> tuple[int, int]:

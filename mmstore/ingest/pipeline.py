@@ -56,6 +56,7 @@ from ..errors import (
 )
 from ..format.layout import ERRORS_FILE, MANIFEST_FILE, PARTIAL_SUFFIX
 from ..format.manifest import read_manifest
+from ..remote.url import local_dest
 from ..store.dest import check_dest, claim_empty_dest, is_store
 from ..store.writer import StoreWriter, acquire_lock, errors_jsonl, publish, release_lock
 from .committer import CommitThread, Tally
@@ -157,7 +158,7 @@ def run_ingest(source: Source, dest: str, spec: Any, **kw: Any) -> IngestResult:
 
 def _run(source: Source, dest: str, spec: Any, o: RunOptions) -> IngestResult:
     t_start = time.monotonic()
-    dest = os.path.abspath(os.fspath(dest))
+    dest = os.path.abspath(local_dest(dest))  # a URL is refused, never made ./s3:/...
     limit = ErrorLimit(o.on_error, o.max_errors)
     nworkers = default_workers() if o.workers is None else int(o.workers)
     if nworkers < 0:

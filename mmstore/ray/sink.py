@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -62,7 +63,15 @@ from .._os.lock import acquire_lock, release_lock
 from .._version import __version__
 from ..errors import DestinationError, IngestError, SourceError, StoreExistsError, spell_option
 from ..format.codecs import parse_codec_specs
-from ..format.layout import MANIFEST_FILE, PARTIAL_SUFFIX, PARTS_DIR, REMOTE_INDEX_FILE, part_file
+from ..format.layout import (
+    MANIFEST_FILE,
+    MANIFEST_MAX_BYTES,
+    PARTIAL_SUFFIX,
+    PARTS_DIR,
+    REMOTE_INDEX_FILE,
+    REMOTE_INDEX_MAX_BYTES,
+    part_file,
+)
 from ..ingest.options import ErrorLimit, make_spec, split_options
 from ..ingest.parts import BOOKKEEPING_FILES, PartBook, commit_parts, join_parts
 from ..ingest.pipeline import run_ingest
@@ -71,7 +80,7 @@ from ..remote.client import Remote
 from ..remote.index import parse_index
 from ..remote.url import is_url, parse_url
 from ..store.dest import PARTIAL_MARK, RAY_MARK, check_dest, is_own_partial, is_store
-from ..transfer.push import push
+from ..transfer.push import check_destination, push
 from .plan import Part, PartPlan
 
 __all__ = ["MmstoreDatasink", "RayWriteResult", "write"]
@@ -104,7 +113,8 @@ class RayWriteResult:
             lines.append("skipped by reason: " + ", ".join(f"{k} {v}" for k, v in cats.most_common()))
             for r, c in self.reasons.most_common(5):
                 lines.append(f"  {c:>6}  {r}")
-            lines.append("details (slot, key, reason): errors.jsonl of the store (mmstore show STORE --errors)")
+            lines.append(f"details (slot, key, reason): {self.path.rstrip('/')}/errors.jsonl (top reasons: mmstore "
+                         f"inspect {self.path}; every one: mmstore.open(path).skipped())")
         return "\n".join(lines)
 
 
@@ -122,6 +132,7 @@ def _columns(blocks: Iterable[Any]) -> dict[str, list[Any]]:
 
 
 _STAGING_PREFIX = "mmstore-part-"  # + the writing process's pid + "-": a task's local part before upload
+_ATTEMPT_ID = re.compile(r"^[0-9]{6,}-[0-9a-f]{12}$")  # a task attempt's part id: <task>-<random>
 
 
 def _remove_dead_staging(base: str) -> None:
@@ -184,8 +195,8 @@ def _commit_remote(dest: str, ids: list[str], provenance: dict[str, Any], label_
             part = Remote(f"{loc.url.rstrip('/')}/{PARTS_DIR}/{pid}")
             d = os.path.join(work, PARTS_DIR, pid)
             os.makedirs(d)
-            raw_index = part.get(REMOTE_INDEX_FILE)
-            raw_manifest = part.get(MANIFEST_FILE)
+            raw_index = part.get_small(REMOTE_INDEX_FILE, REMOTE_INDEX_MAX_BYTES)  # sizes before bytes
+            raw_manifest = part.get_small(MANIFEST_FILE, MANIFEST_MAX_BYTES)
             with open(os.path.join(d, MANIFEST_FILE), "wb") as f:
                 f.write(raw_manifest)
             book = PartBook(pid, d)
@@ -194,21 +205,30 @@ def _commit_remote(dest: str, ids: list[str], provenance: dict[str, Any], label_
             for name in BOOKKEEPING_FILES[1:]:
                 if name in book.manifest["files"]:
                     with open(os.path.join(d, name), "wb") as f:
-                        f.write(part.get(name))
+                        f.write(part.get_small(name, index.files[name].size))
             for name in book.data_names:
                 present[part_file(pid, name)] = index.files[name]
             books.append(book)
         joined = join_parts(work, books, provenance=provenance, where=loc.url, label_names=label_names)
-        # the other attempts' parts, which the push deletes with everything else the store does not list
-        removed = len({n.split("/")[1] for n in listing if n.startswith(PARTS_DIR + "/") and n.count("/") == 2}
-                      - set(ids))
-        push(work, loc.url, overwrite=overwrite, present=present)
+        # the other attempts' parts, which the push deletes (and no object that is not this write's or the
+        # previous store's: NOTE [what a push deletes] in mmstore/transfer/push.py)
+        attempts = {n for n in listing if _attempt_object(n)}
+        removed = len({n.split("/")[1] for n in attempts} - set(ids))
+        push(work, loc.url, overwrite=overwrite, present=present, vouched=attempts)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return joined, removed
 
 
+def _attempt_object(name: str) -> bool:
+    """``name`` (below a write's URL) is an object of a task attempt's part:
+    ``parts/<task>-<attempt>/<file>``, as :meth:`_Job.write_part` names them."""
+    parts = name.split("/")
+    return len(parts) == 3 and parts[0] == PARTS_DIR and _ATTEMPT_ID.match(parts[1]) is not None
+
+
 def _check_remote_dest(dest: str, overwrite: bool) -> None:
+    check_destination(dest, _attempt_object)  # nothing that is not a store's own under the prefix
     remote = Remote(parse_url(dest))
     if remote.head(MANIFEST_FILE) is not None and not overwrite:
         raise StoreExistsError(f"{dest}: holds a store already; pass {spell_option('overwrite=True', '--overwrite')} "
@@ -232,10 +252,12 @@ class _Job:
         dest = os.fspath(dest)
         self.remote = is_url(dest)
         self.dest = dest if self.remote else os.path.abspath(dest)
-        spec_kw, src_kw = split_options(dict(decode))
+        decode = dict(decode)
+        sides = {k: decode.pop(k) for k in ("max_side", "short_side") if k in decode}  # instead of size
+        spec_kw, src_kw = split_options(decode)
         if src_kw:
             raise TypeError(f"options {sorted(src_kw)} are for file sources; give columns instead")
-        self.spec = make_spec(size, **spec_kw)
+        self.spec = make_spec(size, **sides, **spec_kw)
         self.codecs = parse_codec_specs(codecs)
         self.limit = ErrorLimit(on_error, max_errors)  # a bad value fails here, before the job
         if threads is None:  # as many decode threads as the CPUs a write task asks Ray for
@@ -466,8 +488,10 @@ def write(
     size, **decode
         The decode options of :func:`mmstore.ingest` (``resize``,
         ``channels``, ``layout``, ``bgr``, ``interp_up``, ``pad_value``,
-        ``fast_decode``, ``max_pixels``, ``strict_jpeg``, ``alpha``), with the
-        same meaning; ``size`` is needed for encoded images.
+        ``fast_decode``, ``max_pixels``, ``strict_jpeg``, ``alpha``,
+        ``upscale``), with the same meaning; ``size`` (or, instead,
+        ``max_side=N`` / ``short_side=N``: records of each image's own aspect)
+        is needed for encoded images.
     image, label, key, path
         Column names: the images, the integer labels, the keys, the source
         paths (keys when there is no key column, made relative to ``root``).

@@ -43,13 +43,22 @@ gave on the first read of each object in this process (a file replaced
 under an open reader is refused), and every block against the push's
 digests, as always.
 
-Retries: every request is retried with exponential backoff and jitter on
-5xx answers (``503 SlowDown`` among them), connection errors and timeouts:
+Retries: every request is retried on 5xx answers (``503 SlowDown`` among
+them), connection errors and timeouts, and a read also on an answer cut in
+its body and on a range request answered with the whole object (``200``
+instead of ``206``, which a server, proxy or CDN under load may give):
 ``MMSTORE_REMOTE_RETRIES`` times (default 10) within
 ``MMSTORE_REMOTE_RETRY_TIMEOUT`` seconds (default 120); one request may take
-``MMSTORE_REMOTE_TIMEOUT`` seconds (default 120). Then the request fails with a
-typed error (``mmstore.errors.RemoteError`` and its kinds) naming the URL and
-the object.
+``MMSTORE_REMOTE_TIMEOUT`` seconds (default 120), a connection
+``MMSTORE_REMOTE_CONNECT_TIMEOUT`` (default 10). Then the request fails with
+a typed error (``mmstore.errors.RemoteError`` and its kinds) naming the URL
+and the object. NOTE [read retries]: reads (``get_range``, ``get_small``,
+``head``) are retried here, not inside obstore, so that each retry is
+counted (:attr:`Remote.retries`, shown by a replica's ``describe()``) and
+the wait is known: before retry ``k`` (from 1) it waits ``min(15, 0.25 *
+2 ** (k - 1))`` seconds times a random factor in [0.5, 1], so the default
+ten retries ride out an outage of 38-76 s. Writes and listings are retried
+by obstore's own loop (the same limits; its waits are shorter).
 """
 
 from __future__ import annotations
@@ -57,8 +66,10 @@ from __future__ import annotations
 import configparser
 import json
 import os
+import random
 import re
 import threading
+import time
 from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
@@ -69,17 +80,24 @@ from ..errors import (
     RemoteChecksumError,
     RemoteError,
     RemoteNotFoundError,
+    RemoteTooLargeError,
     RemoteUnavailableError,
 )
 from .index import block_digest
 from .url import StoreURL, parse_url
 
-__all__ = ["ObjectInfo", "Remote", "client_available"]
+__all__ = ["RETRY_KINDS", "ObjectInfo", "Remote", "client_available", "retry_kind", "retry_wait"]
 
 HTTP_SCHEMES = ("http", "https")
 AZURE_SCHEMES = ("az", "azure", "abfs", "abfss")
 _TRUE = ("1", "true", "yes", "on")
 _KEY_FILE_MAX = 1 << 20  # a service-account key file is a few KiB
+
+# what a retried read met (NOTE [read retries]): a 503 / SlowDown answer, another 5xx answer, a
+# connection refused, reset or timed out (or an answer cut in its body), a range request answered
+# with the whole object
+RETRY_KINDS = ("throttled", "server_error", "connection", "not_partial")
+_RETRY_BASE_S, _RETRY_MAX_S = 0.25, 15.0
 
 _INSTALL = "object storage needs the optional client: pip install 'mmstore[remote]' (obstore)"
 
@@ -196,6 +214,36 @@ def _gcs_base_url() -> str:
     return ""
 
 
+def retry_wait(attempt: int) -> float:
+    """Seconds to wait before retry ``attempt`` (from 1) of a read (NOTE [read retries])."""
+    return min(_RETRY_MAX_S, _RETRY_BASE_S * 2 ** min(attempt - 1, 30)) * random.uniform(0.5, 1.0)
+
+
+def retry_kind(exc: BaseException) -> str | None:
+    """Which of :data:`RETRY_KINDS` an obstore error of a read is, or None
+    when the read must not be retried (not found, access denied, the object
+    changed, a bad request)."""
+    text = str(exc)
+    low = text.lower()
+    name = type(exc).__name__
+    if "notpartial" in low or "non-partial" in low:
+        return "not_partial"
+    if name in ("NotFoundError", "PermissionDeniedError", "UnauthenticatedError", "PreconditionError",
+                "NotModifiedError", "InvalidPathError", "NotSupportedError"):
+        return None
+    status = re.search(r"status(?: code)?:?\s*(\d{3})\b", low)
+    if status:
+        code = int(status.group(1))
+        if code in (429, 503) or "slowdown" in low:
+            return "throttled"
+        if code >= 500:
+            return "server_error"
+        return None  # a 4xx answer: asking again gets the same
+    if "slowdown" in low:
+        return "throttled"
+    return "connection"  # no answer: refused, reset, timed out, or cut in its body
+
+
 # the pid of the process whose requests made obstore's runtime (one per process,
 # shared by every client): a process with another pid was forked after it
 _RUNTIME_PID = [0]
@@ -225,7 +273,10 @@ class Remote:
         self.url = self.loc.url
         self._lock = threading.Lock()
         self._client: tuple[int, Any] | None = None
+        self._reader: tuple[int, Any] | None = None
         self._forked: tuple[int, Any] | None = None
+        # the reads retried by this process, by kind (NOTE [read retries])
+        self.retries: dict[str, int] = dict.fromkeys(RETRY_KINDS, 0)
         # http(s): the etag the server gave on this process's first read of each object
         self._served_etags: dict[str, str | None] = {}
 
@@ -269,6 +320,62 @@ class Remote:
                 self._client = got
         return got[1]
 
+    def read_client(self) -> Any:
+        """This process's client for reads: obstore retries nothing there,
+        :meth:`_read` does (NOTE [read retries])."""
+        got = self._reader
+        pid = os.getpid()
+        if got is not None and got[0] == pid:
+            return got[1]
+        with self._lock:
+            got = self._reader
+            if got is None or got[0] != pid:
+                _RUNTIME_PID[0] = _RUNTIME_PID[0] or pid
+                got = (pid, self._make_client(retries=False))
+                self._reader = got
+        return got[1]
+
+    def retried(self) -> dict[str, int]:
+        """The reads this process retried, by kind (:data:`RETRY_KINDS`), and
+        their ``total``: what a replica's ``describe()`` shows."""
+        counts = dict(self.retries)
+        forked = self._forked
+        if forked is not None and forked[0] == os.getpid():
+            for k, v in forked[1].retries.items():
+                counts[k] = counts.get(k, 0) + v
+        counts["total"] = sum(counts.values())
+        return counts
+
+    def _read(self, name: str, doing: str, call: Any) -> Any:
+        """``call()``, a read of object ``name``, retried on what
+        :func:`retry_kind` says may pass (NOTE [read retries]); the typed
+        error once the retries are spent."""
+        most = int(_env_number("MMSTORE_REMOTE_RETRIES", 10))
+        budget = _env_number("MMSTORE_REMOTE_RETRY_TIMEOUT", 120)
+        t0 = time.monotonic()
+        attempt = 0
+        while True:
+            try:
+                return call()
+            except Exception as exc:  # noqa: BLE001 - classified, then retried or translated to a typed error
+                kind = retry_kind(exc)
+                err = self.error(exc, name, doing)
+                if kind is None or not isinstance(err, RemoteUnavailableError):
+                    raise err from exc
+                attempt += 1
+                wait = retry_wait(attempt)
+                if attempt > most or time.monotonic() - t0 + wait > budget:
+                    if kind == "not_partial":
+                        err = RemoteUnavailableError(
+                            f"{self.loc.object_url(name) if name else self.url}: could not {doing} it: asked for "
+                            f"a range of bytes {attempt} times, the server (or a proxy or CDN in front of it) "
+                            "answered with the whole object every time; check the endpoint and whatever stands "
+                            "between (a proxy or cache must pass Range requests through), then run again")
+                    raise err from exc
+                with self._lock:
+                    self.retries[kind] += 1
+                time.sleep(wait)
+
     def forked(self) -> Any:
         """The standard-library reader of a process forked after this
         process's parent ran requests through obstore, else None."""
@@ -291,7 +398,7 @@ class Remote:
                 retries=int(_env_number("MMSTORE_REMOTE_RETRIES", 10)),
                 retry_timeout=_env_number("MMSTORE_REMOTE_RETRY_TIMEOUT", 120),
                 timeout=_env_number("MMSTORE_REMOTE_TIMEOUT", 120),
-                connect_timeout=_env_number("MMSTORE_REMOTE_CONNECT_TIMEOUT", 10))
+                connect_timeout=_env_number("MMSTORE_REMOTE_CONNECT_TIMEOUT", 10), wait=retry_wait)
             self._forked = (os.getpid(), reader)
         return reader
 
@@ -301,10 +408,10 @@ class Remote:
                               "storage (NOTE [a client per process] in mmstore/remote/forked.py): do it in the "
                               "parent, or start this process with spawn or forkserver")
 
-    def _make_client(self) -> Any:
+    def _make_client(self, retries: bool = True) -> Any:
         obs = _obstore()
         retry = {
-            "max_retries": int(_env_number("MMSTORE_REMOTE_RETRIES", 10)),
+            "max_retries": int(_env_number("MMSTORE_REMOTE_RETRIES", 10)) if retries else 0,
             "retry_timeout": timedelta(seconds=_env_number("MMSTORE_REMOTE_RETRY_TIMEOUT", 120)),
             "backoff": {"init_backoff": timedelta(milliseconds=100), "max_backoff": timedelta(seconds=15),
                         "base": 2},
@@ -343,15 +450,50 @@ class Remote:
         return translate(exc, self.loc.object_url(name) if name else self.url, doing, scheme=self.loc.scheme)
 
     def get(self, name: str) -> bytes:
-        """The whole object ``name``."""
+        """The whole object ``name``, whatever its size: for what the index
+        bounds; an object of untrusted size is read with :meth:`get_small`."""
         forked = self.forked()
         if forked is not None:
             return bytes(forked.get(name))
         obs = _obstore()
-        try:
-            return bytes(obs.get(self.client(), name).bytes())
-        except Exception as exc:  # noqa: BLE001 - translated to a typed error
-            raise self.error(exc, name, "read") from exc
+        return bytes(self._read(name, "read", lambda: obs.get(self.read_client(), name).bytes()))
+
+    def get_small(self, name: str, limit: int) -> bytes:
+        """The whole object ``name``, which may not be larger than ``limit``
+        bytes: one range request for its first ``limit + 1`` bytes, so no
+        more than that is ever downloaded, whatever the object's size;
+        ``RemoteTooLargeError`` (naming the object, its size and the limit)
+        when there are more. For ``manifest.json``, ``_remote.json`` and any
+        file of a bucket read whole before its size is known."""
+        forked = self.forked()
+        if forked is not None:
+            data, size = forked.get_head(name, limit + 1)
+        else:
+            data, size = self._get_small(name, limit)
+        if len(data) > limit or size > limit:
+            raise RemoteTooLargeError(
+                f"{self.loc.object_url(name)}: {max(size, len(data)):,} bytes, more than the {limit:,} this file may "
+                "have (refused before more than that was downloaded): the store at this URL is damaged or not an "
+                "mmstore store; push it again from a good copy, or check the URL", size=max(size, len(data)),
+                limit=limit)
+        return bytes(data)
+
+    def _get_small(self, name: str, limit: int) -> tuple[Any, int]:
+        obs = _obstore()
+
+        def call() -> tuple[Any, int]:
+            try:
+                res = obs.get(self.read_client(), name, options={"range": (0, limit + 1)})
+            except Exception as exc:  # noqa: BLE001 - an empty object has no byte 0: 416
+                if _UNSATISFIABLE.search(str(exc).lower()):
+                    return b"", 0
+                raise
+            size = int(res.meta.get("size") or 0)
+            if size > limit:
+                return b"", size  # its answer's head says enough: no byte of the body is read
+            return res.bytes(), size
+
+        return self._read(name, "read", call)
 
     def get_range(self, name: str, start: int, end: int, etag: str | None = None) -> memoryview:
         """Bytes ``[start, end)`` of object ``name``; with ``etag``, only of
@@ -365,7 +507,9 @@ class Remote:
         if len(view) != end - start:
             raise RemoteChangedError(
                 f"{self.loc.object_url(name)}: asked for bytes {start}-{end}, got {len(view)}: the object is "
-                "shorter than the store says; it was replaced or truncated since the push: open the store again")
+                "shorter than the store's index says: it was pushed again (open the store again), or replaced or "
+                "truncated by something else (`mmstore verify` of the store's URL names every object that differs, "
+                "`mmstore push` of a good copy to that URL uploads them again)")
         return view
 
     def get_verified(self, name: str, start: int, end: int, etag: str | None, digest: bytes,
@@ -385,16 +529,15 @@ class Remote:
 
     def _get_range(self, name: str, start: int, end: int, etag: str | None) -> Any:
         obs = _obstore()
-        try:
+
+        def call() -> Any:
             if self.loc.scheme in HTTP_SCHEMES:
                 return self._get_served_range(obs, name, start, end)
             if etag:
-                got = obs.get(self.client(), name, options={"range": (start, end), "if_match": etag}).bytes()
-            else:
-                got = obs.get_range(self.client(), name, start=start, end=end)
-        except Exception as exc:  # noqa: BLE001 - translated to a typed error
-            raise self.error(exc, name, f"read bytes {start}-{end} of") from exc
-        return got
+                return obs.get(self.read_client(), name, options={"range": (start, end), "if_match": etag}).bytes()
+            return obs.get_range(self.read_client(), name, start=start, end=end)
+
+        return self._read(name, f"read bytes {start}-{end} of", call)
 
     def _get_served_range(self, obs: Any, name: str, start: int, end: int) -> Any:
         """A range of an object of an ``http(s)://`` store, under the etag
@@ -404,7 +547,7 @@ class Remote:
         options: dict[str, Any] = {"range": (start, end)}
         if known:
             options["if_match"] = known
-        res = obs.get(self.client(), name, options=options)
+        res = obs.get(self.read_client(), name, options=options)
         if name not in self._served_etags:
             tag = _etag(res.meta.get("e_tag"))
             # a weak etag never matches If-Match (strong comparison): only the digests check such a server
@@ -416,12 +559,9 @@ class Remote:
         self._refuse_forked("look up objects")
         obs = _obstore()
         try:
-            meta = obs.head(self.client(), name)
-        except Exception as exc:  # noqa: BLE001 - translated to a typed error
-            err = self.error(exc, name, "look up")
-            if isinstance(err, RemoteNotFoundError):
-                return None
-            raise err from exc
+            meta = self._read(name, "look up", lambda: obs.head(self.read_client(), name))
+        except RemoteNotFoundError:
+            return None
         return ObjectInfo(size=int(meta["size"]), etag=_etag(meta.get("e_tag")))
 
     def list(self) -> dict[str, ObjectInfo]:
@@ -513,6 +653,10 @@ _HTTP = {"settings": "that the URL is the store's http(s):// address", "root": "
 _HINTS = {"s3": _S3, "gs": _GS, "http": _HTTP, "https": _HTTP, **{k: _AZ for k in AZURE_SCHEMES}}
 
 
+# a 416 answer (a range request for an empty object), as obstore's messages give the status: never
+# the digits 416 in a port, a bucket name or a request id of another error's message
+_UNSATISFIABLE = re.compile(r"range not satisfiable|invalidrange|\(416\b|status(?: code)?:?\s*416\b")
+
 # a 401 or 403 answer, as obstore's messages give the status (not a port or a duration that holds 403)
 _DENIED_STATUS = re.compile(r"status(?: code)?:?\s*40[13]\b")
 
@@ -536,9 +680,11 @@ def translate(exc: BaseException, where: str, doing: str, *, scheme: str = "s3")
     if name == "PreconditionError" or "precondition" in low or "conditionnotmet" in low \
             or "412" in low.split("status")[-1][:8]:
         return RemoteChangedError(  # type: ignore[return-value]
-            f"{where}: the object changed since the store was opened (its etag no longer matches): the store "
-            "at this URL was pushed again, or the object was modified by something else; open it again "
-            "(a store pushed again opens as the new one)")
+            f"{where}: the object changed since the store was opened (its etag no longer matches the store's "
+            "index): either the store at this URL was pushed again (open it again: it opens as the new one), or "
+            "the object was replaced or damaged by something else (`mmstore verify` of the store's URL names "
+            "every object that differs, `mmstore push` of a good copy to that URL uploads them again; then open "
+            "it again)")
     if ("/latest/api/token" in low or "169.254.169.254" in low or "/latest/meta-data" in low
             or "computemetadata" in low or "/metadata/identity" in low):
         return RemoteAccessError(f"{where}: no credentials: {hints['no_credentials']}")

@@ -22,10 +22,10 @@ import datetime
 import hashlib
 import hmac
 import http.client
-import random
 import ssl
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 from urllib.parse import quote, urlsplit
 
@@ -45,7 +45,7 @@ class ForkedReader:
     """Signed range GETs of one S3 bucket's objects under ``prefix``."""
 
     def __init__(self, bucket: str, prefix: str, config: dict[str, Any], *, retries: int, retry_timeout: float,
-                 timeout: float, connect_timeout: float, url: str) -> None:
+                 timeout: float, connect_timeout: float, url: str, wait: Callable[[int], float]) -> None:
         key, secret = config.get("access_key_id"), config.get("secret_access_key")
         if not (key and secret):
             raise RemoteError(
@@ -66,8 +66,11 @@ class ForkedReader:
             self.https = True
             self.host = f"{bucket}.s3.{self.region}.amazonaws.com"
             self.base = ""
-        self.retries, self.retry_timeout = retries, retry_timeout
+        self.max_retries, self.retry_timeout = retries, retry_timeout
         self.timeout, self.connect_timeout = timeout, connect_timeout
+        # the reads retried, by kind (NOTE [read retries] in mmstore/remote/client.py)
+        self.wait = wait  # seconds before retry k (from 1)
+        self.retries = {"throttled": 0, "server_error": 0, "connection": 0, "not_partial": 0}
         self._local = threading.local()
 
     def _conn(self) -> http.client.HTTPConnection:
@@ -108,31 +111,50 @@ class ForkedReader:
 
     def get(self, name: str, start: int | None = None, end: int | None = None, etag: str | None = None) -> bytes:
         """Object ``name`` (bytes ``[start, end)`` when given)."""
+        return self._get(name, start, end, etag)[0]
+
+    def get_head(self, name: str, n: int) -> tuple[bytes, int]:
+        """The first ``n`` bytes of object ``name`` (all of it when it is
+        shorter) and its size."""
+        return self._get(name, 0, n, None, head=True)
+
+    def _get(self, name: str, start: int | None, end: int | None, etag: str | None,
+             head: bool = False) -> tuple[bytes, int]:
         path = self.base + "/" + quote(f"{self.prefix}/{name}", safe="/-_.~")
         where = f"{self.url}/{name}"
+        ranged = start is not None and end is not None
         t0 = time.monotonic()
         attempt = 0
         while True:
             headers = self._headers(path)
-            if start is not None and end is not None:
-                headers["range"] = f"bytes={start}-{end - 1}"
+            if ranged:
+                headers["range"] = f"bytes={start}-{end - 1}"  # type: ignore[operator]
             if etag:
                 headers["if-match"] = etag
             why = ""
+            size = 0
             try:
                 conn = self._conn()
                 conn.timeout = self.timeout
                 conn.request("GET", path, headers=headers)
                 resp = conn.getresponse()
-                body = resp.read()
                 status = resp.status
-                if resp.getheader("connection", "").lower() == "close":
+                if ranged and status == 200:
+                    body = b""  # the whole object for a range: its body is not read (it may be any size)
                     self._drop_conn()
+                else:
+                    body = resp.read()
+                    total = (resp.getheader("content-range") or "").rpartition("/")[2]
+                    size = int(total) if total.isdigit() else len(body)
+                    if resp.getheader("connection", "").lower() == "close":
+                        self._drop_conn()
             except (TimeoutError, OSError, http.client.HTTPException) as exc:
                 self._drop_conn()
                 status, body, why = 0, b"", f"{type(exc).__name__}: {exc}"
-            if status in (200, 206):
-                return body
+            if status == 206 or (status == 200 and not ranged):
+                return body, size
+            if status == 416 and head:
+                return b"", 0  # an empty object has no first byte
             text = body[:300].decode("utf-8", "replace")
             if status == 404:
                 raise RemoteNotFoundError(f"{where}: no such object ({text}); check the URL")
@@ -141,11 +163,18 @@ class ForkedReader:
                                         "AWS_SECRET_ACCESS_KEY")
             if status == 412:
                 raise RemoteChangedError(f"{where}: the object changed since the store was opened (its etag no "
-                                         "longer matches): open the store again")
+                                         "longer matches): the store was pushed again (open it again), or the "
+                                         "object was damaged (`mmstore verify` of the store's URL names what "
+                                         "differs, `mmstore push` of a good copy repairs it)")
             attempt += 1
-            if (status not in (0, *_RETRY_STATUS) or attempt > self.retries
+            if (status not in (0, 200, *_RETRY_STATUS) or attempt > self.max_retries
                     or time.monotonic() - t0 > self.retry_timeout):
+                if status == 200:
+                    why = "the whole object was sent for a range request, every time"
                 raise RemoteUnavailableError(
                     f"{where}: could not read it after {attempt} tries ({why or f'HTTP {status}: {text}'}); check "
                     "the endpoint, the network and the server, then run again")
-            time.sleep(random.uniform(0, min(15.0, 0.1 * 2 ** attempt)))  # full jitter
+            kind = ("not_partial" if status == 200 else "connection" if status == 0
+                    else "throttled" if status == 503 else "server_error")
+            self.retries[kind] += 1
+            time.sleep(self.wait(attempt))

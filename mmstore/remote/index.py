@@ -16,20 +16,33 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import xxhash
 
-from ..errors import FormatError, VersionError
+from .._os.io import fmt_bytes
+from ..errors import ClaimedSizeError, FormatError, VersionError
 from ..format.layout import (
+    CHECKSUMS_FILE,
+    ERRORS_FILE,
+    INDEX_FILE,
+    KEY_DTYPE,
+    KEYS_BLOB_FILE,
+    KEYS_OFFSETS_FILE,
     MANIFEST_FILE,
     MAX_STORE_BYTES,
     REMOTE_FORMAT_NAME,
     REMOTE_FORMAT_VERSION,
     REMOTE_INDEX_FILE,
     REMOTE_INDEX_MAX_BYTES,
+    field_file,
+    lmdb_file,
+    npy_header,
+    segment_ids,
+    variable_files,
 )
 
 __all__ = ["DEFAULT_BLOCK_BYTES", "DIGEST_BYTES", "BlockHasher", "FileEntry", "RemoteIndex", "block_digest",
-           "check_block_bytes", "parse_index"]
+           "check_block_bytes", "check_claimed_sizes", "expected_sizes", "index_max_bytes", "parse_index"]
 
 DEFAULT_BLOCK_BYTES = 1 << 20
 DIGEST_BYTES = 16
@@ -37,6 +50,38 @@ _MIN_BLOCK, _MAX_BLOCK = 64 << 10, 1 << 30
 _HEX32 = re.compile(r"^[0-9a-f]{32}$")
 # a store file's name, or a part's (format.py, "Parts": parts/<part id>/<name>)
 _NAME = re.compile(r"^(parts/[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}/)?[A-Za-z0-9_][A-Za-z0-9_.\-]{0,254}$")
+
+
+# what an index holds besides its files' entries (format, version, store_id, block_bytes, digest), with room
+_INDEX_FIXED_BYTES = 4096
+# one file's entry besides its name and block digests: the keys, the size's digits, the whole digest and the
+# layout (json.dumps with indent=1), and an etag of the most characters parse_index takes, each escaped as
+# JSON escapes the widest (a character outside the BMP: two \uXXXX escapes)
+_ENTRY_FIXED_BYTES = 256 + 1024 * 12
+
+
+def index_max_bytes(manifest: dict[str, Any], raw_manifest: bytes) -> int:
+    """The most bytes a ``_remote.json`` can hold for the store of this
+    manifest (``raw_manifest``, its bytes, parsed): each file's entry with
+    the most blocks its size allows (blocks of 64 KiB, the smallest
+    ``block_bytes``), plus the index's own keys; never more than
+    ``REMOTE_INDEX_MAX_BYTES``. A reader reads at most this many bytes (plus
+    one) of an index (format.py, "A store in object storage"), so a padded
+    index in someone else's bucket costs no more than a real one."""
+    files = manifest.get("files")
+    if not isinstance(files, dict):
+        return REMOTE_INDEX_MAX_BYTES
+    sizes = dict(files)
+    sizes[MANIFEST_FILE] = len(raw_manifest)
+    total = _INDEX_FIXED_BYTES
+    for name, size in sizes.items():
+        if type(size) is not int or size < 0 or not isinstance(name, str):
+            return REMOTE_INDEX_MAX_BYTES  # refused by the checks after the index is read
+        digests = math.ceil(size / _MIN_BLOCK) * DIGEST_BYTES
+        total += _ENTRY_FIXED_BYTES + 6 * len(name) + 4 * math.ceil(digests / 3)
+        if total >= REMOTE_INDEX_MAX_BYTES:
+            return REMOTE_INDEX_MAX_BYTES
+    return total
 
 
 def check_block_bytes(block_bytes: object) -> int:
@@ -147,6 +192,62 @@ class RemoteIndex:
             missing = sorted(set(want) - set(have))
             sizes = sorted(n for n in set(want) & set(have) if want[n] != have[n])
             raise fail(f"files only in the index {extra}, only in the manifest {missing}, sizes differ {sizes}")
+        check_claimed_sizes(manifest, where)
+
+
+def _npy_bytes(dtype: np.dtype, shape: tuple[int, ...]) -> int:
+    return len(npy_header(dtype, shape)) + math.prod(shape) * dtype.itemsize
+
+
+def expected_sizes(manifest: dict[str, Any]) -> dict[str, int | None]:
+    """Every file a store with this (parsed) manifest's schema, slots,
+    segments and parts has (format.py), and its size where the schema and
+    slot count give it: each ``.npy`` file exactly; None for the files of
+    entries of any size (a variable-size field's ``.bin``, an LMDB file, the
+    keys, ``errors.jsonl``), which the offsets files (exact here) bound."""
+    slots, records = int(manifest["slots"]), int(manifest["records"])
+    counts = manifest.get("segments") or [slots]
+    found = segment_ids(manifest)
+    ids: list[int | str | None] = list(found) if found is not None else [None]
+    out: dict[str, int | None] = {}
+    for seg, count in zip(ids, counts):
+        if manifest["backend"] != "memmap":
+            out[lmdb_file(seg)] = None
+            continue
+        for name, dtype, shape, codec in manifest["schema"]:
+            if shape[:1] == (None,) or not codec.raw:
+                data, offsets = variable_files(name, seg)
+                out[data] = None
+                out[offsets] = _npy_bytes(KEY_DTYPE, (int(count) + 1,))
+            else:
+                out[field_file(name, seg)] = _npy_bytes(dtype, (int(count), *shape))
+    out[CHECKSUMS_FILE] = _npy_bytes(KEY_DTYPE, (slots,))
+    out[KEYS_OFFSETS_FILE] = _npy_bytes(KEY_DTYPE, (slots + 1,))
+    out[KEYS_BLOB_FILE] = None
+    out[INDEX_FILE] = _npy_bytes(KEY_DTYPE, (records,))
+    out[ERRORS_FILE] = None
+    return out
+
+
+def check_claimed_sizes(manifest: dict[str, Any], where: str) -> None:
+    """Every file size the (parsed) manifest lists is the one its schema and
+    slot count give (:func:`expected_sizes`), before anything is created at
+    that size: ``ClaimedSizeError`` naming the file, the size claimed and
+    the size expected; ``FormatError`` for a file no such store has."""
+    want = expected_sizes(manifest)
+    for name, claimed in sorted(manifest["files"].items()):
+        if name not in want:
+            raise FormatError(
+                f"{where}: {MANIFEST_FILE} lists {name!r} ({fmt_bytes(int(claimed))}), which is no file of a "
+                f"{manifest['backend']} store with this schema; the store at this URL is damaged or was not "
+                "written by mmstore: push it again from a good copy")
+        expected = want[name]
+        if expected is not None and int(claimed) != expected:
+            raise ClaimedSizeError(
+                f"{where}: {name}: the store claims {fmt_bytes(int(claimed))} ({int(claimed):,} bytes), its schema "
+                f"and {manifest['slots']:,} slots give {expected:,} bytes; nothing was created: the store at this "
+                "URL is damaged or was not written by mmstore: push it again from a good copy",
+                name=name, claimed=int(claimed), expected=expected)
 
 
 def parse_index(raw: bytes, where: str) -> RemoteIndex:

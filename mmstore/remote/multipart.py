@@ -138,6 +138,31 @@ class S3Multipart:
             raise self._error(exc, name, "complete the upload of") from exc
         return str(got["ETag"])
 
+    def uploads(self) -> list[tuple[str, str, str]]:
+        """The multipart uploads under way under the store's prefix, as
+        ``(name, upload id, when it was started)``; ``name`` is the key
+        below the prefix (it may hold ``/``: the caller decides which are the
+        store's own)."""
+        out: list[tuple[str, str, str]] = []
+        head = f"{self.loc.prefix}/"
+        kw: dict[str, Any] = {}
+        try:
+            while True:
+                got = self._s3().list_multipart_uploads(Bucket=self.loc.bucket, Prefix=head, MaxUploads=1000, **kw)
+                for u in got.get("Uploads", []):
+                    key = str(u.get("Key", ""))
+                    if key.startswith(head) and u.get("UploadId"):
+                        out.append((key[len(head):], str(u["UploadId"]), str(u.get("Initiated", ""))))
+                key_marker, id_marker = got.get("NextKeyMarker"), got.get("NextUploadIdMarker")
+                if not got.get("IsTruncated") or not (key_marker or id_marker):
+                    return out
+                nxt = {"KeyMarker": key_marker or "", "UploadIdMarker": id_marker or ""}
+                if nxt == kw:
+                    return out  # a server that does not move on: what it gave
+                kw = nxt
+        except Exception as exc:  # noqa: BLE001 - translated to a typed error
+            raise translate(exc, self.loc.url, "list the unfinished uploads under") from exc
+
     def abort(self, name: str, upload_id: str) -> None:
         """Drop an upload and its parts (one that is gone already is fine)."""
         try:

@@ -60,6 +60,18 @@ one pass, not a sort of every block per fetch). A fetch the reader waits for
 now may go over the limit by what is pinned; a fetch ahead never does (it
 waits for the room the reader frees as it consumes).
 
+NOTE [full cache disk]: ``blocks.map`` and ``blocks.use`` are written
+through shared mappings, and the first store into a page of a sparse file
+on a full file system is a bus error that kills the process. Both tables
+are therefore allocated (``posix_fallocate``) when they are made, and again
+when a process attaches to a cache made without it: a full disk is an
+``ENOSPC`` there, never a signal. A block's bytes are written with
+``pwrite``; one refused for lack of space gives back what it wrote (a
+punched hole), leaves the block absent and raises ``CacheFullError``, which
+names the cache directory, the bytes needed, the ``cache_limit``, and what
+to do. The reader process lives on: the same call succeeds once there is
+room.
+
 NOTE [crash and power loss]: a block is written with ``pwrite`` and marked
 present without ``fsync``: a killed process leaves its written pages in the
 page cache, where every later reader finds them. Only a power loss can lose
@@ -86,13 +98,13 @@ from typing import Any
 
 import numpy as np
 
-from .._os.io import atomic_write, fmt_bytes, pwrite_all
+from .._os.io import atomic_write, fallocate, fmt_bytes, free_bytes, pwrite_all
 from .._os.sparse import boot_id, lock_range, punch_hole, unlock_range
-from ..errors import IncompleteStoreError, RemoteChecksumError, RemoteNotFoundError
-from ..format.layout import MANIFEST_FILE, REMOTE_INDEX_FILE
+from ..errors import CacheFullError, IncompleteStoreError, RemoteChecksumError, RemoteNotFoundError
+from ..format.layout import MANIFEST_FILE, MANIFEST_MAX_BYTES, REMOTE_INDEX_FILE
 from ..format.manifest import parse_manifest
 from .client import Remote
-from .index import DIGEST_BYTES, RemoteIndex, block_digest, parse_index
+from .index import DIGEST_BYTES, RemoteIndex, block_digest, index_max_bytes, parse_index
 from .url import parse_url
 
 __all__ = ["CONSUMED", "KEEP", "Pin", "Replica", "default_cache_dir", "open_replica", "parse_bytes",
@@ -110,6 +122,7 @@ _EVICT_CANDIDATES = 256  # the least one pass of eviction picks
 # the cache's own layout under cache_dir (not the store format): a replica of
 # another layout is another directory, deleted like an old push's
 _LAYOUT = 2
+_FULL = (errno.ENOSPC, errno.EDQUOT)  # a write refused for lack of space (or quota)
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*([kmgtp]?)(i?)b?\s*$", re.IGNORECASE)
 
 
@@ -153,18 +166,45 @@ def _sparse_name(name: str, size: int, block_bytes: int) -> bool:
     return name.endswith((".npy", ".bin"))
 
 
+def _sparse_blocks(index: RemoteIndex) -> int:
+    """The blocks of the files a replica fills block by block."""
+    B = index.block_bytes
+    return sum(e.nblocks(B) for n, e in index.files.items() if _sparse_name(n, e.size, B))
+
+
+def _cache_full(home: str, url: str, need: int, limit: int | None, used: int) -> CacheFullError:
+    """The error of a cache whose disk is full (NOTE [full cache disk]):
+    where, how much was needed, and what to do."""
+    cache_dir = os.path.dirname(os.path.dirname(home))
+    try:
+        free = free_bytes(cache_dir)
+    except OSError:
+        free = 0
+    fits = used + free - (1 << 20)  # what the disk holds for this cache now, less a margin
+    smaller = (f"set a cache_limit of at most {fmt_bytes(fits)} (what this disk holds for the cache now), "
+               if fits > 0 and (limit is None or fits < limit) else "")
+    err = CacheFullError(
+        f"{cache_dir}: no space left on the disk of the cache of {url}: {fmt_bytes(need)} more were needed, "
+        f"{fmt_bytes(free)} are free, the cache holds {fmt_bytes(used)} "
+        f"(cache_limit {'not set' if limit is None else fmt_bytes(limit)}); free space on that disk, "
+        f"{smaller}or open the URL with another cache_dir")
+    err.errno = errno.ENOSPC
+    return err
+
+
 def read_remote_manifest(remote: Remote) -> tuple[RemoteIndex, dict[str, Any], bytes]:
     """The remote index and the manifest of the store at ``remote``, checked
-    against each other; typed errors for a missing or half-pushed store."""
+    against each other; typed errors for a missing or half-pushed store. The
+    manifest is read first: the index is read only up to the size a store of
+    that manifest's files can give it (:func:`~mmstore.remote.index.index_max_bytes`;
+    sizes before bytes: untrusted)."""
     try:
-        raw_index = remote.get(REMOTE_INDEX_FILE)
+        raw_manifest = remote.get_small(MANIFEST_FILE, MANIFEST_MAX_BYTES)
     except RemoteNotFoundError as exc:
-        if remote.head(MANIFEST_FILE) is not None:
-            how = ("push it with `mmstore push STORE URL`" if remote.writable else
-                   "push it to the bucket this server publishes with `mmstore push STORE s3://...`")
+        if remote.head(REMOTE_INDEX_FILE) is not None:
             raise RemoteNotFoundError(
-                f"{remote.url}: a store's files are here but no {REMOTE_INDEX_FILE}: it was copied by another tool; "
-                f"{how} (which records what a reader verifies)") from exc
+                f"{remote.url}: the store is not complete (no {MANIFEST_FILE} yet): a push is under way or was "
+                "stopped: rerun `mmstore push` to finish it") from exc
         bucket_ok = True
         try:
             remote.list()
@@ -174,14 +214,16 @@ def read_remote_manifest(remote: Remote) -> tuple[RemoteIndex, dict[str, Any], b
             raise RemoteNotFoundError(f"{remote.url}: no such bucket {remote.loc.bucket!r}: check the URL") from exc
         raise RemoteNotFoundError(f"{remote.url}: no store at this URL (no {MANIFEST_FILE}): check the prefix, "
                                   "or push one with `mmstore push STORE URL`") from exc
-    index = parse_index(raw_index, remote.url)
-    try:
-        raw_manifest = remote.get(MANIFEST_FILE)
-    except RemoteNotFoundError as exc:
-        raise RemoteNotFoundError(
-            f"{remote.url}: the store is not complete (no {MANIFEST_FILE} yet): a push is under way or was "
-            "stopped: rerun `mmstore push` to finish it") from exc
     manifest = parse_manifest(raw_manifest, remote.loc.object_url(MANIFEST_FILE))
+    try:
+        raw_index = remote.get_small(REMOTE_INDEX_FILE, index_max_bytes(manifest, raw_manifest))
+    except RemoteNotFoundError as exc:
+        how = ("push it with `mmstore push STORE URL`" if remote.writable else
+               "push it to the bucket this server publishes with `mmstore push STORE s3://...`")
+        raise RemoteNotFoundError(
+            f"{remote.url}: a store's files are here but no {REMOTE_INDEX_FILE}: it was copied by another tool; "
+            f"{how} (which records what a reader verifies)") from exc
+    index = parse_index(raw_index, remote.url)
     index.check_manifest(manifest, raw_manifest, remote.url)
     return index, manifest, raw_manifest
 
@@ -285,11 +327,14 @@ class Replica:
         self.refetched = 0
         self.evicted_blocks = 0
         self.waited_s = 0.0
+        self.fetch_counts = np.zeros(self.nblocks, np.uint32)  # fetches of each block by this process
         map_path = os.path.join(self.home, "blocks.map")
         use_path = os.path.join(self.home, "blocks.use")
         n = max(1, self.nblocks)
         self._map_fd = os.open(map_path, os.O_RDWR | os.O_CLOEXEC)
         self._use_fd = os.open(use_path, os.O_RDWR | os.O_CLOEXEC)
+        # NOTE [full cache disk]: a cache made before its tables were allocated gets them now
+        self._allocate_tables(n)
         self._mm = mmap.mmap(self._map_fd, n)
         self._um = mmap.mmap(self._use_fd, 8 * n)
         self.state = np.frombuffer(self._mm, dtype=np.uint8)[: self.nblocks]
@@ -311,6 +356,22 @@ class Replica:
         # replica is deleted only when nobody holds its open.lock
         self._open_fd = os.open(os.path.join(self.home, "open.lock"), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         fcntl.flock(self._open_fd, fcntl.LOCK_SH)
+
+    def _allocate_tables(self, n: int) -> None:
+        try:
+            for fd, path, size in ((self._map_fd, "blocks.map", n), (self._use_fd, "blocks.use", 8 * n)):
+                fallocate(fd, 0, size, os.path.join(self.home, path))
+        except OSError as exc:
+            if exc.errno not in _FULL:
+                raise
+            for fd in (self._map_fd, self._use_fd):
+                os.close(fd)
+            raise _cache_full(self.home, self.url, 9 * n, self.cache_limit, self.whole_bytes) from None
+
+    def _full(self, need: int) -> CacheFullError:
+        """The error of a write of ``need`` bytes into the cache refused for
+        lack of space (NOTE [full cache disk])."""
+        return _cache_full(self.home, self.url, need, self.cache_limit, self.disk_bytes())
 
     def _check_pid(self) -> None:
         if self._pid != os.getpid():  # a forked child: descriptors and locks of its own
@@ -403,7 +464,7 @@ class Replica:
             "present": round(self.present_fraction(), 4), "disk_bytes": self.disk_bytes(),
             "fetched_bytes": self.fetched_bytes, "fetched_blocks": self.fetched_blocks,
             "refetched_blocks": self.refetched, "evicted_blocks": self.evicted_blocks,
-            "waited_s": round(self.waited_s, 3),
+            "waited_s": round(self.waited_s, 3), "remote_retries": self.remote.retried(),
         }
 
     # -- descriptors --------------------------------------------------------------
@@ -481,22 +542,23 @@ class Replica:
         return np.unique(np.concatenate(out))
 
     # -- pinning and fetching -----------------------------------------------------
-    def acquire(self, blocks: np.ndarray, *, ahead: bool = False) -> Pin | None:
+    def acquire(self, blocks: np.ndarray, *, ahead: bool = False, evict: bool = True) -> Pin | None:
         """Make ``blocks`` present and pin them. A reader's acquire (``ahead``
         False) waits for fetches and may go over the limit by what is
         pinned; an acquire ahead of the reads returns None, having pinned
-        nothing, when the room is not there yet."""
+        nothing, when the room is not there yet. ``evict`` False: evict
+        nothing to make room (the caller made it, :meth:`evict`)."""
         self._check_pid()
         blocks = np.asarray(blocks, dtype=np.int64)
         locks: list[tuple[int, int, int]] = []
         try:
             absent = self._pin_present(blocks, locks)
             if len(absent):
-                if ahead and not self._room_for(absent):
+                if ahead and evict and not self._room_for(absent):
                     self.unlock_all(locks)
                     return None
                 pool = self._fetch_pool()
-                futs = [pool.submit(self._fetch_run, g, n) for g, n in self._fetch_runs(absent)]
+                futs = [pool.submit(self._fetch_run, g, n, evict) for g, n in self._fetch_runs(absent)]
                 err: BaseException | None = None
                 for f in futs:
                     try:
@@ -598,7 +660,7 @@ class Replica:
                 out.append((first + lo, hi - lo))
         return out
 
-    def _fetch_run(self, g0: int, n: int) -> list[tuple[int, int, int]]:
+    def _fetch_run(self, g0: int, n: int, evict: bool = True) -> list[tuple[int, int, int]]:
         """Fetch the absent blocks ``g0 .. g0 + n - 1`` (consecutive, of one
         file) and pin them; their shared locks ``(fd, g, 1)``.
 
@@ -609,20 +671,26 @@ class Replica:
         is the longest prefix whose blocks this fetcher locks exclusively at
         once and finds absent (the rule of a single block's fetch, for each);
         each block's bytes are checked against its own digest, and a block
-        that does not match is fetched again alone. The rest of the run, and
-        a run of one, go block by block (:meth:`_fetch`). An error releases
-        every block the run pinned before it."""
+        that does not match is fetched again alone. A block where no such
+        prefix starts (present, or locked by another fetch) goes alone
+        (:meth:`_fetch`), and the next prefix is tried after it. An error
+        releases every block the run pinned before it."""
         got: list[tuple[int, int, int]] = []
         try:
-            run = self._fetch_prefix(g0, n, got) if n > 1 else 0
-            for g in range(g0 + run, g0 + n):
-                got.append(self._fetch(g))
+            g, end = g0, g0 + n
+            while g < end:
+                run = self._fetch_prefix(g, end - g, got, evict) if end - g > 1 else 0
+                if run:  # the rest may still come in one request
+                    g += run
+                    continue
+                got.append(self._fetch(g, evict))
+                g += 1
         except BaseException:
             self.unlock_all(got)  # what this run pinned before the error
             raise
         return got
 
-    def _fetch_prefix(self, g0: int, n: int, got: list[tuple[int, int, int]]) -> int:
+    def _fetch_prefix(self, g0: int, n: int, got: list[tuple[int, int, int]], evict: bool = True) -> int:
         """The longest prefix of ``g0 .. g0 + n - 1`` this fetcher locks
         exclusively at once and finds absent, fetched with one request and
         pinned into ``got``, if it has two blocks or more; its length (0 when
@@ -647,7 +715,9 @@ class Replica:
             try:
                 with self._acct():
                     fresh = [g for g in range(g0, g0 + run) if self.state[g] == _ABSENT]  # else a dead fetcher's
-                    self._reserve_locked(int(self.sizes[fresh].sum()) if fresh else 0, overshoot=True, wait=False)
+                    if evict:
+                        self._reserve_locked(int(self.sizes[fresh].sum()) if fresh else 0, overshoot=True,
+                                             wait=False)
                     for g in fresh:
                         self._mark_locked(g, _FETCHING, int(self.sizes[g]))
                         marked.append(g)
@@ -678,21 +748,29 @@ class Replica:
         data = self.remote.get_range(name, start, start + size, etag)
         B = self.block_bytes
         pieces = []
+        again = False
         for i in range(run):
             g, a, b = g0 + i, i * B, min((i + 1) * B, size)
             want = self._digests[g * DIGEST_BYTES : (g + 1) * DIGEST_BYTES]
             piece = data[a:b]
             if block_digest(piece) != want:
                 self.refetched += 1
+                again = True
                 piece, _ = self.remote.get_verified(name, start + a, start + b, etag, want, tries=1)
             pieces.append(piece)
         fd = self._data_fd(name)
-        for i, piece in enumerate(pieces):
-            pwrite_all(fd, piece, start + i * B)
+        try:
+            if not again:
+                pwrite_all(fd, data, start)  # the run as it came: one write
+            for i, piece in enumerate(pieces if again else ()):
+                pwrite_all(fd, piece, start + i * B)
+        except OSError as exc:
+            raise self._write_failed(exc, fd, start, size) from None
         self.fetched_bytes += size
         self.fetched_blocks += run
+        self.fetch_counts[g0 : g0 + run] += 1
 
-    def _fetch(self, g: int) -> tuple[int, int, int]:
+    def _fetch(self, g: int, evict: bool = True) -> tuple[int, int, int]:
         """Fetch block ``g`` unless present; return its shared lock ``(fd, g, 1)``.
 
         The exclusive lock is only ever tried, never waited for: other
@@ -712,7 +790,8 @@ class Replica:
                                 # never wait for room here, holding the block's lock: a
                                 # reader may need this block to make progress. A fetch
                                 # ahead checked the room before (Replica.acquire)
-                                self._reserve_locked(size, overshoot=True, wait=False)
+                                if evict:
+                                    self._reserve_locked(size, overshoot=True, wait=False)
                                 self._mark_locked(g, _FETCHING, size)
                         try:
                             self._fill_block(g, size)
@@ -748,9 +827,23 @@ class Replica:
             self.refetched += 1  # the second fetch was refused too
             raise
         self.refetched += again
-        pwrite_all(self._data_fd(name), data, start)
+        fd = self._data_fd(name)
+        try:
+            pwrite_all(fd, data, start)
+        except OSError as exc:
+            raise self._write_failed(exc, fd, start, size) from None
         self.fetched_bytes += size
         self.fetched_blocks += 1
+        self.fetch_counts[g] += 1
+
+    def _write_failed(self, exc: OSError, fd: int, start: int, size: int) -> OSError:
+        """The error to raise for a block write that failed: on a full disk
+        the pages it did write are given back and a ``CacheFullError`` says
+        what to do; any other error as it was."""
+        if exc.errno not in _FULL:
+            return exc
+        punch_hole(fd, start, size)
+        return self._full(size)
 
     # -- accounting ---------------------------------------------------------------
     def _acct(self) -> _AcctLock:
@@ -781,6 +874,38 @@ class Replica:
             time.sleep(_ROOM_POLL_S)
             self.waited_s += time.monotonic() - t0
             self._acct_take()
+
+    def evict(self, blocks: np.ndarray) -> int:
+        """Give back those of ``blocks`` that are present and not pinned (a
+        plan's choice, in its order); the bytes freed."""
+        if not len(blocks):
+            return 0
+        freed = 0
+        fd = self.take_fd()
+        try:
+            with self._acct():
+                for g in np.asarray(blocks, dtype=np.int64).tolist():
+                    if self.state[g] != _PRESENT or not self._evictable[g]:
+                        continue
+                    freed += self._evict_block(fd, g)
+        finally:
+            self.give_fd(fd)
+        return freed
+
+    def _evict_block(self, fd: int, g: int) -> int:
+        """Give back block ``g`` if it is present and nobody pins it (a reader
+        of the cache, or a fetch, holds its lock); the bytes freed (the
+        caller holds the accounting lock)."""
+        if not lock_range(fd, g, 1, shared=False, wait=False):
+            return 0
+        try:
+            if self.state[g] != _PRESENT:
+                return 0
+            self._give_back(g)
+            self.evicted_blocks += 1
+            return int(self.sizes[g])
+        finally:
+            unlock_range(fd, g, 1)
 
     def trim(self) -> None:
         """Evict unpinned blocks until the replica is within its limit."""
@@ -822,15 +947,7 @@ class Replica:
                     pos += 1
                     if self.state[g] != _PRESENT or int(use[g]) > top:
                         continue  # gone, or used again since it was picked
-                    if not lock_range(fd, g, 1, shared=False, wait=False):
-                        continue  # pinned by a reader, or being fetched
-                    try:
-                        if self.state[g] == _PRESENT:
-                            self._give_back(g)
-                            freed += int(self.sizes[g])
-                            self.evicted_blocks += 1
-                    finally:
-                        unlock_range(fd, g, 1)
+                    freed += self._evict_block(fd, g)
                 self._cand_pos = pos
                 if freed >= free:
                     return
@@ -974,7 +1091,12 @@ def open_replica(url: str, *, cache_dir: str | os.PathLike[str] | None = None,
             f"{fmt_bytes(whole)} of files fetched whole (manifest, checksums, keys, offsets, LMDB files) plus "
             f"one block of {fmt_bytes(index.block_bytes)}; raise the limit")
     os.makedirs(base, exist_ok=True)
-    _make(remote, index, raw_manifest, home)
+    try:
+        _make(remote, index, raw_manifest, home)
+    except OSError as exc:
+        if exc.errno not in _FULL:
+            raise
+        raise _cache_full(home, loc.url, whole + 9 * _sparse_blocks(index), limit, 0) from None
     replica = Replica(remote, index, home, limit)
     try:
         _check_boot(replica)
@@ -996,37 +1118,56 @@ def _make(remote: Remote, index: RemoteIndex, raw_manifest: bytes, home: str) ->
         fcntl.flock(lock_fd, fcntl.LOCK_EX)
         if os.path.exists(os.path.join(home, "ready")):
             return
-        store = os.path.join(home, "store")
-        if os.path.isdir(store):
-            shutil.rmtree(store)  # a setup that was killed: start it over
-        os.makedirs(store)
-        B = index.block_bytes
-        sparse = sorted(n for n, e in index.files.items() if _sparse_name(n, e.size, B))
-        nblocks = sum(index.files[n].nblocks(B) for n in sparse)
-        with open(os.path.join(home, "blocks.map"), "wb") as f:
-            f.truncate(max(1, nblocks))
-        with open(os.path.join(home, "blocks.use"), "wb") as f:
-            f.truncate(8 * max(1, nblocks))
-        for name in {os.path.dirname(n) for n in index.files if "/" in n}:
-            os.makedirs(os.path.join(store, name), exist_ok=True)  # a store with parts (format.py)
-        for name in sparse:
-            with open(os.path.join(store, name), "wb") as f:
-                f.truncate(index.files[name].size)
-        pool = ThreadPoolExecutor(_FETCH_THREADS, thread_name_prefix="mmstore-fetch")
         try:
-            futs: list[Future[None]] = [
-                pool.submit(_fetch_whole, remote, index, name, os.path.join(store, name))
-                for name, e in index.files.items() if name not in sparse and name != MANIFEST_FILE
-            ]
-            for fut in futs:
-                fut.result()
-        finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-        atomic_write(os.path.join(store, MANIFEST_FILE), raw_manifest)
-        atomic_write(os.path.join(home, "remote.json"), index.raw)
-        atomic_write(os.path.join(home, "ready"), json.dumps({"url": remote.url, "boot": boot_id()}).encode())
+            _setup(remote, index, raw_manifest, home)
+        except OSError as exc:
+            if exc.errno in _FULL:
+                _unmake(home)  # what the setup wrote: given back to the full disk
+            raise
     finally:
         os.close(lock_fd)
+
+
+def _setup(remote: Remote, index: RemoteIndex, raw_manifest: bytes, home: str) -> None:
+    """The files of a new replica (the caller holds its setup lock)."""
+    store = os.path.join(home, "store")
+    if os.path.isdir(store):
+        shutil.rmtree(store)  # a setup that was killed: start it over
+    os.makedirs(store)
+    B = index.block_bytes
+    sparse = sorted(n for n, e in index.files.items() if _sparse_name(n, e.size, B))
+    nblocks = sum(index.files[n].nblocks(B) for n in sparse)
+    for table, size in (("blocks.map", max(1, nblocks)), ("blocks.use", 8 * max(1, nblocks))):
+        with open(os.path.join(home, table), "wb") as f:
+            fallocate(f.fileno(), 0, size, f.name)  # NOTE [full cache disk]
+    for name in {os.path.dirname(n) for n in index.files if "/" in n}:
+        os.makedirs(os.path.join(store, name), exist_ok=True)  # a store with parts (format.py)
+    for name in sparse:
+        with open(os.path.join(store, name), "wb") as f:
+            f.truncate(index.files[name].size)
+    pool = ThreadPoolExecutor(_FETCH_THREADS, thread_name_prefix="mmstore-fetch")
+    try:
+        futs: list[Future[None]] = [
+            pool.submit(_fetch_whole, remote, index, name, os.path.join(store, name))
+            for name, e in index.files.items() if name not in sparse and name != MANIFEST_FILE
+        ]
+        for fut in futs:
+            fut.result()
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+    atomic_write(os.path.join(store, MANIFEST_FILE), raw_manifest)
+    atomic_write(os.path.join(home, "remote.json"), index.raw)
+    atomic_write(os.path.join(home, "ready"), json.dumps({"url": remote.url, "boot": boot_id()}).encode())
+
+
+def _unmake(home: str) -> None:
+    """Remove what a setup that failed wrote (the next one starts over)."""
+    shutil.rmtree(os.path.join(home, "store"), ignore_errors=True)
+    for table in ("blocks.map", "blocks.use"):
+        try:
+            os.unlink(os.path.join(home, table))
+        except OSError:
+            pass
 
 
 def _fetch_whole(remote: Remote, index: RemoteIndex, name: str, path: str) -> None:

@@ -37,6 +37,7 @@ from collections.abc import Iterable
 from ..errors import DestinationError
 from ..format.layout import MANIFEST_FILE, MANIFEST_MAX_BYTES, PARTIAL_SUFFIX, REPLACED_INFIX
 from ..format.manifest import read_manifest
+from ..remote.url import local_dest
 
 __all__ = ["PARTIAL_MARK", "RAY_MARK", "check_dest", "claim_empty_dest", "is_empty_dir", "is_own_partial", "is_store",
            "make_partial", "remove_replaced"]
@@ -139,7 +140,11 @@ def check_dest(
     ------
     DestinationError
         Says what DEST is, why it cannot be written, and what to do.
+    StoreURLError
+        DEST is a URL (a store is written locally, then pushed) or starts
+        like one.
     """
+    local_dest(dest)  # never a directory named ``s3:``
     dest = os.path.abspath(os.fspath(dest))
     partial = dest + PARTIAL_SUFFIX
     for src in sources:

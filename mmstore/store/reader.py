@@ -15,7 +15,6 @@ import json
 import mmap
 import os
 import time
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -34,12 +33,11 @@ from ..format.layout import (
     decode_key,
     note_identity,
     open_store_file,
-    segment_ids,
-    variable_files,
 )
 from ..format.manifest import read_manifest
 from ..format.ragged import read_ragged
 from ..format.schema import Schema
+from ..format.shaped import decode_shaped, read_shaped
 from ..remote.url import is_url, local_path
 from .backends import BackendReader, data_file_names, open_backend
 from .backends.base import check_npy
@@ -444,7 +442,10 @@ class Store:
 
     def _read_slot(self, read: Callable[[int], dict[str, np.ndarray]], j: int) -> dict[str, np.ndarray]:
         try:
-            return read(j)
+            rec = read(j)
+            for f in self.schema.shaped_fields:  # the backend gave the stored entry: decoded at its size
+                rec[f.name] = decode_shaped(f, rec[f.name], rec[f.hw_name], j)
+            return rec
         except EntryDecodeError as exc:
             located = self._located(exc)
             if located is exc:
@@ -509,7 +510,15 @@ class Store:
             ``{field: array of shape (len(indices), *shape)}``; a ragged
             field (variable length, ``str``, ``bytes``) as a
             :class:`~mmstore.format.ragged.Ragged`: one flat array of every record's
-            rows plus their offsets (``.split()`` gives the list).
+            rows plus their offsets (``.split()`` gives the list); a field of
+            images of their own shape (shape ``(None, None, C)``) as a list
+            of arrays of ``(h, w, C)``, one per record, in the requested order.
+
+        Raises
+        ------
+        TypeError
+            ``out`` names a ragged field or an image field of its own
+            shape: such a batch has no one shape to fill.
 
         Notes
         -----
@@ -530,11 +539,16 @@ class Store:
         result: dict[str, Any] = {}
         ragged = [name for name in names if self.schema[name].ragged]
         lists: dict[str, list[Any]] = {}
+        shaped = [name for name in ragged if self.schema[name].shaped]
+        if shaped and out is not None and any(name in out for name in shaped):
+            raise TypeError(f"out= takes fixed-shape fields only; field(s) {[r for r in shaped if r in out]} hold "
+                            "images of their own shape, returned as a list of arrays (leave them out of out)")
+        hw_extra = [self.schema[name].hw_name for name in shaped if self.schema[name].hw_name not in names]
         if ragged:
             if out is not None and any(name in out for name in ragged):
                 raise TypeError(f"out= takes fixed-shape fields only; ragged field(s) "
                                 f"{[r for r in ragged if r in out]} are returned as Ragged (leave them out of out)")
-            names = [name for name in names if name not in ragged]
+            names = [name for name in names if name not in ragged] + hw_extra  # sizes of the shaped fields
             if n and self._b().ragged_lists:  # one pass: entries collected with the fixed fields
                 lists = {name: [b""] * n for name in ragged}
         for name in names:
@@ -567,13 +581,19 @@ class Store:
                     both = cast("dict[str, np.ndarray]", {**result, **lists})
                     self._read_into(sorted_slots, rows, names + list(lists), both)
                 for name in ragged:
-                    result[name] = read_ragged(self, name, slots, sorted_slots, rows, lists.get(name))
+                    f = self.schema[name]
+                    if f.shaped:
+                        result[name] = read_shaped(self, name, slots, sorted_slots, rows, result[f.hw_name],
+                                                   lists.get(name))
+                    else:
+                        result[name] = read_ragged(self, name, slots, sorted_slots, rows, lists.get(name))
             finally:
                 if pin is not None:
                     pin.release()
         else:
             for name in ragged:
-                result[name] = read_ragged(self, name, slots, slots, slots, lists.get(name))
+                result[name] = [] if self.schema[name].shaped else \
+                    read_ragged(self, name, slots, slots, slots, lists.get(name))
         return {name: result[name] for name in self.field_list(fields)}
 
     def _read_into(self, slots: np.ndarray, rows: np.ndarray, names: Sequence[str],
@@ -591,8 +611,7 @@ class Store:
     def _located(self, exc: EntryDecodeError) -> EntryDecodeError:
         """``exc`` with the record's dataset index and source key added, when
         it names a slot (else ``exc`` itself)."""
-        slot = getattr(exc, "slot", None)
-        return exc if slot is None else self._entry_error(exc, int(slot))
+        return exc if exc.slot is None else self._entry_error(exc, exc.slot)
 
     def _entry_error(self, exc: EntryDecodeError, slot: int) -> EntryDecodeError:
         ix = self._slot_index()
@@ -605,14 +624,13 @@ class Store:
             key = decode_key(self._slot_key_bytes(slot))
         except (FormatError, IndexError):
             key = "?"
-        field, reason = getattr(exc, "field", "?"), getattr(exc, "reason", str(exc))
-        err = EntryDecodeError(
-            f"{self.path}: record {index} (slot {slot}, key {key!r}): field {field!r} cannot be decoded: {reason}. "
-            f"Run `mmstore verify --decode {self.path}` to list every bad entry, then repair (`mmstore verify "
-            "--repair`) or re-create the store"
+        field = exc.field if exc.field is not None else "?"
+        return EntryDecodeError(
+            f"{self.path}: record {index} (slot {slot}, key {key!r}): field {field!r} cannot be decoded: "
+            f"{exc.reason}. Run `mmstore verify --decode {self.path}` to list every bad entry, then repair "
+            "(`mmstore verify --repair`) or re-create the store",
+            field=exc.field, slot=slot, index=index, key=key, reason=exc.reason,
         )
-        err.field, err.slot, err.index, err.key, err.reason = field, slot, index, key, reason  # type: ignore[attr-defined]
-        return err
 
     def _entry_sizes(self, name: str, indices: Any = None) -> np.ndarray:
         """Stored (encoded) bytes of variable-size field ``name`` for dataset
@@ -628,9 +646,10 @@ class Store:
     def stored_record_bytes(self, fields: Sequence[str] | str | None = None) -> int:
         """Mean bytes one record of ``fields`` (default: all) occupies on disk:
         a raw field's entry size, a variable-size field's stored (encoded) data
-        divided by the records. O(1) for memmap (the data files' sizes from the
-        manifest); an lmdb store's entries are measured on a sample of up to
-        4,096 records. What read-ahead windows and block sizes are sized by;
+        divided by the records. O(1) where the backend knows its entries' total
+        from the manifest's file sizes (memmap,
+        ``BackendReader.stored_entry_bytes``); otherwise the entries are
+        measured on a sample of up to 4,096 records (lmdb). What read-ahead windows and block sizes are sized by;
         the decoded size is ``schema[f].nbytes``."""
         total = 0.0
         for name in self.field_list(fields):
@@ -642,11 +661,9 @@ class Store:
         return max(1, round(total))
 
     def _mean_entry_bytes(self, name: str) -> float:
-        if self.backend_name == "memmap":
-            found = segment_ids(self.manifest)
-            segs: list[int | str | None] = list(found) if found is not None else [None]
-            data = sum(int(self.manifest["files"][variable_files(name, k)[0]]) for k in segs)
-            return data / self.records
+        total = self._b().stored_entry_bytes(name)
+        if total is not None:
+            return total / self.records
         n = min(self.records, 4096)
         idx = np.random.default_rng(0).choice(self.records, n, replace=False) if n < self.records else None
         return float(self._entry_sizes(name, idx).mean())
@@ -785,56 +802,6 @@ class Store:
         keeps no reference to it, so a store dropped by its last user still
         releases its mappings and environment at once (no reference cycle)."""
         return SlotView(self)
-
-    # -- deprecated spellings: the slot-level internals moved to ``slot_view`` -------
-    @property
-    def backend(self) -> BackendReader:
-        """Deprecated: ``store.slot_view.backend``."""
-        _moved("backend")
-        return self._b()
-
-    @property
-    def index(self) -> np.ndarray | None:
-        """Deprecated: ``store.slot_view.index``."""
-        _moved("index")
-        return self._slot_index()
-
-    def slots_of(self, indices: Any) -> np.ndarray:
-        """Deprecated: ``store.slot_view.slots_of``."""
-        _moved("slots_of")
-        return self._slots_of(indices)
-
-    def slot(self, i: int) -> int:
-        """Deprecated: ``store.slot_view.slot``."""
-        _moved("slot")
-        return int(self._slots_of([i])[0])
-
-    def data_offset(self, name: str) -> int:
-        """Deprecated: ``store.slot_view.data_offset``."""
-        _moved("data_offset")
-        return self._data_offset(name)
-
-    def entry_sizes(self, name: str, indices: Any = None) -> np.ndarray:
-        """Deprecated: ``store.slot_view.entry_sizes``."""
-        _moved("entry_sizes")
-        return self._entry_sizes(name, indices)
-
-    def slot_key_bytes(self, slot: int) -> bytes:
-        """Deprecated: ``store.slot_view.slot_key_bytes``."""
-        _moved("slot_key_bytes")
-        return self._slot_key_bytes(slot)
-
-    def checksums(self) -> np.ndarray:
-        """Deprecated: ``store.slot_view.checksums``."""
-        _moved("checksums")
-        return self._checksums()
-
-
-def _moved(name: str) -> None:
-    """The warning of a deprecated ``Store`` attribute (the caller's caller is blamed)."""
-    warnings.warn(f"Store.{name} is deprecated and will be removed in the next version; use "
-                  f"store.slot_view.{name} (the store's slot-level view, mmstore.store.slots.SlotView)",
-                  DeprecationWarning, stacklevel=3)
 
 
 def open_store(path: str | os.PathLike[str], *, cache_dir: str | os.PathLike[str] | None = None,

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import numpy as np
 
 if TYPE_CHECKING:
+    from ..errors import EntryDecodeError
     from .backends import BackendReader
 
 __all__ = ["SlotView"]
@@ -41,6 +42,7 @@ class _SlotSource(Protocol):
     def _slot_key_bytes(self, slot: int) -> bytes: ...
     def _entry_sizes(self, name: str, indices: Any = None) -> np.ndarray: ...
     def _data_offset(self, name: str) -> int: ...
+    def _entry_error(self, exc: EntryDecodeError, slot: int) -> EntryDecodeError: ...
 
 
 class SlotView:
@@ -97,3 +99,9 @@ class SlotView:
         of its ``.npy`` header): ``_checksums.npy``, ``_keys_offsets.npy``, and
         ``_index.npy`` when the store has holes. Checked at open."""
         return self._store._data_offset(name)
+
+    def entry_error(self, exc: EntryDecodeError, slot: int) -> EntryDecodeError:
+        """``exc`` (an entry of ``slot`` that does not decode; its ``field``
+        set) as a store read raises it: the record's dataset index and source
+        key added to the message and the attributes."""
+        return self._store._entry_error(exc, slot)

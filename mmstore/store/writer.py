@@ -50,6 +50,7 @@ from ..format.layout import (
     PARTS_FEATURE,
     RAGGED_FEATURE,
     REPLACED_INFIX,
+    SHAPES_FEATURE,
     SUPPORTED_BACKENDS,
     decode_key,
     encode_key,
@@ -118,6 +119,12 @@ class SlotWriter:
     def write_arrays(self, slot: int, arrays: Mapping[str, np.ndarray]) -> int:
         """Write already validated C-contiguous arrays (see ``Schema.validate``);
         variable-size fields are encoded here, with their field's codec."""
+        for f in self.schema.shaped_fields:
+            hw = tuple(int(v) for v in np.asarray(arrays[f.hw_name]).reshape(-1))
+            if hw != tuple(arrays[f.name].shape[:2]):
+                raise SchemaError(f"record at slot {slot}: field {f.hw_name!r} says {list(hw)}, but the image of "
+                                  f"field {f.name!r} is {list(arrays[f.name].shape[:2])} (h, w); leave "
+                                  f"{f.hw_name!r} out, it is filled from the image")
         entries = {f.name: f.codec.encode(arrays[f.name]) for f in self.schema.variable_fields}
         return self.write_encoded(slot, arrays, entries)
 
@@ -148,6 +155,10 @@ class SlotWriter:
         extra = [k for k in arrays if k not in self.schema]
         if extra:
             raise SchemaError(f"unknown field(s) {extra}; the schema has {list(names)}")
+        arrays = dict(arrays)
+        for f in self.schema.shaped_fields:  # the companion (h, w) field is filled from the images
+            if f.hw_name not in arrays and f.name in arrays:
+                arrays[f.hw_name] = [np.asarray(a).shape[:2] for a in arrays[f.name]]
         missing = [k for k in names if k not in arrays]
         if missing:
             raise SchemaError(f"batch lacks field(s) {missing}")
@@ -439,7 +450,9 @@ class StoreWriter:
         one go (``arrays[field]`` of shape ``(n, *shape)``; optional ``keys``,
         a sequence of n keys). Much faster than ``write`` per record for
         small records."""
-        n = len(np.asarray(next(iter(arrays.values()))))
+        first = next(iter(arrays.values()))
+        # a list of entries of their own shapes (ragged or shaped fields) is not one array
+        n = len(first) if isinstance(first, (list, tuple)) else len(np.asarray(first))
         if n == 0:
             return
         self._need(start + n - 1)
@@ -726,7 +739,7 @@ def write_manifest(
     manifest: dict[str, Any] = {
         "format": FORMAT_NAME,
         "version": list(manifest_version(schema.has_variable, segments is not None, schema.has_ragged,
-                                         parts is not None)),
+                                         parts is not None, schema.has_shaped)),
         "store_id": uuid.uuid4().hex,
         "backend": backend,
         "records": records,
@@ -745,7 +758,8 @@ def write_manifest(
         manifest["segments"] = list(segments)
     if parts is not None:
         manifest["parts"] = list(parts)
-    requires = ([RAGGED_FEATURE] if schema.has_ragged else []) + ([PARTS_FEATURE] if parts is not None else [])
+    requires = (([RAGGED_FEATURE] if any(not f.shaped for f in schema.ragged_fields) else [])
+                + ([PARTS_FEATURE] if parts is not None else []) + ([SHAPES_FEATURE] if schema.has_shaped else []))
     if requires:
         manifest["requires"] = requires
     atomic_write(

@@ -10,6 +10,9 @@
 - :class:`Loader`: batches read by threads into a ring of reusable (pinned)
   buffers, optional asynchronous copy to the GPU; no worker processes.
   :class:`LoaderTuning`: its tuning knobs in one object.
+  :class:`RandomResizedCrop`, :class:`CenterCrop`: its ``crop=``, each
+  record cropped and resized into the batch by the reader threads
+  (:mod:`mmstore.engine.crop`; torch-free, re-exported here).
 - :func:`classification_loader`: a ``Loader`` yielding ``(images, target)``
   (float, normalised, CHW, on the device; int64 labels) with the ImageNet
   training or evaluation transform.
@@ -21,6 +24,7 @@
 
 from __future__ import annotations
 
+from ..engine.crop import CenterCrop, RandomResizedCrop
 from ..engine.tuning import LoaderTuning
 from . import augment, gpu
 from ._ragged import Padded, multi_hot
@@ -30,12 +34,14 @@ from .presets import ClassificationTransform, classification_loader
 from .sampler import OrderBatchSampler, OrderSampler, build_order
 
 __all__ = [
+    "CenterCrop",
     "ClassificationTransform",
     "Loader",
     "LoaderTuning",
     "OrderBatchSampler",
     "OrderSampler",
     "Padded",
+    "RandomResizedCrop",
     "StoreBatch",
     "StoreDataset",
     "augment",

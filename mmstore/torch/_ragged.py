@@ -26,6 +26,7 @@ import torch
 from ..format.ragged import Ragged
 
 __all__ = [
+    "refuse_shaped",
     "RAGGED_MODES",
     "Padded",
     "RaggedReader",
@@ -59,6 +60,25 @@ def check_mode(mode: str) -> str:
         raise ValueError(f"ragged= must be one of {RAGGED_MODES} (a list of tensors, or padded values + lengths), "
                          f"got {mode!r}")
     return mode
+
+
+def refuse_shaped(store: Any, fields: Sequence[str], who: str) -> None:
+    """Raise :class:`~mmstore.errors.SchemaError` when ``fields`` include a
+    field of images of their own shape (``(None, None, C)``): their records
+    have no one shape, so ``who`` (a batch) cannot stack them. The message
+    says what to do instead."""
+    shaped = [f for f in fields if store.schema[f].shaped]
+    if not shaped:
+        return
+    from ..errors import SchemaError
+
+    rest = [f for f in fields if f not in shaped]
+    raise SchemaError(
+        f"{who} cannot stack field(s) {shaped}: they hold images of their own shape (each record its own "
+        f"height and width, see its {store.schema[shaped[0]].hw_name!r} field), and a batch has one shape. "
+        f"Crop them to one shape as they are read (Loader(..., crop=RandomResizedCrop(224)) or "
+        f"crop=CenterCrop(224), from mmstore.torch), leave them out with fields={rest!r}, or read them one "
+        "record at a time (store[i], dataset[i]) or with store.read_batch (a list of arrays)")
 
 
 def split_fields(store: Any, fields: Sequence[str]) -> tuple[tuple[str, ...], tuple[str, ...]]:

@@ -45,7 +45,16 @@ from torch.utils.data._utils.collate import default_collate, default_collate_fn_
 
 from ..format.ragged import Ragged
 from ..store.reader import Store, open_store
-from ._ragged import Padded, check_mode, check_pad, pad_list, ragged_batch, sample_of, split_fields
+from ._ragged import (
+    Padded,
+    check_mode,
+    check_pad,
+    pad_list,
+    ragged_batch,
+    refuse_shaped,
+    sample_of,
+    split_fields,
+)
 
 __all__ = ["Padded", "StoreBatch", "StoreDataset", "collate", "open_store_arg"]
 
@@ -339,6 +348,7 @@ class StoreDataset(Dataset):
         """Read ``indices`` into fresh tensors (shared memory inside a
         DataLoader worker), store layout, one ``read_batch`` call."""
         self._check_pid()
+        refuse_shaped(self.store, self.fields, "a batch of StoreDataset (__getitems__, what DataLoader calls)")
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         shared = get_worker_info() is not None
         n = len(idx)

@@ -151,8 +151,9 @@ import numpy as np
 import torch
 
 from .. import _os
+from ..engine.crop import CropReader, crop_field, out_shape
 from ..engine.direct import DirectWindows
-from ..engine.fetch import FETCH_WINDOW_BYTES, RemoteWindows, fetch_bounds, remote_cost
+from ..engine.fetch import FETCH_WINDOW_BYTES, RemoteWindows, fetch_bounds, limit_block_sizes, remote_cost
 from ..engine.inflight import InFlight
 from ..engine.plan import LoaderPlan, plan_memory, widen_ring
 from ..engine.reads import (
@@ -166,11 +167,11 @@ from ..engine.reads import (
     resident_fraction,
 )
 from ..engine.state import Resumable
-from ..engine.tuning import TUNING_FIELDS, LoaderTuning, split_tuning
-from ..errors import LoaderStateError
+from ..engine.tuning import LoaderTuning, split_tuning
+from ..errors import LoaderStateError, SchemaError
 from ..order import BlockShuffle, Order, OrderSpec, Sequential
 from ._epoch import EpochBatches, EpochIterator
-from ._ragged import RaggedReader, check_mode, check_pad, split_fields
+from ._ragged import RaggedReader, check_mode, check_pad, refuse_shaped, split_fields
 from ._resources import Resources, check_device, check_pin_memory, torch_dtype
 from ._ring import Ring
 from ._source import resolve_source, transform_call
@@ -179,6 +180,7 @@ from .sampler import build_order
 
 if TYPE_CHECKING:
     from ..remote.replica import Replica
+    from ..store.reader import Store
 
 __all__ = ["Loader", "LoaderTuning"]
 
@@ -193,6 +195,8 @@ class Loader(Resumable):
         ``fields``/``as_tuple``/``chw`` (defaults for the loader's); a
         ``torch.utils.data.Subset`` of one (nested ones too) also its indices.
     batch_size : int
+        Records per batch, a positive int (the last batch of an epoch is
+        shorter unless ``drop_last``).
     order : str, OrderSpec or Order, default "permutation"
         What order the records are read in, and how an epoch is split over
         ranks. A kind name (``"permutation"``, ``"block"``,
@@ -266,17 +270,20 @@ class Loader(Resumable):
         batches of epoch ``e`` across ranks (this rank's batch ``j`` is
         ``j * world_size + rank``, so ranks draw different parameters), the
         same after a resume; else ``transform(batch)``.
+    crop : RandomResizedCrop or CenterCrop, optional
+        Crop one image field (images of their own shape, or a fixed-shape
+        image field) into a fixed output: the batch's field is ``(batch,
+        out_h, out_w[, C])``, each record cropped and resized by the reader
+        threads into the batch buffer (a JPEG, PNG or zstd entry decoded
+        whole first; ``describe()["crop"]`` says what runs). Record ``r``'s
+        box in epoch ``e`` is a function of (the order's seed, ``e``,
+        ``r``): the same after a resume and on every rank
+        (:mod:`mmstore.engine.crop`).
     tuning : LoaderTuning, optional
         How to read: ``prefetch``, ``hold``, ``threads``, ``warm``, ``hints``,
         ``willneed``, ``method``, ``piece_bytes``, ``window_prefetch``,
         ``window_threads``, ``mem_bytes`` (see :class:`LoaderTuning`); read
         back as ``loader.tuning``.
-
-    The keywords of earlier versions still work for this version, each with
-    a ``DeprecationWarning`` that names its new spelling: ``seed``,
-    ``rank``, ``world_size``, ``rank_drop_last``, ``rank_pad``, ``block``,
-    ``window`` (now fields of ``OrderSpec``) and the fields of
-    ``LoaderTuning`` as keywords (now ``tuning=LoaderTuning(...)``).
 
     Iterating yields one epoch; the epoch is the one set with
     :meth:`set_epoch`, else one more than the last one used (starting at 0),
@@ -285,18 +292,6 @@ class Loader(Resumable):
     :class:`~mmstore.errors.LoaderStateError` (see the module docstring,
     "Lifetime", for peeks, threads, ``close``, ``fork`` and pickling).
     """
-
-    # the tuning values: ``loader.tuning.hold`` (``loader.hold`` is a deprecated spelling; ``prefetch``: below)
-    hold: int
-    threads: int
-    warm: bool | str
-    hints: bool
-    willneed: int
-    method: str
-    piece_bytes: int
-    window_prefetch: bool | str
-    window_threads: int
-    mem_bytes: int | None
 
     def __init__(
         self,
@@ -315,30 +310,42 @@ class Loader(Resumable):
         pad_value: Any = None,
         indices: Any = None,
         transform: Any = None,
+        crop: Any = None,
         tuning: LoaderTuning | None = None,
-        **old_spellings: Any,
     ) -> None:
         batch_size = _count("batch_size", batch_size)
         src = resolve_source(store, indices)
         self._own_store = src.own
         self.store = src.store
-        order, tuning, rank_kw = _old_spellings(order, tuning, old_spellings)
+        order = _order_arg(order)
         self.tuning = split_tuning(tuning, {})[0]
         self.batch_size = batch_size
         self.fields = tuple(self.store.field_list(src.defaults.get("fields") if fields is None else fields))
-        # ragged fields are read per batch beside the ring (_ragged.py), the others into it
+        try:
+            self._crop_field = None if crop is None else crop_field(self.store, self.fields, crop)
+            refuse_shaped(self.store, [f for f in self.fields if f != self._crop_field], "the Loader")
+        except (SchemaError, TypeError):
+            if src.own:
+                self.store.close()
+            raise
+        self.crop = crop
+        # ragged fields are read per batch beside the ring (_ragged.py), the others into it;
+        # a cropped field goes into the ring at the crop's output shape
         self._fixed, self._ragged = split_fields(self.store, self.fields)
+        if self._crop_field is not None:
+            self._ragged = tuple(f for f in self._ragged if f != self._crop_field)
+            self._fixed = tuple(f for f in self.fields if f in self._fixed or f == self._crop_field)
         self.ragged = check_mode(src.defaults.get("ragged", "list") if ragged is None else ragged)
         self.pad_value = check_pad(self.store, self._ragged, self.ragged,
                                    src.defaults.get("pad_value", 0) if pad_value is None else pad_value)
         self.device, self._cuda = check_device(device)
-        self.copy = bool(copy)
+        self.copy = _flag("copy", copy)
         # batches yielded straight from the ring are checked for references
         # (NOTE [kept batches] in _ring.py); one more buffer keeps the batch the
         # loop variable still holds during next() out of the refill
         self._check = int(self._check_kept and not self.copy and not self._cuda)
         n = len(self.store) if src.indices is None else len(src.indices)
-        rb = max(1, sum(self.store.schema[f].nbytes for f in self.fields))  # decoded: the ring's
+        rb = max(1, sum(self._ring_bytes(f) for f in self._fixed))  # decoded: the ring's
         sb = self.store.stored_record_bytes(self.fields)  # on disk: the page cache's and the windows'
         self._record_bytes = sb
         self._plan = LoaderPlan(**plan_memory(
@@ -348,36 +355,41 @@ class Loader(Resumable):
         if isinstance(order, OrderSpec):  # every record once, the same batch count on every rank
             kw = order.order_kw()
             if order.kind == "block":
-                kw = _block_sizes(kw, n, sb, self.store.replica)
+                kw = _block_sizes(kw, n, sb, self.store, self.fields, src.indices, self.batch_size)
             kw["batch_size"] = self.batch_size
             self.order = build_order(order.kind, n, rank=order.rank, world_size=order.world_size,
                                      record_bytes=sb, **kw)
         else:
-            self.order = build_order(order, n, **rank_kw)
+            self.order = build_order(order, n)
         if not self.order.pad and self.order.batch_size != self.batch_size:  # an exact order object
             self.order = dataclasses.replace(self.order, batch_size=self.batch_size)
         _warn_repeated(self.order)
         if isinstance(self.order, BlockShuffle):
             _check_windows(self.order, sb, self._plan)
         self._plan.update(self._readahead_plan(sb))
+        if self._crop_field is not None:
+            reader = self._crop_reader(0)
+            self._plan.crop = {"field": self._crop_field, "crop": repr(crop), "path": reader.path if reader else ""}
         self.indices: np.ndarray | None = src.indices
         """The subset's record indices, as the order's positions map them (None: every record)."""
         if self.indices is not None and not isinstance(self.order, Sequential):
             self.indices = np.sort(self.indices, kind="stable")
-        self.drop_last = bool(drop_last)
+        self.drop_last = _flag("drop_last", drop_last)
         self.pin_memory = check_pin_memory(pin_memory, self._cuda)
-        self.as_tuple = bool(src.defaults.get("as_tuple", False) if as_tuple is None else as_tuple)
-        self.chw = bool(src.defaults.get("chw", False) if chw is None else chw)
+        self.as_tuple = bool(src.defaults.get("as_tuple", False) if as_tuple is None else _flag("as_tuple", as_tuple))
+        self.chw = bool(src.defaults.get("chw", False) if chw is None else _flag("chw", chw))
         self.transform = transform
         self._transform = transform_call(transform)
         self.warm_report: _os.WarmReport | None = None
         self._warmed = False
         self._images = image_fields(self.store, self.fields) if self.chw else set()
+        if self.chw and self._crop_field is not None and len(self._ring_shape(self._crop_field)) == 3:
+            self._images.add(self._crop_field)
         self._config = {
             "batch_size": self.batch_size, "fields": self.fields, "drop_last": self.drop_last,
             "device": None if self.device is None else str(self.device), "pin_memory": self.pin_memory,
             "copy": self.copy, "as_tuple": self.as_tuple, "chw": self.chw, "tuning": self.tuning,
-            "transform": self.transform, "ragged": self.ragged, "pad_value": self.pad_value,
+            "transform": self.transform, "ragged": self.ragged, "pad_value": self.pad_value, "crop": self.crop,
         }
         self._epoch: int | None = None
         self._next_epoch = 0
@@ -564,13 +576,9 @@ class Loader(Resumable):
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        order = state["order"]
-        with warnings.catch_warnings():  # the order's own rank, whatever torch.distributed says here
-            warnings.simplefilter("ignore", DeprecationWarning)
-            self.__init__(  # type: ignore[misc]
-                state["store"], order=order, rank=order.rank, world_size=order.world_size, indices=state["indices"],
-                **state["config"],
-            )
+        self.__init__(  # type: ignore[misc]
+            state["store"], order=state["order"], indices=state["indices"], **state["config"],
+        )
         self._own_store = state["own_store"]
         self._epoch, self._next_epoch, self._warmed = state["epoch"], state["next_epoch"], state["warmed"]
         self._resume = state["resume"]
@@ -618,7 +626,7 @@ class Loader(Resumable):
         reads = EpochReads(
             self.store, self._fixed, res.files, t, batch_size=self.batch_size, ragged=self._ragged,
             shuffled=not isinstance(self.order, Sequential), block=bounds is not None,
-            direct=bool(self._plan.direct_reads),
+            direct=bool(self._plan.direct_reads), crop=self._crop_reader(epoch),
         )
         inflight = InFlight(self.ring_size)
         self._tasks = inflight  # from now on the next iter()/close() waits for these reads
@@ -667,7 +675,6 @@ class Loader(Resumable):
         window = None
         if inflight.hold is None:
             if isinstance(self.order, BlockShuffle):
-                _check_remote_windows(self.order, self._record_bytes, replica.cache_limit)
                 fb = self.order.window_bounds(epoch)
                 if start:
                     fb = np.unique(np.clip(fb - start * self.batch_size, 0, None))
@@ -677,7 +684,8 @@ class Loader(Resumable):
                                   FETCH_WINDOW_BYTES if lim is None else max(1, min(FETCH_WINDOW_BYTES, lim // 4)))
             else:  # records one by one: a batch touches a block per record, so a window is one batch
                 fb = fetch_bounds(len(idx), self.batch_size, max(1, self._record_bytes), 1)
-            window = RemoteWindows(self.store, self.fields, idx, fb, inflight, replica)
+            window = RemoteWindows(self.store, self.fields, idx, fb, inflight, replica, batch_size=self.batch_size,
+                                   planned=isinstance(self.order, (BlockShuffle, Sequential)))
         self._plan.remote = {**replica.describe(), "windows": 0 if window is None else len(window.bounds) - 1,
                              "cost": remote_cost(replica, self.order, self._record_bytes)}
         return window
@@ -701,13 +709,29 @@ class Loader(Resumable):
             res.pool = ThreadPoolExecutor(self.tuning.threads, thread_name_prefix="mmstore-loader")
         prepare_store(self.store, self.fields)  # in this thread, before the readers
         if not res.files:
-            res.files = open_field_files(self.store, self._fixed, self.tuning.method)
+            res.files = open_field_files(self.store, [f for f in self._fixed if f != self._crop_field],
+                                         self.tuning.method)
         if res.ring is None:
-            shapes = {f: (self.store.schema[f].shape, torch_dtype(self.store.schema[f].dtype)) for f in self._fixed}
+            shapes = {f: (self._ring_shape(f), torch_dtype(self.store.schema[f].dtype)) for f in self._fixed}
             # rows of the preadv fields at their records' file offsets mod the block (NOTE [rows read in place])
             align = {f: ff.offs[0] for f, ff in res.files.items()}
             res.ring = Ring(self.ring_size, self.batch_size, shapes, self.pin_memory, align=align,
                             huge=bool(self._plan.direct_reads))
+
+    def _ring_shape(self, f: str) -> tuple[int, ...]:
+        """Field ``f``'s record shape in the ring: the crop's output for the cropped field."""
+        if f == self._crop_field:
+            return out_shape(self.store, f, self.crop)
+        return tuple(self.store.schema[f].shape)
+
+    def _ring_bytes(self, f: str) -> int:
+        return int(np.prod(self._ring_shape(f), dtype=np.int64)) * self.store.schema[f].dtype.itemsize
+
+    def _crop_reader(self, epoch: int) -> CropReader | None:
+        """The crops of ``epoch`` (None without ``crop=``): seeded by the order's seed (NOTE [crop parameters])."""
+        if self._crop_field is None:
+            return None
+        return CropReader(self.store, self._crop_field, self.crop, getattr(self.order, "seed", 0), epoch)
 
     def _do_warm(self) -> None:
         """The first epoch's warm pass (``tuning.warm``), decided once."""
@@ -759,114 +783,38 @@ class Loader(Resumable):
         return out
 
 
-def _tuning_property(name: str) -> property:
-    def get(self: Loader) -> Any:
-        warnings.warn(f"mmstore.torch.Loader.{name} is deprecated: read loader.tuning.{name} (the tuning is one "
-                      "object, LoaderTuning)", DeprecationWarning, stacklevel=2)
-        return getattr(self.tuning, name)
-
-    return property(get, doc=f"Deprecated: ``loader.tuning.{name}``.")
-
-
-# the 0.2 spellings of the tuning values (``loader.hold``), kept one version
-for _name in sorted(TUNING_FIELDS - {"prefetch"}):
-    setattr(Loader, _name, _tuning_property(_name))
-
-
 DIRECT_MIN_CACHE = 64 << 20  # the smallest page-cache share for O_DIRECT window buffers
 # orders whose windows are read with O_DIRECT when the store does not fit (NOTE [huge window
 # buffers] in mmstore/engine/direct.py: with huge-page buffers a sequential order reads faster that way too)
 DIRECT_ORDERS: tuple[type, ...] = (BlockShuffle, Sequential)
 
 
-_ORDER_SPELLINGS = {"seed": "seed", "rank": "rank", "world_size": "world_size", "rank_drop_last": "drop_last",
-                    "rank_pad": "pad", "block": "block", "window": "window", "split": "split"}
-
-
-def _old_spellings(order: Any, tuning: LoaderTuning | None, kw: dict[str, Any]
-                   ) -> tuple[OrderSpec | Order, LoaderTuning | None, dict[str, Any]]:
-    """``(order, tuning, rank keywords for an Order object)`` from the
-    arguments, the keywords of earlier versions folded in, each with a
-    ``DeprecationWarning`` naming its new spelling."""
+def _order_arg(order: Any) -> OrderSpec | Order:
+    """The ``order`` argument as an :class:`OrderSpec` (a kind name is
+    ``OrderSpec(kind)``) or an :class:`Order` object."""
     if isinstance(order, str):
-        order = OrderSpec(order)
-    elif not isinstance(order, (OrderSpec, Order)):
+        return OrderSpec(order)
+    if not isinstance(order, (OrderSpec, Order)):
         raise TypeError(f"order must be a kind name, an mmstore.order.OrderSpec or an Order, "
                         f"got {type(order).__name__}")
-    knobs = {k: v for k, v in kw.items() if k in TUNING_FIELDS}
-    old = {k: v for k, v in kw.items() if k in _ORDER_SPELLINGS}
-    unknown = sorted(set(kw) - set(knobs) - set(old))
-    if unknown:
-        raise TypeError(f"Loader() got unexpected keyword argument(s) {', '.join(map(repr, unknown))}")
-    if knobs:
-        given = ", ".join(f"{k}={v!r}" for k, v in knobs.items())
-        warnings.warn(f"Loader({given}) is deprecated: pass tuning=LoaderTuning({given})",
-                      DeprecationWarning, stacklevel=3)
-        tuning, _ = split_tuning(tuning, knobs)
-    rank_kw: dict[str, Any] = {}
-    if old:
-        for k in ("rank_drop_last", "rank_pad"):
-            if k in old:
-                old[k] = _flag(k, old[k])
-        if isinstance(order, OrderSpec):
-            new = {_ORDER_SPELLINGS[k]: v for k, v in old.items()}
-            given = ", ".join(f"{k}={v!r}" for k, v in old.items())
-            warnings.warn(f"Loader({given}) is deprecated: pass order=OrderSpec({order.kind!r}, "
-                          + ", ".join(f"{k}={v!r}" for k, v in new.items()) + ")",
-                          DeprecationWarning, stacklevel=3)
-            order = dataclasses.replace(order, **new)
-        else:
-            if set(old) - {"rank", "world_size"}:
-                raise TypeError(f"{', '.join(sorted(set(old) - {'rank', 'world_size'}))} cannot change an "
-                                f"Order object: build the order with them")
-            warnings.warn("Loader(rank=, world_size=) with an Order object is deprecated: build the order "
-                          "for its rank (dataclasses.replace(order, rank=..., world_size=...))",
-                          DeprecationWarning, stacklevel=3)
-            rank_kw = {k: old[k] for k in ("rank", "world_size") if k in old}
-    return order, tuning, rank_kw
+    return order
 
 
-def _block_sizes(kw: dict[str, Any], n: int, record_bytes: int, replica: Replica | None = None) -> dict[str, Any]:
+def _block_sizes(kw: dict[str, Any], n: int, record_bytes: int, store: Store, fields: Sequence[str],
+                 indices: np.ndarray | None, batch_size: int) -> dict[str, Any]:
     """``order="block"``'s sizes: as ``BlockShuffle.auto`` picks them (or the
     ones given). Nothing measured here enters them (the order must be the same
     on every rank and in a resumed process); the memory only sizes the reads
     (:func:`_check_windows`). A store opened from a URL with a cache limit
-    (a setting, the same on every rank) gets windows small enough that the
-    limit holds three of them (the one read and the two fetched ahead) beside
-    the files it keeps whole, each order block counted as every replica
-    block its records can straddle; a resume under another limit is refused
-    (the order differs)."""
-    if "window" in kw or "mem_bytes" in kw:
+    (a setting, the same on every rank) gets sizes that let each block be
+    fetched once an epoch under it, or the limit is refused with the
+    smallest that works (:func:`mmstore.engine.fetch.limit_block_sizes`)."""
+    limited = store.replica is not None and store.replica.cache_limit is not None
+    if ("mem_bytes" in kw and "window" not in kw) or ("window" in kw and not limited):
         return kw
     sizes = BlockShuffle.auto_sizes(n, record_bytes, block=kw.get("block"))
-    block, window = sizes["block"], sizes["window"]
-    if replica is not None and replica.cache_limit is not None:
-        B = replica.block_bytes
-        room = (replica.cache_limit - replica.whole_bytes - len(replica.sticky) * B) // 3
-        per_block = (-(-block * record_bytes // B) + 1) * B  # the replica blocks of a run at any offset
-        if room < per_block and kw.get("block") is None:  # not even one block a window: smaller blocks
-            block = max(1, min(block, (room // B - 1) * B // max(1, record_bytes)))
-            per_block = (-(-block * record_bytes // B) + 1) * B
-        window = max(1, min(window, room // per_block))
-    return {**kw, "block": block, "window": window}
-
-
-def _check_remote_windows(order: BlockShuffle, record_bytes: int, limit: int | None) -> None:
-    """Warn when a cache limit cannot hold the two windows the fetch pass
-    keeps (the one read, the one fetched ahead): the limit then holds only
-    up to one window more, and blocks are fetched again within an epoch."""
-    window_bytes = order.block * order.window * record_bytes
-    if limit is None or 2 * window_bytes <= limit:
-        return
-    fit = limit // 2 // max(1, order.block * record_bytes)
-    smaller = f"window={fit}" if fit >= 1 else f"block={max(1, limit // 2 // record_bytes)}, window=1"
-    warnings.warn(
-        f"mmstore.torch.Loader(order='block') over {order.window} block(s) of {order.block} records a window "
-        f"({_mb(window_bytes)}): the cache limit of {_mb(limit)} cannot hold the two the fetch pass keeps, so the "
-        f"replica's disk goes over the limit by up to a window. Pass OrderSpec('block', ..., {smaller}) (the same "
-        "on every rank and in every run that resumes this one), or a larger cache_limit",
-        UserWarning, stacklevel=4,
-    )
+    window = kw.get("window", sizes["window"])
+    return limit_block_sizes(kw, store, fields, indices, batch_size, sizes["block"], window)
 
 
 def _check_windows(order: BlockShuffle, record_bytes: int, plan: LoaderPlan) -> None:

@@ -12,6 +12,20 @@ order's: ``DistributedSampler``'s stride split for permutations (the same
 indices, element for element, for the same global order) and contiguous
 windows for block shuffles.
 
+Padding: by default (``pad=True``) a sampler pads as ``DistributedSampler``
+does, so that every rank yields ``ceil(n / world_size)`` indices: the
+epoch's order is extended by wrap-around, and where ``world_size`` does not
+divide ``n`` up to ``world_size - 1`` records are read by two ranks in the
+epoch (203 records on 2 ranks: 102 indices each, one record on both). The
+ranks' positions are disjoint; their records are not. ``pad=False,
+batch_size=B`` (the DataLoader's batch size) reads every record once and
+gives every rank the same number of batches of ``B``, as
+:class:`mmstore.torch.Loader` does (where ``n // world_size`` is a multiple
+of ``B``, the shorter ranks each take one record twice:
+``sampler.order.repeated()`` counts them). ``drop_last=True`` gives each
+rank ``n // world_size`` records, disjoint, and leaves the tail of the order
+out.
+
 NOTE [epoch rules] (shared with :class:`mmstore.torch.Loader`)
 -------------------------------------------------------------
 * An iteration runs the epoch given to ``set_epoch(e)``, else the one after
@@ -272,8 +286,25 @@ class OrderSampler(Sampler[int]):
         An order object, or ``"permutation"`` (a seeded uniform permutation per
         epoch: ``RandomSampler``'s coverage), ``"block"`` (block shuffle for
         data larger than RAM, sized automatically) or ``"sequential"``.
-    seed, rank, world_size, drop_last, **kw
-        See :func:`build_order`.
+    seed : int, default 0
+        The seed of the order, the same on every rank.
+    rank, world_size : int, optional
+        This process's rank and the number of ranks (default:
+        ``torch.distributed``'s when it is initialised, else 0 and 1).
+    drop_last : bool, default False
+        Give each rank ``n // world_size`` records, disjoint, and leave the
+        tail of the epoch's order out.
+    pad : bool, default True
+        With ``drop_last=False``: extend the order by wrap-around so that
+        every rank yields ``ceil(n / world_size)`` indices, as
+        ``DistributedSampler`` does; up to ``world_size - 1`` records are
+        then read on two ranks per epoch ("Padding" in the module
+        docstring). ``pad=False`` needs ``batch_size=`` (the DataLoader's):
+        every record once over the ranks, and every rank the same number
+        of batches.
+    **kw
+        More arguments of the order (``batch_size``, ``split``, ``block``,
+        ``window``); see :func:`build_order` and :mod:`mmstore.order`.
 
     Epochs follow NOTE [epoch rules] (module docstring): each iteration to
     the end moves to the next epoch; ``set_epoch(e)`` picks one and always
@@ -289,9 +320,19 @@ class OrderSampler(Sampler[int]):
         rank: int | None = None,
         world_size: int | None = None,
         drop_last: bool = False,
+        pad: bool = True,
         **kw: Any,
     ) -> None:
         n = _n_of(data_source)
+        if not isinstance(pad, (bool, np.bool_)):
+            raise TypeError(f"OrderSampler: pad must be True or False, got {pad!r}")
+        if not isinstance(order, Order):  # an order object carries its own padding
+            if not pad and not drop_last and "batch_size" not in kw:
+                raise TypeError(
+                    "OrderSampler(pad=False) needs batch_size= (the DataLoader's batch size): ranks then get "
+                    "every record once and the same number of batches; or pass drop_last=True (n // world_size "
+                    "records on each rank, the tail left out), or keep pad=True (DistributedSampler's padding)")
+            kw["pad"] = bool(pad)
         self.order = build_order(
             order, n, seed=seed, rank=rank, world_size=world_size, drop_last=drop_last,
             record_bytes=_record_bytes(data_source), **kw,

@@ -77,6 +77,7 @@ def _verify_in_child(paths):
     return [json.loads(ln) for ln in p.stdout.splitlines() if ln.startswith("{")]
 
 
+@pytest.mark.soak  # a random sample whose strength is its count: CI's soak step
 def test_random_byte_flips_in_records_mdb_never_kill_verify(tmp_path):
     """30 seeded single-byte changes across records.mdb (half of them in the
     page headers and node pointers, where a change makes LMDB read outside

@@ -76,8 +76,9 @@ def test_exit_codes_are_stated_in_the_top_level_help(capsys):
 def test_an_option_typo_names_the_command_and_the_nearest_option(tmp_path, photos, capsys):
     rc, err = _run(capsys, "ingest", photos, tmp_path / "s", "--size", "8x8", "--reisze", "pad")
     assert rc == 2
-    assert err.startswith("usage: mmstore ingest ")  # the command's usage, not the top-level one
-    assert "mmstore ingest: error: unrecognized arguments: --reisze pad; did you mean --resize?" in err
+    # the message first, then the command's one-line usage (not the top-level one)
+    assert err.startswith("mmstore ingest: error: unrecognized arguments: --reisze pad; did you mean --resize?\n")
+    assert err.splitlines()[1].startswith("usage: mmstore ingest ")
     assert not os.path.exists(tmp_path / "s")
 
 

@@ -143,7 +143,14 @@ def _env() -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize("block", RUNNABLE, ids=[b.id for b in RUNNABLE])
+def _param(block: Block):
+    # a block that starts a Ray cluster runs on the pytest-xdist worker of the other Ray tests
+    # (tests/conftest.py): one Ray cluster at a time
+    ray = {"ray", "ray-photos-in-s3"} & set(block.fixtures)
+    return pytest.param(block, id=block.id, marks=[pytest.mark.xdist_group("ray")] if ray else [])
+
+
+@pytest.mark.parametrize("block", [_param(b) for b in RUNNABLE])
 def test_block_runs(block: Block, doc_fixtures, tmp_path, monkeypatch):
     ns = doc_fixtures.lay_out(block.fixtures, str(tmp_path))
     monkeypatch.chdir(tmp_path)

@@ -75,6 +75,16 @@ def test_the_generated_pages_hold_what_the_code_says(site):
     assert len(titles) > 8
     for title in titles:
         assert title.replace('"', "&quot;") in spec or title in spec, title
+    # resize, crop and decode: the decode module's docstring, its sections as headings
+    import mmstore.decode
+
+    rules = _read(site, "concepts/decoding")
+    decode_titles = re.findall(r"^(\S[^\n]*)\n-{3,}$", mmstore.decode.__doc__ or "", re.MULTILINE)
+    assert len(decode_titles) >= 8
+    for title in decode_titles:
+        shown = re.sub(r"``(.+?)``", r"<code>\1</code>", title)
+        assert shown.replace('"', "&quot;") in rules or shown in rules, title
+    assert "INTER_AREA" in rules and "RUN_DEFAULTS" not in _read(site, "reference/mmstore")
     # the API reference rendered from the docstrings
     assert "OrderSpec" in _read(site, "reference/order") and "load_state_dict" in _read(site, "reference/torch")
     # the benchmark plots were drawn, and each run names its command, machine and date

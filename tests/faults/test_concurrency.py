@@ -84,6 +84,7 @@ def _read_in_processes(method, store, seeds, timeout=120.0):
     return out
 
 
+@pytest.mark.soak  # 16 processes of three start methods at once: CI's soak step
 @pytest.mark.parametrize("backend", ["memmap", "lmdb"])
 def test_16_reader_processes_while_verify_runs(tmp_path, backend):
     path = _make(str(tmp_path / "s"), backend)

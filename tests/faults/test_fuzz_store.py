@@ -21,6 +21,9 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from support import fuzz
 
+# a sample whose strength is its count: run by CI's soak step (`pytest -m soak`), not by default
+pytestmark = pytest.mark.soak
+
 CASES = 60
 COMPACT_CASES = 30
 RAGGED_CASES = 30

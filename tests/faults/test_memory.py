@@ -24,6 +24,7 @@ def _pss_kb(pid):
     raise AssertionError("no Pss line")
 
 
+@pytest.mark.soak  # a measurement over a million records: CI's soak step
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps_rollup"), reason="needs Linux smaps_rollup")
 def test_worker_pss_stays_flat_over_an_epoch_of_a_million_records(tmp_path):
     from torch.utils.data import DataLoader

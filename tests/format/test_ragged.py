@@ -436,7 +436,9 @@ def test_shards_merged_read_like_one_run_and_verify(tmp_path, backend):
 
 @pytest.mark.parametrize(("ent", "match"), [
     ({"name": "b", "dtype": "<f4", "shape": [4, None]}, "shape must be a list of ints"),
-    ({"name": "b", "dtype": "<f4", "shape": [None, None]}, "shape must be \\[null, ints >= 0"),
+    # two variable dimensions: an image of its own shape (format 2.3), which needs its size field b_hw
+    ({"name": "b", "dtype": "<f4", "shape": [None, None]}, "companion field 'b_hw'"),
+    ({"name": "b", "dtype": "<f4", "shape": [None, None, None]}, "\\[null, null, C\\] with C from 1 to 4"),
     ({"name": "b", "dtype": "str", "shape": [None, 2]}, "a str field has shape \\[null\\]"),
     ({"name": "b", "dtype": "bytes", "shape": [3]}, "a ragged field's shape must be \\[null"),
     ({"name": "b", "dtype": "<f4", "shape": [None, 0]}, "at least one byte"),

@@ -17,6 +17,7 @@ from mmstore.decode import DecodeSpec
 from mmstore.ingest import ingest
 from mmstore.ingest.options import (
     RUN_DEFAULTS,
+    SIZE_OPTIONS,
     SOURCE_OPTIONS,
     SPEC_OPTIONS,
     ErrorLimit,
@@ -42,7 +43,7 @@ def test_every_option_has_its_cli_flag_and_no_flag_is_unlisted():
         want = "--no-header" if name == "header" else _flag(name)
         assert want in flags, f"option {name!r} has no CLI flag {want}"
     run = {"--workers", "--on-error", "--max-errors", "--resume", "--overwrite", "--shard", "--backend", "--codec",
-           "--chunk", "--log-interval", "--quiet", "-q", "--size", "-h", "--help"}
+           "--chunk", "--log-interval", "--quiet", "-q", "--size", "--max-side", "--short-side", "-h", "--help"}
     listed = {"--no-header" if n == "header" else _flag(n) for n in SPEC_OPTIONS + SOURCE_OPTIONS}
     assert flags - run - listed == set(), "a CLI flag that is neither a run option nor a listed option"
 
@@ -116,7 +117,7 @@ def test_each_run_default_is_the_same_in_the_cli_ingest_and_run_options():
     cli = {a.dest: a.default for a in _ingest_parser()._actions}
     flag_dest = {"codecs": "codec", "progress_interval": "log_interval"}
     keywords = {n for n, q in sig.items() if q.kind is inspect.Parameter.KEYWORD_ONLY}
-    assert keywords - set(SPEC_OPTIONS) - set(SOURCE_OPTIONS) == set(RUN_DEFAULTS)
+    assert keywords - set(SPEC_OPTIONS) - set(SOURCE_OPTIONS) - set(SIZE_OPTIONS) == set(RUN_DEFAULTS)
     assert set(run) - {"log", "part", "threads"} == set(RUN_DEFAULTS)  # part, threads: set by mmstore.ray
     for name, default in RUN_DEFAULTS.items():
         assert sig[name].default == default and run[name] == default, name

@@ -134,3 +134,32 @@ def test_overwrite_a_store_in_s3(ray_cluster, s3, tmp_path):
     with _opened(url) as s:
         assert [int(s[i]["label"]) for i in range(len(s))] == list(range(5))
     _only_store_objects(url)
+
+
+def test_a_write_into_a_folder_of_stores_refuses_and_leaves_every_object_byte_identical(ray_cluster, s3, tmp_path):
+    """``mmstore.ray.write(ds, "s3://bucket/datasets")`` (the folder, not a store's own prefix) next
+    to another store and a README: refused before any task runs, with or without overwrite,
+    and every object there stays as it was."""
+    import obstore
+
+    import mmstore.ray
+    from mmstore.errors import ForeignObjectsError
+    from mmstore.transfer import push
+
+    other = str(tmp_path / "other.store")
+    mmstore.from_dataset([{"image": np.full((4, 4), i, np.uint8), "label": i} for i in range(10)], other)
+    push(other, s3.url("datasets/train.store"))
+    s3.server.put_object_raw(s3.bucket, "datasets/README.md", b"# datasets\n")
+    store = s3.store(endpoint=s3.server.endpoint)
+
+    def everything():
+        keys = [str(m["path"]) for chunk in obstore.list(store) for m in chunk]
+        return {k: bytes(obstore.get(store, k).bytes()) for k in keys}
+
+    before = everything()
+    items = [{"image": np.full((4, 4), i, np.uint8), "label": i} for i in range(6)]
+    for overwrite in (False, True):
+        with pytest.raises(ForeignObjectsError, match="README.md"):
+            mmstore.ray.write(ray_cluster.data.from_items(items), s3.url("datasets"), overwrite=overwrite,
+                              quiet=True, ray_remote_args=_args(s3))
+        assert everything() == before

@@ -343,8 +343,7 @@ _DRIVER = r"""
 import os, signal, sys
 os.environ["RAY_USAGE_STATS_ENABLED"] = "0"
 import logging, ray, mmstore.ray, mmstore.ray.sink as sink
-ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level=logging.WARNING,
-         log_to_driver=False)
+ray.init(address=sys.argv[3], logging_level=logging.WARNING, log_to_driver=False)  # the test's running cluster
 ray.data.DataContext.get_current().enable_progress_bars = False
 import numpy as np
 if sys.argv[2] == "kill":
@@ -356,20 +355,41 @@ mmstore.ray.write(ray.data.from_items(items, override_num_blocks=5), sys.argv[1]
 """
 
 
-def test_driver_killed_before_commit_then_rerun(tmp_path):
+def test_driver_killed_before_commit_then_rerun(tmp_path, ray_cluster):
     """The driver SIGKILLed after every task wrote its part, before the commit: no store, and
-    the next write removes what was left and writes the store."""
+    the next write (a new driver on the same running cluster) removes what was left and writes
+    the store."""
     out = str(tmp_path / "d.store")
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
-    r = subprocess.run([sys.executable, "-c", _DRIVER, out, "kill"], env=env, capture_output=True, timeout=180)
+    cluster = ray_cluster.get_runtime_context().gcs_address
+    r = subprocess.run([sys.executable, "-c", _DRIVER, out, "kill", cluster], env=env, capture_output=True,
+                       timeout=180)
     assert r.returncode == -signal.SIGKILL, r.stderr.decode()[-2000:]
     assert not os.path.exists(out)
     left = os.listdir(os.path.join(out + ".partial", "parts"))
     with open(os.path.join(out + ".partial", "_ray.json"), "rb") as f:
         assert len(left) == 5 and json.loads(f.read())["writer"] == "mmstore.ray"
-    r = subprocess.run([sys.executable, "-c", _DRIVER, out, "ok"], env=env, capture_output=True, timeout=180)
-    assert r.returncode == 0, r.stderr.decode()[-2000:]
+    import mmstore.ray
+
+    items = [{"image": np.full((6, 6), i, np.uint8), "label": i} for i in range(50)]
+    mmstore.ray.write(ray_cluster.data.from_items(items, override_num_blocks=5), out, quiet=True, part_rows=None)
     s = mmstore.open(out)
     assert len(s) == 50 and [int(s[i]["label"]) for i in range(50)] == list(range(50))
     assert not set(left) & set(s.parts) and verify_store(out).ok
     assert not os.path.exists(out + ".partial")
+
+
+def test_max_side_equals_ingest(ray_cluster, tmp_path):
+    """``max_side=`` (records of each image's own aspect) writes what ``mmstore ingest`` does."""
+    import mmstore.ray
+
+    root = make_source(str(tmp_path / "src"), n_per_class=3)
+    ref = str(tmp_path / "ref.store")
+    mmstore.ingest(root, ref, max_side=20, codecs=["image=jpeg:90"], workers=0, quiet=True)
+    out = str(tmp_path / "ray.store")
+    mmstore.ray.write(_labelled(ray_cluster, root, 2), out, image="bytes", root=root, label_names=CLASSES,
+                      quiet=True, part_rows=None, max_side=20, codecs=["image=jpeg:90"])
+    a, b = mmstore.open(ref), mmstore.open(out)
+    assert b.manifest["requires"] == ["parts", "shapes"] and a.schema == b.schema and len(a) == len(b) == 6
+    assert np.array_equal(a.slot_view.checksums(), b.slot_view.checksums())
+    assert all(np.array_equal(a[i]["image"], b[i]["image"]) and max(b[i]["image"].shape) == 20 for i in range(6))

@@ -126,12 +126,11 @@ def test_the_cache_limit_holds_on_disk_during_epochs(s3, tmp_path):
     path = written_image_store(tmp_path / "src.store", n=4000)  # ~7 MB of records
     url = s3.url("big.store")
     push(path, url, block_bytes=BLOCK)
-    limit = 2_000_000
+    limit = 2_500_000  # a third of the store
     cache = tmp_path / "cache"
     remote = mmstore.open(url, cache_dir=cache, cache_limit=limit)
     local = mmstore.open(path)
-    spec = OrderSpec("block", seed=1, block=64, window=4)  # a window: 4 x 64 records of 1.7 KB
-    window = 4 * 64 * (24 * 24 * 3 + 8)
+    spec = OrderSpec("block", seed=1)  # sized by the Loader for the limit
     peak, stop = [0], threading.Event()
 
     def watch():
@@ -143,7 +142,9 @@ def test_the_cache_limit_holds_on_disk_during_epochs(s3, tmp_path):
     t.start()
     try:
         for epoch in (0, 1):
-            a, b = Loader(remote, 64, spec), Loader(local, 64, spec)
+            a = Loader(remote, 64, spec)
+            b = Loader(local, 64, a.order)
+            window = a.order.block * a.order.window * (24 * 24 * 3 + 8)
             a.set_epoch(epoch)
             b.set_epoch(epoch)
             assert_same_epoch(batches(a), batches(b))

@@ -290,3 +290,59 @@ def test_an_answer_that_stalls_mid_body_times_out(s3_faulty):
         obstore.get_range(impatient, "big", start=0, end=150_000)
     assert time.monotonic() - t0 < 4
     assert bytes(obstore.get_range(impatient, "big", start=0, end=150_000)) == data[:150_000]
+
+
+def test_storms_fail_that_many_requests_in_a_row_of_every_period(s3_faulty):
+    proxy = s3_faulty.proxy
+    obstore.put(s3_faulty.store(endpoint=s3_faulty.server.endpoint), "small", b"x" * 100)
+    proxy.storm(2, 5, method="GET")
+    store = s3_faulty.store(retry_config=NO_RETRY)
+    outcomes = []
+    for _ in range(10):
+        try:
+            get(store, "small")
+            outcomes.append("ok")
+        except GenericError as e:
+            assert "503" in str(e) and "SlowDown" in str(e)
+            outcomes.append("503")
+    assert outcomes == ["503", "503", "ok", "ok", "ok"] * 2
+    assert proxy.faults == 4
+
+
+def test_a_range_request_answered_with_the_whole_object_is_a_200_that_obstore_refuses(s3_faulty):
+    proxy = s3_faulty.proxy
+    data = random.Random(5).randbytes(100_000)
+    obstore.put(s3_faulty.store(endpoint=s3_faulty.server.endpoint), "big", data)
+    proxy.whole_next(1)
+    with pytest.raises(GenericError, match="non-partial"):
+        obstore.get_range(s3_faulty.store(retry_config=NO_RETRY), "big", start=10, end=20)
+    proxy.settle()
+    assert proxy.wholes == 1
+    # as a client that takes any answer sees it: the whole object, status 200, signed by the proxy
+    proxy.whole_next(1)
+    host = f"127.0.0.1:{proxy.port}"
+    target, headers = sign("GET", host, f"/{s3_faulty.bucket}/big")
+    conn = http.client.HTTPConnection("127.0.0.1", proxy.port, timeout=10)
+    try:
+        conn.request("GET", target, headers={**headers, "range": "bytes=0-9"})
+        resp = conn.getresponse()
+        assert resp.status == 200 and resp.read() == data
+    finally:
+        conn.close()
+    proxy.settle()
+    assert proxy.wholes == 2 and proxy.events[-1].outcome == "whole"
+    assert bytes(obstore.get_range(s3_faulty.store(retry_config=NO_RETRY), "big", start=10, end=20)) == data[10:20]
+
+
+def test_a_dripped_answer_is_whole_and_slow_and_its_body_bytes_are_counted(s3_faulty):
+    proxy = s3_faulty.proxy
+    data = random.Random(6).randbytes(40_000)
+    obstore.put(s3_faulty.store(endpoint=s3_faulty.server.endpoint), "big", data)
+    proxy.settle()
+    before = proxy.body_bytes
+    proxy.drip_next(1, chunk=1000, pause=0.01)
+    t0 = time.monotonic()
+    assert get(s3_faulty.store(retry_config=NO_RETRY), "big") == data
+    assert time.monotonic() - t0 >= 0.3  # 40 pauses of 10 ms
+    proxy.settle()
+    assert proxy.drips == 1 and proxy.body_bytes - before == len(data)

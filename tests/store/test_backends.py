@@ -484,3 +484,22 @@ def test_a_backend_without_capabilities_is_served_by_the_interface_alone(tmp_pat
     doc = doctor_store(path, samples=8, threads=2, budget_s=0.5, seq_bytes=1 << 16)
     assert doc.backend == kind.split("-")[0] and doc.cold_sample == 8
     assert any("random record-sized reads" in n for n in doc.notes), doc.notes
+
+
+@pytest.mark.parametrize("kind", ["memmap", "memmap-merged", "lmdb", "lmdb-merged"])
+def test_stored_entry_bytes_is_known_from_the_manifest_or_measured(tmp_path, kind):
+    """``BackendReader.stored_entry_bytes``: the entries' total from the file
+    sizes where the backend knows it (memmap, also merged), None where the
+    entries must be measured (lmdb); the Store's mean stored bytes agree
+    with the entries' own sizes either way (one record in 3 a hole)."""
+    from support.stores import compact_store
+
+    n = 30
+    cuts = [10, 20] if kind.endswith("merged") else None
+    path = compact_store(str(tmp_path / "s"), n, backend=kind.split("-")[0], holes=range(0, n, 3), cuts=cuts)
+    with mmstore.open(path) as s:
+        sizes = s.slot_view.entry_sizes("image")
+        total = s.slot_view.backend.stored_entry_bytes("image")
+        assert total == (int(sizes.sum()) if kind.startswith("memmap") else None)
+        assert s.stored_record_bytes("image") == round(sizes.mean())
+        assert s.stored_record_bytes() == round(sizes.mean()) + s.schema["label"].nbytes + s.schema["box"].nbytes

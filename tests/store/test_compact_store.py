@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import signal
 import subprocess
 import sys
@@ -378,6 +379,10 @@ def test_bad_offsets_inside_open_in_o1_and_fail_at_read_naming_the_record(copy):
     msg = str(ei.value)
     for part in (f"record {i}", f"slot {slot}", f"key 'in/{slot}'", "'image'", "verify --decode"):
         assert part in msg, (part, msg)
+    # the same as typed attributes, kept by a copy of the error (one from a child process)
+    for err in (ei.value, pickle.loads(pickle.dumps(ei.value))):
+        assert (err.field, err.slot, err.index, err.key) == ("image", slot, i, f"in/{slot}"), err
+        assert "not an increasing pair" in err.reason and err.reason in str(err)
     with pytest.raises(EntryDecodeError, match=f"slot {slot}"):
         s.read_batch([0, i, 1])
     with pytest.raises(EntryDecodeError, match="not an increasing pair"):

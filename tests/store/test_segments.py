@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from support.compare import BOOKKEEPING, assert_reads_same
+from support.faults import CRASHED, run_forked
 from support.stores import write_parts, write_store
 
 import mmstore
@@ -231,17 +232,15 @@ def test_killed_merge_leaves_no_store_and_reruns(tmp_path):
     no DEST, or a complete one; rerunning the merge gives the full store."""
     parts = write_parts(tmp_path, 30, [8, 8, 21], holes={2, 29})
     ref = write_store(tmp_path / "ref", 30, holes={2, 29})
-    code = ("import sys; from mmstore.ingest import merge; merge(sys.argv[1:-1], sys.argv[-1])")
-    env = dict(os.environ, PYTHONPATH=REPO)
     k = 0
     while True:
         k += 1
         dest = str(tmp_path / f"m{k}")
-        r = subprocess.run([sys.executable, "-c", code, *parts, dest], env=dict(env, MMSTORE_CRASH_AT=f"any:{k}"),
-                           capture_output=True, timeout=120)
-        if r.returncode == 0:
+        # a forked child (no new interpreter per crash point) dies at the k-th point
+        rc = run_forked(["merge", *parts, dest, "--quiet"], crash=f"any:{k}")
+        if rc == 0:
             break
-        assert r.returncode == 77, r.stderr.decode()
+        assert rc == CRASHED, f"crash point {k}: exit {rc} (MMSTORE_FAULT_DEBUG=FILE keeps the traceback)"
         assert not os.path.exists(os.path.join(dest, "manifest.json")) or os.path.exists(dest)
         if os.path.exists(dest):  # died after the rename: it is complete
             assert_reads_same(ref, dest)

@@ -1,6 +1,6 @@
 """``Store.slot_view``: the slot-level view answers for every layout (memmap,
-lmdb, merged, with holes), and the old ``Store`` spellings of its members
-still work for one version, with a warning that names the new one."""
+lmdb, merged, with holes); the ``Store`` spellings of its members that 0.3
+kept with a warning are gone."""
 
 from __future__ import annotations
 
@@ -105,13 +105,7 @@ def _call(obj, name):
 
 
 @pytest.mark.parametrize("name", MOVED)
-def test_old_store_spellings_warn_and_agree(store, name):
-    want = _call(store.slot_view, name)
-    with pytest.warns(DeprecationWarning, match=rf"Store\.{name} is deprecated.*store\.slot_view\.{name}\b"):
-        got = _call(store, name)
-    if name == "backend":
-        assert got is want  # this process's one backend object
-    elif isinstance(want, np.ndarray) or want is None:
-        assert (got is None and want is None) or np.array_equal(got, want)
-    else:
-        assert got == want
+def test_the_old_store_spelling_is_gone_and_the_slot_view_answers(store, name):
+    with pytest.raises(AttributeError, match=f"'Store' object has no attribute '{name}'"):
+        getattr(store, name)
+    _call(store.slot_view, name)  # the spelling that replaces it (what it gives: the tests above)

@@ -34,8 +34,8 @@ for circles they count too):
 ``cli``
     one module per command.
 
-``mmstore/__init__.py`` (the public API) and the aliases that keep the 0.2
-module names one version (``mmstore/geometry.py`` ...) may import any layer.
+``mmstore/__init__.py`` (the public API) may import any layer. The 0.2
+module names (``mmstore.geometry`` ...), aliases through 0.3, are gone.
 """
 
 from __future__ import annotations
@@ -50,10 +50,9 @@ ROOT = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.absp
 LAYERS = ["errors", "_version", "_os", "format", "remote", "store", "order", "decode", "engine", "ingest", "torch",
           "check", "transfer", "ray", "cli"]
 PUBLIC_PRIVATE = {"_os", "_version"}  # underscored packages that are the project's own, used across packages
-# the 0.2 names of moved modules, kept one version as aliases (a DeprecationWarning on import): like
-# mmstore/__init__.py, on top of every layer
-ALIASES = {"geometry": "decode.geometry", "schema": "format.schema", "codecs": "format.codecs",
-           "ragged": "format.ragged", "reader": "store.reader", "writer": "store.writer", "splits": "order.splits"}
+# the 0.2 names of moved modules (aliases in 0.3, removed in 0.4) and each one's home
+MOVED = {"geometry": "decode.geometry", "schema": "format.schema", "codecs": "format.codecs",
+         "ragged": "format.ragged", "reader": "store.reader", "writer": "store.writer", "splits": "order.splits"}
 
 
 def _modules() -> dict[str, str]:
@@ -109,8 +108,8 @@ IMPORTS = {m: _imports(m, p) for m, p in MODULES.items()}
 
 def _package(mod: str) -> str | None:
     parts = mod.split(".")
-    if len(parts) == 1 or (len(parts) == 2 and parts[1] in ALIASES):
-        return None  # mmstore/__init__.py and the aliases: the top
+    if len(parts) == 1:
+        return None  # mmstore/__init__.py: the top
     return parts[1]
 
 
@@ -202,18 +201,17 @@ def test_the_core_never_imports_torch(layer):
     assert not wrong, wrong
 
 
-@pytest.mark.parametrize("old", sorted(ALIASES))
-def test_each_alias_of_a_moved_module_warns_and_gives_the_module_s_names(old):
+@pytest.mark.parametrize("old", sorted(MOVED))
+def test_the_0_2_name_of_a_moved_module_is_gone_and_its_home_holds_its_names(old):
     import importlib
     import sys
 
+    assert f"mmstore.{old}" not in MODULES
     sys.modules.pop(f"mmstore.{old}", None)
-    with pytest.warns(DeprecationWarning, match=f"mmstore.{old} moved to mmstore.{ALIASES[old]}"):
-        alias = importlib.import_module(f"mmstore.{old}")
-    new = importlib.import_module(f"mmstore.{ALIASES[old]}")
-    assert alias.__all__ == new.__all__
-    for name in new.__all__:
-        assert getattr(alias, name) is getattr(new, name), name
+    with pytest.raises(ModuleNotFoundError, match=f"mmstore.{old}"):
+        importlib.import_module(f"mmstore.{old}")
+    home = importlib.import_module(f"mmstore.{MOVED[old]}")
+    assert home.__all__ and all(hasattr(home, name) for name in home.__all__)
 
 
 @pytest.mark.parametrize("layer", ["remote", "transfer"])

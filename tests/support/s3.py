@@ -8,9 +8,12 @@ bucket, put or get raw bytes) are signed here with AWS Signature V4, so this mod
 standard library only.
 
 ``FaultProxy`` is an HTTP/1.1 proxy on its own loopback port that relays requests to the
-server and, on command, answers some of them ``503 SlowDown``, resets their connection, cuts
-their answer in the middle of its body (and may stall there first) or delays them: throttling
-and dropped connections as object storage produces them.
+server and, on command, answers some of them ``503 SlowDown`` (one by one, at a rate, or in
+storms of many in a row), resets their connection, cuts their answer in the middle of its body
+(and may stall there first), delays them, drips their body a few bytes at a time, or answers a
+range request with the whole object (``200``, as a server, proxy or CDN that ignores ``Range``
+does): throttling, dropped connections and slow or wrong answers as object storage and the
+network between produce them. It counts the body bytes it relays (``body_bytes``).
 """
 
 from __future__ import annotations
@@ -37,7 +40,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import BinaryIO
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 REGION = "us-east-1"
 NO_METADATA = "http://127.0.0.1:1"  # a closed loopback port: asked for credentials, it refuses at once
@@ -87,18 +90,32 @@ def _port_is_free(port: int) -> bool:
     return True
 
 
+def _port_range() -> tuple[int, int]:
+    """``_PORT_RANGE``, or under pytest-xdist this worker's own slice of it: servers that two
+    workers start at the same moment never choose the same port between the check and the bind."""
+    lo, hi = _PORT_RANGE
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+    if count > 1 and worker.startswith("gw") and worker[2:].isdigit():
+        span = (hi - lo) // count
+        k = int(worker[2:]) % count
+        return lo + k * span, lo + (k + 1) * span
+    return lo, hi
+
+
 def free_port_pairs(n: int, rng: random.Random | None = None) -> list[int]:
     """``n`` distinct loopback ports P, each free now with P + 10000 free too, all below the
     ephemeral range (so that no outgoing connection takes one before the server binds it)."""
     rng = rng or random.Random()
+    span = _port_range()
     ports: list[int] = []
     for _ in range(1000):
-        port = rng.randrange(*_PORT_RANGE)
+        port = rng.randrange(*span)
         if port not in ports and _port_is_free(port) and _port_is_free(port + _GRPC_OFFSET):
             ports.append(port)
             if len(ports) == n:
                 return ports
-    raise S3ServerError(f"found only {len(ports)} free loopback port pairs of {n} in {_PORT_RANGE}")
+    raise S3ServerError(f"found only {len(ports)} free loopback port pairs of {n} in {span}")
 
 
 # -- AWS Signature V4 -------------------------------------------------------------------------
@@ -414,7 +431,7 @@ _MAX_HEADERS = 200
 
 @dataclass
 class _Rule:
-    action: str  # "fail", "reset" or "cut"
+    action: str  # "fail", "reset", "cut", "whole" or "drip"
     remaining: int | None  # None: every matching request, each with probability ``rate``
     rate: float
     method: str | None
@@ -423,6 +440,11 @@ class _Rule:
     rng: random.Random | None = None
     keep: float = 0.5  # "cut": the share of the body relayed before the connection is reset
     stall: float = 0.0  # "cut": seconds the connection then stays silent before the reset
+    storm: int = 0  # "fail" in storms: requests in a row answered with ``status`` ...
+    every: int = 0  # ... at the start of every ``every`` matching requests
+    seen: int = 0  # matching requests so far (storms)
+    drip: int = 0  # "drip": body bytes per step ...
+    pause: float = 0.0  # ... with this many seconds between steps
 
     def matches(self, method: str, target: str) -> bool:
         return ((self.method is None or self.method == method)
@@ -433,7 +455,7 @@ class _Rule:
 class ProxyEvent:
     method: str
     target: str
-    outcome: str  # "forwarded", "fail", "reset", "cut" or "upstream-down"
+    outcome: str  # "forwarded", "fail", "reset", "cut", "whole", "drip" or "upstream-down"
 
 
 @dataclass
@@ -521,9 +543,14 @@ class FaultProxy:
     ----------
     upstream : str
         The server's endpoint, ``http://host:port``.
+    credentials : Credentials, optional
+        What the proxy signs its own requests with (``whole_next``: a client signs ``Range``,
+        so the proxy cannot drop it from the client's request; it asks for the whole object
+        itself). Default ``ADMIN``.
     """
 
-    def __init__(self, upstream: str) -> None:
+    def __init__(self, upstream: str, credentials: Credentials = ADMIN) -> None:
+        self.credentials = credentials
         host, _, port = upstream.split("://", 1)[1].rstrip("/").partition(":")
         self.upstream = (host, int(port or 80))
         self._listener = socket.create_server(("127.0.0.1", 0))
@@ -541,7 +568,12 @@ class FaultProxy:
         self.faults = 0  # answered with an injected error status
         self.resets = 0  # connections reset instead of answered
         self.cuts = 0  # answers cut in the middle of their body
+        self.wholes = 0  # range requests answered with the whole object (200)
+        self.drips = 0  # answers whose body was dripped slowly
         self.forwarded = 0
+        self.body_bytes = 0  # body bytes of answers relayed to clients (any outcome)
+        self._busy = 0  # requests being handled now
+        self._idle = threading.Condition(self._lock)
         self._acceptor = threading.Thread(target=self._accept_loop, name=f"fault-proxy-{self.port}", daemon=True)
         self._acceptor.start()
 
@@ -578,6 +610,35 @@ class FaultProxy:
         with self._lock:
             self._rules.append(_Rule("fail", None, p, method, self._pattern(path), status, random.Random(seed)))
 
+    def storm(self, length: int, every: int, *, status: int = 503, method: str | None = None,
+              path: str | None = None) -> None:
+        """Storms of throttling: of every ``every`` matching requests, the first ``length`` in a row
+        are answered with ``status`` (``503 SlowDown``), the others relayed; until ``clear``."""
+        if not 0 < length < every:
+            raise ValueError(f"a storm of {length} in every {every} requests: expected 0 < length < every")
+        with self._lock:
+            self._rules.append(_Rule("fail", None, 1.0, method, self._pattern(path), status, storm=length,
+                                     every=every))
+
+    def whole_next(self, n: int | None, *, rate: float = 1.0, seed: int = 0, method: str | None = "GET",
+                   path: str | None = None) -> None:
+        """Answer the next ``n`` matching range requests (``None``: every one, each with probability
+        ``rate``) as a server that ignores ``Range``: ``200`` with the whole object. (The client
+        signed its ``Range`` header, so the proxy asks the server for the whole object with a
+        request of its own, signed with ``credentials``.) A request without ``Range`` is relayed."""
+        with self._lock:
+            self._rules.append(_Rule("whole", n, rate, method, self._pattern(path), 0,
+                                     None if n is not None else random.Random(seed)))
+
+    def drip_next(self, n: int | None, *, chunk: int = 1024, pause: float = 0.01, rate: float = 1.0, seed: int = 0,
+                  method: str | None = "GET", path: str | None = None) -> None:
+        """Relay the answer of the next ``n`` matching requests (``None``: every one, each with
+        probability ``rate``) slowly: its body ``chunk`` bytes at a time, ``pause`` seconds
+        apart (a slow link, or a server under load); complete and correct, only slow."""
+        with self._lock:
+            self._rules.append(_Rule("drip", n, rate, method, self._pattern(path), 0,
+                                     None if n is not None else random.Random(seed), drip=max(1, chunk), pause=pause))
+
     def set_delay(self, seconds: float, *, method: str | None = None, path: str | None = None) -> None:
         """Hold each matching request ``seconds`` before handling it (0 to stop)."""
         with self._lock:
@@ -589,8 +650,9 @@ class FaultProxy:
             self._rules.clear()
             self._delay = _Delay()
 
-    def _decide(self, method: str, target: str) -> tuple[str, int, float, _Rule | None]:
-        """(action, status, delay, the rule that decided) for one request; counts it."""
+    def _decide(self, method: str, target: str, ranged: bool = False) -> tuple[str, int, float, _Rule | None]:
+        """(action, status, delay, the rule that decided) for one request (``ranged``: it has a
+        ``Range`` header); counts it."""
         with self._lock:
             self.requests += 1
             d = self._delay
@@ -599,7 +661,13 @@ class FaultProxy:
             for rule in self._rules:
                 if not rule.matches(method, target):
                     continue
-                if rule.remaining is not None:
+                if rule.action == "whole" and not ranged:
+                    continue
+                if rule.storm:
+                    rule.seen += 1
+                    if (rule.seen - 1) % rule.every >= rule.storm:
+                        continue
+                elif rule.remaining is not None:
                     if rule.remaining <= 0:
                         continue
                     rule.remaining -= 1
@@ -609,6 +677,10 @@ class FaultProxy:
                     self.resets += 1
                 elif rule.action == "cut":
                     self.cuts += 1
+                elif rule.action == "whole":
+                    self.wholes += 1
+                elif rule.action == "drip":
+                    self.drips += 1
                 else:
                     self.faults += 1
                 return rule.action, rule.status, delay, rule
@@ -656,9 +728,26 @@ class FaultProxy:
 
     def _handle(self, conn: socket.socket, rfile: BinaryIO, lines: list[bytes]) -> bool:
         """One request; False when the client connection must be closed."""
+        with self._lock:
+            self._busy += 1
+        try:
+            return self._handle_one(conn, rfile, lines)
+        finally:
+            with self._lock:
+                self._busy -= 1
+                self._idle.notify_all()
+
+    def settle(self, timeout: float = 10.0) -> None:
+        """Wait until no request is being handled (its counters are final: a client may have its
+        answer before the proxy has counted it)."""
+        with self._lock:
+            if not self._idle.wait_for(lambda: self._busy == 0, timeout):
+                raise TimeoutError(f"the proxy still handles {self._busy} requests after {timeout} s")
+
+    def _handle_one(self, conn: socket.socket, rfile: BinaryIO, lines: list[bytes]) -> bool:
         method, target, _ = lines[0].decode("latin-1").split(" ", 2)
         headers = _headers(lines)
-        action, status, delay, rule = self._decide(method, target)
+        action, status, delay, rule = self._decide(method, target, "range" in headers)
         if delay and self._stopping.wait(delay):
             return False
         expects = headers.get("expect", "").lower() == "100-continue"
@@ -678,6 +767,8 @@ class FaultProxy:
                          f"Retry-After: 0\r\n\r\n".encode() + payload)
             return True
         head = b"".join(line for line in lines if not line.lower().startswith(b"expect:")) + b"\r\n"
+        if action == "whole":
+            head = self._whole_request(target, headers)
         try:
             up = socket.create_connection(self.upstream, timeout=60)
         except OSError:
@@ -704,19 +795,50 @@ class FaultProxy:
                 return False
             framed = True
             if method != "HEAD" and code not in (204, 304):
-                framed = _copy_body(upfile, rheaders, conn.sendall)
+                send = self._dripper(conn, rule) if rule is not None and rule.action == "drip" else self._sender(conn)
+                framed = _copy_body(upfile, rheaders, send)
                 if not framed:
                     while chunk := upfile.read1(1 << 16):
-                        conn.sendall(chunk)
+                        send(chunk)
             with self._lock:
                 self.forwarded += 1
-            self._record(method, target, "forwarded")
+            self._record(method, target, action if action in ("whole", "drip") else "forwarded")
             return framed and rheaders.get("connection", "").lower() != "close"
         finally:
             upfile.close()
             with self._lock:
                 self._sockets.discard(up)
             up.close()
+
+    def _count(self, n: int) -> None:
+        with self._lock:
+            self.body_bytes += n
+
+    def _sender(self, conn: socket.socket) -> Callable[[bytes], None]:
+        def send(data: bytes) -> None:
+            conn.sendall(data)
+            self._count(len(data))
+        return send
+
+    def _dripper(self, conn: socket.socket, rule: _Rule) -> Callable[[bytes], None]:
+        def send(data: bytes) -> None:
+            view = memoryview(data)
+            while len(view):
+                conn.sendall(view[: rule.drip])
+                self._count(min(len(view), rule.drip))
+                view = view[rule.drip:]
+                if self._stopping.wait(rule.pause):
+                    raise OSError("the proxy is stopping")
+        return send
+
+    def _whole_request(self, target: str, headers: dict[str, str]) -> bytes:
+        """The head of a GET of the whole object at ``target``, signed by the proxy."""
+        path, _, query = target.partition("?")
+        q = {k: v for k, _, v in (p.partition("=") for p in query.split("&") if p)}
+        uri, signed = sign("GET", headers.get("host", f"127.0.0.1:{self.port}"), unquote(path),
+                           query={unquote(k): unquote(v) for k, v in q.items()}, credentials=self.credentials)
+        return (f"GET {uri} HTTP/1.1\r\n" + "".join(f"{k}: {v}\r\n" for k, v in signed.items())
+                + "\r\n").encode("latin-1")
 
     def _cut(self, conn: socket.socket, upfile: BinaryIO, rheaders: dict[str, str], rule: _Rule) -> None:
         """Relay the first ``rule.keep`` of the answer's body, stay silent ``rule.stall``
@@ -731,6 +853,7 @@ class FaultProxy:
             if not chunk:
                 break
             conn.sendall(chunk)
+            self._count(len(chunk))
             left -= len(chunk)
         if rule.stall:
             self._stopping.wait(rule.stall)

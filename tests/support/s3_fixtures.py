@@ -1,6 +1,6 @@
 """Fixtures for stores in object storage (``tests/conftest.py`` imports them): one real S3
-server on loopback per test run (SeaweedFS ``weed mini``, see ``support.s3``), a fresh
-bucket per test, and a fault-injecting
+server on loopback per test process, so one per pytest-xdist worker, each on free ports of
+its own (SeaweedFS ``weed mini``, see ``support.s3``), a fresh bucket per test, and a fault-injecting
 proxy in front of the server for the tests that need throttling, resets or delays.
 
 Where the ``weed`` binary is missing or the server cannot start, the tests that use these

@@ -35,61 +35,70 @@ import mmstore
 from mmstore.order import OrderSpec
 from mmstore.torch import Loader, LoaderTuning, OrderSampler, StoreDataset
 
-path, out, bs, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-dist.init_process_group("gloo")
-rank, world = dist.get_rank(), dist.get_world_size()
-# two ranks on a small machine: no intra-op thread pool running when the DataLoader forks its
-# worker (a fork beside busy OpenMP threads can leave the worker waiting for ever)
-torch.set_num_threads(1)
-torch.manual_seed(0)
-model = DDP(torch.nn.Linear(24 * 32 * 3, 1))
-opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-store = mmstore.open(path)
-rec = store.stored_record_bytes(("image", "idx"))
-results = []
-for mode in ("loader", "loader-pad", "loader-mem", "dataloader"):
-    for kind in ("permutation", "block"):
-        for drop in (False, True):
-            kw = {"block": 6, "window": 3} if kind == "block" else {}
-            if mode == "loader-mem":  # the window sized automatically, each rank another memory budget
-                if kind != "block" or drop:
-                    continue
-                kw = {"block": 6, "mem_bytes": (200 + 200 * rank) * rec}
-            if mode.startswith("loader"):  # rank and world size from torch.distributed
-                okw = {k: v for k, v in kw.items() if k in ("block", "window")}
-                spec = OrderSpec(kind, seed=3, drop_last=drop, pad=mode == "loader-pad", **okw)
-                src = Loader(store, bs, spec, fields=("image", "idx"), drop_last=drop,
-                             tuning=LoaderTuning(mem_bytes=kw.get("mem_bytes")))
-                order = src.order
-            else:
-                ds = StoreDataset(store, fields=("image", "idx"))
-                sm = OrderSampler(ds, kind, seed=3, drop_last=drop, **kw)
-                src = DataLoader(ds, batch_size=bs, sampler=sm, drop_last=drop, num_workers=1)
-                order = sm.order
-            for epoch in range(epochs):  # no set_epoch: both move to the next epoch by themselves
-                seen, steps = [], 0
-                for b in src:
-                    x = b["image"].reshape(len(b["idx"]), -1).float() / 255
-                    loss = model(x).pow(2).mean()
-                    opt.zero_grad()
-                    loss.backward()  # DDP all-reduce: every rank must take this step
-                    opt.step()
-                    seen += b["idx"].tolist()
-                    steps += 1
-                want = order.epoch(epoch).tolist()
-                if drop:
-                    want = want[: len(want) // bs * bs]
-                gathered = [None] * world
-                dist.all_gather_object(gathered, {"seen": seen, "steps": steps, "as_order": seen == want,
-                                                  "rank": (order.rank, order.world_size)})
-                if rank == 0:
-                    results.append({"mode": mode, "kind": kind, "drop": drop, "epoch": epoch, "ranks": gathered})
-            if mode.startswith("loader"):
-                src.close()
-if rank == 0:
-    with open(out, "w") as fh:
-        json.dump(results, fh)
-dist.destroy_process_group()
+
+def main():
+    path, out, bs, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    # two ranks on a small machine: no intra-op thread pool running when the DataLoader forks its
+    # worker (a fork beside busy OpenMP threads can leave the worker waiting for ever)
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+    model = DDP(torch.nn.Linear(24 * 32 * 3, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    store = mmstore.open(path)
+    rec = store.stored_record_bytes(("image", "idx"))
+    results = []
+    for mode in ("loader", "loader-pad", "loader-mem", "dataloader"):
+        for kind in ("permutation", "block"):
+            for drop in (False, True):
+                kw = {"block": 6, "window": 3} if kind == "block" else {}
+                if mode == "loader-mem":  # the window sized automatically, each rank another memory budget
+                    if kind != "block" or drop:
+                        continue
+                    kw = {"block": 6, "mem_bytes": (200 + 200 * rank) * rec}
+                if mode.startswith("loader"):  # rank and world size from torch.distributed
+                    okw = {k: v for k, v in kw.items() if k in ("block", "window")}
+                    spec = OrderSpec(kind, seed=3, drop_last=drop, pad=mode == "loader-pad", **okw)
+                    src = Loader(store, bs, spec, fields=("image", "idx"), drop_last=drop,
+                                 tuning=LoaderTuning(mem_bytes=kw.get("mem_bytes")))
+                    order = src.order
+                else:
+                    ds = StoreDataset(store, fields=("image", "idx"))
+                    sm = OrderSampler(ds, kind, seed=3, drop_last=drop, **kw)
+                    # a forkserver worker, not a fork of this process beside gloo's and the Loaders'
+                    # threads (a fork there can leave the worker waiting on a lock for ever)
+                    src = DataLoader(ds, batch_size=bs, sampler=sm, drop_last=drop, num_workers=1,
+                                     multiprocessing_context="forkserver", persistent_workers=True)
+                    order = sm.order
+                for epoch in range(epochs):  # no set_epoch: both move to the next epoch by themselves
+                    seen, steps = [], 0
+                    for b in src:
+                        x = b["image"].reshape(len(b["idx"]), -1).float() / 255
+                        loss = model(x).pow(2).mean()
+                        opt.zero_grad()
+                        loss.backward()  # DDP all-reduce: every rank must take this step
+                        opt.step()
+                        seen += b["idx"].tolist()
+                        steps += 1
+                    want = order.epoch(epoch).tolist()
+                    if drop:
+                        want = want[: len(want) // bs * bs]
+                    gathered = [None] * world
+                    dist.all_gather_object(gathered, {"seen": seen, "steps": steps, "as_order": seen == want,
+                                                      "rank": (order.rank, order.world_size)})
+                    if rank == 0:
+                        results.append({"mode": mode, "kind": kind, "drop": drop, "epoch": epoch, "ranks": gathered})
+                if mode.startswith("loader"):
+                    src.close()
+    if rank == 0:
+        with open(out, "w") as fh:
+            json.dump(results, fh)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":  # the DataLoader's worker starts from a forkserver, which imports this file
+    main()
 """
 
 

@@ -302,10 +302,10 @@ def test_cold_paths_window_prefetch_and_willneed(stores, name, mode, monkeypatch
     P.close()
 
 
-def test_tuning_object_and_tuning_keywords_make_the_same_loader(stores):
-    """``tuning=LoaderTuning(...)`` and the same knobs as keywords: one
-    configuration, the same batches (pixel exact); a keyword wins over the
-    object's field; order keywords still reach the order; pickling keeps it."""
+def test_equal_tuning_objects_make_the_same_loader(stores):
+    """Two equal ``tuning=LoaderTuning(...)``: one configuration, the same
+    batches (pixel exact); the order's sizes reach the order; pickling keeps
+    both."""
     path, ref = stores["big"], mmstore.open(stores["big"])
     t = LoaderTuning(prefetch=2, hold=2, threads=3, method="pread", piece_bytes=4096, window_prefetch=True)
     a = Loader(path, 16, Permutation(301, seed=4), tuning=t)
@@ -318,8 +318,7 @@ def test_tuning_object_and_tuning_keywords_make_the_same_loader(stores):
     assert a.tuning == b.tuning == t and t.window_prefetch == "willneed"
     # ring_size: + 1 for the kept-batch check
     assert (a.prefetch, a.tuning.hold, a.tuning.threads, a.tuning.method, a.ring_size) == (2, 2, 3, "pread", 5)
-    with pytest.warns(DeprecationWarning, match="loader.tuning.hold"):
-        assert a.hold == 2  # the 0.2 spelling, kept one version
+    assert not hasattr(a, "hold")  # the 0.2 spelling (loader.hold) is gone: loader.tuning.hold
     got_a = [{k: v.clone() for k, v in x.items()} for x in a]
     got_b = [{k: v.clone() for k, v in x.items()} for x in b]
     assert np.array_equal(np.concatenate([x["idx"].numpy() for x in got_a]), Permutation(301, seed=4).epoch(0))
@@ -328,8 +327,7 @@ def test_tuning_object_and_tuning_keywords_make_the_same_loader(stores):
         want = ref.read_batch(x["idx"].numpy())
         for f in ref.fields:
             assert torch.equal(x[f], y[f]) and np.array_equal(x[f].numpy(), want[f])
-    with pytest.warns(DeprecationWarning, match=r"pass tuning=LoaderTuning\(prefetch=5\)"):
-        c = Loader(path, 16, OrderSpec("block", block=5, window=3), tuning=t, prefetch=5)  # the old spelling wins
+    c = Loader(path, 16, OrderSpec("block", block=5, window=3), tuning=dataclasses.replace(t, prefetch=5))
     assert c.tuning == dataclasses.replace(t, prefetch=5) and c.ring_size == 8
     assert isinstance(c.order, BlockShuffle) and (c.order.block, c.order.window) == (5, 3)
     d = pickle.loads(pickle.dumps(c))

@@ -1,11 +1,13 @@
 """The Loader's arguments: sixteen of them, the order's parameters in an
-``OrderSpec``, the tuning in a ``LoaderTuning``; the spellings of 0.2 still
-work, each with a ``DeprecationWarning`` that names the new one, and give
-the same loader."""
+``OrderSpec``, the tuning in a ``LoaderTuning``. The 0.2 keywords (kept with
+a ``DeprecationWarning`` through 0.3) are gone: each is Python's own
+``TypeError`` naming it."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
+import pickle
 
 import numpy as np
 import pytest
@@ -29,21 +31,39 @@ def _epoch(loader, epoch=0):
 
 def test_the_signature_is_small_and_names_every_argument():
     params = inspect.signature(Loader).parameters
-    named = [p for p in params.values() if p.kind is not inspect.Parameter.VAR_KEYWORD]
-    assert len(named) <= 16, [p.name for p in named]
+    assert not [p for p in params.values() if p.kind is inspect.Parameter.VAR_KEYWORD]
+    assert len(params) <= 16, list(params)
     for gone in ("seed", "rank", "world_size", "rank_drop_last", "rank_pad", "threads", "prefetch"):
         assert gone not in params
 
 
-@pytest.mark.parametrize("kind", ["permutation", "block", "sequential"])
-def test_an_order_spec_reads_what_the_old_keywords_read(store, kind):
-    old = dict(seed=5, rank=1, world_size=3, rank_pad=True)
-    with pytest.warns(DeprecationWarning, match=r"pass order=OrderSpec\("):
-        a = Loader(store, 4, kind, **old)
-    b = Loader(store, 4, OrderSpec(kind, seed=5, rank=1, world_size=3, pad=True))
-    assert a.order == b.order
-    for e in range(2):
-        assert np.array_equal(_epoch(a, e), _epoch(b, e))
+# each keyword of 0.2 with its 0.4 spelling (in the CHANGELOG's 0.4.0 entry)
+OLD_KEYWORDS = {
+    "seed": ({"seed": 5}, dict(order=OrderSpec("permutation", seed=5))),
+    "rank": ({"rank": 1, "world_size": 3}, dict(order=OrderSpec("permutation", rank=1, world_size=3))),
+    "rank_drop_last": ({"rank_drop_last": True}, dict(order=OrderSpec("permutation", drop_last=True))),
+    "rank_pad": ({"rank_pad": True}, dict(order=OrderSpec("permutation", pad=True))),
+    "block": ({"block": 4, "window": 2}, dict(order=OrderSpec("block", block=4, window=2))),
+    "threads": ({"threads": 2}, dict(tuning=LoaderTuning(threads=2))),
+    "prefetch": ({"prefetch": 1}, dict(tuning=LoaderTuning(prefetch=1))),
+    "hold": ({"hold": 2}, dict(tuning=LoaderTuning(hold=2))),
+}
+
+
+@pytest.mark.parametrize("old", sorted(OLD_KEYWORDS))
+def test_a_keyword_of_0_2_is_a_type_error_naming_it_and_its_new_spelling_works(store, old):
+    kw, new = OLD_KEYWORDS[old]
+    with pytest.raises(TypeError, match=f"unexpected keyword argument '{old}'"):
+        Loader(store, 4, **kw)
+    with Loader(store, 4, **new) as L:
+        assert len(_epoch(L)) > 0
+
+
+def test_an_order_spec_carries_the_seed_rank_split_and_padding(store):
+    a = Loader(store, 4, OrderSpec("permutation", seed=5, rank=1, world_size=3, pad=True))
+    b = Loader(store, 4, OrderSpec("permutation", seed=6, rank=1, world_size=3, pad=True))
+    assert (a.order.seed, a.order.rank, a.order.world_size, a.order.pad) == (5, 1, 3, True)
+    assert len(_epoch(a)) == -(-N // 3) and not np.array_equal(_epoch(a), _epoch(b))
     a.close()
     b.close()
 
@@ -58,27 +78,17 @@ def test_the_ranks_of_an_order_spec_read_every_record_once(store):
     assert len({len(s) for s in seen}) <= 2  # 18, 18, 17: exactly once, not padded
 
 
-def test_old_tuning_keywords_warn_and_give_the_same_tuning(store):
-    with pytest.warns(DeprecationWarning, match=r"pass tuning=LoaderTuning\(threads=2, prefetch=1\)"):
-        a = Loader(store, 8, threads=2, prefetch=1)
-    b = Loader(store, 8, tuning=LoaderTuning(threads=2, prefetch=1))
-    assert a.tuning == b.tuning and a.ring_size == b.ring_size
-    a.close()
-    b.close()
-
-
-def test_an_order_object_takes_only_a_rank_from_the_old_keywords(store):
-    order = Permutation(N, seed=4)
-    with pytest.warns(DeprecationWarning, match="build the order for its rank"):
-        L = Loader(store, 4, order, rank=1, world_size=2)
-    assert (L.order.rank, L.order.world_size, L.order.seed) == (1, 2, 4)
-    L.close()
-    with pytest.raises(TypeError, match="cannot change an Order object"):
-        Loader(store, 4, order, seed=3)
+def test_an_order_object_is_built_for_its_rank_and_kept_by_a_pickled_copy(store):
+    order = dataclasses.replace(Permutation(N, seed=4), rank=1, world_size=2)
+    with Loader(store, 4, order) as L:
+        assert (L.order.rank, L.order.world_size, L.order.seed) == (1, 2, 4)
+        copy = pickle.loads(pickle.dumps(L))  # no warning either (the suite turns warnings into errors)
+    assert copy.order == L.order and np.array_equal(_epoch(copy), _epoch(L))
+    copy.close()
 
 
 def test_bad_arguments_are_refused_with_what_was_expected(store):
-    with pytest.raises(TypeError, match="unexpected keyword argument"):
+    with pytest.raises(TypeError, match="unexpected keyword argument 'sed'"):
         Loader(store, 4, sed=3)
     with pytest.raises(TypeError, match="OrderSpec"):
         Loader(store, 4, 3)

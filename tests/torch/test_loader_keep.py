@@ -3,8 +3,6 @@ each batch keeps reusing the ring (NOTE [kept batches] in ``_ring.py``)."""
 
 from __future__ import annotations
 
-import gc
-
 import numpy as np
 import pytest
 import torch
@@ -131,7 +129,6 @@ def test_any_keep_pattern(stores, keep, prefetch, hold, seed):
         np.testing.assert_array_equal(b["image"].numpy(), _expect(path, ids)["image"])
     assert L.fresh_buffers <= sum(keep)
     del kept, b
-    gc.collect()
     L.close()
 
 

@@ -130,6 +130,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.soak  # hundreds of loaders, for a leak: CI's soak step
 def test_abandoned_loaders_release_threads_fds_memory(stores):
     """Hundreds of loaders abandoned mid-epoch (peeks, capped loops, iterators
     in reference cycles), with the collector off and then running in any
@@ -448,11 +449,12 @@ import glob, sys
 from mmstore import _os
 from mmstore.order import BlockShuffle
 from mmstore.engine import reads as _reads
-from mmstore.torch import Loader
+from mmstore.torch import Loader, LoaderTuning
 path = sys.argv[1]
 for f in glob.glob(path + "/*.npy"):
     _os.evict(f)  # a cold store: the window thread reads ahead while the loop raises
-L = Loader(path, 32, BlockShuffle(301, 4, 3, seed=1), threads=2, prefetch=2, window_prefetch="read", warm=False)
+L = Loader(path, 32, BlockShuffle(301, 4, 3, seed=1),
+           tuning=LoaderTuning(threads=2, prefetch=2, window_prefetch="read", warm=False))
 _reads.resident_fraction = lambda paths: 0.0  # also where eviction is not possible (tmpfs)
 for k, b in enumerate(L):
     if k == int(sys.argv[2]):

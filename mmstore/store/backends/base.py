@@ -12,18 +12,22 @@ from __future__ import annotations
 import math
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
 from ..._os.io import fsync_file, pwrite_all
-from ...errors import EntryDecodeError, FormatError
+from ...errors import EntryDecodeError, FormatError, StoreChangedError
 from ...format.layout import note_identity, npy_header, open_store_file, read_npy_header
 from ...format.schema import Schema
 
-__all__ = ["Backend", "BackendReader", "FieldSegment", "SlotFile", "check_npy", "checksum_parts", "entry_error",
-           "packed_record"]
+__all__ = ["Backend", "BackendReader", "FieldSegment", "PackedRecords", "SlotFile", "check_npy", "checksum_parts",
+           "entry_error", "packed_record", "unpack_record"]
+
+# what ``iter_packed`` returns: a generator, so that a caller that stops early
+# can close it at once (releasing what it holds: a read transaction)
+PackedRecords = Generator[tuple[int, memoryview | None], None, None]
 
 
 class SlotFile(NamedTuple):
@@ -76,8 +80,7 @@ class BackendReader(ABC):
         of one segment and :meth:`check_mapped` guards a copy out of it.
         Otherwise entries are reached through the backend only
         (:meth:`read_into`, :meth:`iter_packed`), and ``repair`` rebuilds a
-        damaged segment's files from a staging copy (``write_layout``, then
-        ``finalize``).
+        damaged segment's files (``Backend.rebuild``).
     ``crashes_on_damage``
         Reading a damaged data file can kill the reading process (LMDB trusts
         its pages: a flipped byte can make it read outside its mapping), so a
@@ -131,7 +134,7 @@ class BackendReader(ABC):
         """
 
     @abstractmethod
-    def iter_packed(self, start: int, stop: int) -> Iterator[tuple[int, memoryview | None]]:
+    def iter_packed(self, start: int, stop: int) -> PackedRecords:
         """Yield ``(slot, packed record bytes or None for an absent record)`` for
         slots in ``[start, stop)``; the view is valid until the next item.
 
@@ -197,10 +200,14 @@ class BackendReader(ABC):
         raise NotImplementedError(f"gather_entries: not implemented by the {self.name} backend")
 
     def ragged_entry(self, field: Any, slot: int) -> Any:
-        """One decoded entry of ragged ``field`` (``store[i]``)."""
+        """One decoded entry of ragged ``field`` (``store[i]``); of a shaped
+        field, its stored entry (uint8), which the store decodes with the
+        record's size (``mmstore/format/shaped.py``)."""
         from ...format.ragged import decode_entry
 
         flat, _ = self.gather_entries(field.name, np.array([slot], np.int64))
+        if field.shaped:
+            return flat
         glob = slot if self.first is None else self.first + slot
         return decode_entry(field, flat, glob)
 
@@ -213,6 +220,13 @@ class BackendReader(ABC):
         a = np.minimum(offs[s], size).astype(np.int64)
         b = np.minimum(offs[s + 1], size).astype(np.int64)
         return np.maximum(b - a, 0)
+
+    def stored_entry_bytes(self, name: str) -> int | None:
+        """The bytes all the stored entries of variable-size field ``name``
+        take, when the backend knows it without reading any (from the file
+        sizes the manifest lists), else None: the caller measures a sample
+        with :meth:`entry_sizes`. Default: None."""
+        return None
 
     def entry_offsets(self, name: str) -> np.ndarray:
         """A single-segment backend's offsets index of variable-size field
@@ -244,6 +258,20 @@ class BackendReader(ABC):
         """Raise ``StoreChangedError`` if field ``name``'s mapped file shrank
         (see NOTE [truncated under a mapping] in memmap.py)."""
         raise NotImplementedError(self._not_positional("check_mapped"))
+
+    def field_fd(self, name: str) -> tuple[int, int]:
+        """``(descriptor, data offset)`` of fixed field ``name``'s file in a
+        single-segment backend, for ``preadv`` of its entries (entry ``j`` at
+        ``offset + j * entry_bytes``): this process's descriptor, opened once
+        and owned by the backend; each call raises ``StoreChangedError`` if
+        the file is shorter than when the store was opened."""
+        raise NotImplementedError(self._not_positional("field_fd"))
+
+    def short_read_error(self, name: str, fd: int) -> StoreChangedError:
+        """The error for a read of field ``name`` through ``fd`` (from
+        :meth:`field_fd`) that met the end of its file: the file was
+        truncated while the store was open."""
+        raise NotImplementedError(self._not_positional("short_read_error"))
 
     # -- repair hooks --------------------------------------------------------
     def has_stray_entries(self, holes: np.ndarray) -> bool:
@@ -329,6 +357,36 @@ class Backend(BackendReader):
             for fd in fds:
                 os.close(fd)
         cls.finalize(directory, schema, count, holes)
+
+    def rebuild(self, directory: str, holes: np.ndarray, fixes: Mapping[int, bytes]) -> None:
+        """Write this single segment's data files again, into ``directory``
+        (named as :meth:`data_file_names` names a store's only ones), the way a
+        writer builds them: each record as stored, except ``fixes`` (``{local
+        slot: the record's checksummed bytes}``, :func:`packed_record`);
+        ``holes`` (bool over the segment's slots) hold no record, and a stored
+        entry that is not a record (:meth:`has_stray_entries`) is left out.
+        ``verify --repair`` rebuilds a damaged segment of a backend that is not
+        positional this way. Default: :meth:`write_segment` of the stored
+        records (a record of another size than the schema's, unreadable: zeros);
+        fixed-shape fields only."""
+        if self.schema.has_variable:
+            raise NotImplementedError(f"rebuild: the {self.name} backend does not rebuild variable-size fields")
+        rb, step = self.schema.record_bytes, 4096
+
+        def chunk(a: int, b: int) -> np.ndarray:
+            out = np.zeros((b - a, rb), np.uint8)
+            for s, v in self.iter_packed(a, b):
+                if holes[s]:
+                    continue
+                val = fixes.get(s)
+                if val is None and v is not None and len(v) == rb:
+                    val = bytes(v)
+                if val is not None:
+                    out[s - a] = np.frombuffer(val, np.uint8)
+            return out
+
+        packed = ((a, chunk(a, min(self.slots, a + step))) for a in range(0, self.slots, step))
+        self.write_segment(directory, self.schema, self.slots, holes, packed)
 
     @classmethod
     def field_file(cls, field: str, segment: int | str | None = None) -> str:
@@ -416,12 +474,11 @@ def entry_error(backend: BackendReader, name: str, slot: int, reason: str) -> En
     """The error for a bad entry of variable-size field ``name`` at local
     ``slot`` of ``backend``; ``Store`` adds the dataset index and the key."""
     glob = slot if backend.first is None else backend.first + slot
-    err = EntryDecodeError(
+    return EntryDecodeError(
         f"{backend.root}: field {name!r}, slot {glob}: the stored entry cannot be read: {reason}. Run "
-        "`mmstore verify --decode STORE` to list every bad entry, then repair or re-create the store"
+        "`mmstore verify --decode STORE` to list every bad entry, then repair or re-create the store",
+        field=name, slot=glob, reason=reason,
     )
-    err.field, err.slot, err.reason = name, glob, reason  # type: ignore[attr-defined]
-    return err
 
 
 def checksum_parts(schema: Schema, fixed: Mapping[str, Any], entries: Mapping[str, Any]) -> list[np.ndarray]:
@@ -443,3 +500,30 @@ def packed_record(schema: Schema, fixed: Mapping[str, Any], entries: Mapping[str
     """A record's checksummed bytes, as one buffer (``iter_packed``)."""
     # ndarray has the buffer protocol; numpy's stubs declare __buffer__ only for Python >= 3.12
     return memoryview(b"".join(checksum_parts(schema, fixed, entries)))  # type: ignore[arg-type]
+
+
+def unpack_record(schema: Schema, packed: Any) -> tuple[dict[str, np.ndarray], dict[str, memoryview]] | None:
+    """Split a record's checksummed bytes (format.py, "Checksums") into its
+    fixed fields' arrays and its variable-size fields' stored entries (views
+    into ``packed``); None when the bytes do not have that layout (every
+    length is checked before slicing)."""
+    mv = memoryview(packed).cast("B")
+    fixed: dict[str, np.ndarray] = {}
+    entries: dict[str, memoryview] = {}
+    pos = 0
+    for f in schema:
+        if f.variable:
+            if pos + 8 > len(mv):
+                return None
+            n = int.from_bytes(mv[pos : pos + 8], "little")
+            pos += 8
+            if n > len(mv) - pos:
+                return None
+            entries[f.name] = mv[pos : pos + n]
+            pos += n
+        else:
+            if pos + f.nbytes > len(mv):
+                return None
+            fixed[f.name] = np.frombuffer(mv, f.dtype, count=math.prod(f.shape), offset=pos).reshape(f.shape)
+            pos += f.nbytes
+    return (fixed, entries) if pos == len(mv) else None

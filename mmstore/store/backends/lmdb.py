@@ -21,7 +21,7 @@ import struct
 import sys
 import threading
 import weakref
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -31,7 +31,7 @@ from ..._os.io import fsync_dir, fsync_path
 from ...errors import EntryDecodeError, FormatError, StoreChangedError
 from ...format.layout import LMDB_FILE, LMDB_TXN_RECORDS, lmdb_file, lmdb_key, note_identity, open_store_file
 from ...format.schema import Schema
-from .base import Backend, SlotFile, check_npy, entry_error, packed_record
+from .base import Backend, PackedRecords, SlotFile, check_npy, entry_error, packed_record, unpack_record
 
 __all__ = ["LmdbBackend", "STAGING_FILE", "lmdb_map_size"]
 
@@ -511,7 +511,7 @@ class LmdbBackend(Backend):
             f"{path}: record for {where} has {len(buf)} bytes, expected {self.schema.record_bytes}"
         )
 
-    def iter_packed(self, start: int, stop: int) -> Iterator[tuple[int, memoryview | None]]:
+    def iter_packed(self, start: int, stop: int) -> PackedRecords:
         env = self.env()
         self._check_size()
         span = self._span
@@ -566,6 +566,41 @@ class LmdbBackend(Backend):
                 if not 0 <= s < len(holes) or holes[s]:
                     return True
         return False
+
+    def rebuild(self, directory: str, holes: np.ndarray, fixes: Mapping[int, bytes]) -> None:
+        """See ``Backend.rebuild``. With variable-size fields the new file has
+        the same keys, values and transactions as a writer's ``finalize``
+        (each fix as its 2.0 value: format.py, "lmdb backend"); every other
+        value is copied as it is."""
+        if not self.schema.has_variable:
+            super().rebuild(directory, holes, fixes)
+            return
+        lmdb = _lmdb()
+        present = np.flatnonzero(~holes).tolist()
+        old = self.env()
+
+        def value(txn: Any, j: int) -> bytes | None:
+            fix = fixes.get(j)
+            if fix is not None:
+                return _value_of(self.schema, fix)
+            v = txn.get(lmdb_key(j))
+            return bytes(v) if v is not None else None
+
+        with old.begin(buffers=True) as txn:
+            sizes = np.array([len(value(txn, j) or b"") for j in present], np.int64)
+        path = os.path.join(directory, lmdb_file(None))
+        map_size = lmdb_map_size_of(sizes)
+        env = lmdb.open(path, subdir=False, lock=False, map_size=map_size, readahead=False, meminit=True,
+                        max_dbs=0, sync=True, metasync=True)
+        try:
+            with old.begin(buffers=True) as txn:
+                for a in range(0, len(present), LMDB_TXN_RECORDS):
+                    items = [(lmdb_key(j), value(txn, j)) for j in present[a : a + LMDB_TXN_RECORDS]]
+                    map_size = put_values(env, [(k, v) for k, v in items if v is not None], map_size)
+            env.sync(True)
+        finally:
+            env.close()
+        fsync_path(path)
 
     def close(self) -> None:
         if self._env is not None:
@@ -626,6 +661,19 @@ def _zero_tail(span: tuple[int, int], file_size: int) -> None:
     got = libc.mmap(start, span[1] - start, mmap.PROT_READ, mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | map_fixed, -1, 0)
     if got != start:
         raise OSError(ctypes.get_errno(), "mapping zero pages after an LMDB file failed")
+
+
+def _value_of(schema: Schema, packed: bytes) -> bytes:
+    """A record's checksummed bytes as its 2.0 value (format.py, "lmdb
+    backend": the raw fields, the entries' lengths, the entries)."""
+    parts = unpack_record(schema, packed)
+    if parts is None:
+        raise ValueError("internal error: the rebuilt record has no valid layout")
+    fixed, entries = parts
+    var = schema.variable_fields
+    return b"".join([*(fixed[f.name].tobytes() for f in schema.fixed_fields),
+                     *(len(entries[f.name]).to_bytes(8, "little") for f in var),
+                     *(bytes(entries[f.name]) for f in var)])
 
 
 def put_values(env: Any, items: list[tuple[bytes, Any]], map_size: int) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import mmap
 import os
 import weakref
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -17,7 +17,7 @@ from ..._os.safecopy import MappingFault, read_entries
 from ...errors import EntryDecodeError, FormatError, StoreChangedError
 from ...format.layout import KEY_DTYPE, field_file, note_identity, open_store_file, variable_files
 from ...format.schema import Schema
-from .base import Backend, FieldSegment, SlotFile, check_npy, entry_error, packed_record
+from .base import Backend, FieldSegment, PackedRecords, SlotFile, check_npy, entry_error, packed_record
 
 __all__ = ["MemmapBackend"]
 
@@ -164,6 +164,10 @@ class MemmapBackend(Backend):
             self._entry_offsets[name] = arr
         return arr
 
+    def stored_entry_bytes(self, name: str) -> int:
+        """The size of field ``name``'s ``.bin``, as the manifest lists it."""
+        return int(self.files[variable_files(name, self.segment)[0]])
+
     def entry_data_size(self, name: str) -> int:
         """Size in bytes of variable-size field ``name``'s ``.bin`` (checked at open)."""
         if not self._offsets:
@@ -266,7 +270,7 @@ class MemmapBackend(Backend):
                     a = empty(shape, dtype)
                     # ndarray has the buffer protocol; numpy's stubs declare __buffer__ only for Python >= 3.12
                     if preadv(fd, (a,), off + slot * nb) != nb:  # type: ignore[arg-type]
-                        raise self._short_read(name, fd)
+                        raise self.short_read_error(name, fd)
                     out[name] = a[()] if kind else a
                 elif kind == 2:
                     out[name] = empty(shape, dtype)
@@ -280,7 +284,14 @@ class MemmapBackend(Backend):
 
         return read
 
-    def _short_read(self, name: str, fd: int) -> StoreChangedError:
+    def field_fd(self, name: str) -> tuple[int, int]:
+        """See ``BackendReader.field_fd``: ``_field_fd``'s descriptor, checked
+        (``check_read``), and the field's data offset."""
+        fd = self._field_fd(name)
+        self.check_read(name, fd)
+        return fd, self._offsets[name]
+
+    def short_read_error(self, name: str, fd: int) -> StoreChangedError:
         path = os.path.join(self.root, field_file(name, self.segment))
         return StoreChangedError(
             f"{path}: truncated to {os.fstat(fd).st_size} bytes while the store was open (expected "
@@ -293,7 +304,7 @@ class MemmapBackend(Backend):
         ``fstat``). The read itself cannot fault; this makes a truncation an
         error for every batch, not only for those reaching past the new end."""
         if os.fstat(fd).st_size < self._sizes[name]:
-            raise self._short_read(name, fd)
+            raise self.short_read_error(name, fd)
 
     def check_mapped(self, name: str) -> None:
         """Raise ``StoreChangedError`` when field ``name``'s mapped file is
@@ -478,15 +489,13 @@ class MemmapBackend(Backend):
     def _gather(self, name: str, dst: np.ndarray, slots: np.ndarray, rows: np.ndarray, nbytes: int) -> None:
         """Read big entries with ``preadv`` into their rows (mmstore/_os/safecopy.py:
         a truncation is a ``StoreChangedError``, never SIGBUS)."""
-        fd = self._field_fd(name)
-        self.check_read(name, fd)
-        off = self._offsets[name]
+        fd, off = self.field_fd(name)
         try:
             read_entries(fd, (slots * nbytes + off).tolist(), nbytes, dst, rows.tolist())
         except MappingFault:
-            raise self._short_read(name, fd) from None
+            raise self.short_read_error(name, fd) from None
 
-    def iter_packed(self, start: int, stop: int) -> Iterator[tuple[int, memoryview | None]]:
+    def iter_packed(self, start: int, stop: int) -> PackedRecords:
         if self.schema.has_variable:
             yield from self._iter_packed_variable(start, stop)
             return
@@ -504,7 +513,7 @@ class MemmapBackend(Backend):
                 pos += f.nbytes
             yield s, mv
 
-    def _iter_packed_variable(self, start: int, stop: int) -> Iterator[tuple[int, memoryview | None]]:
+    def _iter_packed_variable(self, start: int, stop: int) -> PackedRecords:
         """``iter_packed`` with variable-size fields: each record's checksummed
         bytes (``packed_record``); an entry whose offsets are out of range
         raises ``EntryDecodeError``."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import ctypes
 import errno
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -24,7 +24,7 @@ from ..._os.runs import SMALL_RECORD_BYTES, find_runs
 from ..._os.safecopy import MappingFault, read_entries
 from ...errors import ResourceLimitError
 from ...format.schema import Schema
-from .base import Backend, BackendReader, FieldSegment
+from .base import Backend, BackendReader, FieldSegment, PackedRecords
 
 __all__ = ["SegmentedBackend"]
 
@@ -226,24 +226,19 @@ class SegmentedBackend(BackendReader):
     def _read_big(self, name: str, nb: int, seg: np.ndarray, local: np.ndarray, rows: np.ndarray, dst: np.ndarray,
                   touched: np.ndarray) -> None:
         """Big entries of field ``name`` over several segments: ``preadv`` from
-        each touched segment's descriptor (``MemmapBackend._field_fd``, checked
+        each touched segment's descriptor (``BackendReader.field_fd``, checked
         like its mapping), one call per run of consecutive slots of a segment."""
-        parts = [self.parts[k] for k in touched.tolist()]
         fds = np.full(len(self.parts), -1, np.int64)
         offs = np.zeros(len(self.parts), np.int64)
-        for k, part in zip(touched.tolist(), parts):
-            fd = part._field_fd(name)
-            part.check_read(name, fd)
-            fds[k] = fd
-            offs[k] = part._offsets[name]
+        for k in touched.tolist():
+            fds[k], offs[k] = self.parts[k].field_fd(name)
         try:
             read_entries(fds[seg].tolist(), (offs[seg] + local * nb).tolist(), nb, dst, rows.tolist())
         except MappingFault as exc:
             k = int(seg[exc.entry])
-            part = self.parts[k]
-            raise part._short_read(name, int(fds[k])) from None  # type: ignore[attr-defined]
+            raise self.parts[k].short_read_error(name, int(fds[k])) from None
 
-    def iter_packed(self, start: int, stop: int) -> Iterator[tuple[int, memoryview | None]]:
+    def iter_packed(self, start: int, stop: int) -> PackedRecords:
         self._make_room()
         k0 = max(0, int(np.searchsorted(self.firsts, start, side="right")) - 1)
         for k in range(k0, len(self.parts)):
@@ -261,7 +256,7 @@ class SegmentedBackend(BackendReader):
                         raise self._limit(exc) from None
                     raise
                 finally:
-                    it.close()  # type: ignore[attr-defined]
+                    it.close()
 
     def entry_spans(self, name: str, start: int, stop: int) -> list[tuple[str, int, int]]:
         """Variable-size field ``name``: the bytes slots ``[start, stop)``
@@ -282,6 +277,10 @@ class SegmentedBackend(BackendReader):
             sel = seg == k
             out[sel] = self.parts[k].entry_sizes(name, s[sel] - self.firsts[k])
         return out
+
+    def stored_entry_bytes(self, name: str) -> int | None:
+        sizes = [part.stored_entry_bytes(name) for part in self.parts]
+        return None if None in sizes else sum(s for s in sizes if s is not None)
 
     def field_segments(self, name: str) -> list[FieldSegment]:
         """Where field ``name`` lives, one entry per segment (positional backends)."""
