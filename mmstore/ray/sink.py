@@ -133,6 +133,7 @@ def _columns(blocks: Iterable[Any]) -> dict[str, list[Any]]:
 
 _STAGING_PREFIX = "mmstore-part-"  # + the writing process's pid + "-": a task's local part before upload
 _ATTEMPT_ID = re.compile(r"^[0-9]{6,}-[0-9a-f]{12}$")  # a task attempt's part id: <task>-<random>
+_CANCEL_WAIT_S = 60.0  # how long a failed write waits for the tasks it cancelled to end
 
 
 def _remove_dead_staging(base: str) -> None:
@@ -440,6 +441,10 @@ def _run_tasks(dataset: Any, job: _Job, args: dict[str, Any], slots: int, in_fli
     except BaseException:
         for ref in running:
             ray.cancel(ref, force=True)
+        # a cancel is asked, not done: wait until every task has ended, so that none still writes into
+        # the destination while the caller removes what the write left (bounded: a worker Ray killed ends)
+        if running:
+            ray.wait(list(running), num_returns=len(running), timeout=_CANCEL_WAIT_S)
         raise
     finally:
         opts.preserve_order = before
