@@ -60,7 +60,7 @@ sys.path.insert(0, HERE)
 
 def make_photos(root: str, n: int, seed: int = 0) -> list[str]:
     import cv2
-    from compact_common import real_photos
+    from compact_common import random_square, real_photos
 
     photos = real_photos()
     rng = np.random.default_rng(seed)
@@ -68,15 +68,9 @@ def make_photos(root: str, n: int, seed: int = 0) -> list[str]:
     for c in classes:
         os.makedirs(os.path.join(root, c), exist_ok=True)
     for i in range(n):
-        img = photos[i % len(photos)][1]
-        h, w = img.shape[:2]
-        s = int(min(h, w) * rng.uniform(0.4, 1.0))
-        y, x = int(rng.integers(0, h - s + 1)), int(rng.integers(0, w - s + 1))
-        crop = img[y : y + s, x : x + s]
-        if rng.integers(2):
-            crop = crop[:, ::-1]
+        crop = random_square(photos[i % len(photos)][1], rng, 0.4)
         side = int(rng.integers(300, 641))
-        out = cv2.resize(np.ascontiguousarray(crop), (side, int(side * rng.uniform(0.75, 1.0))),
+        out = cv2.resize(crop, (side, int(side * rng.uniform(0.75, 1.0))),
                          interpolation=cv2.INTER_AREA)
         cv2.imwrite(os.path.join(root, classes[i % 4], f"{i:05d}.jpg"), out[:, :, ::-1],
                     [cv2.IMWRITE_JPEG_QUALITY, 90])

@@ -68,20 +68,25 @@ def resize(img: np.ndarray) -> np.ndarray:
     return cv2.resize(img, (SIDE, SIDE), interpolation=cv2.INTER_AREA)
 
 
+def random_square(img: np.ndarray, rng: np.random.Generator, least: float) -> np.ndarray:
+    """A square of ``img`` (side ``least``..1 of its short side, anywhere in it), flipped
+    left-right half the time: one photo variant's draws, in this order."""
+    h, w = img.shape[:2]
+    s = int(min(h, w) * rng.uniform(least, 1.0))
+    y, x = int(rng.integers(0, h - s + 1)), int(rng.integers(0, w - s + 1))
+    crop = img[y : y + s, x : x + s]
+    if rng.integers(2):
+        crop = crop[:, ::-1]
+    return np.ascontiguousarray(crop)
+
+
 def photo_variants(n: int, seed: int = 0) -> tuple[list[np.ndarray], list[np.ndarray]]:
     """``n`` 224x224 variants of the real photos and the crop each came from."""
     photos = real_photos()
     rng = np.random.default_rng(seed)
     small, crops = [], []
     for i in range(n):
-        img = photos[i % len(photos)][1]
-        h, w = img.shape[:2]
-        s = int(min(h, w) * rng.uniform(0.35, 1.0))
-        y, x = int(rng.integers(0, h - s + 1)), int(rng.integers(0, w - s + 1))
-        crop = img[y : y + s, x : x + s]
-        if rng.integers(2):
-            crop = crop[:, ::-1]
-        crop = np.ascontiguousarray(crop)
+        crop = random_square(photos[i % len(photos)][1], rng, 0.35)
         crops.append(crop)
         small.append(resize(crop))
     return small, crops
