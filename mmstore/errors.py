@@ -320,6 +320,13 @@ class CacheFullError(MmstoreError, OSError):
     disk, set a smaller ``cache_limit``, or use another ``cache_dir``)."""
 
 
+class CacheSetupError(MmstoreError, OSError):
+    """The files of the cache of a store opened from a URL could not be
+    created (a file larger than its file system takes, a directory that
+    cannot be written, ...): the message names the cache directory, what the
+    system answered, and what to do; ``errno`` is the system's."""
+
+
 class RemoteTooLargeError(FormatError):
     """A file of a store in object storage that is read whole
     (``manifest.json``, ``_remote.json``) is larger than such a file may be:

@@ -30,6 +30,7 @@ Modules, by concern
 ``disk``     :func:`disk_info`: filesystem, block device, rotational, network/tmpfs.
 ``speed``    :func:`seq_read_speed`, :func:`random_read_speed` (``doctor``'s probes).
 ``proc``, ``files``  parsers of /proc and /sys files; shared constants and fd helpers.
+``threads`` daemon threads that a Ctrl-C walks away from (requests to object storage).
 
 Eviction drops only *clean* pages: pages still dirty stay unless ``sync=True``
 writes them back first; pages of tmpfs/ramfs/shm files cannot be dropped at all

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import EntryDecodeError
 from ..format.layout import npy_header
 from ..store.reader import open_store
 from .common import find_image_field, find_label_field, sample_indices, to_hwc
@@ -56,6 +57,13 @@ class InspectReport:
     heights and widths over every record, from its ``<field>_hw`` column:
     ``{"field", "min_h", "median_h", "max_h", "min_w", "median_w", "max_w",
     "distinct"}`` (``distinct``: the number of distinct ``(h, w)``)."""
+    image_buckets: list[dict[str, Any]] | None = None
+    """An image field with aspect buckets: one entry per bucket, from the
+    tallest to the widest, over every record: ``{"h", "w", "records",
+    "crop_mean", "crop_max"}``; ``crop_*``: the share of the source's pixels
+    its centre crop cut away (``1 - box area / orig_size area``), the mean
+    and the largest over the bucket's records (None without those fields or
+    records)."""
     ragged_lengths: list[dict[str, Any]] = field(default_factory=list)
     """Per ragged field: rows (str/bytes: bytes) per record, min/mean/max, the
     total, and how many records have none (over ``sizes_sampled`` when set)."""
@@ -176,6 +184,29 @@ def _shapes(store: Any, f: Any) -> dict[str, Any]:
             "distinct": int(len(np.unique(hw, axis=0)))}
 
 
+def _buckets(store: Any, f: Any) -> list[dict[str, Any]]:
+    """``InspectReport.image_buckets`` of bucketed field ``f``, from its
+    sizes column and the ``orig_size`` / ``box`` columns (no entry read)."""
+    from ..format.shaped import bucket_ids
+
+    ids = bucket_ids(f, store.column(f.hw_name)) if store.records else np.zeros(0, np.int64)
+    share = None
+    if "orig_size" in store.schema and "box" in store.schema and store.records:
+        orig = store.column("orig_size").astype(np.float64).reshape(-1, 2)
+        box = store.column("box").astype(np.float64).reshape(-1, 4)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            share = 1.0 - (box[:, 2] - box[:, 0]) * (box[:, 3] - box[:, 1]) / (orig[:, 0] * orig[:, 1])
+    out = []
+    for k, (h, w) in enumerate(f.buckets):
+        mine = ids == k
+        n = int(mine.sum())
+        cut = share[mine] if share is not None and n else None
+        out.append({"h": int(h), "w": int(w), "records": n,
+                    "crop_mean": None if cut is None else round(float(cut.mean()), 4),
+                    "crop_max": None if cut is None else round(float(cut.max()), 4)})
+    return out
+
+
 def inspect_store(
     path: str | os.PathLike[str],
     *,
@@ -238,6 +269,11 @@ def inspect_store(
         shaped = [g for g in store.schema.shaped_fields if found is None or g.name == found[0].name]
         if shaped and store.records:
             rep.image_shapes = _shapes(store, shaped[0])
+        if shaped and shaped[0].buckets:
+            try:
+                rep.image_buckets = _buckets(store, shaped[0])
+            except EntryDecodeError as exc:  # a damaged sizes column: say so, describe the rest
+                rep.notes.append(f"{exc}; run mmstore verify")
         if found is not None and store.records and sample > 0:
             f, lay = found
             rep.image_field, rep.image_layout = f.name, lay

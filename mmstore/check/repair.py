@@ -234,7 +234,7 @@ class _Source:
                 raise SourceGone("the provenance has no decode spec for encoded inputs")
             d = decode_image(raw, self.spec)
         out["image"] = d.image
-        if self.spec is not None and self.spec.aspect_kept:  # an image of its own shape: its size beside it
+        if self.spec is not None and self.spec.shaped:  # an image of its own shape: its size beside it
             out["image_hw"] = np.asarray(d.image.shape[:2], "<u4")
         if getattr(d, "orig_size", None) is not None:
             out["orig_size"] = np.asarray(d.orig_size)

@@ -202,7 +202,10 @@ def show_store(
     on the tiles (see :func:`draw_boxes`; the module docstring for the
     fields), named by the ``category`` field.
     Images of their own shape are drawn each at its own size, at the top
-    left of a tile of the largest.
+    left of a tile of the largest. Of an image field with aspect buckets
+    (and no ``indices``) a few records of every bucket are drawn, bucket by
+    bucket from the tallest to the widest (``n`` shared among the buckets
+    that hold records, at least one each), each captioned with its bucket.
     ``scale`` (default: enough to make tiles at least 96 pixels wide) enlarges
     small images by pixel repetition, so every tile is the record's exact
     pixels. Colour order: RGB unless the provenance says the store is BGR.
@@ -230,7 +233,9 @@ def show_store(
                 f"in {store.schema!r}; pass --image-field"
             )
         f, lay = found
-        if indices is None:
+        if indices is None and f.buckets and store.records:
+            idx = _per_bucket(store, f, n, seed)
+        elif indices is None:
             idx = sample_indices(store.records, n, seed)
             np.random.default_rng(seed).shuffle(idx)
         else:
@@ -267,6 +272,8 @@ def show_store(
             lab = int(batch[lf.name][j]) if lf is not None else None
             lname = names[lab] if lab is not None and 0 <= lab < len(names) else None
             cap = [f"#{i}" + (f" {lab}" if lab is not None else "") + (f" {lname}" if lname else ""), key]
+            if f.buckets and own is not None:
+                cap[0] += f" bucket {own[j].shape[0]}x{own[j].shape[1]}"
             other = {g.name: _caption_value(g, batch[g.name][j]) for g in others}
             cap += [f"{k}={v}" for k, v in other.items()][:3]
             captions.append(cap)
@@ -287,6 +294,23 @@ def show_store(
                           canvas.shape[1], canvas.shape[0], "bgr" if bgr else "rgb", tiles)
     finally:
         store.close()
+
+
+def _per_bucket(store: Any, f: Any, n: int, seed: int) -> np.ndarray:
+    """About ``n`` records of bucketed field ``f``: an equal share of every
+    bucket that holds records (at least one each), drawn with ``seed``,
+    bucket by bucket."""
+    from ..format.shaped import bucket_ids
+
+    ids = bucket_ids(f, store.column(f.hw_name))
+    used = [k for k in range(len(f.buckets)) if (ids == k).any()]
+    per = max(1, math.ceil(n / max(1, len(used))))
+    rng = np.random.default_rng(seed)
+    out = []
+    for k in used:
+        mine = np.flatnonzero(ids == k)
+        out.append(np.sort(rng.choice(mine, min(per, len(mine)), replace=False)))
+    return np.concatenate(out).astype(np.int64)
 
 
 def _draw_all(canvas: np.ndarray, tiles: list[Tile], batch: dict[str, Any], bf: Any, cf: Any, scale: int) -> None:

@@ -21,7 +21,7 @@ class Ctx:
     def __init__(self, path: str, manifest: dict[str, Any]) -> None:
         self.path = path
         self.m = manifest
-        self.schema = Schema(manifest["schema"], classes=manifest["classes"])
+        self.schema = Schema(manifest["schema"], classes=manifest["classes"], buckets=manifest["buckets"])
         self.slots: int = manifest["slots"]
         self.records: int = manifest["records"]
         self.backend: str = manifest["backend"]

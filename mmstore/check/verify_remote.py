@@ -7,9 +7,14 @@ push recorded (an object replaced, truncated, deleted or damaged in the
 bucket has another etag or size). ``deep`` also fetches every block of every
 object by range GETs straight from the bucket, no cache in between, and
 checks it against the block digest the push recorded, naming each block
-that differs. Objects under the prefix that the index does not list are
-reported apart: they are not the store's (a push never deletes them, and
-refuses to write where they are).
+that differs, and each whole object against the whole-file digest the push
+recorded: an object whose every block matches while the whole does not
+means the index disagrees with itself. The range GETs run on daemon
+threads (NOTE [stopping a transfer] in :mod:`mmstore._os.threads`), so a
+Ctrl-C stops a deep check at once; at most two spans per thread are held in
+memory, waiting for their turn in the whole-object digest. Objects under the
+prefix that the index does not list are reported apart: they are not the
+store's (a push never deletes them, and refuses to write where they are).
 
 :func:`compare_objects` is the check itself, shared with ``push``, which
 re-uploads what it finds different (NOTE [what a push deletes] in
@@ -18,23 +23,29 @@ re-uploads what it finds different (NOTE [what a push deletes] in
 
 from __future__ import annotations
 
+import threading
 import time
+from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any
 
+import xxhash
+
+from .._os.threads import Pool
 from ..errors import FormatError, RemoteNotFoundError
-from ..format.layout import (
-    MANIFEST_FILE,
-    MANIFEST_MAX_BYTES,
-    PUSH_MARK_FILE,
-    REMOTE_INDEX_FILE,
-    REMOTE_INDEX_MAX_BYTES,
-)
+from ..format.layout import MANIFEST_FILE, MANIFEST_MAX_BYTES, PUSH_MARK_FILE, REMOTE_INDEX_FILE
 from ..format.manifest import parse_manifest
 from ..remote.client import Remote
-from ..remote.index import FileEntry, RemoteIndex, block_digest, parse_index
+from ..remote.index import (
+    FileEntry,
+    RemoteIndex,
+    block_digest,
+    disagreeing_index,
+    index_max_bytes,
+    parse_index,
+)
 from ..remote.url import StoreURL, parse_url
 from .verify_report import Problem
 
@@ -91,7 +102,9 @@ class RemoteVerifyReport:
     """What ``verify`` found in the bucket at ``url``: ``problems`` (kinds
     ``manifest``, ``index``, ``missing``, ``size``, ``etag``, ``digest``),
     the objects the index does not list (``foreign``), and with ``deep`` the
-    blocks checked and found bad."""
+    blocks checked and found bad, and the objects whose every block matches
+    while the whole-file digest does not (``disagreeing``: the index
+    disagrees with itself)."""
 
     url: str
     store_id: str | None = None
@@ -107,6 +120,7 @@ class RemoteVerifyReport:
     checked_blocks: int = 0
     bad_blocks: int = 0
     checked_bytes: int = 0
+    disagreeing: list[str] = field(default_factory=list)
     seconds: float = 0.0
 
     _json_extra = ("ok", "damaged", "next")
@@ -130,6 +144,8 @@ class RemoteVerifyReport:
                     f"({self.index_store_id}): push the store meant to be here again, replacing what is there: "
                     f"`mmstore push STORE {self.url} --overwrite` (`mmstore verify STORE` it first); readers "
                     "that had the store open open it again")
+        if self.disagreeing:  # a push compares the objects with this index and finds them the same
+            return disagreeing_index(self.url, "verify the URL again")
         return (f"push the store again from a good copy (`mmstore verify STORE` it first): `mmstore push STORE "
                 f"{self.url}` re-uploads the objects that differ from the index and nothing else; readers that "
                 "had the store open open it again")
@@ -139,16 +155,6 @@ class RemoteVerifyReport:
             what = f"{self.checked_blocks:,} blocks" if self.deep else "sizes and etags"
             return f"OK: {self.objects} objects match the index ({what})"
         return f"FAILED: {len(self.damaged) or len(self.problems)} object(s) differ from the index"
-
-
-def _get_small(remote: Remote, name: str, size: int, limit: int) -> bytes:
-    """Object ``name`` whose listed size is ``size``, refused above ``limit``
-    before a byte is fetched."""
-    if size > limit:
-        raise FormatError(f"{remote.loc.object_url(name)}: {size:,} bytes, more than the {limit:,} a store's "
-                          f"{name} may have; this is not a store pushed by mmstore (or it was replaced): push the "
-                          "store again")
-    return remote.get_small(name, limit)  # bounded: it may have grown since the listing
 
 
 def _deep(remote: Remote, index: RemoteIndex, names: list[str], rep: RemoteVerifyReport, jobs: int,
@@ -161,8 +167,9 @@ def _deep(remote: Remote, index: RemoteIndex, names: list[str], rep: RemoteVerif
         n = e.nblocks(B)
         spans += [(name, k, min(n, k + per)) for k in range(0, n, per)]
     bad: dict[str, list[int]] = {}
+    whole = {name: xxhash.xxh3_128() for name in names}
 
-    def check(span: tuple[str, int, int]) -> tuple[str, list[int], int, int]:
+    def check(span: tuple[str, int, int]) -> tuple[memoryview, list[int]]:
         name, k0, k1 = span
         e = index.files[name]
         start, end = k0 * B, min(e.size, k1 * B)
@@ -171,14 +178,36 @@ def _deep(remote: Remote, index: RemoteIndex, names: list[str], rep: RemoteVerif
                  if block_digest(data[(k - k0) * B:min(len(data), (k - k0 + 1) * B)]) != e.block(k)]
         if progress is not None:
             progress(end - start)
-        return name, wrong, k1 - k0, end - start
+        return data, wrong
 
-    with ThreadPoolExecutor(max(1, jobs), thread_name_prefix="mmstore-verify") as pool:
-        for name, wrong, nb, nbytes in pool.map(check, spans):
-            rep.checked_blocks += nb
-            rep.checked_bytes += nbytes
+    # the spans are hashed whole in their order: a window of them in flight, so that memory stays bounded
+    # however slow one of them is
+    width = max(1, jobs)
+    todo = iter(spans)
+    flight: deque[tuple[tuple[str, int, int], Future[tuple[memoryview, list[int]]]]] = deque()
+    with Pool(width, "mmstore-verify", threading.Event()) as pool:
+        while True:
+            while len(flight) < 2 * width:
+                span = next(todo, None)
+                if span is None:
+                    break
+                flight.append((span, pool.submit(check, span)))
+            if not flight:
+                break
+            (name, k0, k1), fut = flight.popleft()
+            data, wrong = fut.result()
+            rep.checked_blocks += k1 - k0
+            rep.checked_bytes += len(data)
+            whole[name].update(data)
             if wrong:
                 bad.setdefault(name, []).extend(wrong)
+    for name, h in whole.items():
+        if name not in bad and h.hexdigest() != index.files[name].digest:
+            rep.disagreeing.append(name)
+            rep.problems.append(Problem("digest", f"{remote.loc.object_url(name)}: every block matches the digest "
+                                        "the push recorded, the whole object does not match the whole-file digest "
+                                        f"it recorded: the bucket's {REMOTE_INDEX_FILE} disagrees with itself "
+                                        "(damaged, or written by another tool)", name))
     for name, ks in sorted(bad.items()):
         rep.bad_blocks += len(ks)
         shown = ", ".join(str(k) for k in ks[:_LISTED_BLOCKS]) + (" ..." if len(ks) > _LISTED_BLOCKS else "")
@@ -232,7 +261,7 @@ def verify_remote(url: str, *, deep: bool = False, jobs: int = 8, progress: Call
                                       "manifest goes up last); run it again")
         held = f" (it holds {len(others)} other objects: {', '.join(others[:5])})" if others else ""
         raise RemoteNotFoundError(f"{loc.url}: no store at this URL{held}; check the URL")
-    raw_manifest = _get_small(remote, MANIFEST_FILE, int(listing[MANIFEST_FILE]["size"]), MANIFEST_MAX_BYTES)
+    raw_manifest = remote.get_small(MANIFEST_FILE, MANIFEST_MAX_BYTES, listed=int(listing[MANIFEST_FILE]["size"]))
     try:
         manifest = parse_manifest(raw_manifest, loc.object_url(MANIFEST_FILE))
     except FormatError as exc:
@@ -247,8 +276,9 @@ def verify_remote(url: str, *, deep: bool = False, jobs: int = 8, progress: Call
         rep.problems.append(Problem("index", f"{loc.object_url(REMOTE_INDEX_FILE)}: missing", REMOTE_INDEX_FILE))
     else:
         try:
-            raw = _get_small(remote, REMOTE_INDEX_FILE, int(listing[REMOTE_INDEX_FILE]["size"]),
-                             REMOTE_INDEX_MAX_BYTES)
+            # no more than a store of this manifest's files can have: sizes before bytes (untrusted)
+            raw = remote.get_small(REMOTE_INDEX_FILE, index_max_bytes(manifest, raw_manifest),
+                                   listed=int(listing[REMOTE_INDEX_FILE]["size"]))
             index = parse_index(raw, loc.url)
             if index.store_id != rep.store_id:
                 rep.index_store_id = index.store_id

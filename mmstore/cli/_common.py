@@ -72,12 +72,12 @@ def off_main(store: str, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
     """``fn(*args, **kwargs)``; for a store URL on a daemon thread, so that a
     Ctrl-C or SIGTERM stops the command at once even while a request to the
     bucket is stalled (NOTE [stopping a transfer] in
-    mmstore/transfer/threads.py: the request is abandoned). A local store's
+    mmstore/_os/threads.py: the request is abandoned). A local store's
     work stays on the main thread."""
     from ..remote.url import is_url
 
     if not is_url(store):
         return fn(*args, **kwargs)
-    from ..transfer.threads import call
+    from .._os.threads import call
 
     return call(lambda: fn(*args, **kwargs), name="mmstore-" + getattr(fn, "__name__", "command"))

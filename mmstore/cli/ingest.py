@@ -23,6 +23,8 @@ EXAMPLE = """examples:
   mmstore ingest features.npy feats.store
   mmstore ingest instances_val2017.json coco.store --root val2017/ --size 512x512 --resize pad
   mmstore ingest photos/ photos.store --max-side 512 --codec image=jpeg:90   # each image at its own aspect
+  mmstore ingest photos/ photos.store --buckets auto:512   # aspect buckets of about 512x512 chosen from the data
+  mmstore ingest photos/ photos.store --buckets 256x256,192x320,320x192   # the nearest of these shapes each
   mmstore ingest photos/ part0.store --size 224x224 --shard 0/4 --resume   # one of 4 jobs; then
   mmstore merge part0.store part1.store part2.store part3.store photos.store
   sbatch --array=0-3 --wrap 'mmstore ingest photos/ part$SLURM_ARRAY_TASK_ID.store --size 224x224 --shard auto --resume'
@@ -42,7 +44,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         "ingest",
         help="decode images (folder, csv/tsv list, LMDB, .npy/.npz, COCO .json) once into a store",
         description="Decode SOURCE once into fixed-shape records at DEST (or, with --max-side or "
-        "--short-side, records that keep each image's own aspect). SOURCE is recognised from "
+        "--short-side, records that keep each image's own aspect; with --buckets, records of a few shapes, each "
+        "image at the one nearest its aspect). SOURCE is recognised from "
         "what it is: a directory of images (ImageFolder layout gives labels), a .csv/.tsv list, an "
         "LMDB directory of encoded images, a .npy/.npz file, or a COCO instances .json (boxes, categories, "
         "polygons; images under --root).",
@@ -63,6 +66,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     g.add_argument("--short-side", type=int, metavar="N",
                    help="instead of --size: keep each image's own aspect, its short side resized to N "
                    "(LAION's convention; smaller images keep their size unless --upscale)")
+    g.add_argument("--buckets", metavar="auto[:N]|HxW,HxW,...",
+                   help="instead of --size: aspect buckets: each image goes to the listed shape nearest its aspect, "
+                   "resized to cover it and centre-cropped (the crop in box/dst); auto[:N]: up to 9 shapes of about "
+                   "NxN pixels (default 256) chosen from the images' aspects, read from their headers first")
     g.add_argument("--upscale", action="store_true",
                    help="with --max-side/--short-side: enlarge images whose side is below N too")
     g.add_argument("--resize", choices=["center-crop", "stretch", "pad", "none"], default=d["resize"],
@@ -154,7 +161,7 @@ def resume_command(args: argparse.Namespace, changes: Mapping[str, str] | None =
     """The command that resumes this ingest, with ``changes`` (option -> value) made."""
     args = argparse.Namespace(**{**vars(args), **(changes or {})})
     # the options that must be repeated for a resume (they enter the fingerprint); one at its default is left out
-    repeat = ("size", "max_side", "short_side", *SPEC_OPTIONS, *SOURCE_OPTIONS, "shard", "backend", "codec",
+    repeat = ("size", "max_side", "short_side", "buckets", *SPEC_OPTIONS, *SOURCE_OPTIONS, "shard", "backend", "codec",
               "workers", "on_error", "max_errors", "quiet")
     defaults = {**SPEC_DEFAULTS, **RUN_DEFAULTS}
     argv = ["mmstore", "ingest", args.source, args.dest]
@@ -213,6 +220,7 @@ def run(args: argparse.Namespace) -> int:
             args.size,
             max_side=args.max_side,
             short_side=args.short_side,
+            buckets=args.buckets,
             workers=args.workers,
             on_error=args.on_error,
             max_errors=args.max_errors,

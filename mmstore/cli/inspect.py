@@ -115,6 +115,13 @@ def render(rep) -> str:  # noqa: ANN001
         out.append(f"shapes       field {sh['field']!r}, each image its own: h {sh['min_h']}..{sh['max_h']} (median "
                    f"{sh['median_h']:g}), w {sh['min_w']}..{sh['max_w']} (median {sh['median_w']:g}); "
                    f"{sh['distinct']:,} distinct shapes")
+    if rep.image_buckets is not None:
+        out.append(f"buckets      {len(rep.image_buckets)} aspect buckets (h x w), each record centre-cropped to the "
+                   "one nearest its aspect; cropped: the share of the source's pixels cut away")
+        out.append(table([[f"{b['h']}x{b['w']}", f"{b['records']:,}",
+                            "-" if b["crop_mean"] is None else f"mean {100 * b['crop_mean']:.1f}%",
+                            "-" if b["crop_max"] is None else f"max {100 * b['crop_max']:.1f}%"]
+                           for b in rep.image_buckets]))
     if rep.channel_mean is not None:
         out.append(f"images       field {rep.image_field!r} ({rep.image_layout}); from a sample of "
                    f"{rep.image_sample:,}: mean {rep.channel_mean} std {rep.channel_std} (0-255 scale)")

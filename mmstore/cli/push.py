@@ -113,7 +113,7 @@ def _abort(args: argparse.Namespace) -> int:
 
 def _with_signals(go: Callable[[], int], resume: str = "") -> int:
     """Run ``go`` with SIGINT and SIGTERM raising ``KeyboardInterrupt`` in it
-    (NOTE [stopping a transfer] in mmstore/transfer/threads.py: the push
+    (NOTE [stopping a transfer] in mmstore/_os/threads.py: the push
     stops at once); exit code 130. A second signal while the first is
     handled ends the process at once, also 130, with no traceback."""
     state = {"hit": False}

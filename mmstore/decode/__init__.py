@@ -161,6 +161,7 @@ after the gray conversion of ``channels=1``), the target is ``th x tw`` =
 * ``none``: ``S`` must already be ``th x tw``, else ``wrong-shape``.
 * ``max-side`` / ``short-side``: the whole source, resized to its own
   aspect (*Aspect kept*); ``box = (0, 0, w, h)``, ``dst = (0, 0, nw, nh)``.
+* ``buckets``: ``center-crop`` to the source's bucket (*Aspect buckets*).
 * Interpolation: no resize call when the region already has the output size;
   ``INTER_AREA`` when neither axis grows (``out_h <= in_h`` and
   ``out_w <= in_w``); otherwise (either axis grows, including the mixed case
@@ -204,6 +205,63 @@ convention*). The layout is ``hwc``; the record's shape is ``(nh, nw, C)``
 and the store keeps it in the field ``image_hw`` (the format's "Images of
 their own shape"). ``fast_decode`` applies as for ``stretch`` (the whole
 image is the region).
+
+Aspect buckets
+--------------
+``resize="buckets"`` (``mmstore ingest --buckets 256x256,192x320,320x192``
+or ``--buckets auto:N``) gives every record one of a few shapes, the
+*buckets* ``(bh, bw)`` (``DecodeSpec.buckets``). The oriented ``h x w``
+source goes to the bucket nearest its aspect in log-aspect: the one with
+the smallest ``|log(w / h) - log(bw / bh)|``, which is also the bucket whose
+crop cuts the smallest share of the picture (``1 - exp(-distance)``, before
+rounding). It is computed exactly, in integers::
+
+    p = w * bh;  q = h * bw
+    distance = max(p, q) / min(p, q)     # compared as fractions: n1 * d2 < n2 * d1
+
+A tie (the source's aspect exactly halfway, in log-aspect, between two
+buckets) goes to the wider bucket (the larger ``bw / bh``). The record is
+then exactly the ``center-crop`` of the source to that bucket (*Geometry*,
+with ``th x tw = bh x bw``): the largest centred region of the bucket's
+aspect, its size rounded half up, resized once, which is the least crop
+that makes the picture cover the bucket. ``box`` is that region, ``dst =
+(0, 0, bw, bh)``, ``orig_size`` the source's size, so boxes and points map
+exactly as at a fixed size. A source smaller than its bucket is enlarged
+(``INTER_LINEAR``, or ``INTER_CUBIC`` with ``interp_up="cubic"``), never
+padded. An extreme aspect goes to the most extreme bucket and is cropped
+like any other: a 1 x 5000 strip with the buckets above goes to 192 x 320
+and keeps its centre 1 x 2 pixels (``cw = round(1 * 320 / 192) = 2``, ``x0
+= 2499``), enlarged to 192 x 320; ``box`` says so, and ``inspect`` shows
+the share each bucket's records lost. Decoding, EXIF orientation, 16-bit,
+alpha, gray and colour order are the steps above, unchanged; ``fast_decode``
+applies as for ``center-crop``. The layout is ``hwc``; the record's shape is
+``(bh, bw, C)``, kept in ``image_hw``; the store lists the buckets in its
+schema (the format's "Aspect buckets").
+
+The bucket list: two positive ints per bucket, no bucket twice, no two
+buckets of one aspect (an image would always go to the first), at most
+1024 buckets, none larger than a record of its own shape may be (2 GiB);
+stored from the tallest to the widest. ``auto:N`` (``auto`` is
+``auto:256``) chooses them from the data, before anything is written:
+
+1. A ladder of 17 candidate shapes, one per aspect ``r = 2 ** (k / 4)``,
+   ``k = -8..8`` (1:4 to 4:1 in quarter-octave steps), each of about
+   ``N * N`` pixels: ``w = N * sqrt(r)`` and ``h = N / sqrt(r)``, each
+   rounded half up to a multiple of ``m`` (64 when ``N >= 512``, like
+   SDXL's shapes; else 8), at least ``m``; a rung that rounds to the aspect
+   of an earlier one is left out.
+2. A first pass reads every input's oriented size from its header (no
+   decode: the first 64 KiB of a file, the whole file only when its header
+   is longer; a JPEG's, PNG's, WebP's or TIFF's EXIF orientation applied;
+   the shape of an array or dataset item), over every input whatever the
+   shard, so all parts choose the same shapes. It costs one open and one
+   small read per file input (on a cold disk, a seek each) and no decode;
+   a dataset's items are loaded once more.
+3. Each size votes for its nearest ladder shape (the rule above). The
+   shapes with at least 1% of the votes are kept, at most 9, the most voted
+   first (a tie: the shape nearer to square, then the wider); none with 1%:
+   the most voted. An image whose shape was not kept goes, like every
+   image, to the nearest kept bucket.
 
 Box convention
 --------------

@@ -76,6 +76,14 @@ def _plan(h: int, w: int, spec: DecodeSpec):
         return (0, 0, w, h), (th, tw), (0, 0, tw, th)
     if policy == "stretch":
         return (0, 0, w, h), (th, tw), (0, 0, tw, th)
+    if policy == "buckets":  # the centre crop to the image's bucket
+        shapes = spec.bucket_shapes
+        if shapes is None:
+            raise ValueError("buckets='auto' has not chosen its shapes yet (the ingest does, from the data)")
+        from .buckets import nearest_bucket
+
+        th, tw = shapes[nearest_bucket(h, w, shapes)]
+        policy = "center-crop"
     wide = w * th >= h * tw
     if policy == "center-crop":
         if wide:

@@ -13,7 +13,7 @@ import numpy as np
 __all__ = ["DecodeSpec"]
 
 
-_RESIZE = ("center-crop", "stretch", "pad", "none", "max-side", "short-side")
+_RESIZE = ("center-crop", "stretch", "pad", "none", "max-side", "short-side", "buckets")
 ASPECT_KEPT = ("max-side", "short-side")  # policies whose records keep each image's own aspect
 _LAYOUT = ("hwc", "chw")
 _INTERP = ("linear", "cubic")
@@ -33,7 +33,7 @@ class DecodeSpec:
         Target ``(H, W)``.  With ``resize="none"`` it is the exact shape every
         source must already have.  With ``"max-side"`` / ``"short-side"`` it
         is ``(N, N)``: the long (short) side of every record is ``N``.
-    resize : {"center-crop", "stretch", "pad", "none", "max-side", "short-side"}
+    resize : {"center-crop", "stretch", "pad", "none", "max-side", "short-side", "buckets"}
         Geometry policy; see the module docstring for the exact arithmetic.
     channels : {1, 3}
         Output channels.
@@ -59,6 +59,13 @@ class DecodeSpec:
     upscale : bool
         ``"max-side"`` / ``"short-side"`` only: enlarge an image whose side is
         below ``N`` to ``N`` too (default: it keeps its own size).
+    buckets : tuple of (int, int), or AutoBuckets
+        ``resize="buckets"`` only: the bucket shapes ``((h, w), ...)``
+        (sorted from the tallest to the widest), or an
+        :class:`~mmstore.decode.buckets.AutoBuckets` that the ingest replaces
+        by the shapes it chooses from the data. ``size`` is then the largest
+        height and the largest width of the buckets (``(N, N)`` for
+        ``auto:N``); see "Aspect buckets" in :mod:`mmstore.decode`.
 
     The field defaults are the defaults of the ingest's decode options
     (``mmstore.ingest.options.SPEC_DEFAULTS``, the CLI's flags) too.
@@ -76,6 +83,7 @@ class DecodeSpec:
     strict_jpeg: bool = True
     alpha: str = "black"
     upscale: bool = False
+    buckets: Any = None
 
     def __post_init__(self) -> None:
         size = self.size
@@ -108,6 +116,23 @@ class DecodeSpec:
                                  f"layout must be 'hwc', got {self.layout!r}")
         elif self.upscale:
             raise ValueError(f"upscale applies to resize='max-side' or 'short-side' only, got resize={self.resize!r}")
+        if self.resize == "buckets":
+            from .buckets import AutoBuckets, parse_buckets
+
+            if self.buckets is None:
+                raise ValueError("resize='buckets' needs buckets: ((h, w), ...) or AutoBuckets")
+            b = self.buckets if isinstance(self.buckets, AutoBuckets) else parse_buckets(list(self.buckets),
+                                                                                         self.channels)
+            object.__setattr__(self, "buckets", b)
+            if isinstance(b, AutoBuckets):
+                object.__setattr__(self, "size", (b.side, b.side))
+            else:
+                object.__setattr__(self, "size", (max(h for h, _ in b), max(w for _, w in b)))
+            if self.layout != "hwc":
+                raise ValueError(f"resize='buckets' stores each record at its bucket's shape, (h, w, C): layout must "
+                                 f"be 'hwc', got {self.layout!r}")
+        elif self.buckets is not None:
+            raise ValueError(f"buckets apply to resize='buckets' only, got resize={self.resize!r}")
         for name in ("bgr", "fast_decode", "strict_jpeg", "upscale"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be a bool, got {getattr(self, name)!r}")
@@ -119,10 +144,22 @@ class DecodeSpec:
         """True when every record keeps its image's own aspect (shape ``(None, None, C)``)."""
         return self.resize in ASPECT_KEPT
 
+    @property
+    def shaped(self) -> bool:
+        """True when records have shapes of their own (aspect kept, or aspect
+        buckets): the image field is ``(None, None, C)`` with ``image_hw``."""
+        return self.resize in ASPECT_KEPT or self.resize == "buckets"
+
+    @property
+    def bucket_shapes(self) -> tuple[tuple[int, int], ...] | None:
+        """The bucket shapes of ``resize="buckets"`` once chosen; None
+        otherwise (also while ``auto`` has not chosen them)."""
+        return self.buckets if isinstance(self.buckets, tuple) else None
+
     def record_shape(self) -> tuple[Any, ...]:
         """Shape of one record: ``(H, W, C)`` or ``(C, H, W)``; ``(None,
         None, C)`` when records keep their own aspect."""
-        if self.aspect_kept:
+        if self.shaped:
             return (None, None, self.channels)
         h, w = self.size
         if self.layout == "chw":
@@ -142,6 +179,12 @@ class DecodeSpec:
             del d["alpha"]
         if not d["upscale"]:  # as for alpha: the specs written before the option keep their fingerprints
             del d["upscale"]
+        if d["buckets"] is None:  # likewise
+            del d["buckets"]
+        elif isinstance(d["buckets"], tuple):
+            d["buckets"] = [list(b) for b in d["buckets"]]
+        else:
+            d["buckets"] = str(d["buckets"])  # "auto:N", before the ingest chose the shapes
         return d
 
     @classmethod
@@ -155,6 +198,10 @@ class DecodeSpec:
         kw.setdefault("alpha", _ALPHA_UNSTATED)
         if "size" in kw and isinstance(kw["size"], list):
             kw["size"] = tuple(kw["size"])
+        if isinstance(kw.get("buckets"), str):
+            from .buckets import parse_buckets
+
+            kw["buckets"] = parse_buckets(kw["buckets"])
         return cls(**kw)
 
 

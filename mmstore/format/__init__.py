@@ -117,7 +117,8 @@ major version):
                  a shaped field (2.3) ``null`` as its first two (see
                  "Images of their own shape").
                  An integer field may carry ``"classes"`` (see "Class names
-                 of a field").
+                 of a field"), a shaped field ``"buckets"`` (see "Aspect
+                 buckets").
 ``checksum``     ``{"algorithm": "xxh3_64", "digest": HEX16}``: the algorithm of
                  the per-slot checksums and the xxh3_64 (hex, 16 digits) of the
                  data bytes of ``_checksums.npy`` (after its header), so a
@@ -370,6 +371,32 @@ because it does not know the feature (``VersionError``); a 2.0 reader
 because its schema check rejects a ``null`` dimension; 1.x readers refuse
 major version 2. A shaped field alone does not make a store list
 ``"ragged"``.
+
+Aspect buckets
+--------------
+
+A shaped field may carry ``"buckets"`` (``mmstore ingest --buckets``): a
+non-empty list of ``[h, w]`` pairs, the only sizes its records have
+(``{"name": "image", "dtype": "|u1", "shape": [null, null, 3], "buckets":
+[[320, 192], [256, 256], [192, 320]]}``). Each pair is two positive ints; no
+pair appears twice and no two have one aspect (``h / w``); a bucket of
+``h * w * C * itemsize`` bytes above ``SHAPED_MAX_BYTES`` is not allowed; at
+most ``MAX_BUCKETS`` (1024) pairs; listed from the tallest to the widest
+(``w / h`` ascending, compared exactly). Readers MUST refuse
+(``FormatError``) a ``"buckets"`` key on a field that is not shaped or a list
+that breaks these rules. Every record's ``F_hw`` MUST equal one of the
+pairs (a hole's is ``[0, 0]``): a reader refuses a record whose ``F_hw`` is
+none of them (``EntryDecodeError``, as for any size that does not fit its
+entry), and ``verify`` reports it (a ``shape`` problem of that record). So
+the records of one bucket all have one shape, and the bucket of every record
+is known from ``F_hw.npy`` alone.
+
+Version: a bucketed store is a 2.3 store with a shaped field, nothing more:
+the same ``[2, 3]`` and ``requires: ["shapes"]``. A 2.3 reader that predates
+the key ignores it (an unknown optional key) and still reads every record
+correctly, at its own size, since the entries and ``F_hw`` follow the rules
+of "Images of their own shape" unchanged; it just does not know that the
+sizes form buckets (nor check that each record's is one).
 
 Class names of a field
 ----------------------

@@ -150,6 +150,35 @@ def _parse_classes(path: str, raw: object, schema: list[tuple[str, Any, tuple[An
     return out
 
 
+def _parse_buckets(path: str, raw: object, schema: list[tuple[str, Any, tuple[Any, ...], Any]]) -> dict[str, Any]:
+    """The schema entries' optional ``buckets`` (see "Aspect buckets"),
+    checked, as ``{field: ((h, w), ...)}``: only on a shaped field, a
+    non-empty list of distinct ``[h, w]`` pairs of positive ints, no two of
+    one aspect, listed from the tallest to the widest."""
+    from .schema import Field, normalize_buckets  # schema imports format: at call time
+
+    out: dict[str, Any] = {}
+    for ent, (name, dt, shape, codec) in zip(raw, schema):  # type: ignore[call-overload]
+        if "buckets" not in ent:
+            continue
+        if shape[:2] != (None, None):
+            raise _fail(path, f"field {name!r}: 'buckets' belongs to an image field of its own shape (shape [null, "
+                        f"null, C]), but its shape is {list(shape)}")
+        got = ent["buckets"]
+        if not isinstance(got, list) or not all(isinstance(p, list) and len(p) == 2 for p in got):
+            raise _fail(path, f"field {name!r}: 'buckets' must be a non-empty list of [h, w] pairs of positive ints, "
+                        f"found {str(got)[:100]}")
+        try:
+            norm = normalize_buckets(Field(name, dt, shape, codec), got)
+        except SchemaError as exc:
+            raise _fail(path, str(exc)) from None
+        if [list(p) for p in norm] != got:
+            raise _fail(path, f"field {name!r}: 'buckets' must be listed from the tallest to the widest (w / h "
+                        "ascending)")
+        out[name] = norm
+    return out
+
+
 def _parse_ragged(path: str, name: str, dts: str, shape: Any, codec: Any) -> tuple[str, Any, tuple[Any, ...], Any]:
     """A ragged schema entry (see "Ragged fields"): ``(name, dtype or "str" /
     "bytes", (None, *row), codec)``."""
@@ -322,6 +351,7 @@ def parse_manifest(raw: bytes, path: str = MANIFEST_FILE) -> dict[str, Any]:
     _parse_requires(path, obj, ver, [])  # an unknown feature first: the schema may use it
     schema = _parse_schema(path, obj.get("schema"))
     classes = _parse_classes(path, obj["schema"], schema)
+    buckets = _parse_buckets(path, obj["schema"], schema)
     _check_field_sizes(path, schema, slots, ver)
     requires = _parse_requires(path, obj, ver, schema)
     ck = obj.get("checksum")
@@ -353,6 +383,7 @@ def parse_manifest(raw: bytes, path: str = MANIFEST_FILE) -> dict[str, Any]:
         slots=slots,
         schema=schema,
         classes=classes,
+        buckets=buckets,
         checksum_digest=ck["digest"],
         files=dict(files),
         digests=dict(digests),

@@ -11,7 +11,9 @@ shape") is an image of its own height and width, shape ``(None, None)`` or
 ``(None, None, C)``: a variable-size field that always comes with its
 companion fixed field ``<name>_hw`` (``<u4``, ``(2,)``: each record's
 ``(h, w)``), added by :class:`Schema` when not given and filled from the
-image when a sample lacks it. ``record_bytes`` and ``offsets`` are
+image when a sample lacks it. A shaped field may list its *buckets*
+(format.py, "Aspect buckets"): the only ``(h, w)`` its records have.
+``record_bytes`` and ``offsets`` are
 about the fixed fields only (:attr:`Schema.fixed_fields`): the packed part of
 a record that sits at fixed positions.
 """
@@ -44,7 +46,10 @@ class Field(NamedTuple):
     ``|u1``, shape ``(None,)``), else ``"array"``. ``classes`` names the
     values of an integer field that holds class ids (a detection field's
     category per box, a tag list): ``((id, name), ...)`` sorted by id, or
-    None (format.py, "Class names of a field")."""
+    None (format.py, "Class names of a field"). ``buckets``: the shapes
+    ``((h, w), ...)`` of a shaped field with aspect buckets, from the
+    tallest to the widest, every record's ``<name>_hw`` one of them; None
+    for any other field (format.py, "Aspect buckets")."""
 
     name: str
     dtype: np.dtype
@@ -52,6 +57,7 @@ class Field(NamedTuple):
     codec: Codec = RAW
     kind: str = "array"
     classes: tuple[tuple[int, str], ...] | None = None
+    buckets: tuple[tuple[int, int], ...] | None = None
 
     @property
     def class_names(self) -> dict[int, str]:
@@ -126,6 +132,10 @@ class Schema:
         ``{field: names}``: the class names of integer fields that hold class
         ids, as ``{id: name}`` or a list of names (ids 0, 1, ...); overrides
         the ones the fields carry. Kept in the manifest, compared by merge.
+    buckets
+        ``{field: [(h, w), ...]}``: the aspect buckets of shaped fields
+        (format.py, "Aspect buckets"); overrides the ones the fields carry.
+        Kept in the manifest; a sample of another size is refused.
     label_names
         A store's top-level ``label_names`` (the names of its ``label``
         field, format.py "Class names of a field"): ``schema["label"]``
@@ -147,6 +157,7 @@ class Schema:
         *,
         codecs: Mapping[str, Any] | None = None,
         classes: Mapping[str, Any] | None = None,
+        buckets: Mapping[str, Any] | None = None,
         label_names: Iterable[str] | None = None,
     ) -> None:
         items = _entries(fields)
@@ -163,7 +174,7 @@ class Schema:
                 raise SchemaError(f"codecs name unknown field(s) {unknown}; the schema has {names}")
         out: list[Field] = []
         seen: set[str] = set()
-        for name, dtype, shape, codec, _ in items:
+        for name, dtype, shape, codec, _, _ in items:
             if not isinstance(name, str) or not FIELD_NAME_RE.match(name):
                 raise SchemaError(
                     f"field name {name!r} is not allowed: use 1-63 letters, digits and _, "
@@ -182,6 +193,12 @@ class Schema:
         if unknown:
             raise SchemaError(f"classes name unknown field(s) {unknown}; the schema has {[f.name for f in out]}")
         out = [f._replace(classes=normalize_classes(f, given[f.name])) if f.name in given else f for f in out]
+        sizes = {it[0]: it[5] for it in items if it[5] is not None}  # field -> buckets the fields given carry
+        sizes.update(buckets or {})
+        unknown = [k for k in sizes if k not in seen]
+        if unknown:
+            raise SchemaError(f"buckets name unknown field(s) {unknown}; the schema has {[f.name for f in out]}")
+        out = [f._replace(buckets=normalize_buckets(f, sizes[f.name])) if f.name in sizes else f for f in out]
         self.fields: tuple[Field, ...] = tuple(out)
         self._by_name = {f.name: f for f in out}
         self._named: dict[str, Field] = {}  # what __getitem__ shows: the label field with label_names
@@ -210,7 +227,7 @@ class Schema:
         """The schema of a manifest's (or a writer state's) ``schema`` list."""
         return cls([(f["name"], f["dtype"], tuple(f["shape"]) if f.get("shape") is not None else None,
                      codec_from_json(path, f["codec"], f["name"]) if "codec" in f else RAW,
-                     f.get("classes")) for f in raw])
+                     f.get("classes"), f.get("buckets")) for f in raw])
 
     @property
     def has_variable(self) -> bool:
@@ -262,7 +279,9 @@ class Schema:
 
     def __repr__(self) -> str:
         inner = ", ".join(f"{f.name}: {f.dtype_name}{list(f.shape)}" + ("" if f.codec.raw else f" {f.codec}")
-                          + ("" if f.classes is None else f" ({len(f.classes)} classes)") for f in self.fields)
+                          + ("" if f.classes is None else f" ({len(f.classes)} classes)")
+                          + ("" if f.buckets is None else f" (buckets {', '.join(f'{h}x{w}' for h, w in f.buckets)})")
+                          for f in self.fields)
         return f"Schema({inner})"
 
     # -- serialisation --------------------------------------------------------
@@ -275,6 +294,8 @@ class Schema:
                 ent["codec"] = f.codec.to_json()
             if f.classes is not None:
                 ent["classes"] = [[i, n] for i, n in f.classes]
+            if f.buckets is not None:
+                ent["buckets"] = [[h, w] for h, w in f.buckets]
             out.append(ent)
         return out
 
@@ -316,6 +337,9 @@ class Schema:
             out[f.name] = coerce_ragged(f, sample[f.name]) if f.ragged else _coerce(f, sample[f.name])
         for name, f in hws.items():
             hw = np.array(out[f.name].shape[:2], HW_DTYPE)
+            if f.buckets is not None and out[f.name].shape[:2] not in f.buckets:
+                raise SchemaError(f"field {f.name!r}: an image of {hw[0]} x {hw[1]} pixels (h x w), which is none of "
+                                  f"the field's buckets {[list(b) for b in f.buckets]}; resize it to one of them")
             if name in out and not np.array_equal(out[name], hw):
                 raise SchemaError(f"field {name!r} says {out[name].tolist()}, but the image of field {f.name!r} "
                                   f"is {hw.tolist()} (h, w); leave {name!r} out, it is filled from the image")
@@ -363,13 +387,36 @@ def normalize_classes(f: Field, classes: Any) -> tuple[tuple[int, str], ...]:
     return tuple(sorted(out.items()))
 
 
+def normalize_buckets(f: Field, buckets: Any) -> tuple[tuple[int, int], ...]:
+    """``buckets`` (``[(h, w), ...]``) of shaped field ``f`` as ``((h, w),
+    ...)`` from the tallest to the widest (``w / h`` ascending), checked
+    (:func:`~mmstore.format.shaped.bucket_problem`).
+
+    Raises
+    ------
+    SchemaError
+        ``f`` is not an image field of its own shape, or a bad list.
+    """
+    from .shaped import bucket_problem, sort_buckets
+
+    if not f.shaped:
+        raise SchemaError(f"field {f.name!r}: buckets are the shapes of an image field of its own shape (shape "
+                          f"(None, None, C)), but {f.name!r} has shape {f.shape}")
+    if isinstance(buckets, (list, tuple)):
+        buckets = [tuple(b) if isinstance(b, (list, tuple)) else b for b in buckets]
+    why = bucket_problem(buckets, f.dtype.itemsize * math.prod(f.shape[2:]))
+    if why is not None:
+        raise SchemaError(f"field {f.name!r}: buckets: {why}")
+    return sort_buckets(buckets)
+
+
 def _as_entry(f: Field) -> tuple[Any, ...]:
-    return (f.name, f.kind if f.kind in TEXT_KINDS else f.dtype, f.shape, f.codec, f.classes)
+    return (f.name, f.kind if f.kind in TEXT_KINDS else f.dtype, f.shape, f.codec, f.classes, f.buckets)
 
 
 def _entries(fields: Mapping[str, Any] | Iterable[Any]) -> list[tuple[Any, ...]]:
     """The fields given to :class:`Schema`, in any of its forms, as
-    ``(name, dtype, shape, codec, classes)`` entries (not yet checked)."""
+    ``(name, dtype, shape, codec, classes, buckets)`` entries (not yet checked)."""
     if isinstance(fields, Schema):
         return [_as_entry(f) for f in fields.fields]
     out: list[tuple[Any, ...]] = []
@@ -382,14 +429,14 @@ def _entries(fields: Mapping[str, Any] | Iterable[Any]) -> list[tuple[Any, ...]]
                 spec = (spec, None)
             if not isinstance(spec, (tuple, list)) or len(spec) not in (2, 3):
                 raise SchemaError(f"field {name!r}: expected (dtype, shape) or (dtype, shape, codec), found {spec!r}")
-            out.append((name, spec[0], spec[1], spec[2] if len(spec) == 3 else None, None))
+            out.append((name, spec[0], spec[1], spec[2] if len(spec) == 3 else None, None, None))
         return out
     for ent in fields:
         if isinstance(ent, Field):
             ent = _as_entry(ent)
-        if not isinstance(ent, (tuple, list)) or len(ent) not in (3, 4, 5):
-            raise SchemaError(f"expected (name, dtype, shape[, codec[, classes]]), found {ent!r}")
-        out.append((*ent, *(None,) * (5 - len(ent))))
+        if not isinstance(ent, (tuple, list)) or len(ent) not in (3, 4, 5, 6):
+            raise SchemaError(f"expected (name, dtype, shape[, codec[, classes[, buckets]]]), found {ent!r}")
+        out.append((*ent, *(None,) * (6 - len(ent))))
     return out
 
 

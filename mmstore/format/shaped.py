@@ -14,6 +14,12 @@ A batch of a shaped field is a list of arrays, one per record, in the
 requested order: the records have different shapes, so they cannot share one
 array, and a list of numpy arrays is what every consumer (a crop, a resize,
 ``torch.from_numpy``) takes as it is.
+
+A *bucketed* shaped field (format.py, "Aspect buckets") lists its shapes in
+``Field.buckets``; every record's ``<name>_hw`` is one of them. A record whose
+size is not a listed bucket is refused like any other size that does not
+fit (:func:`shape_problem`), and :func:`bucket_ids` gives every record's
+bucket from the sizes column alone.
 """
 
 from __future__ import annotations
@@ -26,13 +32,87 @@ import numpy as np
 from ..errors import EntryDecodeError
 from .layout import SHAPED_MAX_BYTES
 
-__all__ = ["check_shaped", "decode_shaped", "entry_hw", "read_shaped", "shape_problem"]
+__all__ = ["MAX_BUCKETS", "bucket_ids", "bucket_problem", "check_shaped", "decode_shaped", "entry_hw", "read_shaped",
+           "shape_problem", "sort_buckets"]
+
+MAX_BUCKETS = 1024  # the buckets one field may list (the manifest holds them)
 
 _PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def _pixel_bytes(field: Any) -> int:
     return int(field.dtype.itemsize * math.prod(field.shape[2:]))
+
+
+def bucket_problem(buckets: Any, pixel_bytes: int) -> str | None:
+    """Why ``buckets`` is not a bucket list of a field whose pixels have
+    ``pixel_bytes`` bytes, or None: it must be a non-empty list of at most
+    :data:`MAX_BUCKETS` ``[h, w]`` pairs of positive ints, no pair twice, no
+    two of one aspect (an image's bucket would be ambiguous), each at most
+    ``SHAPED_MAX_BYTES`` bytes as a record."""
+    if not isinstance(buckets, (list, tuple)) or not buckets:
+        return f"a non-empty list of [h, w] pairs is expected, found {str(buckets)[:100]}"
+    if len(buckets) > MAX_BUCKETS:
+        return f"{len(buckets)} buckets, more than the {MAX_BUCKETS} a field may list"
+    seen: dict[tuple[int, int], tuple[int, int]] = {}
+    for b in buckets:
+        if not (isinstance(b, (list, tuple)) and len(b) == 2 and all(
+                isinstance(v, (int, np.integer)) and not isinstance(v, bool) and v >= 1 for v in b)):
+            return f"a bucket is an [h, w] pair of positive ints, found {str(b)[:60]}"
+        h, w = int(b[0]), int(b[1])
+        if h * w * pixel_bytes > SHAPED_MAX_BYTES:
+            return (f"bucket {h}x{w} is larger than the {SHAPED_MAX_BYTES:,} bytes a record of an image of its own "
+                    "shape may hold")
+        g = math.gcd(h, w)
+        aspect = (h // g, w // g)
+        if aspect in seen:
+            other = seen[aspect]
+            return (f"bucket {h}x{w} is given twice" if other == (h, w) else
+                    f"buckets {other[0]}x{other[1]} and {h}x{w} have one aspect ({aspect[1]}:{aspect[0]}), so "
+                    "every image would go to the first: keep one")
+        seen[aspect] = (h, w)
+    return None
+
+
+def _taller_first(a: tuple[int, int], b: tuple[int, int]) -> int:
+    return a[1] * b[0] - b[1] * a[0]  # sign of w_a / h_a - w_b / h_b
+
+
+def sort_buckets(buckets: Any) -> tuple[tuple[int, int], ...]:
+    """``buckets`` as ``((h, w), ...)`` from the tallest to the widest (by
+    ``w / h``, compared exactly): the order a store lists them in."""
+    import functools
+
+    pairs = [(int(b[0]), int(b[1])) for b in buckets]
+    return tuple(sorted(pairs, key=functools.cmp_to_key(_taller_first)))
+
+
+def bucket_ids(field: Any, hw: Any) -> np.ndarray:
+    """The bucket of each record: ``hw`` (``(n, 2)``, the records'
+    ``<name>_hw``) as indices into ``field.buckets`` (``int64``, ``(n,)``).
+
+    Raises
+    ------
+    EntryDecodeError
+        ``field`` lists no buckets, or a size is none of them (a damaged
+        ``<name>_hw``); the message names the first such row and size.
+    """
+    if not getattr(field, "buckets", None):
+        raise EntryDecodeError(f"field {field.name!r} lists no buckets (not an image field with aspect buckets)")
+    sizes = np.asarray(hw, np.int64).reshape(-1, 2)
+    keys = sizes[:, 0] * (1 << 32) + sizes[:, 1]
+    table = np.array([h * (1 << 32) + w for h, w in field.buckets], np.int64)
+    order = np.argsort(table, kind="stable")
+    pos = np.searchsorted(table[order], keys)
+    pos = np.minimum(pos, len(table) - 1)
+    ids = order[pos]
+    bad = np.flatnonzero(table[ids] != keys)
+    if bad.size:
+        j = int(bad[0])
+        raise EntryDecodeError(f"field {field.name!r}, row {j}: {field.hw_name!r} says {sizes[j, 0]} x {sizes[j, 1]}, "
+                               f"which is none of its buckets {[list(b) for b in field.buckets]} "
+                               f"({bad.size} such row(s))", field=field.name, reason="not a bucket")
+    return ids.astype(np.int64)
 
 
 def entry_hw(field: Any, data: Any) -> tuple[int, int] | None:
@@ -69,6 +149,10 @@ def shape_problem(field: Any, data: Any, hw: Any) -> str | None:
     if h * w * _pixel_bytes(field) > SHAPED_MAX_BYTES:
         return (f"{field.hw_name!r} says {h} x {w} pixels, more than the {SHAPED_MAX_BYTES:,} bytes a record of a "
                 "shaped field may decode to")
+    buckets = getattr(field, "buckets", None)
+    if buckets and (h, w) not in buckets:
+        return (f"{field.hw_name!r} says {h} x {w} pixels, which is none of the field's buckets "
+                f"{[list(b) for b in buckets]}")
     name = field.codec.name
     if name in ("raw", "zstd"):
         want = h * w * _pixel_bytes(field)

@@ -15,7 +15,8 @@ Library API
 
 Stored fields: ``image`` (``|u1``, ``spec.record_shape()``; with
 ``max_side`` / ``short_side`` each image at its own aspect, ``(None, None,
-C)``, and its ``(h, w)`` in ``image_hw`` (``<u4`` ``(2,)``)), ``label``
+C)``, and its ``(h, w)`` in ``image_hw`` (``<u4`` ``(2,)``); with
+``buckets`` the same, each record at the shape of its bucket), ``label``
 (``<i8``, when there are labels), ``orig_size`` (``<i4`` ``(2,)``: source
 ``(h, w)`` after EXIF orientation), ``box`` (``<i4`` ``(4,)``: source
 region ``(x0, y0, x1, y1)``, end exclusive, that was resampled; see
@@ -94,6 +95,7 @@ def ingest(
     resume_hint: ResumeHint = RUN_DEFAULTS["resume_hint"],
     max_side: int | None = None,
     short_side: int | None = None,
+    buckets: Any = None,
     # decode options (mmstore.decode.DecodeSpec; None: its default)
     resize: str | None = None,
     channels: int | None = None,
@@ -150,6 +152,16 @@ def ingest(
     short_side
         Instead of ``size``: as ``max_side``, the short side becomes ``N``
         (LAION's convention).
+    buckets
+        Instead of ``size``: aspect buckets. A list of ``(h, w)`` shapes
+        (``[(256, 256), (192, 320), (320, 192)]``, or the text
+        ``"256x256,192x320,320x192"``), or ``"auto"`` / ``"auto:N"``: up to 9
+        shapes of about ``N x N`` pixels (``auto``: 256) chosen from the
+        aspects of the inputs, read from their headers in a first pass. Each
+        image goes to the bucket nearest its aspect, is resized to cover it
+        and centre-cropped by the least amount; the crop is in ``box`` /
+        ``dst``. Stored as an image of its own shape whose schema lists the
+        buckets (format 2.3; "Aspect buckets" in :mod:`mmstore.decode`).
     workers
         Decoder processes; None: the usable CPU cores; 0: decode in this
         process.
@@ -314,7 +326,7 @@ def ingest(
     from ..format.codecs import parse_codec_specs
 
     codec_map = parse_codec_specs(codecs)  # a typo fails here, before the scan
-    spec = make_spec(size, max_side=max_side, short_side=short_side, **spec_kw)
+    spec = make_spec(size, max_side=max_side, short_side=short_side, buckets=buckets, **spec_kw)
     if spec is None and not src.decoded:
         raise SourceError(f"{src.path}: encoded images need a target size: pass "
                           f"{spell_option('size=(H, W)', '--size HxW')} (or "
@@ -361,7 +373,8 @@ def from_dataset(
     value); with ``size`` each is fitted like a decoded file (``resize``
     policy etc.), stored as ``uint8``, and ``orig_size``/``box``/``dst`` are
     stored too; with ``max_side=N`` (or ``short_side=N``) instead of
-    ``size`` each keeps its own aspect (see :func:`ingest`). ``label_names`` defaults to ``ds.classes`` when present.
+    ``size`` each keeps its own aspect, with ``buckets`` each goes to its
+    aspect bucket (see :func:`ingest`). ``label_names`` defaults to ``ds.classes`` when present.
 
     Float images with ``size`` (what ``ToTensor()`` gives: a float32 tensor,
     ``CHW``, values in ``[0, 1]``; a numpy float array ``HWC`` or ``CHW``):

@@ -370,6 +370,10 @@ class CocoSource(Source):
     def load(self, i: int) -> Any:
         return read_file(os.path.join(os.fsencode(self.root), self.listing.key(i)))
 
+    def input_path(self, i: int) -> bytes:
+        """The file of input ``i`` (``load`` reads it)."""
+        return os.path.join(os.fsencode(self.root), self.listing.key(i))
+
     def check_size(self, i: int, orig_size: tuple[int, int]) -> None:
         """``InputError`` (a hole) when image ``i``'s JSON size is not the decoded one."""
         h, w = (int(v) for v in self.image_sizes[i])

@@ -433,6 +433,10 @@ class ListSource(Source):
     def load(self, i: int) -> Any:
         return read_file(self._resolve(self.listing.key(i)))
 
+    def input_path(self, i: int) -> bytes:
+        """The file of input ``i`` (``load`` reads it)."""
+        return self._resolve(self.listing.key(i))
+
 
 def list_fields_for_repair(prov: dict[str, Any], schema: Any) -> Callable[[bytes, int], dict[str, bytes]] | None:
     """For ``verify --repair``: a function ``(key, slot) -> {field: stored

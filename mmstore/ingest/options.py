@@ -39,7 +39,7 @@ __all__ = [
 # keyword options of mmstore.ingest.ingest() that shape the decode: the fields of DecodeSpec after its size, in its
 # order; their defaults are its field defaults (make_spec, the CLI's flags and so the fingerprint read them here) ...
 SPEC_DEFAULTS: Mapping[str, Any] = MappingProxyType(
-    {f.name: f.default for f in fields(DecodeSpec) if f.name != "size"})
+    {f.name: f.default for f in fields(DecodeSpec) if f.name not in ("size", "buckets")})
 SPEC_OPTIONS: tuple[str, ...] = tuple(SPEC_DEFAULTS)
 # ... and those that describe the source (see sources.detect_source); the CLI's flags are these names
 SOURCE_OPTIONS: tuple[str, ...] = ("labels", "root", "path_column", "label_column", "path_template", "delimiter",
@@ -47,8 +47,9 @@ SOURCE_OPTIONS: tuple[str, ...] = ("labels", "root", "path_column", "label_colum
                                    "label_names", "new_classes")
 SOURCE_OPTIONS += ("min_box_size",)  # COCO (mmstore.ingest.coco)
 
-# ... the keyword options that say, instead of size, that records keep each image's own aspect (make_spec)
-SIZE_OPTIONS: tuple[str, ...] = ("max_side", "short_side")
+# ... the keyword options that say, instead of size, that records keep each image's own aspect or go to the
+# nearest of a few shapes (make_spec)
+SIZE_OPTIONS: tuple[str, ...] = ("max_side", "short_side", "buckets")
 
 DEFAULT_RESUME_HINT = f"rerun the same ingest with {spell_option('resume=True', '--resume')}"
 SOURCE_OPTIONS += ("tags_column", "tags_sep", "text_column", "tag_names")  # a list's tags and captions (_tags.py)
@@ -107,7 +108,7 @@ def split_options(options: dict[str, Any]) -> tuple[dict[str, Any], dict[str, An
     return spec_kw, src_kw
 
 
-def make_spec(size: Any = None, *, max_side: Any = None, short_side: Any = None,
+def make_spec(size: Any = None, *, max_side: Any = None, short_side: Any = None, buckets: Any = None,
               **options: Any) -> DecodeSpec | None:
     """A :class:`mmstore.decode.DecodeSpec` from ingest options (None without a size).
 
@@ -122,10 +123,19 @@ def make_spec(size: Any = None, *, max_side: Any = None, short_side: Any = None,
     one of ``size``, ``max_side`` and ``short_side`` may be given
     (:class:`~mmstore.errors.SourceError` otherwise, saying which to pick),
     and ``resize`` goes with ``size`` alone.
+
+    ``buckets`` instead of ``size``: aspect buckets (``resize="buckets"``):
+    ``"auto"``, ``"auto:N"``, ``"HxW,HxW,..."`` or a list of ``(h, w)``
+    pairs (:func:`mmstore.decode.buckets.parse_buckets`; a list that does
+    not parse is a ``ValueError`` saying the expected form). It excludes
+    ``size``, ``max_side``, ``short_side``, ``resize``, ``upscale`` and
+    ``layout="chw"`` (:class:`~mmstore.errors.SourceError`).
     """
     unknown = set(options) - set(SPEC_DEFAULTS)
     if unknown:
         raise TypeError(f"make_spec() got unknown decode option(s): {sorted(unknown)}")
+    if buckets is not None:
+        return _bucket_spec(size, max_side, short_side, buckets, options)
     side_policy = check_size_options(size, max_side, short_side, options.get("resize"), options.get("upscale"))
     if side_policy is not None and options.get("layout") == "chw":
         from ..errors import SourceError
@@ -152,6 +162,43 @@ def make_spec(size: Any = None, *, max_side: Any = None, short_side: Any = None,
         elif isinstance(default, int):
             kw[name] = int(kw[name])
     return DecodeSpec(size=hw, **kw)
+
+
+def _bucket_spec(size: Any, max_side: Any, short_side: Any, buckets: Any, options: dict[str, Any]) -> DecodeSpec:
+    """``make_spec`` with ``buckets``: the option conflicts first, then the list."""
+    from ..decode.buckets import parse_buckets
+    from ..errors import SourceError
+
+    flag = spell_option("buckets=...", "--buckets ...")
+    named = (("size=(H, W)", "--size HxW"), ("max_side=N", "--max-side N"), ("short_side=N", "--short-side N"))
+    given = [spell_option(*f) for v, f in zip((size, max_side, short_side), named) if v is not None]
+    if given:
+        auto = spell_option("buckets=" + repr("auto:N"), "--buckets auto:N")
+        raise SourceError(f"{flag} and {' and '.join(given)} exclude each other: the buckets are the sizes of the "
+                          f"records (for buckets of about N x N pixels chosen from the data: {auto})")
+    resize = options.get("resize")
+    if resize not in (None, SPEC_DEFAULTS["resize"], "buckets"):
+        raise SourceError(f"{spell_option(f'resize={resize!r}', f'--resize {resize}')} goes with "
+                          f"{spell_option('size=(H, W)', '--size HxW')}; with {flag} every image is resized to cover "
+                          "its bucket and centre-cropped (leave the resize option out)")
+    if options.get("upscale"):
+        raise SourceError(f"{spell_option('upscale=True', '--upscale')} goes with --max-side/--short-side; with {flag} "
+                          "every image is resized to its bucket, enlarged when smaller (leave it out)")
+    if options.get("layout") == "chw":
+        raise SourceError(f"{flag} stores each record at its bucket's shape, as (h, w, C): "
+                          f"{spell_option('layout=' + repr('chw'), '--layout chw')} is for records of one fixed shape "
+                          "(leave it out; permute the channels at training time)")
+    channels = int(options.get("channels") or SPEC_DEFAULTS["channels"])
+    parsed = parse_buckets(buckets, channels)
+    kw = {**SPEC_DEFAULTS, **options, "resize": "buckets"}
+    if kw["max_pixels"] is None:
+        kw["max_pixels"] = SPEC_DEFAULTS["max_pixels"]
+    for name, default in SPEC_DEFAULTS.items():
+        if isinstance(default, bool):
+            kw[name] = bool(kw[name])
+        elif isinstance(default, int):
+            kw[name] = int(kw[name])
+    return DecodeSpec(size=(1, 1), buckets=parsed, **kw)
 
 
 def check_size_options(size: Any, max_side: Any, short_side: Any, resize: Any = None,

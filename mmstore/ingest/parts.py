@@ -65,7 +65,7 @@ class PartBook:
         self.slots: int = m["slots"]
         self.records: int = m["records"]
         self.backend: str = m["backend"]
-        self.schema = Schema(m["schema"], classes=m["classes"], label_names=m["label_names"])
+        self.schema = Schema(m["schema"], classes=m["classes"], buckets=m["buckets"], label_names=m["label_names"])
         self.label_names: list[str] | None = m["label_names"]
         self.data_names = backend_class(self.backend).data_file_names(self.schema)
         missing = [n for n in self.data_names if n not in m["files"]]

@@ -180,7 +180,7 @@ def _run(source: Source, dest: str, spec: Any, o: RunOptions) -> IngestResult:
                          resume=resuming, label_names=plan.listing.label_names, provenance=plan.provenance,
                          inputs=sources)
     writer.annotation_errors = _annotation_errors(source, plan)
-    run = _Run(dest, source, spec, plan, writer, o)
+    run = _Run(dest, source, plan.spec, plan, writer, o)  # the plan's: buckets="auto" chose its shapes there
     tally = run.execute(resuming, nworkers, limit)
     m = read_manifest(dest)
     warnings = dict(plan.listing.warnings)

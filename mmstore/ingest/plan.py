@@ -35,6 +35,7 @@ class Plan:
     schema: Schema
     state: dict[str, Any]  # saved in DEST.partial; a resume must match its fingerprint
     provenance: dict[str, Any]  # goes into the manifest
+    spec: Any = None  # the decode spec the run uses (buckets="auto" resolved to its shapes)
 
     @property
     def slots(self) -> int:
@@ -87,6 +88,14 @@ def make_plan(source: Source, spec: Any, backend: str, shard: tuple[int, int] | 
     if listing.none_found:
         raise SourceError(listing.none_found)
     lo, hi = shard_range(n_total, shard)
+    auto: str | None = None
+    auto_report: dict[str, Any] = {}
+    if spec is not None and spec.resize == "buckets" and spec.bucket_shapes is None:
+        # every input, whatever the shard: all parts must choose the same shapes
+        from .aspects import choose_buckets
+
+        auto = str(spec.buckets)
+        spec, auto_report = choose_buckets(source, spec)
     schema = schema_for(source, spec, _first_item(source, spec, lo if hi > lo else 0))
     if codecs:
         schema = Schema(schema, codecs=codecs)
@@ -119,13 +128,14 @@ def make_plan(source: Source, spec: Any, backend: str, shard: tuple[int, int] | 
         "source": desc,
         "resize": spec.resize if spec is not None else None,
         "size": list(spec.size) if spec is not None else None,
+        **({"buckets": {"auto": auto, **auto_report}} if auto is not None else {}),
         "ingest": {"fingerprint": run_fp, "inputs_fingerprint": inputs_fp, "inputs": n_total, "shard": shard_l,
                    "range": [lo, hi], "params": params},
     }
     if libraries:
         provenance["codecs"] = {f.name: f.codec.spec for f in schema.variable_fields}
         provenance["codec_libraries"] = libraries
-    return Plan(listing, lo, hi, schema, state, provenance)
+    return Plan(listing, lo, hi, schema, state, provenance, spec)
 
 
 _UNSET = object()

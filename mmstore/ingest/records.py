@@ -42,7 +42,8 @@ def schema_for(source: Source, spec: Any, first_item: Any) -> Schema:
     extra = getattr(source, "fields", None)
     for f in extra or ():
         fields[f.name] = f
-    return Schema(fields)
+    shapes = spec.bucket_shapes if spec is not None else None
+    return Schema(fields, buckets={"image": shapes} if shapes is not None else None)
 
 
 class RecordJob:

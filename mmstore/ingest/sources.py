@@ -246,6 +246,10 @@ class FolderSource(Source):
     def load(self, i: int) -> Any:
         return read_file(os.path.join(self.root, self.listing.key(i)))
 
+    def input_path(self, i: int) -> bytes:
+        """The file of input ``i`` (``load`` reads it)."""
+        return os.path.join(self.root, self.listing.key(i))
+
 
 def _lmdb() -> Any:
     try:

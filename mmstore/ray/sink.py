@@ -69,7 +69,6 @@ from ..format.layout import (
     PARTIAL_SUFFIX,
     PARTS_DIR,
     REMOTE_INDEX_FILE,
-    REMOTE_INDEX_MAX_BYTES,
     part_file,
 )
 from ..ingest.options import ErrorLimit, make_spec, split_options
@@ -77,7 +76,7 @@ from ..ingest.parts import BOOKKEEPING_FILES, PartBook, commit_parts, join_parts
 from ..ingest.pipeline import run_ingest
 from ..ingest.rows import RowsSource
 from ..remote.client import Remote
-from ..remote.index import parse_index
+from ..remote.index import index_max_bytes, parse_index
 from ..remote.url import is_url, parse_url
 from ..store.dest import PARTIAL_MARK, RAY_MARK, check_dest, is_own_partial, is_store
 from ..transfer.push import check_destination, push
@@ -196,11 +195,12 @@ def _commit_remote(dest: str, ids: list[str], provenance: dict[str, Any], label_
             part = Remote(f"{loc.url.rstrip('/')}/{PARTS_DIR}/{pid}")
             d = os.path.join(work, PARTS_DIR, pid)
             os.makedirs(d)
-            raw_index = part.get_small(REMOTE_INDEX_FILE, REMOTE_INDEX_MAX_BYTES)  # sizes before bytes
-            raw_manifest = part.get_small(MANIFEST_FILE, MANIFEST_MAX_BYTES)
+            raw_manifest = part.get_small(MANIFEST_FILE, MANIFEST_MAX_BYTES)  # sizes before bytes
             with open(os.path.join(d, MANIFEST_FILE), "wb") as f:
                 f.write(raw_manifest)
             book = PartBook(pid, d)
+            # no more than a part of this manifest's files can have (untrusted: a bucket is shared)
+            raw_index = part.get_small(REMOTE_INDEX_FILE, index_max_bytes(book.manifest, raw_manifest))
             index = parse_index(raw_index, part.url)
             index.check_manifest(book.manifest, raw_manifest, part.url)
             for name in BOOKKEEPING_FILES[1:]:
@@ -254,11 +254,16 @@ class _Job:
         self.remote = is_url(dest)
         self.dest = dest if self.remote else os.path.abspath(dest)
         decode = dict(decode)
-        sides = {k: decode.pop(k) for k in ("max_side", "short_side") if k in decode}  # instead of size
+        sides = {k: decode.pop(k) for k in ("max_side", "short_side", "buckets") if k in decode}  # instead of size
         spec_kw, src_kw = split_options(decode)
         if src_kw:
             raise TypeError(f"options {sorted(src_kw)} are for file sources; give columns instead")
         self.spec = make_spec(size, **sides, **spec_kw)
+        if self.spec is not None and self.spec.resize == "buckets" and self.spec.bucket_shapes is None:
+            raise SourceError(f"buckets={sides['buckets']!r} chooses its shapes from the aspects of every image before "
+                              "writing, which a Ray write (each task its own rows) cannot do: pass the shapes, "
+                              "buckets=[(h, w), ...] (mmstore.decode.buckets.auto_buckets(sizes, N) chooses them from "
+                              "a sample of (h, w) sizes as 'auto:N' would)")
         self.codecs = parse_codec_specs(codecs)
         self.limit = ErrorLimit(on_error, max_errors)  # a bad value fails here, before the job
         if threads is None:  # as many decode threads as the CPUs a write task asks Ray for
@@ -495,7 +500,8 @@ def write(
         ``channels``, ``layout``, ``bgr``, ``interp_up``, ``pad_value``,
         ``fast_decode``, ``max_pixels``, ``strict_jpeg``, ``alpha``,
         ``upscale``), with the same meaning; ``size`` (or, instead,
-        ``max_side=N`` / ``short_side=N``: records of each image's own aspect)
+        ``max_side=N`` / ``short_side=N``: records of each image's own aspect;
+        ``buckets=[(h, w), ...]``: aspect buckets, a list only)
         is needed for encoded images.
     image, label, key, path
         Column names: the images, the integer labels, the keys, the source

@@ -86,7 +86,7 @@ from ..errors import (
 from .index import block_digest
 from .url import StoreURL, parse_url
 
-__all__ = ["RETRY_KINDS", "ObjectInfo", "Remote", "client_available", "retry_kind", "retry_wait"]
+__all__ = ["RETRY_KINDS", "ObjectInfo", "Remote", "client_available", "missing_root", "retry_kind", "retry_wait"]
 
 HTTP_SCHEMES = ("http", "https")
 AZURE_SCHEMES = ("az", "azure", "abfs", "abfss")
@@ -458,25 +458,32 @@ class Remote:
         obs = _obstore()
         return bytes(self._read(name, "read", lambda: obs.get(self.read_client(), name).bytes()))
 
-    def get_small(self, name: str, limit: int) -> bytes:
+    def get_small(self, name: str, limit: int, listed: int | None = None) -> bytes:
         """The whole object ``name``, which may not be larger than ``limit``
         bytes: one range request for its first ``limit + 1`` bytes, so no
         more than that is ever downloaded, whatever the object's size;
         ``RemoteTooLargeError`` (naming the object, its size and the limit)
         when there are more. For ``manifest.json``, ``_remote.json`` and any
-        file of a bucket read whole before its size is known."""
+        file of a bucket read whole before its size is known. ``listed``:
+        the object's size in a listing of the prefix; above ``limit`` it is
+        refused with no request at all (it may have grown since the listing:
+        the request stays bounded)."""
+        if listed is not None and listed > limit:
+            raise self._too_large(name, listed, limit)
         forked = self.forked()
         if forked is not None:
             data, size = forked.get_head(name, limit + 1)
         else:
             data, size = self._get_small(name, limit)
         if len(data) > limit or size > limit:
-            raise RemoteTooLargeError(
-                f"{self.loc.object_url(name)}: {max(size, len(data)):,} bytes, more than the {limit:,} this file may "
-                "have (refused before more than that was downloaded): the store at this URL is damaged or not an "
-                "mmstore store; push it again from a good copy, or check the URL", size=max(size, len(data)),
-                limit=limit)
+            raise self._too_large(name, max(size, len(data)), limit)
         return bytes(data)
+
+    def _too_large(self, name: str, size: int, limit: int) -> RemoteTooLargeError:
+        return RemoteTooLargeError(
+            f"{self.loc.object_url(name)}: {size:,} bytes, more than the {limit:,} this file may have (refused "
+            "before more than that was downloaded): the store at this URL is damaged or not an mmstore store; push "
+            "it again from a good copy, or check the URL", size=size, limit=limit)
 
     def _get_small(self, name: str, limit: int) -> tuple[Any, int]:
         obs = _obstore()
@@ -581,6 +588,8 @@ class Remote:
             err = self.error(exc, "", "list")
             if isinstance(err, RemoteNotFoundError) and not _names_missing_root(err):
                 return out
+            if isinstance(err, RemoteNotFoundError):
+                raise missing_root(self.loc) from exc
             raise err from exc
         return out
 
@@ -659,6 +668,13 @@ _UNSATISFIABLE = re.compile(r"range not satisfiable|invalidrange|\(416\b|status(
 
 # a 401 or 403 answer, as obstore's messages give the status (not a port or a duration that holds 403)
 _DENIED_STATUS = re.compile(r"status(?: code)?:?\s*40[13]\b")
+
+
+def missing_root(loc: StoreURL) -> RemoteNotFoundError:
+    """The error of a URL whose bucket (container) does not exist: one
+    sentence for every command that finds it missing."""
+    root = _HINTS.get(loc.scheme, _S3)["root"]
+    return RemoteNotFoundError(f"{loc.url}: no such {root} {loc.bucket!r}: check the URL")
 
 
 def _names_missing_root(err: RemoteError) -> bool:

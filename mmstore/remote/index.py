@@ -13,6 +13,7 @@ import binascii
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,7 +43,8 @@ from ..format.layout import (
 )
 
 __all__ = ["DEFAULT_BLOCK_BYTES", "DIGEST_BYTES", "BlockHasher", "FileEntry", "RemoteIndex", "block_digest",
-           "check_block_bytes", "check_claimed_sizes", "expected_sizes", "index_max_bytes", "parse_index"]
+           "check_block_bytes", "check_claimed_sizes", "disagreeing_index", "expected_sizes", "index_max_bytes",
+           "index_max_bytes_of", "most_sizes", "parse_index"]
 
 DEFAULT_BLOCK_BYTES = 1 << 20
 DIGEST_BYTES = 16
@@ -73,6 +75,13 @@ def index_max_bytes(manifest: dict[str, Any], raw_manifest: bytes) -> int:
         return REMOTE_INDEX_MAX_BYTES
     sizes = dict(files)
     sizes[MANIFEST_FILE] = len(raw_manifest)
+    return index_max_bytes_of(sizes)
+
+
+def index_max_bytes_of(sizes: Mapping[str, object]) -> int:
+    """The most bytes a ``_remote.json`` listing the files ``sizes`` (name
+    -> bytes, the manifest's own entry among them) can hold; never more
+    than ``REMOTE_INDEX_MAX_BYTES`` (:func:`index_max_bytes`)."""
     total = _INDEX_FIXED_BYTES
     for name, size in sizes.items():
         if type(size) is not int or size < 0 or not isinstance(name, str):
@@ -82,6 +91,15 @@ def index_max_bytes(manifest: dict[str, Any], raw_manifest: bytes) -> int:
         if total >= REMOTE_INDEX_MAX_BYTES:
             return REMOTE_INDEX_MAX_BYTES
     return total
+
+
+def disagreeing_index(url: str, then: str) -> str:
+    """What repairs a bucket whose index disagrees with itself (a file whose
+    every block matches its digest while the whole file does not): a push
+    compares the objects with that index and finds nothing to do, so the
+    index goes first. ``then``: what to do once the bucket is repaired."""
+    return (f"delete {url}/{REMOTE_INDEX_FILE}, then push the store again from a good copy (`mmstore push STORE "
+            f"{url}` uploads it whole and writes a new index); then {then}")
 
 
 def check_block_bytes(block_bytes: object) -> int:
@@ -229,12 +247,42 @@ def expected_sizes(manifest: dict[str, Any]) -> dict[str, int | None]:
     return out
 
 
+# an LMDB file of fixed-size records holds, per record, its value, its key and node, and at most the pages a
+# value of that size spills into (LMDB's page is the OS page size: 64 KiB at most), plus its meta, branch and
+# free pages: below this however the writer's transactions went
+_LMDB_PAGE_MAX = 64 << 10
+_LMDB_FIXED_BYTES = 16 << 20
+
+
+def most_sizes(manifest: dict[str, Any]) -> dict[str, int]:
+    """The most bytes each file of a store with this (parsed) manifest can
+    have where the schema bounds it but does not give it exactly: an LMDB
+    file whose every field is of a fixed size (its records, whatever the
+    page size and the transactions that wrote them). A variable-size field's
+    ``.bin`` and the keys are given exactly by their offsets files
+    (format.py), read before such a file is made."""
+    if manifest["backend"] == "memmap":
+        return {}
+    record = 0
+    for _, dtype, shape, codec in manifest["schema"]:
+        if shape[:1] == (None,) or not codec.raw:
+            return {}  # values of any size
+        record += dtype.itemsize * math.prod(shape)
+    counts = manifest.get("segments") or [int(manifest["slots"])]
+    found = segment_ids(manifest)
+    ids: list[int | str | None] = list(found) if found is not None else [None]
+    return {lmdb_file(seg): int(count) * (record + 2 * _LMDB_PAGE_MAX) + _LMDB_FIXED_BYTES
+            for seg, count in zip(ids, counts)}
+
+
 def check_claimed_sizes(manifest: dict[str, Any], where: str) -> None:
     """Every file size the (parsed) manifest lists is the one its schema and
-    slot count give (:func:`expected_sizes`), before anything is created at
-    that size: ``ClaimedSizeError`` naming the file, the size claimed and
-    the size expected; ``FormatError`` for a file no such store has."""
+    slot count give (:func:`expected_sizes`), or at most what they allow
+    (:func:`most_sizes`), before anything is created at that size:
+    ``ClaimedSizeError`` naming the file, the size claimed and the size
+    expected; ``FormatError`` for a file no such store has."""
     want = expected_sizes(manifest)
+    most = most_sizes(manifest)
     for name, claimed in sorted(manifest["files"].items()):
         if name not in want:
             raise FormatError(
@@ -248,6 +296,13 @@ def check_claimed_sizes(manifest: dict[str, Any], where: str) -> None:
                 f"and {manifest['slots']:,} slots give {expected:,} bytes; nothing was created: the store at this "
                 "URL is damaged or was not written by mmstore: push it again from a good copy",
                 name=name, claimed=int(claimed), expected=expected)
+        bound = most.get(name)
+        if bound is not None and int(claimed) > bound:
+            raise ClaimedSizeError(
+                f"{where}: {name}: the store claims {fmt_bytes(int(claimed))} ({int(claimed):,} bytes), its schema "
+                f"and {manifest['slots']:,} slots allow at most {bound:,} bytes; nothing was created: the store at "
+                "this URL is damaged or was not written by mmstore: push it again from a good copy",
+                name=name, claimed=int(claimed), expected=bound)
 
 
 def parse_index(raw: bytes, where: str) -> RemoteIndex:

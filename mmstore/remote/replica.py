@@ -100,8 +100,16 @@ import numpy as np
 
 from .._os.io import atomic_write, fallocate, fmt_bytes, free_bytes, pwrite_all
 from .._os.sparse import boot_id, lock_range, punch_hole, unlock_range
-from ..errors import CacheFullError, IncompleteStoreError, RemoteChecksumError, RemoteNotFoundError
-from ..format.layout import MANIFEST_FILE, MANIFEST_MAX_BYTES, REMOTE_INDEX_FILE
+from ..errors import (
+    CacheFullError,
+    CacheSetupError,
+    ClaimedSizeError,
+    IncompleteStoreError,
+    MmstoreError,
+    RemoteChecksumError,
+    RemoteNotFoundError,
+)
+from ..format.layout import KEYS_BLOB_FILE, KEYS_OFFSETS_FILE, MANIFEST_FILE, MANIFEST_MAX_BYTES, REMOTE_INDEX_FILE
 from ..format.manifest import parse_manifest
 from .client import Remote
 from .index import DIGEST_BYTES, RemoteIndex, block_digest, index_max_bytes, parse_index
@@ -123,6 +131,7 @@ _EVICT_CANDIDATES = 256  # the least one pass of eviction picks
 # another layout is another directory, deleted like an old push's
 _LAYOUT = 2
 _FULL = (errno.ENOSPC, errno.EDQUOT)  # a write refused for lack of space (or quota)
+_OFFSETS_SUFFIX = ".offsets.npy"  # a variable-size field's offsets file (format.layout.variable_files)
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]*)?)\s*([kmgtp]?)(i?)b?\s*$", re.IGNORECASE)
 
 
@@ -205,13 +214,7 @@ def read_remote_manifest(remote: Remote) -> tuple[RemoteIndex, dict[str, Any], b
             raise RemoteNotFoundError(
                 f"{remote.url}: the store is not complete (no {MANIFEST_FILE} yet): a push is under way or was "
                 "stopped: rerun `mmstore push` to finish it") from exc
-        bucket_ok = True
-        try:
-            remote.list()
-        except RemoteNotFoundError:
-            bucket_ok = False
-        if not bucket_ok:
-            raise RemoteNotFoundError(f"{remote.url}: no such bucket {remote.loc.bucket!r}: check the URL") from exc
+        remote.list()  # a missing bucket: its own error (client.missing_root), the one every command gives
         raise RemoteNotFoundError(f"{remote.url}: no store at this URL (no {MANIFEST_FILE}): check the prefix, "
                                   "or push one with `mmstore push STORE URL`") from exc
     manifest = parse_manifest(raw_manifest, remote.loc.object_url(MANIFEST_FILE))
@@ -1090,12 +1093,14 @@ def open_replica(url: str, *, cache_dir: str | os.PathLike[str] | None = None,
             f"{loc.url}: cache_limit {fmt_bytes(limit)} is below what the cache needs at least: "
             f"{fmt_bytes(whole)} of files fetched whole (manifest, checksums, keys, offsets, LMDB files) plus "
             f"one block of {fmt_bytes(index.block_bytes)}; raise the limit")
-    os.makedirs(base, exist_ok=True)
     try:
+        os.makedirs(base, exist_ok=True)
         _make(remote, index, raw_manifest, home)
+    except MmstoreError:
+        raise  # typed already (a request to the bucket, a claimed size)
     except OSError as exc:
         if exc.errno not in _FULL:
-            raise
+            raise _setup_failed(exc, home, loc.url) from exc
         raise _cache_full(home, loc.url, whole + 9 * _sparse_blocks(index), limit, 0) from None
     replica = Replica(remote, index, home, limit)
     try:
@@ -1108,6 +1113,16 @@ def open_replica(url: str, *, cache_dir: str | os.PathLike[str] | None = None,
         raise
     _drop_old(base, home)
     return replica
+
+
+def _setup_failed(exc: OSError, home: str, url: str) -> CacheSetupError:
+    """The typed error of a cache whose files could not be created."""
+    what = f"{exc.filename}: " if exc.filename else ""
+    err = CacheSetupError(
+        f"{home}: cannot create the cache of {url}: {what}{exc.strerror or exc}; open the URL with another "
+        "cache_dir (or MMSTORE_CACHE_DIR) on a file system that can hold the store and that you may write")
+    err.errno = exc.errno
+    return err
 
 
 def _make(remote: Remote, index: RemoteIndex, raw_manifest: bytes, home: str) -> None:
@@ -1137,27 +1152,69 @@ def _setup(remote: Remote, index: RemoteIndex, raw_manifest: bytes, home: str) -
     B = index.block_bytes
     sparse = sorted(n for n, e in index.files.items() if _sparse_name(n, e.size, B))
     nblocks = sum(index.files[n].nblocks(B) for n in sparse)
+    for name in {os.path.dirname(n) for n in index.files if "/" in n}:
+        os.makedirs(os.path.join(store, name), exist_ok=True)  # a store with parts (format.py)
+    whole = [n for n in index.files if n not in sparse and n != MANIFEST_FILE]
+    # the offsets files first: they give the size of each file of entries of any size, checked before it is made
+    offsets = [n for n in whole if _offsets_of(n) is not None]
+    _fetch_files(remote, index, store, offsets)
+    for name in offsets:
+        _check_entries_size(remote.url, index, store, name)
     for table, size in (("blocks.map", max(1, nblocks)), ("blocks.use", 8 * max(1, nblocks))):
         with open(os.path.join(home, table), "wb") as f:
             fallocate(f.fileno(), 0, size, f.name)  # NOTE [full cache disk]
-    for name in {os.path.dirname(n) for n in index.files if "/" in n}:
-        os.makedirs(os.path.join(store, name), exist_ok=True)  # a store with parts (format.py)
     for name in sparse:
         with open(os.path.join(store, name), "wb") as f:
             f.truncate(index.files[name].size)
+    _fetch_files(remote, index, store, [n for n in whole if n not in offsets])
+    atomic_write(os.path.join(store, MANIFEST_FILE), raw_manifest)
+    atomic_write(os.path.join(home, "remote.json"), index.raw)
+    atomic_write(os.path.join(home, "ready"), json.dumps({"url": remote.url, "boot": boot_id()}).encode())
+
+
+def _fetch_files(remote: Remote, index: RemoteIndex, store: str, names: list[str]) -> None:
+    """Fetch the files ``names`` whole into ``store``, several at once."""
+    if not names:
+        return
     pool = ThreadPoolExecutor(_FETCH_THREADS, thread_name_prefix="mmstore-fetch")
     try:
-        futs: list[Future[None]] = [
-            pool.submit(_fetch_whole, remote, index, name, os.path.join(store, name))
-            for name, e in index.files.items() if name not in sparse and name != MANIFEST_FILE
-        ]
+        futs: list[Future[None]] = [pool.submit(_fetch_whole, remote, index, n, os.path.join(store, n))
+                                    for n in names]
         for fut in futs:
             fut.result()
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
-    atomic_write(os.path.join(store, MANIFEST_FILE), raw_manifest)
-    atomic_write(os.path.join(home, "remote.json"), index.raw)
-    atomic_write(os.path.join(home, "ready"), json.dumps({"url": remote.url, "boot": boot_id()}).encode())
+
+
+def _offsets_of(name: str) -> str | None:
+    """The file of entries whose offsets file is ``name`` (format.py: a
+    variable-size field's ``.bin``, the keys), or None."""
+    base, _, file = name.rpartition("/")
+    where = base + "/" if base else ""
+    if file == KEYS_OFFSETS_FILE:
+        return where + KEYS_BLOB_FILE
+    if file.endswith(_OFFSETS_SUFFIX):
+        return where + file[: -len(_OFFSETS_SUFFIX)] + ".bin"
+    return None
+
+
+def _check_entries_size(url: str, index: RemoteIndex, store: str, name: str) -> None:
+    """The file of entries of offsets file ``name`` (fetched, verified) is
+    the size its last offset gives (format.py), before it is made:
+    ``ClaimedSizeError`` otherwise. A file no offsets give (a claimed size
+    the schema allows) is left to the store's own checks at open."""
+    data = _offsets_of(name)
+    entry = index.files.get(data) if data is not None else None
+    if data is None or entry is None:
+        return
+    with open(os.path.join(store, name), "rb") as f:
+        f.seek(-8, os.SEEK_END)
+        last = int.from_bytes(f.read(8), "little")
+    if entry.size != last:
+        raise ClaimedSizeError(
+            f"{url}: {data}: the store claims {fmt_bytes(entry.size)} ({entry.size:,} bytes), its {name} gives "
+            f"{last:,} bytes; nothing was created: the store at this URL is damaged or was not written by mmstore: "
+            "push it again from a good copy", name=data, claimed=entry.size, expected=last)
 
 
 def _unmake(home: str) -> None:
@@ -1176,7 +1233,8 @@ def _fetch_whole(remote: Remote, index: RemoteIndex, name: str, path: str) -> No
     B = index.block_bytes
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
-        os.ftruncate(fd, e.size)
+        # written in order from its first byte, never made at the size the index claims first: a claim
+        # no object bears out fails at its first short block, having written only what arrived
         for k in range(e.nblocks(B)):
             a, b = k * B, min(e.size, (k + 1) * B)
             pwrite_all(fd, remote.get_verified(name, a, b, e.etag, e.block(k))[0], a)

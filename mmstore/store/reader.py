@@ -171,7 +171,7 @@ class Store:
                 f"{self.path}: the store was replaced since it was opened (store id {store_id} -> "
                 f"{m['store_id']}); reopen it"
             )
-        self.schema = Schema(m["schema"], classes=m["classes"], label_names=m["label_names"])
+        self.schema = Schema(m["schema"], classes=m["classes"], buckets=m["buckets"], label_names=m["label_names"])
         self.slots: int = m["slots"]
         self.records: int = m["records"]
         self.backend_name: str = m["backend"]

@@ -13,6 +13,11 @@
   :class:`RandomResizedCrop`, :class:`CenterCrop`: its ``crop=``, each
   record cropped and resized into the batch by the reader threads
   (:mod:`mmstore.engine.crop`; torch-free, re-exported here).
+- :class:`BucketLoader`: what ``Loader`` is over a field with aspect buckets
+  (and over any image field of its own shape when built by name): batches
+  of one shape each, the shapes interleaved;
+  :class:`BucketBatchSampler`: the same batches as a DataLoader
+  ``batch_sampler`` (:mod:`mmstore.torch.buckets`).
 - :func:`classification_loader`: a ``Loader`` yielding ``(images, target)``
   (float, normalised, CHW, on the device; int64 labels) with the ImageNet
   training or evaluation transform.
@@ -28,12 +33,15 @@ from ..engine.crop import CenterCrop, RandomResizedCrop
 from ..engine.tuning import LoaderTuning
 from . import augment, gpu
 from ._ragged import Padded, multi_hot
+from .buckets import BucketBatchSampler, BucketLoader, bucket_schedule
 from .dataset import StoreBatch, StoreDataset, collate
 from .loader import Loader
 from .presets import ClassificationTransform, classification_loader
 from .sampler import OrderBatchSampler, OrderSampler, build_order
 
 __all__ = [
+    "BucketBatchSampler",
+    "BucketLoader",
     "CenterCrop",
     "ClassificationTransform",
     "Loader",
@@ -45,6 +53,7 @@ __all__ = [
     "StoreBatch",
     "StoreDataset",
     "augment",
+    "bucket_schedule",
     "build_order",
     "classification_loader",
     "collate",

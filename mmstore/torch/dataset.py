@@ -348,8 +348,16 @@ class StoreDataset(Dataset):
         """Read ``indices`` into fresh tensors (shared memory inside a
         DataLoader worker), store layout, one ``read_batch`` call."""
         self._check_pid()
-        refuse_shaped(self.store, self.fields, "a batch of StoreDataset (__getitems__, what DataLoader calls)")
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        # images of their own shape stack when the batch's records share one size
+        # (a batch of one aspect bucket: mmstore.torch.BucketBatchSampler), else are refused
+        shaped = [f for f in self.fields if self.store.schema[f].shaped]
+        for f in shaped:
+            hw = np.asarray(self.store.read_batch(idx, fields=[self.store.schema[f].hw_name])[
+                self.store.schema[f].hw_name]).reshape(-1, 2)
+            if len(hw) and not (hw == hw[0]).all():
+                refuse_shaped(self.store, self.fields, "a batch of StoreDataset (__getitems__, what DataLoader "
+                                                       "calls) of records of more than one size")
         shared = get_worker_info() is not None
         n = len(idx)
         tensors: dict[str, Any] = {
@@ -357,6 +365,14 @@ class StoreDataset(Dataset):
         }
         got = self.store.read_batch(idx, fields=self.fields, out={f: t.numpy() for f, t in tensors.items()})
         for f in self._ragged:  # Ragged (values + offsets): a list of tensors, or Padded
+            if f in shaped:  # one size (checked above): stacked
+                dt = torch.from_numpy(np.empty(0, self.store.schema[f].dtype)).dtype
+                recs = cast(list, got[f])  # a shaped field's batch: a list of arrays
+                t = _alloc((n, *(recs[0].shape if n else (0, 0, *self.store.schema[f].shape[2:]))), dt, shared)
+                if n:
+                    np.stack(recs, out=t.numpy())
+                tensors[f] = t
+                continue
             tensors[f] = ragged_batch(cast(Ragged, got[f]), self.ragged, self.pad_value, f)  # read_batch: a Ragged
         return {f: tensors[f] for f in self.fields}
 

@@ -139,11 +139,12 @@ Lifetime: epochs, threads, processes (the contract)
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import os
 import threading
 import warnings
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
@@ -151,7 +152,7 @@ import numpy as np
 import torch
 
 from .. import _os
-from ..engine.crop import CropReader, crop_field, out_shape
+from ..engine.crop import CropReader, crop_field, follow_crop, out_shape
 from ..engine.direct import DirectWindows
 from ..engine.fetch import FETCH_WINDOW_BYTES, RemoteWindows, fetch_bounds, limit_block_sizes, remote_cost
 from ..engine.inflight import InFlight
@@ -274,11 +275,16 @@ class Loader(Resumable):
         Crop one image field (images of their own shape, or a fixed-shape
         image field) into a fixed output: the batch's field is ``(batch,
         out_h, out_w[, C])``, each record cropped and resized by the reader
-        threads into the batch buffer (a JPEG, PNG or zstd entry decoded
-        whole first; ``describe()["crop"]`` says what runs). Record ``r``'s
+        threads into the batch buffer (a JPEG entry decoded at the reduced
+        DCT scale its box allows, a PNG or zstd one whole;
+        ``describe()["crop"]`` says what runs; the crop's ``boxes=`` makes
+        box and polygon fields follow it). Record ``r``'s
         box in epoch ``e`` is a function of (the order's seed, ``e``,
         ``r``): the same after a resume and on every rank
-        (:mod:`mmstore.engine.crop`).
+        (:mod:`mmstore.engine.crop`). Without ``crop=``, a field read that
+        declares aspect buckets makes this loader a
+        :class:`~mmstore.torch.BucketLoader`: batches of one bucket each,
+        the records as stored (:mod:`mmstore.torch.buckets`).
     tuning : LoaderTuning, optional
         How to read: ``prefetch``, ``hold``, ``threads``, ``warm``, ``hints``,
         ``willneed``, ``method``, ``piece_bytes``, ``window_prefetch``,
@@ -292,6 +298,18 @@ class Loader(Resumable):
     :class:`~mmstore.errors.LoaderStateError` (see the module docstring,
     "Lifetime", for peeks, threads, ``close``, ``fork`` and pickling).
     """
+
+    # what a Loader(...) call may build instead: each entry, given the call's arguments, names a
+    # subclass or None (mmstore/torch/buckets.py adds BucketLoader: a field that declares aspect buckets)
+    _variants: list[Callable[[tuple[Any, ...], dict[str, Any]], type[Loader] | None]] = []
+
+    def __new__(cls, *args: Any, **kwargs: Any) -> Loader:
+        if cls is Loader and (args or kwargs):
+            for pick in Loader._variants:
+                sub = pick(args, kwargs)
+                if sub is not None:
+                    return super().__new__(sub)
+        return super().__new__(cls)
 
     def __init__(
         self,
@@ -623,10 +641,12 @@ class Loader(Resumable):
             idx = idx[a0:]
             if bounds is not None:
                 bounds = np.unique(np.clip(bounds - a0, 0, None))
-        reads = EpochReads(
-            self.store, self._fixed, res.files, t, batch_size=self.batch_size, ragged=self._ragged,
+        crop = self._crop_reader(epoch)
+        reads = EpochReads(  # box fields that follow the crop are read per batch (follow_crop), not in pieces
+            self.store, self._fixed, res.files, t, batch_size=self.batch_size,
+            ragged=() if crop is not None and crop.follows else self._ragged,
             shuffled=not isinstance(self.order, Sequential), block=bounds is not None,
-            direct=bool(self._plan.direct_reads), crop=self._crop_reader(epoch),
+            direct=bool(self._plan.direct_reads), crop=crop,
         )
         inflight = InFlight(self.ring_size)
         self._tasks = inflight  # from now on the next iter()/close() waits for these reads
@@ -650,7 +670,8 @@ class Loader(Resumable):
             ring=res.ring, pool=res.pool, reads=reads, inflight=inflight, window=window,  # type: ignore[arg-type]
             device=self.device if self._cuda else None, guard_pinned=self.pin_memory and not self._cuda,
             owner=self, check_kept=bool(self._check),
-            ragged=RaggedReader(self.store, self._ragged, self.ragged, self.pad_value) if self._ragged else None,
+            ragged=follow_crop(RaggedReader(self.store, self._ragged, self.ragged, self.pad_value), crop)
+            if self._ragged else None,
         )
         wrap = self._wrap
 
@@ -782,6 +803,11 @@ class Loader(Resumable):
         self._pos = (epoch, k + 1)  # delivered: what state_dict() reports, also after the loop is left
         return out
 
+
+# the signature users see is __init__'s: __new__ only picks the class (a BucketLoader over buckets)
+setattr(Loader, "__signature__",  # noqa: B010 - a class attribute that inspect.signature reads
+        inspect.signature(Loader.__init__).replace(
+            parameters=list(inspect.signature(Loader.__init__).parameters.values())[1:]))
 
 DIRECT_MIN_CACHE = 64 << 20  # the smallest page-cache share for O_DIRECT window buffers
 # orders whose windows are read with O_DIRECT when the store does not fit (NOTE [huge window

@@ -9,7 +9,7 @@ published as ``DEST`` (format.py, "Replacing a store"); a store replaced
 there may hold nothing its manifest does not list (``check_dest``). Every
 request runs on a daemon thread, so a Ctrl-C or SIGTERM stops the pull at
 once, even while a request is stalled (NOTE [stopping a transfer] in
-threads.py); the rerun resumes it.
+mmstore/_os/threads.py); the rerun resumes it.
 
 NOTE [resuming a pull]: ``DEST.partial`` holds, beside the store's files,
 ``_pull.json`` (which push of which URL it is a copy of) and ``_pull.blocks``
@@ -44,6 +44,7 @@ import xxhash
 
 from .._os.io import atomic_write, fmt_bytes, fsync_dir, fsync_file, pwrite_all
 from .._os.lock import acquire_lock, release_lock
+from .._os.threads import Pool, Stopped, call, wait_all
 from ..errors import (
     ChecksumError,
     DestinationError,
@@ -55,12 +56,11 @@ from ..errors import (
 from ..format.layout import MANIFEST_FILE, PARTIAL_SUFFIX, REMOTE_INDEX_FILE
 from ..format.manifest import read_manifest
 from ..remote.client import Remote
-from ..remote.index import RemoteIndex, block_digest
+from ..remote.index import RemoteIndex, block_digest, disagreeing_index
 from ..remote.replica import read_remote_manifest
 from ..remote.url import local_dest, parse_url
 from ..store.dest import PARTIAL_MARK, check_dest, is_own_partial, is_store, make_partial
 from ..store.writer import publish
-from .threads import Pool, Stopped, call, wait_all
 
 __all__ = ["pull"]
 
@@ -91,7 +91,7 @@ def _fetch_all(fetch: Callable[[int], None], blocks: np.ndarray, jobs: int) -> N
     """``fetch`` every block of ``blocks``, ``jobs`` at a time on daemon
     threads; the first error once every fetch has ended or been cancelled
     (nothing more starts after an error). A signal stops the wait at once
-    (NOTE [stopping a transfer] in threads.py): the fetches in flight are
+    (NOTE [stopping a transfer] in mmstore/_os/threads.py): the fetches in flight are
     abandoned, and a block is marked done only once it is written."""
     if not len(blocks):
         return
@@ -140,8 +140,7 @@ def _disagrees(url: str, where: str, blocks_differ: bool) -> RemoteChecksumError
     return RemoteChecksumError(
         f"{where}: every block matches the digest the push recorded, the whole file does not: the bucket's "
         f"{REMOTE_INDEX_FILE} disagrees with itself (damaged, or written by another tool). Repair the bucket: "
-        f"delete {url}/{REMOTE_INDEX_FILE}, then push the store again from a good copy (`mmstore push STORE "
-        f"{url}` uploads it whole and writes a new index); then run the pull again")
+        + disagreeing_index(url, "run the pull again"))
 
 
 def pull(url: str, dest: str | os.PathLike[str], *, overwrite: bool = False, jobs: int = 16, verify: bool = True,

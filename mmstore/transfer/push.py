@@ -16,7 +16,10 @@ manifest is up) or this machine's journal names them, or those the caller
 vouches for: a Ray write's parts), or not. What the bucket's manifest, index
 or mark claims counts only where it is a name a store's file can have
 (:func:`mmstore.format.layout.is_store_file_name`): they may be anyone's, and
-carry any store id (ids are public). Zero-byte "folder" objects (keys ending
+carry any store id (ids are public). Each is read no further than its limit
+allows, before its body arrives: the index no further than a store of the
+manifest found there can have (with no manifest of ours there, a store of
+the objects listed under the prefix); a larger one is read as no index. Zero-byte "folder" objects (keys ending
 in ``/``) are no one's and are left alone. An object that is not the store's own
 (another store under the prefix, a README, anything) makes the push refuse
 with ``ForeignObjectsError`` naming it, with or without ``overwrite``: a
@@ -53,7 +56,7 @@ them until they are aborted: :func:`abort_uploads`, a rerun, or a bucket
 lifecycle rule for incomplete uploads removes them).
 
 Interrupting a push (Ctrl-C) stops it at once, whatever is in flight (NOTE
-[stopping a transfer] in :mod:`mmstore.transfer.threads`): the journal
+[stopping a transfer] in :mod:`mmstore._os.threads`): the journal
 holds what is done.
 """
 
@@ -71,6 +74,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._os.io import atomic_write
+from .._os.threads import Pool, Stopped, call, wait_all
 from ..check.verify_remote import compare_objects, without_folder_markers
 from ..errors import (
     ForeignObjectsError,
@@ -88,16 +92,23 @@ from ..format.layout import (
     MANIFEST_MAX_BYTES,
     PUSH_MARK_FILE,
     REMOTE_INDEX_FILE,
-    REMOTE_INDEX_MAX_BYTES,
     is_store_file_name,
 )
 from ..format.manifest import parse_manifest, read_manifest
 from ..remote.client import Remote
-from ..remote.index import DEFAULT_BLOCK_BYTES, BlockHasher, FileEntry, RemoteIndex, check_block_bytes, parse_index
+from ..remote.index import (
+    DEFAULT_BLOCK_BYTES,
+    BlockHasher,
+    FileEntry,
+    RemoteIndex,
+    check_block_bytes,
+    index_max_bytes,
+    index_max_bytes_of,
+    parse_index,
+)
 from ..remote.multipart import S3Multipart, multipart_available, part_bytes_for
 from ..remote.replica import default_cache_dir
 from ..remote.url import StoreURL, local_path, parse_url
-from .threads import Pool, Stopped, call, wait_all
 
 __all__ = ["PART_BYTES", "abort_uploads", "check_destination", "push"]
 
@@ -211,13 +222,25 @@ def _parse_mark(raw: bytes) -> dict[str, Any] | None:
 
 def _fetch_small(remote: Remote, name: str, size: int, limit: int) -> bytes | None:
     """A small object whose listed size is ``size``: None above ``limit``
-    (not what a store holds; nothing is fetched) or when it went meanwhile."""
-    if size > limit:
-        return None
+    (not what a store holds: nothing of it is fetched, and it claims
+    nothing) or when it went meanwhile."""
     try:
-        return call(remote.get_small, name, limit)  # bounded: it may have grown since the listing
+        return call(remote.get_small, name, limit, size)  # bounded: it may have grown since the listing
     except (RemoteNotFoundError, RemoteTooLargeError):
         return None
+
+
+def _index_limit(there: _There) -> int:
+    """The most bytes the index at the URL may have: what a store of the
+    manifest there can give it; with no manifest of ours there, what the
+    objects of a store's names under the prefix can (an index that lists
+    more is read as no index: what it would claim stays foreign)."""
+    if there.manifest is not None and there.raw_manifest is not None:
+        return index_max_bytes(there.manifest, there.raw_manifest)
+    sizes: dict[str, object] = {n: int(o["size"]) for n, o in there.listing.items()
+                                if is_store_file_name(n) and n not in (REMOTE_INDEX_FILE, PUSH_MARK_FILE)}
+    sizes[MANIFEST_FILE] = MANIFEST_MAX_BYTES
+    return index_max_bytes_of(sizes)
 
 
 def _survey(remote: Remote, listing: dict[str, Any], journal: dict[str, Any], vouched: Collection[str]) -> _There:
@@ -232,7 +255,7 @@ def _survey(remote: Remote, listing: dict[str, Any], journal: dict[str, Any], vo
             except FormatError:
                 pass  # not a manifest of ours (or a damaged one: the index below may still claim it)
     if REMOTE_INDEX_FILE in listing:
-        raw = _fetch_small(remote, REMOTE_INDEX_FILE, int(listing[REMOTE_INDEX_FILE]["size"]), REMOTE_INDEX_MAX_BYTES)
+        raw = _fetch_small(remote, REMOTE_INDEX_FILE, int(listing[REMOTE_INDEX_FILE]["size"]), _index_limit(there))
         if raw is not None:
             try:
                 there.index = parse_index(raw, loc.url)

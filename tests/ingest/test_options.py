@@ -43,7 +43,8 @@ def test_every_option_has_its_cli_flag_and_no_flag_is_unlisted():
         want = "--no-header" if name == "header" else _flag(name)
         assert want in flags, f"option {name!r} has no CLI flag {want}"
     run = {"--workers", "--on-error", "--max-errors", "--resume", "--overwrite", "--shard", "--backend", "--codec",
-           "--chunk", "--log-interval", "--quiet", "-q", "--size", "--max-side", "--short-side", "-h", "--help"}
+           "--chunk", "--log-interval", "--quiet", "-q", "--size", "--max-side", "--short-side", "--buckets", "-h",
+           "--help"}
     listed = {"--no-header" if n == "header" else _flag(n) for n in SPEC_OPTIONS + SOURCE_OPTIONS}
     assert flags - run - listed == set(), "a CLI flag that is neither a run option nor a listed option"
 
@@ -87,7 +88,8 @@ def test_make_spec_takes_exactly_the_spec_options():
 
 def test_each_decode_default_is_the_same_in_the_cli_make_spec_and_decodespec():
     # read from DecodeSpec's fields: a new decode option that is not wired through fails here
-    table = {f.name: f.default for f in dataclasses.fields(DecodeSpec) if f.name != "size"}
+    # (size and buckets say the records' sizes: the size options, SIZE_OPTIONS)
+    table = {f.name: f.default for f in dataclasses.fields(DecodeSpec) if f.name not in ("size", "buckets")}
     assert table and tuple(table) == SPEC_OPTIONS
     p = _ingest_parser()
     cli = {a.dest: a.default for a in p._actions}

@@ -20,7 +20,7 @@ from support.images import make_folder, make_source
 
 import mmstore
 from mmstore.check.verify import verify_store
-from mmstore.errors import AllInputsFailedError, IngestError, StoreExistsError
+from mmstore.errors import AllInputsFailedError, IngestError, SourceError, StoreExistsError
 from mmstore.torch import Loader
 
 pytestmark = pytest.mark.usefixtures("ray_cluster")
@@ -377,6 +377,27 @@ def test_driver_killed_before_commit_then_rerun(tmp_path, ray_cluster):
     assert len(s) == 50 and [int(s[i]["label"]) for i in range(50)] == list(range(50))
     assert not set(left) & set(s.parts) and verify_store(out).ok
     assert not os.path.exists(out + ".partial")
+
+
+def test_buckets_equal_ingest_and_auto_is_refused(ray_cluster, tmp_path):
+    """``buckets=[...]`` (aspect buckets) writes what ``mmstore ingest`` does; ``auto`` (which needs every
+    image's aspect before writing) is refused before any task, saying to pass the shapes."""
+    import mmstore.ray
+
+    root = make_source(str(tmp_path / "src"), n_per_class=3)
+    ref = str(tmp_path / "ref.store")
+    buckets = [(16, 16), (12, 20), (20, 12)]
+    mmstore.ingest(root, ref, buckets=buckets, workers=0, quiet=True)
+    out = str(tmp_path / "ray.store")
+    mmstore.ray.write(_labelled(ray_cluster, root, 2), out, image="bytes", root=root, label_names=CLASSES,
+                      quiet=True, part_rows=None, buckets=buckets)
+    a, b = mmstore.open(ref), mmstore.open(out)
+    assert a.schema == b.schema and b.schema["image"].buckets == ((20, 12), (16, 16), (12, 20))
+    assert np.array_equal(a.slot_view.checksums(), b.slot_view.checksums())
+    with pytest.raises(SourceError, match=r"buckets='auto'.*pass the shapes"):
+        mmstore.ray.write(_labelled(ray_cluster, root, 2), str(tmp_path / "auto.store"), image="bytes", root=root,
+                          quiet=True, buckets="auto")
+    assert not os.path.exists(tmp_path / "auto.store")
 
 
 def test_max_side_equals_ingest(ray_cluster, tmp_path):

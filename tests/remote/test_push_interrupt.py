@@ -1,6 +1,6 @@
 """Interrupting ``mmstore push``: real signals to a real child process pushing to a real S3
 server through a proxy that holds each part upload, so that a part is in flight when the
-signal comes (NOTE [stopping a transfer] in mmstore/transfer/threads.py)."""
+signal comes (NOTE [stopping a transfer] in mmstore/_os/threads.py)."""
 
 from __future__ import annotations
 

@@ -157,7 +157,7 @@ def test_az_a_missing_store_or_container_is_a_one_line_error(az, tmp_path, monke
     monkeypatch.setenv("MMSTORE_CACHE_DIR", str(tmp_path / "cli-cache"))
     with pytest.raises(RemoteNotFoundError, match="no store at this URL"):
         mmstore.open(nostore, cache_dir=tmp_path / "cache")
-    with pytest.raises(RemoteNotFoundError, match="no such bucket"):
+    with pytest.raises(RemoteNotFoundError, match="no such container"):  # an az:// URL names a container
         mmstore.open(nocontainer, cache_dir=tmp_path / "cache")
     for url in (nostore, nocontainer):
         rc, out, err = run_cli(["inspect", url, "--sample", "0"], capsys)

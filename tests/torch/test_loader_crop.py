@@ -3,8 +3,8 @@ the crop boxes against an independent reimplementation of torchvision's publishe
 ``RandomResizedCrop.get_params`` fed the same random stream, and their distribution against the same
 algorithm on another stream; batches pixel-exact against an OpenCV reference (cv2 decode, the same box,
 cv2.resize) on crops of a real photograph, raw / jpeg / png / zstd records of their own shape and a
-fixed-shape store; the same crops whatever the threads, after a resume in a new loader, and on every
-rank; bad input."""
+fixed-shape store (jpeg with ``dct_scale=False``; the DCT-scaled decode is tests/torch/test_crop_dct.py);
+the same crops whatever the threads, after a resume in a new loader, and on every rank; bad input."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import mmstore
-from mmstore.engine.crop import CenterCrop, RandomResizedCrop, crop_box, crop_rng
+from mmstore.engine.crop import CenterCrop, RandomResizedCrop, crop_box, crop_boxes, crop_uniforms
 from mmstore.errors import SchemaError
 
 torch = pytest.importorskip("torch")
@@ -27,6 +27,15 @@ from mmstore.torch import Loader, LoaderTuning  # noqa: E402
 
 PHOTO = cv2.imread(str(cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)), cv2.IMREAD_COLOR_RGB)
 N = 14
+
+
+def stream(seed, epoch, record):
+    """The record's random stream (NOTE [crop parameters]) as torchvision's calls: ``uniform(a, b)``
+    takes the attempts' draws 0..19 in turn, ``randint(lo, hi)`` the position's draws 20 and 21; and the
+    flip's draw."""
+    u = crop_uniforms(seed, epoch, [record])[0]
+    att, pos = iter(u[:20].tolist()), iter(u[20:22].tolist())
+    return (lambda a, b: a + (b - a) * next(att)), (lambda lo, hi: lo + math.floor(next(pos) * (hi - lo))), u[22]
 
 
 def tv_get_params(h, w, scale, ratio, uniform, randint):
@@ -118,11 +127,12 @@ def test_boxes_are_torchvisions_draw_for_draw():
     fallbacks = 0
     for crop in crops:
         for h, w in sizes:
+            batch = crop_boxes(crop, np.tile([h, w], (40, 1)), 7, 3, np.arange(40))  # drawn at once
             for r in range(40):
-                rng = crop_rng(7, 3, r)
-                want = tv_get_params(h, w, crop.scale, crop.ratio, rng.uniform,
-                                     lambda a, b, g=rng: int(g.integers(a, b)))
+                uniform, randint, _ = stream(7, 3, r)
+                want = tv_get_params(h, w, crop.scale, crop.ratio, uniform, randint)
                 got = crop_box(crop, h, w, 7, 3, r)
+                assert tuple(batch[r].tolist()) == (*got[:4], 0)
                 if 0 in want[2:]:  # torchvision's empty fallback box (a 1-pixel side, a ratio above 2): 1 pixel
                     ch, cw = max(1, want[2]), max(1, want[3])
                     want = ((h - ch) // 2, (w - cw) // 2, ch, cw)
@@ -136,6 +146,7 @@ def test_boxes_are_torchvisions_draw_for_draw():
     boxes = [crop_box(flip, 300, 400, 1, 2, r) for r in range(400)]
     assert [b[:4] for b in boxes] == [crop_box(RandomResizedCrop(224), 300, 400, 1, 2, r)[:4] for r in range(400)]
     assert 150 < sum(b[4] for b in boxes) < 250
+    assert [b[4] for b in boxes] == [bool(stream(1, 2, r)[2] < 0.5) for r in range(400)]
     assert boxes == [crop_box(flip, 300, 400, 1, 2, r) for r in range(400)]
     assert boxes != [crop_box(flip, 300, 400, 1, 3, r) for r in range(400)]  # another epoch, other boxes
 
@@ -172,7 +183,7 @@ def test_box_distribution_matches_torchvision_on_another_stream(hw):
 
 @pytest.mark.parametrize("codec", ["raw", "jpeg", "png", "zstd"])
 def test_random_crops_are_pixel_exact_against_opencv(stores, codec):
-    crop = RandomResizedCrop(24, flip=True)
+    crop = RandomResizedCrop(24, flip=True, dct_scale=False)
     loader = Loader(stores[codec], 4, order=mmstore.order.OrderSpec("permutation", seed=9), crop=crop,
                     tuning=LoaderTuning(threads=3))
     assert ("full" if codec != "raw" else "view") in loader.describe()["crop"]["path"]
@@ -279,3 +290,205 @@ def test_bad_crop_input(stores):
     # without crop= the field is still refused, and the loader says so
     with pytest.raises(SchemaError, match="cannot stack"):
         Loader(path, 2)
+
+
+def test_bad_crop_parameters_say_the_expected_form():
+    for bad in (0, -3, (224, 0), (-1, 5)):
+        with pytest.raises(ValueError, match=r"output's \(h, w\) in pixels, each at least 1"):
+            RandomResizedCrop(bad)
+        with pytest.raises(ValueError, match=r"output's \(h, w\) in pixels, each at least 1"):
+            CenterCrop(bad)
+    for ratio in ((2.0, 1.0), (0.0, 1.0), (-1.0, 2.0), (1.0, float("inf"))):
+        with pytest.raises(ValueError, match=r"ratio must be a pair \(low, high\) of finite numbers with 0 < low"):
+            RandomResizedCrop(224, ratio=ratio)
+    for scale in ((0.0, 1.0), (0.5, 0.2), (0.5, 1.5)):
+        with pytest.raises(ValueError, match=r"scale .*0 < low <= high"):
+            RandomResizedCrop(224, scale=scale)
+    for r in (0.0, 1.01, -0.5):
+        with pytest.raises(ValueError, match=r"ratio is the box's side over the record's short side, in \(0, 1\]"):
+            CenterCrop(224, ratio=r)
+
+
+def test_crop_on_a_store_of_no_images_names_its_fields(tmp_path):
+    np.save(tmp_path / "x.npy", np.arange(60, dtype=np.float32).reshape(6, 10))
+    mmstore.ingest(str(tmp_path / "x.npy"), str(tmp_path / "s"), workers=0, quiet=True)
+    s = mmstore.open(str(tmp_path / "s"))
+    with pytest.raises(SchemaError, match=r"none of the fields read is an image to crop \(.*<f4 \[10\]"):
+        Loader(s, 2, crop=RandomResizedCrop(8))
+
+
+@pytest.mark.parametrize("codec", ["raw", "jpeg:90"])
+def test_a_1_x_5000_record_and_a_centre_crop_larger_than_records(tmp_path, codec):
+    """A 1 x 5000 strip crops to a valid box (the fallback: the full height, the widest box of the ratio
+    range) and a centre crop of a record smaller than the output takes a box inside the record,
+    enlarged: never padded."""
+    root = tmp_path / "f"
+    os.makedirs(root / "a")
+    strip = cv2.resize(PHOTO[200:201], (5000, 1), interpolation=cv2.INTER_LINEAR)
+    cv2.imwrite(str(root / "a" / "0.png"), np.ascontiguousarray(strip[..., ::-1]))
+    cv2.imwrite(str(root / "a" / "1.png"), np.ascontiguousarray(PHOTO[100:112, 50:70, ::-1]))
+    dest = str(tmp_path / "s")
+    mmstore.ingest(str(root), dest, max_side=5000, codecs=None if codec == "raw" else [f"image={codec}"], workers=0,
+                   quiet=True)
+    s = mmstore.open(dest)
+    assert [tuple(s[i]["image_hw"].tolist()) for i in range(2)] == [(1, 5000), (12, 20)]
+    for crop in (RandomResizedCrop(32, flip=True), CenterCrop(32), CenterCrop((16, 48), ratio=1.0)):
+        got = epoch_rows(Loader(dest, 2, order="sequential", crop=crop, fields=["image"]))
+        assert got.shape == (2, *crop.size, 3)
+        for i in range(2):
+            img = source(dest, i, codec.split(":")[0])
+            h, w = img.shape[:2]
+            box = crop_box(crop, h, w, 0, 0, i)
+            t, le, ch, cw, _ = box
+            assert 0 <= t and t + ch <= h and 0 <= le and le + cw <= w and ch >= 1 and cw >= 1
+            if i == 0 and isinstance(crop, RandomResizedCrop):  # the fallback: full height, width 1 * 4/3
+                assert box[:4] == (0, (5000 - 1) // 2, 1, 1)
+            if i == 1 and isinstance(crop, CenterCrop) and crop.size == (32, 32):  # smaller than the output
+                assert box[:4] == (1, 5, 10, 10)
+            assert np.array_equal(got[i], ref_crop(img, box, crop.size)), (crop, i)
+
+
+def follow_ref(rec_boxes, box, size):
+    """Boxes through a crop, computed directly box by box: scale + offset, the flip, the clip to the output,
+    the boxes with no area left dropped; returns (kept boxes, kept row numbers)."""
+    t, le, ch, cw, fl = box
+    oh, ow = size
+    kept, rows = [], []
+    for k, (x0, y0, x1, y1) in enumerate(np.asarray(rec_boxes, np.float64).tolist()):
+        x0, x1 = (x0 - le) * ow / cw, (x1 - le) * ow / cw
+        y0, y1 = (y0 - t) * oh / ch, (y1 - t) * oh / ch
+        if fl:
+            x0, x1 = ow - x1, ow - x0
+        x0, x1 = min(max(x0, 0), ow), min(max(x1, 0), ow)
+        y0, y1 = min(max(y0, 0), oh), min(max(y1, 0), oh)
+        if x1 > x0 and y1 > y0:
+            kept.append((x0, y0, x1, y1))
+            rows.append(k)
+    return np.array(kept, np.float64).reshape(-1, 4), rows
+
+
+@pytest.mark.parametrize("codec", ["raw", "jpeg:90"])
+def test_boxes_follow_the_crop(tmp_path, codec):
+    from ingest.test_coco import make_coco
+
+    path, imgs, _ = make_coco(str(tmp_path / "coco"), bad=False)
+    dest = str(tmp_path / "s")
+    mmstore.ingest(path, dest, max_side=64, root=imgs, codecs=None if codec == "raw" else [f"image={codec}"],
+                   workers=0, quiet=True)
+    s = mmstore.open(dest)
+    per_box = ["category", "iscrowd", "annotation_id"]
+    fields = ["image", "boxes", *per_box]
+    seen = {"kept": 0, "dropped": 0, "flipped": 0}
+    for crop in (RandomResizedCrop((24, 32), scale=(0.1, 0.6), flip=True, boxes="boxes", box_fields=per_box),
+                 CenterCrop(24, ratio=0.5, boxes="boxes", box_fields=per_box)):
+        loader = Loader(dest, 2, order=mmstore.order.OrderSpec("permutation", seed=5), crop=crop, fields=fields,
+                        ragged="list")
+        assert "boxes 'boxes' follow the crop" in loader.describe()["crop"]["path"]
+        for epoch in range(6 if crop.random else 1):
+            loader.set_epoch(epoch)
+            order = loader.order.epoch(epoch).tolist()
+            batches = list(loader)
+            got = {k: [x.numpy() for b in batches for x in b[k]] for k in fields[1:]}
+            for j, i in enumerate(order):
+                rec = s[i]
+                box = crop_box(crop, *rec["image_hw"].tolist(), 5, epoch, i)
+                want, rows = follow_ref(rec["boxes"], box, crop.size)
+                assert got["boxes"][j].dtype == np.float32 and got["boxes"][j].shape == want.shape, (i, epoch)
+                assert np.allclose(got["boxes"][j], want, atol=1e-4), (i, epoch, box)
+                for f in per_box:  # the same rows dropped
+                    assert np.array_equal(got[f][j], rec[f][rows]), (f, i)
+                seen["kept"] += len(rows)
+                seen["dropped"] += len(rec["boxes"]) - len(rows)
+                seen["flipped"] += bool(box[4] and rows)
+    assert min(seen.values()) > 0, seen  # boxes kept, dropped and mirrored
+    # bad input: a box field not read, one that holds no boxes, box_fields without boxes
+    with pytest.raises(SchemaError, match="'boxes' is not among the fields read"):
+        Loader(dest, 2, crop=RandomResizedCrop(8, boxes="boxes"), fields=["image", "category"])
+    with pytest.raises(SchemaError, match=r"'category'.*is not boxes: expected xyxy rows of floats"):
+        Loader(dest, 2, crop=RandomResizedCrop(8, boxes="category"), fields=["image", "category"])
+    with pytest.raises(ValueError, match="go with boxes="):
+        RandomResizedCrop(8, box_fields=["category"])
+    with pytest.raises(SchemaError, match="has 8 rows of 'polygon_points' and 2 boxes of 'boxes'"):  # not per box
+        next(iter(Loader(dest, 6, order="sequential", crop=CenterCrop(8, boxes="boxes", box_fields=["polygon_points"]),
+                         fields=["image", "boxes", "polygon_points"])))
+
+
+def test_polygons_follow_the_crop(tmp_path):
+    """COCO's polygons through the crop against a direct computation: each point mapped, flipped, the
+    polygon clipped to the output exactly, dropped with its box or under 3 points, box rows renumbered."""
+    from ingest.test_coco import make_coco
+
+    from mmstore.decode.geometry import clip_polygon
+
+    path, imgs, _ = make_coco(str(tmp_path / "coco"), bad=False)
+    dest = str(tmp_path / "s")
+    mmstore.ingest(path, dest, max_side=64, root=imgs, workers=0, quiet=True)
+    s = mmstore.open(dest)
+    poly = ("polygon_points", "polygon_sizes", "polygon_box")
+    crop = RandomResizedCrop(16, scale=(0.2, 0.7), flip=True, boxes="boxes", polygons=poly)
+    loader = Loader(dest, 3, order=mmstore.order.OrderSpec("permutation", seed=2), crop=crop,
+                    fields=["image", "boxes", *poly], ragged="list")
+    clipped = dropped = kept = 0
+    for epoch in range(8):
+        loader.set_epoch(epoch)
+        order = loader.order.epoch(epoch).tolist()
+        batches = list(loader)
+        got = {k: [x.numpy() for b in batches for x in b[k]] for k in ("boxes", *poly)}
+        for j, i in enumerate(order):
+            rec = s[i]
+            t, le, ch, cw, fl = box = crop_box(crop, *rec["image_hw"].tolist(), 2, epoch, i)
+            _, rows = follow_ref(rec["boxes"], box, crop.size)
+            pts, sizes, owner = [], [], []
+            at = 0
+            for size, o in zip(rec["polygon_sizes"].tolist(), rec["polygon_box"].tolist()):
+                q = rec["polygon_points"][at : at + size].astype(np.float64)
+                at += size
+                q = np.stack([(q[:, 0] - le) * 16 / cw, (q[:, 1] - t) * 16 / ch], 1)
+                if fl:
+                    q[:, 0] = 16 - q[:, 0]
+                if o not in rows:
+                    dropped += 1
+                    continue
+                c = clip_polygon(q, (0, 0, 16, 16))
+                if len(c) < 3:
+                    dropped += 1
+                    continue
+                clipped += len(c) != len(q) or not np.allclose(c, q)
+                pts.append(c)
+                sizes.append(len(c))
+                owner.append(rows.index(o))
+            kept += len(sizes)
+            want = np.concatenate(pts) if pts else np.zeros((0, 2))
+            assert np.allclose(got["polygon_points"][j], want, atol=1e-4), (i, epoch)
+            assert got["polygon_sizes"][j].tolist() == sizes and got["polygon_box"][j].tolist() == owner, (i, epoch)
+    assert kept and dropped and clipped, (kept, dropped, clipped)
+    with pytest.raises(ValueError, match="polygons= go with boxes="):
+        CenterCrop(8, polygons=poly)
+
+
+@pytest.mark.parametrize("codec", ["raw", "jpeg"])
+def test_a_damaged_size_or_offset_is_refused_not_cropped(stores, tmp_path, codec):
+    """A record whose size field disagrees with its entry, or whose offsets leave the data file, is an
+    EntryDecodeError naming the record, never pixels read from the wrong place (raw records are resized
+    straight out of the mapped data file; jpeg ones decoded at a reduced scale)."""
+    import shutil
+
+    from mmstore.errors import EntryDecodeError
+
+    dest = str(tmp_path / "s")
+    shutil.copytree(stores[codec], dest)
+    hw = np.load(os.path.join(dest, "image_hw.npy"), mmap_mode="r+")
+    hw[3] = (hw[3][0] + 1, hw[3][1])
+    hw.flush()
+    del hw
+    crop = CenterCrop(8)
+    with pytest.raises(EntryDecodeError, match=r"record 3, slot 3: .*(bytes|JPEG of)"):
+        epoch_rows(Loader(dest, 4, order="sequential", crop=crop, fields=["image"]))
+    shutil.rmtree(dest)
+    shutil.copytree(stores[codec], dest)
+    offs = np.load(os.path.join(dest, "image.offsets.npy"), mmap_mode="r+")
+    offs[6] = offs[-1] + 10  # past the end of the data file
+    offs.flush()
+    del offs
+    with pytest.raises(EntryDecodeError, match=r"slot 5: its offsets .* not an increasing pair"):
+        epoch_rows(Loader(dest, 4, order="sequential", crop=crop, fields=["image"]))

@@ -305,8 +305,9 @@ def _make_cgroup(name):
 def test_every_order_under_a_memory_limit(tmp_path):
     """In a child confined to a memory cgroup whose room is a quarter of the
     store (157 MB: large enough that the process's own few MB of growth
-    leave the kernel room to reclaim under CPU contention): each order reads every record exactly once per epoch (two epochs,
-    evicted before each), with the default sizing, and no OOM kill."""
+    leave the kernel room to reclaim under CPU contention): each order
+    reads every record exactly once per epoch (two epochs, evicted before
+    each), with the default sizing, and no OOM kill."""
     made, why = _make_cgroup(f"mmstore_test_{os.getpid()}")
     if made is None:
         pytest.skip(why)

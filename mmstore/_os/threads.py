@@ -1,4 +1,5 @@
-"""Threads a transfer can walk away from.
+"""Threads a command can walk away from: the requests of a push, a pull and a
+``verify --deep`` of a store URL (standard library only).
 
 NOTE [stopping a transfer]: a request to object storage cannot be stopped
 from Python once the client library has it (obstore's runtime, botocore's
