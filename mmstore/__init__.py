@@ -13,7 +13,8 @@ from . import errors
 from ._version import __version__
 from .errors import FormatError, IncompleteStoreError, MmstoreError, VersionError
 from .format.schema import Field, Schema
-from .ingest import from_dataset, ingest, merge
+from .ingest import from_dataset, from_hf, ingest, merge
+from .ingest.append import append
 from .order.splits import split
 from .store.reader import Store, open_store
 from .store.writer import StoreWriter
@@ -50,8 +51,10 @@ __all__ = [
     "StoreWriter",
     "VersionError",
     "__version__",
+    "append",
     "errors",
     "from_dataset",
+    "from_hf",
     "ingest",
     "merge",
     "open",

@@ -18,12 +18,15 @@ import re
 
 __all__ = [
     "AllInputsFailedError",
+    "AppendMismatchError",
     "CacheFullError",
     "CacheLimitError",
+    "CacheSetupError",
     "ChecksumError",
     "ClaimedSizeError",
     "DecodeError",
     "DestinationError",
+    "DuplicateKeysError",
     "EntryDecodeError",
     "ForeignObjectsError",
     "FormatError",
@@ -34,6 +37,7 @@ __all__ = [
     "LoaderResumeError",
     "LoaderStateError",
     "LockedError",
+    "MissingExtraError",
     "MmstoreError",
     "RecordIndexError",
     "RemoteAccessError",
@@ -208,6 +212,25 @@ class SourceError(IngestError, ValueError):
     a column or array that is not there, a malformed list or annotation
     file, no inputs at all, parts that do not belong together. Raised before
     any record is written. The command line's exit code 2."""
+
+    usage_error = True
+
+
+class AppendMismatchError(SourceError):
+    """An option given to an append (``mmstore append``, ``mmstore.append``)
+    differs from the store's own (its size, resize, codecs, backend, ...), or
+    the new records' schema or labels do not fit the store's: the message
+    names each difference. Nothing is written."""
+
+
+class DuplicateKeysError(SourceError):
+    """New records of an append would repeat keys of the store's records;
+    ``duplicate_keys="keep"`` (``--duplicate-keys keep``) appends them anyway."""
+
+
+class MissingExtraError(MmstoreError, ImportError):
+    """An optional dependency that this use needs is not installed; the
+    message says which ``pip install`` adds it."""
 
     usage_error = True
 

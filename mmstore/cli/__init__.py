@@ -54,8 +54,8 @@ EXIT_CODES = """exit codes (every command):
 """
 
 # module names in mmstore.cli, in the order `mmstore --help` lists them
-COMMANDS: tuple[str, ...] = ("demo", "ingest", "merge", "inspect", "verify", "show", "warm", "doctor", "bench",
-                             "convert", "push", "pull")
+COMMANDS: tuple[str, ...] = ("demo", "ingest", "merge", "append", "inspect", "verify", "show", "warm", "doctor",
+                             "bench", "convert", "push", "pull")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -22,6 +22,9 @@ EXAMPLE = """examples:
   mmstore ingest bedroom_train_lmdb/ lsun.store --size 128x128 --resize center-crop
   mmstore ingest features.npy feats.store
   mmstore ingest instances_val2017.json coco.store --root val2017/ --size 512x512 --resize pad
+  mmstore ingest 'shards/{00000..00099}.tar' laion.store --size 256x256 --json-keys width,height,similarity
+  mmstore ingest 'data/*.parquet' laion.store --size 256x256 --image-column jpg --caption-column caption \\
+      --columns similarity,width
   mmstore ingest photos/ photos.store --max-side 512 --codec image=jpeg:90   # each image at its own aspect
   mmstore ingest photos/ photos.store --buckets auto:512   # aspect buckets of about 512x512 chosen from the data
   mmstore ingest photos/ photos.store --buckets 256x256,192x320,320x192   # the nearest of these shapes each
@@ -42,17 +45,21 @@ included only when their content is an image; directories are always walked.
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "ingest",
-        help="decode images (folder, csv/tsv list, LMDB, .npy/.npz, COCO .json) once into a store",
+        help="decode images (folder, csv/tsv list, LMDB, .npy/.npz, COCO .json, WebDataset .tar shards, Parquet) "
+        "once into a store",
         description="Decode SOURCE once into fixed-shape records at DEST (or, with --max-side or "
         "--short-side, records that keep each image's own aspect; with --buckets, records of a few shapes, each "
         "image at the one nearest its aspect). SOURCE is recognised from "
         "what it is: a directory of images (ImageFolder layout gives labels), a .csv/.tsv list, an "
-        "LMDB directory of encoded images, a .npy/.npz file, or a COCO instances .json (boxes, categories, "
-        "polygons; images under --root).",
+        "LMDB directory of encoded images, a .npy/.npz file, a COCO instances .json (boxes, categories, "
+        "polygons; images under --root), or WebDataset .tar shards in img2dataset's layout (one .tar, a brace "
+        "pattern 'shards/{00000..00099}.tar' or a glob; quote it), or Parquet files of image bytes (a .parquet "
+        "or a glob of them, 'data/*.parquet': img2dataset's output, Hugging Face's exports).",
         epilog=EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("source", help="image folder, .csv/.tsv list, LMDB directory, or .npy/.npz file")
+    p.add_argument("source", help="image folder, .csv/.tsv list, LMDB directory, .npy/.npz file, COCO .json, "
+                   ".tar shards (a brace pattern or glob), or .parquet files (a glob)")
     p.add_argument("dest", help="store directory to create")
     # defaults: DecodeSpec's (SPEC_DEFAULTS) and RUN_DEFAULTS; a switch is the opposite of its option's default
     d = SPEC_DEFAULTS
@@ -97,7 +104,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--root", help="list or COCO .json: directory that relative paths start from (default: the "
                    "list's directory)")
     s.add_argument("--path-column", help="list: column name or 0-based index of the path/id")
-    s.add_argument("--label-column", help="list: column of the label (default: 'label' if present; '' for none)")
+    s.add_argument("--label-column", help="list: column of the label (default: 'label' if present; '' for none); "
+                   "Parquet: column of the label (integers, or class names)")
     s.add_argument("--path-template", help="list: id -> relative path, e.g. '{id[0]}/{id[1]}/{id[2]}/{id}.jpg'")
     s.add_argument("--delimiter", help="list: field separator (default: tab for .tsv, else comma)")
     s.add_argument("--no-header", dest="header", action="store_const", const=False, default=None,
@@ -128,6 +136,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--min-box-size", type=float, default=None, metavar="PX",
                    help="COCO .json: drop a box narrower or lower than PX stored pixels once clipped to the "
                    "picture area (default 1)")
+    s.add_argument("--json-keys", metavar="K1,K2",
+                   help="WebDataset .tar shards: keys of each sample's .json stored as fields (numbers numeric, "
+                   "strings text; a sample lacking one becomes a hole)")
+    s.add_argument("--image-column", metavar="COL",
+                   help="Parquet: column of the images: encoded bytes (img2dataset's jpg), a {bytes, path} struct "
+                   "(Hugging Face's Image) or a path (default: the Image column, else jpg, png, webp or image)")
+    s.add_argument("--caption-column", metavar="COL", help="Parquet: string column -> str field 'text'")
+    s.add_argument("--columns", metavar="C1,C2",
+                   help="Parquet: more columns stored as fields of their name (numbers, booleans, strings, lists "
+                   "of numbers; a null value makes its row a hole)")
     s.add_argument("--image-key", help=".npz: name of the image array")
     s.add_argument("--label-key", help=".npz: name of the label array")
     rd = RUN_DEFAULTS

@@ -6,10 +6,16 @@ Library API
     SOURCE is recognised from what it is (see :func:`detect_source`): an image
     folder (flat or ImageFolder), a ``.csv``/``.tsv`` list, an LMDB directory
     of encoded images, a ``.npy``/``.npz`` file, a COCO instances ``.json``
-    (images under ``root=``; boxes, categories, polygons: see ``coco.py``).
+    (images under ``root=``; boxes, categories, polygons: see ``coco.py``),
+    WebDataset tar shards named by a pattern (``"shards/{00000..00099}.tar"``,
+    a glob; see ``webdataset.py``).
 ``from_dataset(ds, dest, size=None, ...)``
     Freeze any map-style dataset (items: arrays, tensors, PIL images or
     ``(image, label)``) into a store in one call.
+``from_hf(ds, dest, size=None, ...)``
+    A Hugging Face ``datasets.Dataset``, read as Arrow (see ``hf.py``);
+    Parquet files (img2dataset's, Hugging Face's exports) are a path kind
+    (``"data/*.parquet"``, see ``parquet.py``).
 ``merge(parts, dest)``
     Join the stores written by ``--shard K/N`` jobs into one store.
 
@@ -41,8 +47,10 @@ from typing import Any
 
 from ..errors import SourceError, spell_option
 from .classes import resolve_class_options
+from .hf import HFSource, hf_options, is_hf_dataset
 from .merge import merge
 from .options import RUN_DEFAULTS, SOURCE_OPTIONS, SPEC_OPTIONS, ResumeHint, make_spec, parse_shard, split_options
+from .parquet import ParquetSource
 from .pipeline import IngestResult, run_ingest
 from .sources import (
     IMAGE_EXTENSIONS,
@@ -53,6 +61,7 @@ from .sources import (
     ListSource,
     LmdbSource,
     Source,
+    WebDatasetSource,
     detect_source,
 )
 
@@ -62,12 +71,16 @@ __all__ = [
     "CocoSource",
     "DatasetSource",
     "FolderSource",
+    "HFSource",
     "IngestResult",
     "LmdbSource",
     "ListSource",
+    "ParquetSource",
     "Source",
+    "WebDatasetSource",
     "detect_source",
     "from_dataset",
+    "from_hf",
     "ingest",
     "make_spec",
     "merge",
@@ -128,15 +141,21 @@ def ingest(
     tags_sep: str | None = None,
     text_column: str | int | None = None,
     tag_names: str | os.PathLike[str] | Sequence[str] | None = None,
+    json_keys: str | Sequence[str] | None = None,
+    image_column: str | None = None,
+    caption_column: str | None = None,
+    columns: str | Sequence[str] | None = None,
 ) -> IngestResult:
     """Decode SOURCE once into a store at DEST.
 
     Parameters
     ----------
     source
-        A path (kind recognised by :func:`detect_source`: a folder of images, a
+        A Hugging Face ``datasets.Dataset`` (see :func:`from_hf`), or a path
+        (kind recognised by :func:`detect_source`: a folder of images, a
         ``.csv``/``.tsv`` list, an LMDB directory, a ``.npy``/``.npz`` file, a
-        COCO ``.json``) or a :class:`Source`.
+        COCO ``.json``, WebDataset ``.tar`` shards: one file, a brace pattern
+        such as ``"shards/{00000..00099}.tar"`` or a glob) or a :class:`Source`.
     dest
         The store directory to create (work happens in ``DEST.partial``).
     size
@@ -293,6 +312,24 @@ def ingest(
     tag_names
         A list: number the tags by a store's tag names or a file of one tag
         per line, so that two stores give a tag the same id.
+    json_keys
+        WebDataset shards: keys of each sample's ``.json`` stored as fields
+        (``"width,height,similarity"`` or a list; numbers numeric, strings
+        text; a sample lacking one is a hole, see
+        :mod:`mmstore.ingest.webdataset`).
+    image_column
+        Parquet files, a Hugging Face dataset: the column of the images
+        (encoded bytes, a ``{bytes, path}`` struct or a path; default: the
+        ``Image`` column, else ``jpg``, ``png``, ``webp`` or ``image``; see
+        :mod:`mmstore.ingest.parquet`).
+    caption_column
+        Parquet files, a Hugging Face dataset: a string column stored in the
+        str field ``text``.
+    columns
+        Parquet files, a Hugging Face dataset: more columns stored as fields
+        of their name (``"similarity,width"`` or a list; numbers, booleans,
+        strings, lists of numbers). ``label_column`` and ``root`` apply to
+        these sources too.
 
     Returns
     -------
@@ -317,7 +354,10 @@ def ingest(
     # the decode and source options given (None: not given), by name: the signature lists them
     given = {k: v for k, v in locals().items() if k in _OPTION_NAMES and v is not None}
     spec_kw, src_kw = split_options(given)
-    if isinstance(source, Source):
+    src: Source
+    if is_hf_dataset(source):
+        src = HFSource(source, **hf_options(src_kw))
+    elif isinstance(source, Source):
         if src_kw:
             raise TypeError(f"source options {sorted(src_kw)} need a source path, not a Source object")
         src = source
@@ -403,3 +443,59 @@ def from_dataset(
     """
     src = DatasetSource(ds, label_names=label_names, fields=fields)
     return ingest(src, dest, size, workers=workers, **kwargs)
+
+
+def from_hf(
+    ds: Any,
+    dest: str | os.PathLike[str],
+    size: Any = None,
+    *,
+    image_column: str | None = None,
+    caption_column: str | None = None,
+    label_column: str | None = None,
+    columns: str | Sequence[str] | None = None,
+    **kwargs: Any,
+) -> IngestResult:
+    """Decode a Hugging Face ``datasets.Dataset`` once into a store at ``dest``.
+
+    The rows are read as Arrow (never decoded to PIL images by the
+    dataset): an ``Image`` column's bytes (or the files its paths name) are
+    decoded by the same rules as the files of a folder, at ``size`` (or
+    ``max_side``, ``short_side``, ``buckets``: see :func:`ingest`). Input
+    ``i`` is ``ds[i]``, its key ``"i"``.
+
+    Parameters
+    ----------
+    ds
+        A ``datasets.Dataset`` (one split; a ``DatasetDict`` is refused with
+        the splits it holds). Needs ``pip install 'mmstore[hf]'``.
+    dest
+        The store directory to create.
+    size
+        The target size, as for :func:`ingest`.
+    image_column
+        The column of the images; default: the first ``Image`` feature.
+    caption_column
+        A string column stored in the str field ``text``.
+    label_column
+        The label column; default: the first ``ClassLabel`` feature, whose
+        names become the store's ``label_names``; ``""``: no labels. A
+        string column is numbered by its sorted names.
+    columns
+        More columns stored as fields of their name (numbers, booleans,
+        strings, lists of numbers).
+    **kwargs
+        The other keyword options of :func:`ingest` (``workers``,
+        ``resume``, ``codecs``, decode options ...), and ``root``: the
+        directory that relative image paths start from.
+
+    Returns
+    -------
+    IngestResult
+        As :func:`ingest`'s. A null image or value, or a corrupt image, is a
+        hole listed with its row in ``errors.jsonl`` (see
+        :mod:`mmstore.ingest.hf`).
+    """
+    src = HFSource(ds, image_column=image_column, caption_column=caption_column, label_column=label_column,
+                   columns=columns, root=kwargs.pop("root", None))
+    return ingest(src, dest, size, **kwargs)

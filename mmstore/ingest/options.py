@@ -53,6 +53,8 @@ SIZE_OPTIONS: tuple[str, ...] = ("max_side", "short_side", "buckets")
 
 DEFAULT_RESUME_HINT = f"rerun the same ingest with {spell_option('resume=True', '--resume')}"
 SOURCE_OPTIONS += ("tags_column", "tags_sep", "text_column", "tag_names")  # a list's tags and captions (_tags.py)
+SOURCE_OPTIONS += ("json_keys",)  # WebDataset tar shards (webdataset.py)
+SOURCE_OPTIONS += ("image_column", "caption_column", "columns")  # Parquet files, HF datasets (parquet.py, hf.py)
 
 # ... and the keyword options of ingest() that shape the run, with their defaults (the CLI's flags read them here;
 # backend, codecs and shard enter the resume fingerprint)

@@ -49,6 +49,8 @@ from ._listing import InputError, Listing, Source, _Builder, _stat_key, read_fil
 from .classes import class_options, map_classes
 from .coco import CocoSource, is_coco_json
 from .lists import ListSource
+from .parquet import ParquetSource, is_parquet
+from .webdataset import WebDatasetSource, is_tar_pattern
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -63,6 +65,7 @@ __all__ = [
     "Listing",
     "Source",
     "detect_source",
+    "WebDatasetSource",
 ]
 
 IMAGE_EXTENSIONS = frozenset(
@@ -511,7 +514,11 @@ def detect_source(path: str, **opts: Any) -> Source:
 
     A directory with ``data.mdb`` is an LMDB; another directory an image
     folder; ``.csv``/``.tsv``/``.tab``/``.txt`` a list; ``.npy``/``.npz``
-    arrays; ``.json`` a COCO instances file (:mod:`mmstore.ingest.coco`).
+    arrays; ``.json`` a COCO instances file (:mod:`mmstore.ingest.coco`);
+    a path ending in ``.tar`` (a brace pattern or glob of shards) WebDataset
+    tar shards (:mod:`mmstore.ingest.webdataset`); a path or glob ending in
+    ``.parquet`` (or a directory of them, with ``image_column``) Parquet
+    files (:mod:`mmstore.ingest.parquet`).
     Unknown options for the kind found are an error.
     """
     mapping = {"classes", "new_classes", "classes_from"}
@@ -520,6 +527,7 @@ def detect_source(path: str, **opts: Any) -> Source:
                  "missing_label", "tags_column", "tags_sep", "text_column", "tag_names", *mapping}
     array_opts = {"image_key", "label_key"}
     coco_opts = {"root", "min_box_size"}
+    wds_opts = {"json_keys"}
     given = {k for k, v in opts.items() if v is not None}
 
     def only(kind: str, allowed: set[str]) -> dict[str, Any]:
@@ -529,6 +537,11 @@ def detect_source(path: str, **opts: Any) -> Source:
             raise SourceError(f"{path}: is {kind}; {flags} do(es) not apply to it")
         return {k: opts[k] for k in given}
 
+    if is_parquet(path, opts.get("image_column")):  # .parquet files, a glob of them (mmstore.ingest.parquet)
+        return ParquetSource(path, **only("Parquet files", {"image_column", "caption_column", "label_column",
+                                                            "columns", "root"}))
+    if is_tar_pattern(path):  # a .tar, a brace pattern or glob of them (mmstore.ingest.webdataset)
+        return WebDatasetSource(path, **only("WebDataset tar shards", wds_opts))
     if os.path.isdir(path):
         if is_lmdb(path):
             return LmdbSource(path, **only("an LMDB", set()))

@@ -16,11 +16,21 @@ store with parts (format.py, "Parts"): the commit, manifest last. See
 :mod:`mmstore.ray.sink` for what "exactly once" means here, and the docs
 guide "Ingest on a Ray cluster".
 
+:func:`read` is the other direction: one epoch of a store as a
+``ray.data.Dataset``, its rows in a seeded order (a global permutation, or
+a block shuffle), each read task a contiguous slice of it::
+
+    for epoch in range(epochs):
+        ds = mmstore.ray.read("s3://bucket/stores/photos.store", epoch=epoch)
+        for batch in ds.iter_torch_batches(batch_size=256):
+            ...
+
 This package imports Ray only when it is used; ``import mmstore`` never does.
 """
 
 from __future__ import annotations
 
 from .sink import MmstoreDatasink, RayWriteResult, write
+from .source import ReadJob, StoreDatasource, read
 
-__all__ = ["MmstoreDatasink", "RayWriteResult", "write"]
+__all__ = ["MmstoreDatasink", "RayWriteResult", "ReadJob", "StoreDatasource", "read", "write"]

@@ -26,7 +26,11 @@ with ``ForeignObjectsError`` naming it, with or without ``overwrite``: a
 push never deletes or overwrites it. A *different* store at the URL (its
 manifest or its index names another store) is replaced only with
 ``overwrite``; then the objects its index (or manifest) lists that the new
-store does not are deleted, and nothing else. The same store is updated in
+store does not are deleted, and nothing else. A store that the pushed one grew from
+(``mmstore append``: its id among the pushed manifest's ``appended``
+``to_store`` ids, format.py "Parts") is not a different store: it is
+replaced without ``overwrite``, and the objects of the part files both
+share that still match its index are kept, not uploaded again. The same store is updated in
 place: its objects are compared with its index, sizes and etags from the
 same listing, and every object missing, of another size or with another
 etag (damaged, replaced, truncated, deleted) is uploaded again, then the
@@ -90,6 +94,7 @@ from ..errors import (
 from ..format.layout import (
     MANIFEST_FILE,
     MANIFEST_MAX_BYTES,
+    PARTS_DIR,
     PUSH_MARK_FILE,
     REMOTE_INDEX_FILE,
     is_store_file_name,
@@ -185,6 +190,16 @@ def _read_journal(path: str, url: str) -> dict[str, Any]:
         if not isinstance(j.get(key), dict):
             j[key] = {}
     return j
+
+
+def _grown_from(manifest: dict[str, Any]) -> list[str]:
+    """The ids of the stores that ``manifest``'s store was appended to
+    (format.py, "Parts": its provenance's ``appended`` entries)."""
+    prov = manifest.get("provenance")
+    entries = prov.get("appended") if isinstance(prov, dict) else None
+    if not isinstance(entries, list):
+        return []
+    return [str(e["to_store"]) for e in entries if isinstance(e, dict) and isinstance(e.get("to_store"), str)]
 
 
 @dataclass
@@ -447,7 +462,8 @@ def push(store: str | os.PathLike[str], url: str, *, overwrite: bool = False, jo
     if foreign:
         raise _refuse_foreign(loc, foreign)
     same = there.raw_manifest == raw_manifest
-    if not same and there.store_id() not in (None, manifest["store_id"]) and not overwrite:
+    grown = there.store_id() in _grown_from(manifest)  # the URL holds the store this one was appended to
+    if not same and there.store_id() not in (None, manifest["store_id"]) and not grown and not overwrite:
         flag = spell_option("overwrite=True", "--overwrite")
         what = "another store" if there.manifest is not None else "what an unfinished push of another store left"
         raise StoreExistsError(f"{loc.url}: holds {what} already; pass {flag} to replace it, or push to "
@@ -469,6 +485,18 @@ def push(store: str | os.PathLike[str], url: str, *, overwrite: bool = False, jo
         # this store, some objects damaged, replaced or missing: those go up again, the rest is kept
         done = {n: e for n, e in prev.files.items() if n in sizes and n not in differ and n not in present}
         report["repaired"] = sorted(n for n in differ if n in sizes)
+    elif (grown and there.index is not None and there.index.block_bytes == block_bytes
+          and there.manifest is not None and there.raw_manifest is not None):
+        # its parts are ours, byte for byte (format.py, "Parts"): each of their objects still as its index
+        # says is kept; the rest (the new part, the bookkeeping) goes up
+        try:
+            there.index.check_manifest(there.manifest, there.raw_manifest, loc.url)
+        except FormatError:
+            pass  # an index that is not its manifest's: nothing is taken from it
+        else:
+            differ = {p.file for p in compare_objects(there.index, listing, loc)}
+            done = {n: e for n, e in there.index.files.items() if n.startswith(PARTS_DIR + "/") and n not in differ
+                    and n not in present and sizes.get(n) == e.size}
     if MANIFEST_FILE in listing:
         call(remote.delete, [MANIFEST_FILE])  # no reader may open a mix from now on
 

@@ -180,6 +180,52 @@ def build_det_store(d: str) -> None:
                         "caption": f"picture {i}"}, key=f"pic{i}.jpg")
 
 
+def build_webdataset(d: str) -> None:
+    """``shards/00000.tar`` .. ``shards/00002.tar``: WebDataset shards in img2dataset's layout, four samples
+    each (``KEY.jpg``, ``KEY.txt`` caption, ``KEY.json`` with width, height and similarity, ``KEY.cls``)."""
+    import io
+    import tarfile
+
+    rng = np.random.default_rng(9)
+    os.makedirs(os.path.join(d, "shards"))
+    for s in range(3):
+        with tarfile.open(os.path.join(d, "shards", f"{s:05d}.tar"), "w") as t:
+            for j in range(4):
+                key = f"{s:05d}{j:04d}"
+                h, w = (int(v) for v in rng.integers(40, 72, 2))
+                jpg = write_image(os.path.join(d, "tmp.jpg"), photo(rng, h, w))
+                meta = {"key": key, "width": w, "height": h, "similarity": round(0.2 + 0.05 * j, 2),
+                        "caption": f"photo {key}"}
+                for ext, data in (("jpg", jpg), ("txt", f"photo {key}".encode()),
+                                  ("json", json.dumps(meta).encode()), ("cls", str(j % 2).encode())):
+                    ti = tarfile.TarInfo(f"{key}.{ext}")
+                    ti.size = len(data)
+                    t.addfile(ti, io.BytesIO(data))
+    os.remove(os.path.join(d, "tmp.jpg"))
+
+
+def build_parquet(d: str) -> None:
+    """``laion/00000.parquet`` and ``laion/00001.parquet``: img2dataset's Parquet layout, five rows each in row
+    groups of two (``key``, ``jpg`` image bytes, ``caption``, ``similarity``, ``width``, ``height``)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(10)
+    os.makedirs(os.path.join(d, "laion"))
+    for f in range(2):
+        rows = []
+        for j in range(5):
+            h, w = (int(v) for v in rng.integers(40, 72, 2))
+            jpg = write_image(os.path.join(d, "tmp.jpg"), photo(rng, h, w))
+            rows.append({"key": f"{f:05d}{j:04d}", "jpg": jpg, "caption": f"photo {f:05d}{j:04d}",
+                         "similarity": round(0.2 + 0.05 * j, 2), "width": w, "height": h})
+        table = pa.Table.from_pylist(rows, pa.schema([("key", pa.string()), ("jpg", pa.binary()),
+                                                      ("caption", pa.string()), ("similarity", pa.float64()),
+                                                      ("width", pa.int64()), ("height", pa.int64())]))
+        pq.write_table(table, os.path.join(d, "laion", f"{f:05d}.parquet"), row_group_size=2)
+    os.remove(os.path.join(d, "tmp.jpg"))
+
+
 FILE_FIXTURES: dict[str, Callable[[str], None]] = {
     "imagefolder": build_imagefolder,
     "photos": build_photos,
@@ -193,6 +239,8 @@ FILE_FIXTURES: dict[str, Callable[[str], None]] = {
     "tags-store": build_tags_store,
     "coco-store": build_coco_store,
     "det-store": build_det_store,
+    "webdataset": build_webdataset,
+    "parquet": build_parquet,
 }
 
 

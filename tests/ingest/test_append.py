@@ -1,0 +1,348 @@
+"""``mmstore append``: new records added to a store as a new part, on real
+photographs (crops of matplotlib's ``grace_hopper.jpg`` written as JPEGs)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import mmstore
+from mmstore.errors import AppendMismatchError, DuplicateKeysError, StoreChangedError
+from mmstore.ingest.append import append
+from mmstore.store.reader import open_store
+
+cv2 = pytest.importorskip("cv2")
+cbook = pytest.importorskip("matplotlib.cbook")
+
+PHOTO = cv2.imread(str(cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)), cv2.IMREAD_COLOR)
+FIELDS = ("image", "label", "orig_size", "box", "dst")
+
+
+def photos(root: str, classes: dict[str, int], prefix: str, seed: int) -> list[str]:
+    """An ImageFolder of JPEG crops of a real photograph: ``classes`` name ->
+    count, files ``<class>/<prefix><k>.jpg``; returns the relative paths."""
+    rng = np.random.default_rng(seed)
+    rels = []
+    for c, n in classes.items():
+        os.makedirs(os.path.join(root, c), exist_ok=True)
+        for k in range(n):
+            h, w = (int(v) for v in rng.integers(60, 200, 2))
+            y, x = int(rng.integers(0, PHOTO.shape[0] - h)), int(rng.integers(0, PHOTO.shape[1] - w))
+            rel = f"{c}/{prefix}{k:03d}.jpg"
+            cv2.imwrite(os.path.join(root, rel), PHOTO[y:y + h, x:x + w], [cv2.IMWRITE_JPEG_QUALITY, 90])
+            rels.append(rel)
+    return sorted(rels)
+
+
+@pytest.fixture
+def two(tmp_path):
+    """Folders ``a`` (cat, dog) and ``b`` (dog, fish: a class the store lacks),
+    and the store of ``a`` at 32x32."""
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    photos(a, {"cat": 3, "dog": 3}, "a", 1)
+    photos(b, {"dog": 2, "fish": 2}, "b", 2)
+    dest = str(tmp_path / "s.store")
+    mmstore.ingest(a, dest, size=32, workers=0, quiet=True)
+    return a, b, dest
+
+
+def records(path: str) -> dict[str, dict[str, bytes]]:
+    """key -> {field: bytes} (labels as names) of every record of a store."""
+    with open_store(path) as s:
+        out = {}
+        for i in range(len(s)):
+            r = s[i]
+            rec = {f: np.asarray(r[f]).tobytes() for f in FIELDS if f != "label"}
+            rec["label"] = s.label_names[int(r["label"])].encode()
+            out[s.key(i)] = rec
+        return out
+
+
+def test_append_reads_as_one_ingest_of_both_sources(two, tmp_path):
+    a, b, dest = two
+    before = records(dest)
+    res = append(dest, b, workers=0, quiet=True)
+    assert (res.added, res.skipped, res.records, res.new_labels) == (4, 0, 10, ["fish"])
+    # one ingest of both sources: an ImageFolder holding both folders' files
+    both = str(tmp_path / "both")
+    shutil.copytree(a, both)
+    shutil.copytree(b, both, dirs_exist_ok=True)
+    ref = str(tmp_path / "ref.store")
+    mmstore.ingest(both, ref, size=32, workers=0, quiet=True)
+    got, want = records(dest), records(ref)
+    assert got == want  # the same bytes for every record, the same label names
+    with open_store(dest) as s:
+        keys = [s.key(i) for i in range(len(s))]
+        assert keys == sorted(before) + sorted(k for k in want if k not in before)  # old records first, then new
+        assert s.parts is not None and len(s.parts) == 2 and s.segments == [6, 4]
+        assert tuple(s.manifest["version"]) == (2, 2) and "parts" in s.manifest["requires"]
+    # the old data files were linked, not copied: no file of the store but the parts' directories
+    assert sorted(os.listdir(dest)) == ["_checksums.npy", "_keys.bin", "_keys_offsets.npy", "manifest.json", "parts"]
+    assert not os.path.exists(dest + ".partial")
+
+
+def test_labels_merged_old_numbers_kept(two):
+    _, b, dest = two
+    with open_store(dest) as s:
+        old = s.column("label")
+        assert s.label_names == ["cat", "dog"]
+    append(dest, b, workers=0, quiet=True)
+    with open_store(dest) as s:
+        assert s.label_names == ["cat", "dog", "fish"]
+        lab = s.column("label")
+        assert lab[:6].tolist() == old.tolist()
+        assert lab[6:].tolist() == [1, 1, 2, 2]  # b's dog -> the store's dog, fish -> a new number
+        assert s.schema["label"].classes == ((0, "cat"), (1, "dog"), (2, "fish"))
+
+
+def test_option_mismatch_is_refused_naming_it(two):
+    _, b, dest = two
+    with open(os.path.join(dest, "manifest.json"), "rb") as fh:
+        manifest = fh.read()
+    for kw, named in (({"size": 64}, "size"), ({"resize": "pad"}, "resize"),
+                      ({"codecs": ["image=jpeg:90"]}, "codecs"), ({"backend": "lmdb"}, "backend"),
+                      ({"channels": 1}, "channels"), ({"max_side": 32}, "resize")):
+        with pytest.raises(AppendMismatchError, match=named):
+            append(dest, b, workers=0, quiet=True, **kw)
+        with open(os.path.join(dest, "manifest.json"), "rb") as fh:
+            assert fh.read() == manifest
+        assert not os.path.exists(dest + ".partial")
+    # an option equal to the store's is taken
+    append(dest, b, size="32x32", resize="center-crop", workers=0, quiet=True)
+    assert len(mmstore.open(dest)) == 10
+
+
+def test_duplicate_keys_refused_then_kept_by_option(two):
+    a, _, dest = two
+    with open(os.path.join(dest, "manifest.json"), "rb") as fh:
+        manifest = fh.read()
+    with pytest.raises(DuplicateKeysError, match="6 of the 6 new records.*duplicate_keys='keep'"):
+        append(dest, a, workers=0, quiet=True)
+    with open(os.path.join(dest, "manifest.json"), "rb") as fh:
+        assert fh.read() == manifest
+    assert not os.path.exists(dest + ".partial")
+    append(dest, a, workers=0, quiet=True, duplicate_keys="keep")
+    assert len(mmstore.open(dest)) == 12
+
+
+def test_two_appends_verify_and_inspect(two, tmp_path, capsys):
+    from mmstore.cli import main
+
+    _, b, dest = two
+    c = str(tmp_path / "c")
+    photos(c, {"bird": 2}, "c", 3)
+    assert main(["append", dest, b, "--workers", "0", "-q"]) == 0
+    assert main(["append", dest, c, "--workers", "0", "--size", "32x32"]) == 0
+    assert "2 records appended" in capsys.readouterr().err
+    with open_store(dest) as s:
+        assert len(s) == 12 and s.segments == [6, 4, 2] and s.label_names == ["cat", "dog", "fish", "bird"]
+        assert s.column("label")[10:].tolist() == [3, 3]
+    report = mmstore.verify(dest)
+    assert report.ok, report
+    assert main(["verify", dest]) == 0
+    capsys.readouterr()
+    assert main(["inspect", dest, "--json"]) == 0
+    info = json.loads(capsys.readouterr().out)
+    assert info["records"] == 12
+    # a refused CLI append exits 2 with the option named
+    assert main(["append", dest, c, "--workers", "0", "--size", "48"]) == 2
+    assert "size" in capsys.readouterr().err
+
+
+def test_reader_of_the_old_store_keeps_reading_while_the_append_commits(two):
+    _, b, dest = two
+    old = open_store(dest)
+    want = old.read_batch(np.arange(6))
+    want_keys = [old.key(i) for i in range(6)]
+    stop, seen, bad = threading.Event(), [0, 0], []
+
+    def read_old() -> None:  # the Store opened before the append
+        while not stop.is_set():
+            got = old.read_batch(np.arange(6))
+            if any(not np.array_equal(got[f], want[f]) for f in FIELDS) or len(old) != 6:
+                bad.append("old reader saw other bytes")
+            seen[0] += 1
+
+    def open_new() -> None:  # opens during the append: the old store or the new one, never a mix
+        while not stop.is_set():
+            try:
+                with open_store(dest) as s:
+                    n = len(s)
+                    got = s.read_batch(np.arange(6))
+                    if n not in (6, 10) or any(not np.array_equal(got[f], want[f]) for f in FIELDS):
+                        bad.append(f"an open saw {n} records / other bytes")
+            except StoreChangedError:
+                pass  # opened just before the exchange, first read after it: told to reopen, never a mix
+            except Exception as exc:  # noqa: BLE001 - reported by the test
+                bad.append(repr(exc))
+            seen[1] += 1
+
+    threads = [threading.Thread(target=read_old), threading.Thread(target=open_new)]
+    for t in threads:
+        t.start()
+    try:
+        time.sleep(0.05)
+        append(dest, b, workers=0, quiet=True)
+        time.sleep(0.05)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert not bad, bad[:3]
+    assert seen[0] > 0 and seen[1] > 0
+    assert [old.key(i) for i in range(6)] == want_keys  # its key files stay mapped
+    assert len(mmstore.open(dest)) == 10
+    old.close()
+
+
+def _kill_mid(proc: subprocess.Popen, partial: str, timeout: float = 60) -> None:
+    """SIGKILL ``proc`` once the new part's ingest has committed a chunk."""
+    deadline = time.monotonic() + timeout
+    while proc.poll() is None and time.monotonic() < deadline:
+        parts = os.path.join(partial, "parts")
+        logs = [os.path.join(parts, n, "_ingest_commits.log") for n in os.listdir(parts)] \
+            if os.path.isdir(parts) else []
+        if any(os.path.exists(p) and os.path.getsize(p) > 0 for p in logs):
+            break
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait(30)
+
+
+def test_sigkill_mid_append_leaves_the_old_store_then_the_rerun_completes(two, tmp_path, h):
+    a, _, dest = two
+    big = str(tmp_path / "big")
+    photos(big, {"dog": 12, "fish": 12}, "k", 4)
+    ref = str(tmp_path / "ref.store")
+    shutil.copytree(dest, ref)
+    append(ref, big, workers=0, quiet=True)
+    with open(os.path.join(dest, "manifest.json"), "rb") as fh:
+        manifest = fh.read()
+    argv = ["append", dest, big, "--workers", "0", "-q", "--chunk", "1"]
+    p = h.cli_subprocess(*argv, start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    _kill_mid(p, dest + ".partial")
+    with open(os.path.join(dest, "manifest.json"), "rb") as fh:
+        assert fh.read() == manifest  # the old store, untouched
+    assert mmstore.verify(dest).ok
+    assert len(mmstore.open(dest)) == 6
+    assert os.path.isdir(dest + ".partial")
+    q = h.cli_subprocess(*argv[:-3], stderr=subprocess.PIPE)  # not quiet: its summary
+    _, err = q.communicate(timeout=120)
+    assert q.returncode == 0, err.decode()
+    assert "done by an earlier run" in err.decode()  # resumed, not started again
+    assert records(dest) == records(ref)
+    assert mmstore.verify(dest).ok
+    assert not os.path.exists(dest + ".partial")
+
+
+@pytest.mark.parametrize("at", ["append:1", "append:2", "append:3", "append:4"])
+def test_killed_at_each_step_old_or_new_store_and_the_rerun_finishes(two, tmp_path, h, at):
+    _, b, dest = two
+    ref = str(tmp_path / "ref.store")
+    shutil.copytree(dest, ref)
+    append(ref, b, workers=0, quiet=True)
+    argv = ["append", dest, b, "--workers", "0", "-q"]
+    p = h.cli_subprocess(*argv, env={"MMSTORE_CRASH_AT": at}, stderr=subprocess.PIPE)
+    _, err = p.communicate(timeout=120)
+    assert p.returncode == 77, err.decode()
+    n = len(mmstore.open(dest))
+    assert mmstore.verify(dest).ok
+    assert n == (10 if at == "append:4" else 6)  # points 1-3 before the exchange, 4 after
+    if n == 6:  # killed before the exchange: the old store; the rerun finishes the append
+        q = h.cli_subprocess(*argv, stderr=subprocess.PIPE)
+        _, err = q.communicate(timeout=120)
+        assert q.returncode == 0, err.decode()
+    else:  # killed after it: the append is complete, and a rerun is refused (its keys are there)
+        assert h.cli("append", dest, b, "--workers", "0", "-q") == 2
+    assert records(dest) == records(ref)
+    assert not os.path.exists(dest + ".partial")
+
+
+def test_push_after_append_uploads_only_the_new_part(two, tmp_path, s3):
+    from mmstore.remote.client import Remote
+    from mmstore.remote.url import parse_url
+    from mmstore.transfer import pull, push
+
+    _, b, dest = two
+    c = str(tmp_path / "c")
+    photos(c, {"bird": 3}, "c", 3)
+    append(dest, b, workers=0, quiet=True)  # a store with parts
+    url = s3.url("grown.store")
+    push(dest, url)
+    remote = Remote(parse_url(url))
+    before = remote.list()
+    old = mmstore.open(dest).manifest["files"]
+    append(dest, c, workers=0, quiet=True)
+    new = mmstore.open(dest).manifest
+    added = sorted(n for n in new["files"] if n.startswith(f"parts/{new['parts'][-1]}/"))
+    rep = push(dest, url)  # no overwrite needed: the URL holds the store this one grew from
+    # the old parts' objects stay (they are the same bytes); the new part and the bookkeeping go up
+    kept = sorted(n for n in old if n.startswith("parts/"))
+    assert rep["skipped_files"] == len(kept) > 0
+    small = [n for n in new["files"] if not n.startswith("parts/")]
+    with open(os.path.join(dest, "manifest.json"), "rb") as fh:
+        want = sum(new["files"][n] for n in added + small) + len(fh.read())
+    assert rep["uploaded_bytes"] == want, rep
+    after = remote.list()
+    for n in kept:
+        assert after[n]["etag"] == before[n]["etag"] and after[n].get("last_modified") == before[n].get(
+            "last_modified"), n
+    got = str(tmp_path / "pulled.store")
+    pull(url, got)
+    assert records(got) == records(dest)
+    assert mmstore.verify(got).ok
+
+
+@pytest.mark.parametrize("kw", [{"size": 32, "backend": "lmdb"}, {"size": 32, "codecs": ["image=jpeg:90"]},
+                                {"max_side": 40}, {"buckets": "32x32,24x40,40x24"}],
+                         ids=["lmdb", "jpeg", "max_side", "buckets"])
+def test_other_layouts_and_holes(tmp_path, kw):
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    photos(a, {"cat": 2, "dog": 2}, "a", 5)
+    photos(b, {"dog": 2}, "b", 6)
+    with open(os.path.join(b, "dog", "broken.jpg"), "wb") as fh:
+        fh.write(b"not a JPEG")  # a hole in the new part
+    dest, ref = str(tmp_path / "s.store"), str(tmp_path / "ref.store")
+    mmstore.ingest(a, dest, workers=0, quiet=True, **kw)
+    res = append(dest, b, workers=0, quiet=True)
+    assert (res.added, res.skipped) == (2, 1)
+    both = str(tmp_path / "both")
+    shutil.copytree(a, both)
+    shutil.copytree(b, both, dirs_exist_ok=True)
+    mmstore.ingest(both, ref, workers=0, quiet=True, **kw)
+    assert mmstore.verify(dest).ok
+    with open_store(dest) as s, open_store(ref) as r:
+        assert (len(s), s.slots, s.backend_name) == (6, 7, r.backend_name)
+        assert [e["key"] for e in s.skipped()] == ["dog/broken.jpg"]
+        got = {s.key(i): s[i] for i in range(len(s))}
+        for i in range(len(r)):
+            want = r[i]
+            assert all(np.array_equal(got[r.key(i)][f], want[f]) for f in want), r.key(i)
+
+
+def test_store_that_does_not_record_its_decode_takes_the_options_given(tmp_path):
+    """A store written by ``StoreWriter`` says nothing of a decode: the options given are used as they are,
+    and the new records' schema must be the store's."""
+    rng = np.random.default_rng(0)
+    dest = str(tmp_path / "w.store")
+    with mmstore.StoreWriter(dest, {"image": ("|u1", (8, 8, 3))}, slots=2) as w:
+        for i in range(2):
+            w.write(i, {"image": rng.integers(0, 255, (8, 8, 3), dtype=np.uint8)}, key=f"w{i}")
+    arr = str(tmp_path / "more.npy")
+    np.save(arr, rng.integers(0, 255, (3, 8, 8, 3), dtype=np.uint8))
+    append(dest, arr, workers=0, quiet=True)
+    with open_store(dest) as s:
+        assert len(s) == 5 and np.array_equal(s.read_batch(np.arange(2, 5))["image"], np.load(arr))
+    np.save(arr, rng.integers(0, 255, (3, 4, 4, 3), dtype=np.uint8))
+    with pytest.raises(AppendMismatchError, match="schema"):
+        append(dest, arr, workers=0, quiet=True, duplicate_keys="keep")
+    assert len(mmstore.open(dest)) == 5 and mmstore.verify(dest).ok
