@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import compileall
 import os
+import signal
 import sys
 
 import pytest
@@ -17,6 +18,11 @@ sys.dont_write_bytecode = False
 
 
 def pytest_configure(config):
+    # a suite started in the background of a non-interactive shell (`cmd &`) inherits SIGINT
+    # ignored, and so would every command a test starts and interrupts: Ctrl-C's handler is
+    # what a terminal gives, and what the signal tests send SIGINT to
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     if sys.flags.dont_write_bytecode and not hasattr(config, "workerinput"):  # once, before any worker
         compileall.compile_dir(os.path.join(REPO, "mmstore"), quiet=2)
 
