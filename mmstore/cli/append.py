@@ -26,7 +26,7 @@ _SPEC_FLAGS = ("size", "max_side", "short_side", "buckets", "upscale", "resize",
                "interp_up", "pad_value", "fast_decode", "max_pixels", "strict_jpeg", "alpha")
 _SOURCE_FLAGS = ("labels", "root", "path_column", "label_column", "path_template", "delimiter", "header",
                  "label_type", "missing_label", "image_key", "label_key", "min_box_size", "tags_column", "tags_sep",
-                 "text_column", "tag_names")
+                 "text_column", "tag_names", "json_keys", "image_column", "caption_column", "columns")
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -76,6 +76,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--tags-sep")
     s.add_argument("--text-column")
     s.add_argument("--tag-names")
+    s.add_argument("--json-keys", metavar="K1,K2")
+    s.add_argument("--image-column", metavar="COL")
+    s.add_argument("--caption-column", metavar="COL")
+    s.add_argument("--columns", metavar="C1,C2")
     r = p.add_argument_group("run")
     r.add_argument("--duplicate-keys", choices=["error", "keep"], default="error",
                    help="a new record whose key the store has: refuse the append (error, default) or keep it")

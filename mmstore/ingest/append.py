@@ -64,10 +64,12 @@ from .._os.crash import crash_point
 from .._os.io import atomic_write, fsync_dir
 from .._os.lock import acquire_lock, release_lock
 from ..errors import (
+    AllInputsFailedError,
     AppendMismatchError,
     DestinationError,
     DuplicateKeysError,
     IngestError,
+    ResumeMismatchError,
     SourceError,
     StoreExistsError,
     spell_option,
@@ -433,8 +435,22 @@ def _append_locked(dest: str, source: Any, given: dict[str, Any], duplicate_keys
                 src_opts.update(label_names=list(old.label_names), new_classes="append")
             res = None
             if not os.path.exists(os.path.join(part_dir, MANIFEST_FILE)):  # else: ingested by a killed run
-                res = ingest(source, part_dir, **dec, codecs=own["codecs"], backend=own["backend"], resume=True,
-                             resume_hint="run the same append again", **run, **src_opts)
+                def part() -> Any:
+                    return ingest(source, part_dir, **dec, codecs=own["codecs"], backend=own["backend"], resume=True,
+                                  resume_hint="run the same append again", **run, **src_opts)
+
+                try:
+                    try:
+                        res = part()
+                    except ResumeMismatchError:  # the source changed since a killed or failed try: start it over
+                        shutil.rmtree(part_dir + ".partial", ignore_errors=True)
+                        res = part()
+                except AllInputsFailedError as exc:  # said in the append's terms: the store, not the part
+                    raise AllInputsFailedError(
+                        f"{dest}: nothing appended: all {exc.failed:,} inputs of {source} failed"
+                        f"{_most_common(exc)}; the store is unchanged. Every failure (slot, key, reason) is listed "
+                        f"in {exc.errors_path}; fix the inputs and run the same append again, or remove "
+                        f"{partial}", exc.failed, dict(exc.reasons or {}), exc.key, exc.errors_path) from None
             crash_point("append")
             try:
                 added, skipped, new_labels = _commit(old, partial, part_dir, pid, duplicate_keys)
@@ -451,6 +467,15 @@ def _append_locked(dest: str, source: Any, given: dict[str, Any], duplicate_keys
     crash_point("append")  # (the fault tests: killed once the append is published)
     records = read_manifest(dest)["records"]
     return AppendResult(dest, pid, records, added, skipped, new_labels, time.monotonic() - t0, res)
+
+
+def _most_common(exc: AllInputsFailedError) -> str:
+    """``; most common reason: R (k of n), e.g. input 'KEY'`` of a failed part's ingest, or ``""``."""
+    if not exc.reasons:
+        return ""
+    reason, count = max(exc.reasons.items(), key=lambda kv: kv[1])
+    return f"; most common reason: {reason} ({count:,} of {exc.failed:,})" + (f", e.g. input {exc.key!r}"
+                                                                              if exc.key else "")
 
 
 def _finished_manifest(partial: str, base_id: str) -> dict[str, Any] | None:
@@ -483,9 +508,16 @@ def _commit(old: Store, partial: str, part_dir: str, pid: str, duplicate_keys: s
     try:
         where = old.path
         if new.schema != old.schema or new.backend_name != old.backend_name:
+            lacking = [f for f in old.schema.names if f not in new.schema.names]
+            extra = [f for f in new.schema.names if f not in old.schema.names]
+            hint = ""
+            if lacking or extra:
+                hint = (f" (the new records lack {lacking or 'nothing'} and add {extra or 'nothing'}: give the source "
+                        "options that made the store's fields, such as --json-keys, --text-column, --caption-column "
+                        "or --columns, as at its ingest)")
             raise AppendMismatchError(f"{where}: the new records have schema {new.schema!r} ({new.backend_name}), "
-                                      f"the store {old.schema!r} ({old.backend_name}); a store holds records of one "
-                                      "schema: ingest the source into a store of its own")
+                                      f"the store {old.schema!r} ({old.backend_name}){hint}; a store holds records "
+                                      "of one schema: ingest the source into a store of its own")
         olds, news = old.label_names, new.label_names
         if olds != news and (olds is None or news is None or news[:len(olds)] != olds):
             raise AppendMismatchError(f"{where}: the new records are labelled {news!r}, the store {olds!r}; "

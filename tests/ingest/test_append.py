@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import mmstore
-from mmstore.errors import AppendMismatchError, DuplicateKeysError, StoreChangedError
+from mmstore.errors import AllInputsFailedError, AppendMismatchError, DuplicateKeysError, StoreChangedError
 from mmstore.ingest.append import append
 from mmstore.store.reader import open_store
 
@@ -118,6 +118,43 @@ def test_option_mismatch_is_refused_naming_it(two):
     # an option equal to the store's is taken
     append(dest, b, size="32x32", resize="center-crop", workers=0, quiet=True)
     assert len(mmstore.open(dest)) == 10
+
+
+def test_a_source_of_only_broken_inputs_is_refused_in_the_append_s_terms(two, tmp_path):
+    """Every new input broken: the error names the store (not the part being
+    written), says it is unchanged and where the failures are; fixed inputs
+    then append with the same call."""
+    _, _, dest = two
+    bad = tmp_path / "bad" / "cat"
+    bad.mkdir(parents=True)
+    (bad / "x.jpg").write_bytes(b"\xff\xd8 not a jpeg")
+    with open(os.path.join(dest, "manifest.json"), "rb") as fh:
+        manifest = fh.read()
+    with pytest.raises(AllInputsFailedError) as e:
+        append(dest, str(tmp_path / "bad"), workers=0, quiet=True)
+    msg = str(e.value)
+    assert msg.startswith(f"{dest}: nothing appended: all 1 inputs") and "the store is unchanged" in msg
+    assert os.path.exists(e.value.errors_path) and "run the same append again" in msg
+    with open(os.path.join(dest, "manifest.json"), "rb") as fh:
+        assert fh.read() == manifest
+    assert mmstore.verify(dest).ok
+    photos(str(tmp_path / "bad"), {"cat": 1}, "x", 3)  # the broken file replaced by a photo
+    append(dest, str(tmp_path / "bad"), workers=0, quiet=True)
+    assert len(mmstore.open(dest)) == 7
+
+
+def test_a_source_lacking_a_field_of_the_store_names_it(two, tmp_path):
+    """The store has a caption field the new source does not make: the
+    refusal names the missing field and the options that make fields."""
+    a, b, _ = two
+    lst = tmp_path / "list.csv"
+    names = sorted(os.listdir(os.path.join(a, "cat")))
+    rows = [f"{os.path.join(a, 'cat', r)},cat,caption {i}" for i, r in enumerate(names)]
+    lst.write_text("path,label,text\n" + "\n".join(rows) + "\n")
+    capt = str(tmp_path / "c.store")
+    mmstore.ingest(str(lst), capt, size=32, text_column="text", workers=0, quiet=True)
+    with pytest.raises(AppendMismatchError, match=r"lack \['text'\].*--text-column"):
+        append(capt, b, workers=0, quiet=True)
 
 
 def test_duplicate_keys_refused_then_kept_by_option(two):
