@@ -4,8 +4,9 @@
 A crop turns one image field of a batch (images of their own shape, or a
 fixed-shape image field) into ``(batch, out_h, out_w[, C])``: each record is
 read (a raw entry in place; a ``jpeg`` / ``png`` / ``zstd`` entry decoded
-into a scratch buffer of the reader thread, a ``jpeg`` one at a reduced
-scale where the crop allows: NOTE [DCT-scaled decode]), its crop box taken,
+into a scratch buffer of the reader thread, a ``jpeg`` one of a local store
+read from the mapped data file without a copy, and at a reduced scale where
+the crop allows: NOTE [DCT-scaled decode]), its crop box taken,
 and the box resized with one ``cv2.resize`` straight into the batch buffer's
 row (OpenCV and libjpeg-turbo, through simplejpeg, release the GIL). The
 channel count and dtype are the field's.
@@ -114,7 +115,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import EntryDecodeError, SchemaError, StoreChangedError
-from ..format.layout import note_identity, open_store_file
+from ..format.layout import SHAPED_MAX_BYTES, note_identity, open_store_file
 from ..format.shaped import shape_problem
 
 __all__ = [
@@ -789,10 +790,20 @@ class CropReader:
         if self.codec == "raw" and self._local:
             self._read_mapped(field, records, slots, hw, boxes, out)
             return
+        if self.codec == "jpeg":
+            self._read_jpeg(field, records, slots, hw, boxes, out)
+            return
+        self._read_each(field, records, slots, hw, boxes, out)
+
+    def _read_each(self, field: Any, records: np.ndarray, slots: np.ndarray, hw: np.ndarray, boxes: np.ndarray,
+                   out: np.ndarray, entry: np.ndarray | None = None) -> None:
+        """The encoded (or non-local raw) records of a shaped field, each
+        checked against its size, decoded and resized into its row
+        (``entry``: the one record's stored entry, already read)."""
         chans = self._chans
         oh, ow = self.crop.size
         bl = boxes.tolist()
-        for j, data in enumerate(self._entries(slots)):
+        for j, data in enumerate(self._entries(slots) if entry is None else (entry,)):
             why = shape_problem(field, data, hw[j])
             if why is not None:
                 raise _bad(field.name, int(slots[j]), int(records[j]), why)
@@ -814,6 +825,95 @@ class CropReader:
                 except EntryDecodeError as exc:
                     raise _bad(field.name, int(slots[j]), int(records[j]), exc.reason or str(exc)) from None
             resize_into(img[t : t + ch, le : le + cw], out[j], bool(fl))
+
+    def _read_jpeg(self, field: Any, records: np.ndarray, slots: np.ndarray, hw: np.ndarray, boxes: np.ndarray,
+                   out: np.ndarray) -> None:
+        """:meth:`_read_each` for ``jpeg`` records, each decoded straight into
+        the thread's pixel buffer without parsing its header twice.
+
+        The sizes are proven for the whole piece first (a side of 0, more
+        than ``SHAPED_MAX_BYTES``, not a bucket: the piece goes record by
+        record, which names the first bad one). A record whose decode needs
+        a larger buffer has its header checked against its size before the
+        buffer grows; otherwise the decode itself is the check: a JPEG
+        larger than its size does not fit the buffer, one of another size
+        decodes to another shape. Any record that is not exactly as its size
+        says (or lacks its end-of-image marker, or does not decode) is read
+        again by :meth:`_read_each`'s steps, which raise its error."""
+        import cv2
+        import simplejpeg
+
+        pix = self._pix
+        hs, ws = hw[:, 0], hw[:, 1]
+        bad = (hs < 1) | (ws < 1) | (hs * ws * pix > SHAPED_MAX_BYTES)
+        buckets = getattr(field, "buckets", None)
+        if buckets:  # shape_problem's bucket rule, for the whole piece
+            known = np.array([h * (1 << 32) + w for h, w in buckets], np.int64)
+            bad |= ~np.isin(hs * (1 << 32) + ws, known)
+        chans = self._chans
+        if bad.any() or chans not in ((), (1,), (3,)) or field.dtype != np.uint8:
+            self._read_each(field, records, slots, hw, boxes, out)
+            return
+        oh, ow = self.crop.size
+        gray = len(chans) == 0 or chans[0] == 1
+        colorspace = "GRAY" if gray else "RGB"
+        decode = simplejpeg.decode_jpeg
+        resize, flip_lr = cv2.resize, cv2.flip
+        area, linear = cv2.INTER_AREA, cv2.INTER_LINEAR
+        plane = len(chans) == 1 and chans[0] == 1  # OpenCV drops a last axis of 1: resize the plane
+        entries = self._mapped_entries(slots) if self._local else None
+        if entries is None:  # not local, or an offset pair out of its file: read (and refused) in order
+            entries = self._entries(slots)
+        buf = _scratch("pixels", 0)
+        for j, (data, (h, w), (t, le, ch, cw, fl)) in enumerate(zip(entries, hw.tolist(), boxes.tolist())):
+            if self.dct:
+                d = dct_scale(h, w, ch, cw, oh, ow)
+                if d > 1:
+                    self._read_each(field, records[j : j + 1], slots[j : j + 1], hw[j : j + 1], boxes[j : j + 1],
+                                    out[j : j + 1], data)
+                    continue
+            n = h * w * pix
+            if n > len(buf):
+                if shape_problem(field, data, (h, w)) is None:
+                    buf = _scratch("pixels", n)
+            got = None
+            if n <= len(buf) and len(data) >= 2 and data[-2] == 0xFF and data[-1] == 0xD9:
+                try:
+                    got = decode(data, colorspace=colorspace, fastdct=False, fastupsample=False, buffer=buf,
+                                 strict=True)
+                except (ValueError, RuntimeError):
+                    got = None
+            if got is None or got.shape[0] != h or got.shape[1] != w:
+                self._read_each(field, records[j : j + 1], slots[j : j + 1], hw[j : j + 1], boxes[j : j + 1],
+                                out[j : j + 1], data)
+                continue
+            src = got[t : t + ch, le : le + cw]
+            dst = out[j]
+            if plane:
+                src, dst = src[..., 0], dst[..., 0]
+            elif not chans:
+                src = src[..., 0]
+            r = resize(src, (ow, oh), dst=dst, interpolation=linear if oh > ch or ow > cw else area)
+            if r is not dst and not np.shares_memory(r, dst):  # OpenCV allocated anew: never silently lost
+                dst[...] = r
+            if fl:
+                r = flip_lr(dst, 1, dst=dst)
+                if r is not dst and not np.shares_memory(r, dst):
+                    dst[...] = r
+
+    def _mapped_entries(self, slots: np.ndarray) -> Iterator[np.ndarray] | None:
+        """The stored entries of ``slots`` of a local store as views of the
+        mapped data file (no copy), every offset pair proven in range and
+        the file's size checked first (as :meth:`_read_mapped`); None when a
+        pair is not (:meth:`_entries` then names it in its turn)."""
+        mapped = self._mapping()
+        offs = self.store.slot_view.backend.entry_offsets(self.field)
+        a, b = np.asarray(offs[slots]), np.asarray(offs[slots + 1])
+        if not ((a >= 0) & (a <= b) & (b <= mapped.size)).all():
+            return None
+        mapped.check()
+        data = mapped.data
+        return (data[lo:hi] for lo, hi in zip(a.tolist(), b.tolist()))
 
     def _decode_scaled(self, field: Any, data: np.ndarray, h: int, w: int, d: int, slot: int,
                        record: int) -> np.ndarray | None:
@@ -909,22 +1009,27 @@ class CropReader:
         offs = be.entry_offsets(self.field)  # proven pair by pair below (format.py, "Variable-size entries")
         size = be.entry_data_size(self.field)
         path = be.entry_spans(self.field, 0, 0)[0][0]
+        # every pair of the piece at once (one gather each, not two index lookups per record)
+        starts, ends = np.asarray(offs[slots]), np.asarray(offs[slots + 1])
+        fits = (starts >= 0) & (starts <= ends) & (ends <= size)
+        lens = np.where(fits, ends - starts, 0)
+        buf = _scratch("entry", int(lens.max()) if len(lens) else 0)
+        view = memoryview(buf)  # type: ignore[arg-type]
+        preadv = os.preadv
         fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
         try:
-            for s in slots.tolist():
-                a, b = int(offs[s]), int(offs[s + 1])
-                if not 0 <= a <= b <= size:
+            for s, a, b, ok in zip(slots.tolist(), starts.tolist(), ends.tolist(), fits.tolist()):
+                if not ok:
                     raise EntryDecodeError(f"field {self.field!r}, slot {s}: its offsets {a}..{b} are not an "
                                            f"increasing pair within the {size:,}-byte data file (run mmstore verify)",
                                            field=self.field, slot=s)
-                buf = _scratch("entry", b - a)
-                pos = 0
-                while pos < b - a:
-                    got = os.preadv(fd, [memoryview(buf[pos : b - a])], a + pos)  # type: ignore[arg-type]
-                    if got <= 0:  # the file shrank under the store: a short entry, refused by its size check
-                        break
-                    pos += got
-                yield buf[:pos]
+                n = b - a
+                pos = got = preadv(fd, [view[:n]], a) if n else 0
+                while 0 < got and pos < n:
+                    got = preadv(fd, [view[pos:n]], a + pos)
+                    pos += max(got, 0)
+                # a short read (the file shrank under the store) gives a short entry, refused by its size check
+                yield buf[: max(pos, 0)]
         finally:
             os.close(fd)
 

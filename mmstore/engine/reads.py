@@ -21,10 +21,11 @@ backend where a field's records lie.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -44,7 +45,7 @@ from .tuning import LoaderTuning
 
 __all__ = [
     "PREAD_MIN_BYTES", "EpochReads", "FieldFiles", "WindowPrefetch", "data_paths", "field_segments",
-    "open_field_files", "prepare_store", "preadv_fields", "resident_fraction",
+    "open_field_files", "prepare_store", "preadv_fields", "resident_fraction", "shared_measures",
 ]
 
 PREAD_MIN_BYTES = SMALL_RECORD_BYTES  # smaller fields are gathered by the backend, not pread
@@ -98,6 +99,38 @@ def resident_fraction(paths: Sequence[str]) -> float:
         res += r * size
         tot += size
     return res / tot if tot else 1.0
+
+
+_shared = threading.local()  # the measures installed by shared_measures, per thread
+
+
+@contextlib.contextmanager
+def shared_measures(memo: dict[Any, Any]) -> Iterator[None]:
+    """Within the block, the :class:`EpochReads` started in this thread take
+    their page-cache residency of a set of files, and the usable cores, from
+    ``memo`` (measured by the first and kept there): the loaders of one
+    epoch over the same files (a bucket's each) measure them once. ``memo``
+    lives as long as the caller wants the figures to hold (an epoch)."""
+    prev = getattr(_shared, "memo", None)
+    _shared.memo = memo
+    try:
+        yield
+    finally:
+        _shared.memo = prev
+
+
+def _measured(key: Any, measure: Any) -> Any:
+    """``measure()``, or what ``shared_measures``' memo holds for ``key``."""
+    memo = getattr(_shared, "memo", None)
+    if memo is None:
+        return measure()
+    if key not in memo:
+        memo[key] = measure()
+    return memo[key]
+
+
+def _resident(paths: Sequence[str]) -> float:
+    return float(_measured(("resident", tuple(paths)), lambda: resident_fraction(paths)))
 
 
 RESIDENCY_WHOLE_BYTES = 32 * _MiB
@@ -329,7 +362,7 @@ class EpochReads:
         # a cropped field (mmstore/engine/crop.py: CropReader) is read, cropped and resized
         # record by record into its rows, after the other fields of the piece
         self.crop = crop
-        resident = resident_fraction(data_paths(store, fields)) if (files or block) else 1.0
+        resident = _resident(data_paths(store, fields)) if (files or block) else 1.0
         self.cached = resident >= 0.99
         self.files = files
         self.rest = [f for f in self.fields if f not in self.files and (crop is None or f not in crop.fields)]
@@ -504,9 +537,9 @@ def _decode_gate(store: Store, fields: Sequence[str], batch_size: int,
     switches, GIL hand-offs and cache misses. A cold permutation keeps every
     thread (queue depth for the page faults)."""
     encoded = [f for f in fields if store.schema[f].variable]
-    if not encoded or not (block or resident_fraction(data_paths(store, encoded)) >= 0.99):
+    if not encoded or not (block or _resident(data_paths(store, encoded)) >= 0.99):
         return None
-    cores = min(_os.usable_cores(), batch_size)
+    cores = min(int(_measured("cores", _os.usable_cores)), batch_size)
     return threading.BoundedSemaphore(cores), cores
 
 

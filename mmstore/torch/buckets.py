@@ -91,7 +91,7 @@ from torch.utils.data import Sampler, Subset
 from .. import _os
 from ..engine import aio
 from ..engine.crop import CenterCrop, CropReader
-from ..engine.reads import data_paths, resident_fraction
+from ..engine.reads import data_paths, resident_fraction, shared_measures
 from ..engine.state import subset_state
 from ..engine.tuning import LoaderTuning, split_tuning
 from ..errors import EntryDecodeError, LoaderStateError, SchemaError
@@ -743,6 +743,9 @@ class _BucketEpoch:
         self.done = np.bincount(self.sched[:start], minlength=k).astype(np.int64) if k else np.zeros(0, np.int64)
         self.left = np.bincount(self.sched, minlength=k).astype(np.int64) - self.done if k else self.done
         self.its: dict[int, Any] = {}
+        # the page cache's residency of the store's files and the usable cores, measured by the
+        # first bucket that starts and used by every bucket of this epoch
+        self.measures: dict[Any, Any] = {}
         self.ended = False
         self.closed = False
         self.pid = os.getpid()
@@ -765,7 +768,8 @@ class _BucketEpoch:
         # state this loader made): d of its batches of this epoch delivered (0: from its start)
         part._epoch, part._pos = self.epoch, None
         part._resume = (self.epoch, d) if d else None
-        self.its[b] = iter(part)
+        with shared_measures(self.measures):
+            self.its[b] = iter(part)
 
     def __next__(self) -> Any:
         if self.pid != os.getpid():
