@@ -9,6 +9,7 @@ format; see format.py for the formats themselves.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from abc import ABC, abstractmethod
@@ -424,6 +425,12 @@ def _slot_entries(schema: Schema, sf: SlotFile, packed: np.ndarray) -> np.ndarra
     return out
 
 
+@functools.lru_cache(maxsize=256)
+def _npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """``npy_header``, remembered: the parts of a store share their headers."""
+    return npy_header(dtype, shape)
+
+
 def check_npy(
     path: str, dtype: np.dtype, shape: tuple[int, ...], size: int | None = None,
     ident: dict[str, tuple[int, int, int, int]] | None = None,
@@ -446,10 +453,24 @@ def check_npy(
     fd = open_store_file(path, missing=(
         f"{path}: missing, but the manifest lists it; the store is damaged: "
         "restore the file from a copy or re-create the store"), ident=ident)
-    with os.fdopen(fd, "rb") as fh:
+    # the header a writer writes is known byte for byte (npy_header): a file
+    # that starts with exactly those bytes has that dtype, shape and offset,
+    # with no parse (numpy's goes through ast.literal_eval, the bulk of an
+    # open of a store of many parts); any other header is parsed and judged
+    want_head = _npy_header(dtype, tuple(shape))
+    try:
         st = os.fstat(fd)
         note_identity(ident, path, st)
-        got_dtype, got_shape, offset = read_npy_header(path, fh)
+        fast = os.pread(fd, len(want_head), 0) == want_head
+    except BaseException:
+        os.close(fd)
+        raise
+    if fast:
+        os.close(fd)
+        got_dtype, got_shape, offset = dtype, tuple(shape), len(want_head)
+    else:
+        with os.fdopen(fd, "rb") as fh:
+            got_dtype, got_shape, offset = read_npy_header(path, fh)
     actual = st.st_size
     if got_dtype != dtype or got_dtype.str != dtype.str:
         raise FormatError(f"{path}: header says dtype {got_dtype.str!r}, the manifest says {dtype.str!r}")
