@@ -155,15 +155,7 @@ def make_spec(size: Any = None, *, max_side: Any = None, short_side: Any = None,
         hw = parse_size(size)
     if hw is None:
         return None
-    kw = {**SPEC_DEFAULTS, **options}
-    if kw["max_pixels"] is None:
-        kw["max_pixels"] = SPEC_DEFAULTS["max_pixels"]
-    for name, default in SPEC_DEFAULTS.items():
-        if isinstance(default, bool):
-            kw[name] = bool(kw[name])
-        elif isinstance(default, int):
-            kw[name] = int(kw[name])
-    return DecodeSpec(size=hw, **kw)
+    return DecodeSpec(size=hw, **_spec_kw(options))
 
 
 def _bucket_spec(size: Any, max_side: Any, short_side: Any, buckets: Any, options: dict[str, Any]) -> DecodeSpec:
@@ -192,7 +184,13 @@ def _bucket_spec(size: Any, max_side: Any, short_side: Any, buckets: Any, option
                           "(leave it out; permute the channels at training time)")
     channels = int(options.get("channels") or SPEC_DEFAULTS["channels"])
     parsed = parse_buckets(buckets, channels)
-    kw = {**SPEC_DEFAULTS, **options, "resize": "buckets"}
+    return DecodeSpec(size=(1, 1), buckets=parsed, **_spec_kw({**options, "resize": "buckets"}))
+
+
+def _spec_kw(options: dict[str, Any]) -> dict[str, Any]:
+    """The decode options given over ``SPEC_DEFAULTS``, each of the default's
+    type (``max_pixels=None``: the default)."""
+    kw = {**SPEC_DEFAULTS, **options}
     if kw["max_pixels"] is None:
         kw["max_pixels"] = SPEC_DEFAULTS["max_pixels"]
     for name, default in SPEC_DEFAULTS.items():
@@ -200,7 +198,7 @@ def _bucket_spec(size: Any, max_side: Any, short_side: Any, buckets: Any, option
             kw[name] = bool(kw[name])
         elif isinstance(default, int):
             kw[name] = int(kw[name])
-    return DecodeSpec(size=(1, 1), buckets=parsed, **kw)
+    return kw
 
 
 def check_size_options(size: Any, max_side: Any, short_side: Any, resize: Any = None,
