@@ -24,6 +24,11 @@ row groups of ``--row-group`` rows (img2dataset writes 100 at a time), page cach
    tell the source's own cost from the cost of storing the caption and metadata fields.
 4. ``folder``: the same JPEGs as files in a folder, ``mmstore ingest FOLDER DEST --size S``, measured the
    same way, for comparison.
+5. With ``--baseline DIR`` (a checkout of another version of mmstore: the directory that holds its
+   ``mmstore`` package), 1 and 3 again with that version, in the same rounds: old and new side by side.
+
+Each line also gives the CPU time per image (the child's and its workers', in ms), which a loaded or
+shared machine changes less than the wall time.
 """
 
 from __future__ import annotations
@@ -130,9 +135,9 @@ PARQUET_OPTS = {"image_column": "jpg", "caption_column": "caption", "columns": "
 IMAGE_ONLY = {"image_column": "jpg"}
 
 
-def run_ingest(src: str, dest: str, size: int, workers: int, opts: dict) -> dict:
+def run_ingest(src: str, dest: str, size: int, workers: int, opts: dict, repo: str = REPO) -> dict:
     shutil.rmtree(dest, ignore_errors=True)
-    code = _CHILD.format(repo=REPO, src=src, dest=dest, size=size, workers=workers, opts=opts)
+    code = _CHILD.format(repo=repo, src=src, dest=dest, size=size, workers=workers, opts=opts)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(p.stdout.strip().splitlines()[-1])
 
@@ -152,6 +157,7 @@ def main() -> int:
     ap.add_argument("--files", type=int, default=4)
     ap.add_argument("--row-group", type=int, default=100)
     ap.add_argument("--rounds", type=int, default=3, help="interleaved measurement rounds")
+    ap.add_argument("--baseline", metavar="DIR", help="also measure the mmstore package under DIR (old vs new)")
     a = ap.parse_args()
     work = tempfile.mkdtemp(prefix="mmstore-bench-parquet-")
     try:
@@ -172,27 +178,37 @@ def main() -> int:
         for i, b in enumerate(jpegs):
             with open(os.path.join(folder, f"{i:07d}.jpg"), "wb") as fh:
                 fh.write(b)
-        rows: dict[str, list[tuple[float, float]]] = {"parquet": [], "parquet-image": [], "folder": []}
+        rows: dict[str, list[tuple[float, float, float]]] = {"parquet": [], "parquet-image": [], "folder": []}
+        if a.baseline:
+            rows.update({"parquet (baseline)": [], "parquet-image (baseline)": []})
         for rnd in range(a.rounds):
             b1, c1 = bare_cpu(jpegs, a.size)
             got = {"parquet": run_ingest(src, os.path.join(work, "s"), a.size, a.workers, PARQUET_OPTS),
                    "parquet-image": run_ingest(src, os.path.join(work, "i"), a.size, a.workers, IMAGE_ONLY),
                    "folder": run_ingest(folder, os.path.join(work, "f"), a.size, a.workers, {})}
+            if a.baseline:
+                got["parquet (baseline)"] = run_ingest(src, os.path.join(work, "s"), a.size, a.workers, PARQUET_OPTS,
+                                                       a.baseline)
+                got["parquet-image (baseline)"] = run_ingest(src, os.path.join(work, "i"), a.size, a.workers,
+                                                             IMAGE_ONLY, a.baseline)
             b2, c2 = bare_cpu(jpegs, a.size)
             bare, cbare = (b1 + b2) / 2, (c1 + c2) / 2
-            line = [f"round {rnd + 1}: bare {b1:6.1f}/{b2:6.1f} img/s"]
+            line = [f"round {rnd + 1}: bare {b1:6.1f}/{b2:6.1f} img/s, {1e3 * cbare:.2f} ms CPU/img"]
             for name, r in got.items():
                 rate = r["records"] / r["elapsed"]
                 ratio, eff = rate / (a.workers * bare), cbare / (r["cpu"] / r["records"])
-                rows[name].append((ratio, eff))
+                rows[name].append((ratio, eff, 1e3 * r["cpu"] / r["records"]))
                 line.append(f"{name} -w{a.workers} {rate:6.1f} img/s = {ratio:.2f} x ({a.workers} x bare), CPU "
-                            f"efficiency {eff:.2f}")
+                            f"efficiency {eff:.2f}, {1e3 * r['cpu'] / r['records']:.2f} ms CPU/img")
             print(" | ".join(line))
-        for name, label in (("parquet", "parquet ingest"), ("parquet-image", "parquet, image column only"),
-                            ("folder", "folder ingest (same JPEGs)")):
-            med = np.median(np.array(rows[name]), axis=0)
-            print(f"{label:28s}/ ({a.workers} x bare decode+resize in memory): {med[0]:.2f} (median of rounds; "
-                  f"target >= 0.8); CPU efficiency bare/ingest per image {med[1]:.2f} (load-independent)")
+        labels = {"parquet": "parquet ingest", "parquet-image": "parquet, image column only",
+                  "folder": "folder ingest (same JPEGs)", "parquet (baseline)": "parquet ingest, baseline",
+                  "parquet-image (baseline)": "parquet image only, baseline"}
+        for name, values in rows.items():
+            med = np.median(np.array(values), axis=0)
+            print(f"{labels[name]:28s}/ ({a.workers} x bare decode+resize in memory): {med[0]:.2f} (median of "
+                  f"rounds; target >= 0.8); CPU efficiency bare/ingest per image {med[1]:.2f} (load-independent), "
+                  f"{med[2]:.2f} ms CPU/img")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return 0

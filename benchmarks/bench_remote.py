@@ -31,9 +31,13 @@ to a baseline measured in the same run, in the same condition:
 1b. the CPU cost of that first epoch (``--only cpu``): CPU-seconds of this process (every
    thread) per GB fetched, from ``mmstore.open`` to the last batch, against those of a plain
    parallel range download of the same objects (16 threads of 8 MiB range GETs through the
-   same obstore client, the bytes dropped), alternating, two runs of each; the figure is the
-   epoch's bytes per CPU-second over the download's (target >= 0.8). The server's CPU
-   (SeaweedFS and its children, from ``/proc``) is given beside each;
+   same obstore client, the bytes dropped), in a rotating order, two runs of each; the figure
+   is the epoch's bytes per CPU-second over the download's (target >= 0.8). Beside it, in the
+   same rotation: the same download by the lean range GET that the epoch reads ``s3://``
+   with (mmstore.remote.rangeget), the same epoch through obstore (``MMSTORE_REMOTE_LEAN=0``),
+   and the fetch path without the store through each client (the download's ranges, each
+   1 MiB hashed with xxh3-128, written into sparse files). The server's CPU (SeaweedFS and
+   its children, from ``/proc``) is given beside each;
 2. the second epoch over the same Loader over a local copy of the store (>= 0.9);
 3. against litdata (its ``optimize`` of the same images, uploaded to the same server, read
    with ``StreamingDataset(shuffle=True)`` + ``StreamingDataLoader(batch_size=256)`` as a user
@@ -551,37 +555,119 @@ def cpu_meter(server_pid: int | None) -> Iterator[dict[str, float]]:
     out["seconds"] = round(time.perf_counter() - w0, 3)
 
 
+def fetch_path(url: str, objects: list[tuple[str, int]], threads: int, client: str, work: str | None,
+               part: int = 8 << 20, block: int = 1 << 20) -> dict[str, Any]:
+    """The fetch path without the store: ``objects`` in ``part``-byte range GETs from ``threads``
+    threads through ``client`` ("obstore": its ``get_range``; "lean": the replica's own range GET,
+    mmstore.remote.rangeget), each range hashed per ``block`` (``xxh3_128``, as a replica verifies)
+    and written (``pwrite``) into a new sparse file of the object's size under ``work``; with
+    ``work`` None a plain download: nothing hashed, the bytes dropped."""
+    import obstore
+    import xxhash
+
+    from mmstore.remote.client import Remote, _s3_config
+    from mmstore.remote.rangeget import LeanS3
+
+    remote = Remote(url)
+    fds: dict[str, int] = {}
+    if work is not None:
+        os.makedirs(work, exist_ok=True)
+        for n, size in objects:
+            fds[n] = os.open(os.path.join(work, n.replace("/", "_")), os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.ftruncate(fds[n], size)
+    ranges = [(n, a, min(size, a + part)) for n, size in objects for a in range(0, size, part)]
+    if client == "lean":
+        cfg, _ = _s3_config()
+        lean = LeanS3(remote.loc.bucket, remote.loc.prefix, cfg, timeout=120, connect_timeout=10)
+
+        def one(r: tuple[str, int, int]) -> int:
+            if work is None:
+                return int(lean.get_into(r[0], r[1], r[2], None, 0, lambda piece, off: None)[0])
+            fd, base = fds[r[0]], r[1]
+
+            def land(piece: memoryview, off: int) -> None:
+                os.pwrite(fd, piece, base + off)  # a slice of 256 KiB: written whole by a local file system
+
+            return int(lean.get_into(r[0], r[1], r[2], None, block, land)[0])
+    else:
+        c = remote.client()
+
+        def one(r: tuple[str, int, int]) -> int:
+            view = memoryview(obstore.get_range(c, r[0], start=r[1], end=r[2]))
+            if work is not None:
+                for a in range(0, len(view), block):
+                    xxhash.xxh3_128(view[a : a + block]).digest()
+                done = 0
+                while done < len(view):
+                    done += os.pwrite(fds[r[0]], view[done:], r[1] + done)
+            return len(view)
+
+    try:
+        t0 = time.perf_counter()
+        with ThreadPoolExecutor(threads) as pool:
+            got = sum(pool.map(one, ranges))
+        secs = time.perf_counter() - t0
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+        if work is not None:
+            shutil.rmtree(work, ignore_errors=True)
+    return {"threads": threads, "bytes": got, "seconds": round(secs, 3), "MBps": round(got / secs / 1e6, 1)}
+
+
+_CPU_STEPS = ("download", "download_lean", "fetch_write", "fetch_write_lean", "epoch_obstore", "epoch")
+
+
 def cpu_cost(url: str, objects: list[tuple[str, int]], work: str, server_pid: int | None,
              runs: int = 2) -> dict[str, Any]:
     """CPU-seconds per GB of a cold block-shuffle epoch from ``url`` (``mmstore.open`` to the last
-    batch) and of a plain parallel range download of the same objects (16 threads of 8 MiB range
-    GETs through the same obstore client, bytes dropped), alternating, ``runs`` of each; the
-    figure is the epoch's bytes per CPU-second over the download's (the best run of each)."""
+    batch), with the lean range GET (the default, ``epoch``) and through obstore
+    (``MMSTORE_REMOTE_LEAN=0``, ``epoch_obstore``), against plain parallel range downloads of the
+    same objects (16 threads of 8 MiB range GETs, bytes dropped) through obstore (``download``, the
+    baseline) and through the lean range GET (``download_lean``), and the fetch path without the
+    store (the same ranges hashed per block and written into sparse files: ``fetch_write``,
+    ``fetch_write_lean``); the steps in a rotating order, ``runs`` of each. Figures: bytes per
+    CPU-second of the best run of an epoch over those of the best download."""
     import mmstore.torch  # noqa: F401 - imported before the first timed epoch, not inside it
 
-    dl, ep = [], []
+    got: dict[str, list[dict[str, Any]]] = {k: [] for k in _CPU_STEPS}
     for i in range(runs):
-        for side in (("download", "epoch") if i % 2 == 0 else ("epoch", "download")):
+        steps = _CPU_STEPS[i % len(_CPU_STEPS):] + _CPU_STEPS[: i % len(_CPU_STEPS)]
+        for side in (steps if i % 2 == 0 else steps[::-1]):
             settle()
-            if side == "download":
+            if side.startswith("download") or side.startswith("fetch_write"):
+                client = "lean" if side.endswith("_lean") else "obstore"
+                where = os.path.join(work, "fetch-cpu") if side.startswith("fetch_write") else None
                 with cpu_meter(server_pid) as m:
-                    got = net_download(url, objects, 16, part=8 << 20)
-                dl.append({**m, "bytes": got["bytes"]})
+                    d = fetch_path(url, objects, 16, client, where)
+                got[side].append({**m, "bytes": d["bytes"]})
             else:
                 cdir = os.path.join(work, "cache-cpu")
-                with cpu_meter(server_pid) as m:
-                    e = mmstore_epochs(url, cdir, 1)
-                ep.append({**m, "bytes": e["replica"]["fetched_bytes"]})
+                before = os.environ.get("MMSTORE_REMOTE_LEAN")
+                if side == "epoch_obstore":
+                    os.environ["MMSTORE_REMOTE_LEAN"] = "0"
+                try:
+                    with cpu_meter(server_pid) as m:
+                        e = mmstore_epochs(url, cdir, 1)
+                finally:
+                    if before is None:
+                        os.environ.pop("MMSTORE_REMOTE_LEAN", None)
+                    else:
+                        os.environ["MMSTORE_REMOTE_LEAN"] = before
+                got[side].append({**m, "bytes": e["replica"]["fetched_bytes"]})
                 shutil.rmtree(cdir, ignore_errors=True)
-    for r in (*dl, *ep):
-        r["cpu_s_per_GB"] = round(r["cpu_s"] / (r["bytes"] / 1e9), 3)
-        r["server_cpu_s_per_GB"] = round(r["server_cpu_s"] / (r["bytes"] / 1e9), 3)
-        r["MB_per_cpu_s"] = round(r["bytes"] / 1e6 / max(r["cpu_s"], 1e-9), 1)
-        r["MBps"] = round(r["bytes"] / 1e6 / r["seconds"], 1)
-    best_dl = max(dl, key=lambda r: r["MB_per_cpu_s"])
-    best_ep = max(ep, key=lambda r: r["MB_per_cpu_s"])
-    return {"download": dl, "epoch": ep, "best_download": best_dl, "best_epoch": best_ep,
-            "epoch_vs_download_per_cpu": ratio(best_ep["MB_per_cpu_s"], best_dl["MB_per_cpu_s"])}
+    for rows in got.values():
+        for r in rows:
+            r["cpu_s_per_GB"] = round(r["cpu_s"] / (r["bytes"] / 1e9), 3)
+            r["server_cpu_s_per_GB"] = round(r["server_cpu_s"] / (r["bytes"] / 1e9), 3)
+            r["MB_per_cpu_s"] = round(r["bytes"] / 1e6 / max(r["cpu_s"], 1e-9), 1)
+            r["MBps"] = round(r["bytes"] / 1e6 / r["seconds"], 1)
+    best = {k: max(v, key=lambda r: r["MB_per_cpu_s"]) for k, v in got.items()}
+    per_cpu = {k: v["MB_per_cpu_s"] for k, v in best.items()}
+    return {**got, "best": best, "best_download": best["download"], "best_epoch": best["epoch"],
+            "epoch_vs_download_per_cpu": ratio(per_cpu["epoch"], per_cpu["download"]),
+            "epoch_vs_lean_download_per_cpu": ratio(per_cpu["epoch"], per_cpu["download_lean"]),
+            "obstore_epoch_vs_download_per_cpu": ratio(per_cpu["epoch_obstore"], per_cpu["download"])}
 
 
 # ------------------------------------------------------------------------------
@@ -930,7 +1016,7 @@ def push_rate(report: dict[str, Any]) -> dict[str, Any]:
 def whole_file_uploads() -> Iterator[None]:
     """Pushes that send each large file with obstore's own multipart upload (one call a file,
     not resumable by part), the way a push without boto3 does: the default's paired baseline."""
-    mod = importlib.import_module("mmstore.transfer.push")
+    mod: Any = importlib.import_module("mmstore.transfer.push")
     saved = mod.multipart_available
     mod.multipart_available = lambda: False
     try:
@@ -1068,9 +1154,17 @@ def condition(name: str, ctx: dict[str, Any], args: argparse.Namespace) -> dict[
     if only is None or "cpu" in only:
         log(f"[{name}] CPU cost of a cold epoch vs a plain download")
         res["cpu"] = cpu_cost(url, objects, work, ctx.get("server_pid"))
-        log(f"[{name}] cpu {res['cpu']['best_epoch']} vs {res['cpu']['best_download']}: "
-            f"{res['cpu']['epoch_vs_download_per_cpu']}")
-        res.setdefault("figures", {})["epoch1_cpu_vs_download"] = res["cpu"]["epoch_vs_download_per_cpu"]
+        for step in _CPU_STEPS:
+            log(f"[{name}] cpu {step}: {res['cpu']['best'][step]}")
+        log(f"[{name}] cpu epoch vs obstore download {res['cpu']['epoch_vs_download_per_cpu']}, vs lean download "
+            f"{res['cpu']['epoch_vs_lean_download_per_cpu']}; obstore epoch vs obstore download "
+            f"{res['cpu']['obstore_epoch_vs_download_per_cpu']}")
+        figs = res.setdefault("figures", {})
+        figs["epoch1_cpu_vs_download"] = res["cpu"]["epoch_vs_download_per_cpu"]
+        figs["epoch1_cpu_vs_lean_download"] = res["cpu"]["epoch_vs_lean_download_per_cpu"]
+        figs["epoch1_obstore_cpu_vs_download"] = res["cpu"]["obstore_epoch_vs_download_per_cpu"]
+        per_cpu = {k: v["MB_per_cpu_s"] for k, v in res["cpu"]["best"].items()}
+        figs["fetch_write_lean_vs_obstore"] = ratio(per_cpu["fetch_write_lean"], per_cpu["fetch_write"])
 
     if only is None or "cachelimit" in only:
         lim = (tree_bytes(src) if args.limit_of == "disk" else data_bytes) // 4
@@ -1177,11 +1271,19 @@ def table(results: list[dict[str, Any]]) -> list[list[str]]:
             row(f"2. epoch 2 (best of {len(e) - 1} warm)", f"{max(x['MBps'] for x in e[1:])} MB/s",
                 f"local store {loc} MB/s", "epoch2_vs_local")
         if "cpu" in res:
-            be, bd = res["cpu"]["best_epoch"], res["cpu"]["best_download"]
-            row("1b. epoch 1 from the URL, cold: CPU of this process",
-                f"{be['cpu_s_per_GB']} CPU-s/GB (server {be['server_cpu_s_per_GB']})",
-                f"download {bd['cpu_s_per_GB']} CPU-s/GB (server {bd['server_cpu_s_per_GB']})",
+            best = res["cpu"]["best"]
+
+            def gb(step: str, best: dict[str, Any] = best) -> str:
+                return f"{best[step]['cpu_s_per_GB']} CPU-s/GB (server {best[step]['server_cpu_s_per_GB']})"
+
+            row("1b. epoch 1 from the URL, cold: CPU of this process", gb("epoch"), f"download {gb('download')}",
                 "epoch1_cpu_vs_download")
+            row("1b. the same, against a download by the lean range GET", gb("epoch"),
+                f"lean download {gb('download_lean')}", "epoch1_cpu_vs_lean_download")
+            row("1b. the same epoch through obstore (MMSTORE_REMOTE_LEAN=0)", gb("epoch_obstore"),
+                f"download {gb('download')}", "epoch1_obstore_cpu_vs_download")
+            row("1b. fetch, verify, write without the store: lean / obstore", gb("fetch_write_lean"),
+                gb("fetch_write"), "fetch_write_lean_vs_obstore")
         if "epochs" in res.get("litdata", {}) and "mmstore" in res:
             le = res["litdata"]["epochs"]
             e = res["mmstore"]["epochs"]
@@ -1425,7 +1527,11 @@ def main() -> None:
                 "push: the server's write speed is the limit (a plain parallel upload is measured beside it).",
                 "1b: besides the download's work, a cold epoch checks each 1 MiB block against its digest "
                 "(xxh3-128), writes it once into the page cache (pwrite) and copies each record into the batch "
-                "buffers; the download keeps none of the bytes.",
+                "buffers; the download keeps none of the bytes. The epoch reads s3:// through the lean range GET "
+                "(each slice received into a small buffer, hashed there and written from there); the rows "
+                "beside it give the same epoch through obstore, a download by the lean range GET, and the fetch "
+                "path without the store (8 MiB range GETs, each 1 MiB hashed, written into sparse files). "
+                "Figures are bytes per CPU-second, ratios of the best of two runs of each.",
                 "4: under the limit each block is fetched at most once an epoch; the second epoch starts with "
                 "what the first left cached. Sizes given by hand that cannot do so are refused (recorded in "
                 "results[].cache_limit.refused).",

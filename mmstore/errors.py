@@ -35,6 +35,7 @@ __all__ = [
     "IngestError",
     "LabelMappingError",
     "LoaderResumeError",
+    "LoaderHelperError",
     "LoaderStateError",
     "LockedError",
     "MissingExtraError",
@@ -274,6 +275,14 @@ class LoaderStateError(MmstoreError, RuntimeError):
     threads calling ``next()`` on one iterator at once, an iterator continued
     after ``Loader.close()`` or in a forked process. The message says how to
     end the epoch in progress or start a new one."""
+
+
+class LoaderHelperError(LoaderStateError):
+    """The helper process of a ``Loader(process=True)`` stopped (killed, out
+    of memory, a crash) or could not start, or raised an error that could
+    not be sent back as it was; the epoch in progress ended, and the next
+    ``iter(loader)`` starts a new helper. The message gives its pid, how it
+    ended, and the error it raised when there was one."""
 
 
 class StateMismatchError(MmstoreError, ValueError):

@@ -11,9 +11,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import IngestError, cli_wording
-from ..format.layout import SUPPORTED_BACKENDS
 from ..format.names import printable
 from ..ingest.options import RUN_DEFAULTS, SOURCE_OPTIONS, SPEC_DEFAULTS, SPEC_OPTIONS  # light (the option tables)
+from ._ingest_flags import add_ingest_flags
 
 EXAMPLE = """examples:
   mmstore ingest photos/ photos.store --size 224x224            # ImageFolder or flat folder
@@ -23,6 +23,7 @@ EXAMPLE = """examples:
   mmstore ingest features.npy feats.store
   mmstore ingest instances_val2017.json coco.store --root val2017/ --size 512x512 --resize pad
   mmstore ingest 'shards/{00000..00099}.tar' laion.store --size 256x256 --json-keys width,height,similarity
+  mmstore ingest 's3://bucket/shards/{00000..00099}.tar' laion.store --size 256x256   # read in place
   mmstore ingest 'data/*.parquet' laion.store --size 256x256 --image-column jpg --caption-column caption \\
       --columns similarity,width
   mmstore ingest photos/ photos.store --max-side 512 --codec image=jpeg:90   # each image at its own aspect
@@ -53,125 +54,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "what it is: a directory of images (ImageFolder layout gives labels), a .csv/.tsv list, an "
         "LMDB directory of encoded images, a .npy/.npz file, a COCO instances .json (boxes, categories, "
         "polygons; images under --root), or WebDataset .tar shards in img2dataset's layout (one .tar, a brace "
-        "pattern 'shards/{00000..00099}.tar' or a glob; quote it), or Parquet files of image bytes (a .parquet "
+        "pattern 'shards/{00000..00099}.tar' or a glob; quote it; local or s3:// gs:// az:// http(s):// URLs), "
+        "or Parquet files of image bytes (a .parquet "
         "or a glob of them, 'data/*.parquet': img2dataset's output, Hugging Face's exports).",
         epilog=EXAMPLE,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("source", help="image folder, .csv/.tsv list, LMDB directory, .npy/.npz file, COCO .json, "
-                   ".tar shards (a brace pattern or glob), or .parquet files (a glob)")
+                   ".tar shards (a brace pattern or glob, local or URLs), or .parquet files (a glob)")
     p.add_argument("dest", help="store directory to create")
-    # defaults: DecodeSpec's (SPEC_DEFAULTS) and RUN_DEFAULTS; a switch is the opposite of its option's default
-    d = SPEC_DEFAULTS
-    g = p.add_argument_group("decode")
-    g.add_argument("--size", metavar="HxW",
-                   help="target size: HxW such as 224x224, or N for NxN (images need it, --max-side or --short-side)")
-    g.add_argument("--max-side", type=int, metavar="N",
-                   help="instead of --size: keep each image's own aspect, its long side resized to N (smaller "
-                   "images keep their size unless --upscale); records of their own shape, their (h, w) in "
-                   "the field image_hw")
-    g.add_argument("--short-side", type=int, metavar="N",
-                   help="instead of --size: keep each image's own aspect, its short side resized to N "
-                   "(LAION's convention; smaller images keep their size unless --upscale)")
-    g.add_argument("--buckets", metavar="auto[:N]|HxW,HxW,...",
-                   help="instead of --size: aspect buckets: each image goes to the listed shape nearest its aspect, "
-                   "resized to cover it and centre-cropped (the crop in box/dst); auto[:N]: up to 9 shapes of about "
-                   "NxN pixels (default 256) chosen from the images' aspects, read from their headers first")
-    g.add_argument("--upscale", action="store_true",
-                   help="with --max-side/--short-side: enlarge images whose side is below N too")
-    g.add_argument("--resize", choices=["center-crop", "stretch", "pad", "none"], default=d["resize"],
-                   help="how a source becomes the target size (default %(default)s)")
-    g.add_argument("--channels", type=int, choices=[1, 3], default=d["channels"],
-                   help="output channels (default %(default)s)")
-    g.add_argument("--layout", choices=["hwc", "chw"], default=d["layout"], help="record layout (default %(default)s)")
-    g.add_argument("--bgr", action="store_true", help="store BGR instead of RGB")
-    g.add_argument("--interp-up", choices=["linear", "cubic"], default=d["interp_up"],
-                   help="kernel when enlarging (shrinking uses area; default %(default)s)")
-    g.add_argument("--pad-value", type=int, default=d["pad_value"],
-                   help="letterbox fill for --resize pad (default %(default)s)")
-    g.add_argument("--fast-decode", action="store_true",
-                   help="let libjpeg decode at 1/2..1/8 scale when the target is small (faster, approximate)")
-    g.add_argument("--max-pixels", type=int, default=d["max_pixels"],
-                   help="reject sources with more pixels (default %(default)s; 0: no limit)")
-    g.add_argument("--no-strict-jpeg", dest="strict_jpeg", action="store_false",
-                   help="accept JPEGs whose scan data is corrupt")
-    g.add_argument("--alpha", choices=["black", "white", "drop"], default=d["alpha"],
-                   help="transparent images (RGBA, gray+alpha, palette with transparency): composite over black "
-                   "or white, or drop the alpha channel as PIL's convert('RGB') does (default %(default)s)")
-    s = p.add_argument_group("source")
-    s.add_argument("--labels", choices=["auto", "folders", "none"], default=None,
-                   help="folders: class sub-folders give labels; auto (default) decides from the layout")
-    s.add_argument("--root", help="list or COCO .json: directory that relative paths start from (default: the "
-                   "list's directory)")
-    s.add_argument("--path-column", help="list: column name or 0-based index of the path/id")
-    s.add_argument("--label-column", help="list: column of the label (default: 'label' if present; '' for none); "
-                   "Parquet: column of the label (integers, or class names)")
-    s.add_argument("--path-template", help="list: id -> relative path, e.g. '{id[0]}/{id[1]}/{id[2]}/{id}.jpg'")
-    s.add_argument("--delimiter", help="list: field separator (default: tab for .tsv, else comma)")
-    s.add_argument("--no-header", dest="header", action="store_const", const=False, default=None,
-                   help="list: the first row is data (default: auto, a header unless its path cell is a file)")
-    s.add_argument("--label-type", choices=["auto", "int", "names"], default=None,
-                   help="list: auto (default): integer labels stay the integers they are when every non-blank cell "
-                   "is one (7 or 7.0), a column without integers is named classes, a mix is refused; int: other "
-                   "cells become holes; names: every distinct value is a named class")
-    s.add_argument("--missing-label", choices=["error", "class"], default=None,
-                   help="list: a blank label cell makes its input a hole listed in errors.jsonl (error, default) "
-                   "or a class of its own (class: label -1, or the name '' in a named column)")
-    s.add_argument("--tags-column", metavar="COL",
-                   help="list: column of multi-label tags (cat;animal) -> ragged field 'tags' (tag ids, names kept)")
-    s.add_argument("--tags-sep", metavar="SEP", help="list: separator of the tags in a cell (default ';')")
-    s.add_argument("--tag-names", metavar="STORE|FILE",
-                   help="list: number the tags by a store's tag names (e.g. the training store) or a file of one "
-                   "tag per line, so train and val give a tag the same id")
-    s.add_argument("--text-column", metavar="COL", help="list: column of a caption -> str field 'text'")
-    s.add_argument("--classes-from", metavar="STORE",
-                   help="folder or list of class names: label the classes with the class -> id mapping of an "
-                   "existing store (e.g. the training store), so both stores agree")
-    s.add_argument("--label-names", metavar="FILE",
-                   help="folder or list of class names: label the classes by a mapping file, one class name per "
-                   "line (line k, from 0, is label k)")
-    s.add_argument("--new-classes", choices=["error", "append"], default=None,
-                   help="with --classes-from/--label-names: a class not in the mapping is an error "
-                   "(default) or gets the next ids after the mapping's (append)")
-    s.add_argument("--min-box-size", type=float, default=None, metavar="PX",
-                   help="COCO .json: drop a box narrower or lower than PX stored pixels once clipped to the "
-                   "picture area (default 1)")
-    s.add_argument("--json-keys", metavar="K1,K2",
-                   help="WebDataset .tar shards: keys of each sample's .json stored as fields (numbers numeric, "
-                   "strings text; a sample lacking one becomes a hole)")
-    s.add_argument("--image-column", metavar="COL",
-                   help="Parquet: column of the images: encoded bytes (img2dataset's jpg), a {bytes, path} struct "
-                   "(Hugging Face's Image) or a path (default: the Image column, else jpg, png, webp or image)")
-    s.add_argument("--caption-column", metavar="COL", help="Parquet: string column -> str field 'text'")
-    s.add_argument("--columns", metavar="C1,C2",
-                   help="Parquet: more columns stored as fields of their name (numbers, booleans, strings, lists "
-                   "of numbers; a null value makes its row a hole)")
-    s.add_argument("--image-key", help=".npz: name of the image array")
-    s.add_argument("--label-key", help=".npz: name of the label array")
-    rd = RUN_DEFAULTS
-    r = p.add_argument_group("run")
-    r.add_argument("--workers", type=int, default=rd["workers"],
-                   help="decoder processes (default: CPU cores; 0: none)")
-    r.add_argument("--on-error", choices=["skip", "fail"], default=rd["on_error"],
-                   help="skip: a bad input becomes a hole; fail: stop at the first (default %(default)s)")
-    r.add_argument("--max-errors", metavar="N|P%", default=rd["max_errors"],
-                   help="stop once more than N (or P%%) inputs failed")
-    r.add_argument("--resume", action="store_true", help="continue DEST.partial left by an interrupted run")
-    r.add_argument("--overwrite", action="store_true",
-                   help="replace DEST if it is an mmstore store (and discard our DEST.partial); anything else, "
-                   "or a DEST that is, contains or lies inside SOURCE, is refused")
-    r.add_argument("--shard", metavar="K/N|auto", default=rd["shard"],
-                   help="ingest only part K (from 0) of N; join parts with mmstore merge. auto: from the launcher, "
-                   "RANK/WORLD_SIZE (torchrun) or SLURM_ARRAY_TASK_ID/SLURM_ARRAY_TASK_COUNT (offset by "
-                   "SLURM_ARRAY_TASK_MIN)")
-    r.add_argument("--backend", choices=SUPPORTED_BACKENDS, default=rd["backend"],
-                   help="store backend (default %(default)s)")
-    g.add_argument("--codec", action="append", default=rd["codecs"], metavar="FIELD=CODEC[:PARAM]",
-                   help="store FIELD encoded (repeatable): image=jpeg:90 (lossy, ~7-10x smaller), image=png:1 "
-                   "(lossless), FIELD=zstd:3 (lossless, any array), FIELD=raw (default)")
-    r.add_argument("--chunk", type=int, default=rd["chunk"], help=argparse.SUPPRESS)
-    r.add_argument("--log-interval", type=float, default=rd["progress_interval"], help=argparse.SUPPRESS)
-    r.add_argument("--quiet", "-q", action="store_true", help="no progress and no summary")
+    add_ingest_flags(p, append=False)
     p.set_defaults(func=run)
 
 

@@ -137,7 +137,8 @@ class LoaderPlan:
     ``"foreground"``, ``"background"`` or ``"none"``) and ``remote`` (a store
     opened from a URL, from its first epoch on: the replica's state, the
     fetch windows and what the order costs in fetched bytes), ``crop``
-    (with ``crop=``: the field, the crop and what runs per record).
+    (with ``crop=``: the field, the crop and what runs per record),
+    ``process`` (``process=True``: the helper process's pid once started, else 0).
     """
 
     budget: int
@@ -169,6 +170,7 @@ class LoaderPlan:
     warm: str | None = None
     remote: dict[str, Any] | None = None
     crop: dict[str, Any] | None = None
+    process: int | None = None
 
     # -- mapping access: the spelling of describe() results as dicts ---------------
     def keys(self) -> list[str]:
@@ -235,6 +237,10 @@ class LoaderPlan:
         c = d.get("crop")
         if c:
             lines.append(f"crop: field {c['field']!r}, {c['crop']}: {c['path']}")
+        p = d.get("process")
+        if p is not None:
+            lines.append("the reader threads run in a helper process" + (f" (pid {p})" if p else " (not started)")
+                         + "; batches in shared memory")
         r = d.get("reads")
         if r:  # the epoch in progress (or the last one): EpochReads.state
             lines.append(

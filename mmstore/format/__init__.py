@@ -240,13 +240,15 @@ a 2.0 reader refuses it because its ``files`` name files with a ``/`` and
 lack the segments' ``<field>.<k>.npy``; 1.x readers refuse major version 2.
 
 Appending (``mmstore append``, ``mmstore/ingest/append.py``) makes a store
-with parts from a store and a new part: the store's parts keep their ids
-(a plain or segmented store's segment ``k`` becomes the part
-``<k as 5 digits>-<the first 8 digits of its store_id>``), the new part
-comes last, and the result is a new store (a new ``store_id``) that replaces
+with parts from a store and a new part (or several: an append of a Ray
+write, ``mmstore.ray.write(..., append=True)``): the store's parts keep
+their ids (a plain or segmented store's segment ``k`` becomes the part
+``<k as 5 digits>-<the first 8 digits of its store_id>``), the new parts
+come last, and the result is a new store (a new ``store_id``) that replaces
 the old one as in "Replacing a store". Its ``provenance`` lists each append
 in ``"appended"``: ``{"to_store": store_id, "part": id, "records": int,
-...}``, ``to_store`` the id of the store appended to. A part's data files
+...}`` (``part``: the first new part; ``"parts"``: all of them, when there
+are several), ``to_store`` the id of the store appended to. A part's data files
 are never rewritten, so a store and every store in its ``appended``
 ``to_store`` ids hold the same bytes under the same part file names:
 ``push`` of a store to a URL that holds one of those stores keeps the

@@ -64,6 +64,7 @@ from .sources import (
     WebDatasetSource,
     detect_source,
 )
+from .webdataset import WebDatasetRows
 
 __all__ = [
     "IMAGE_EXTENSIONS",
@@ -77,6 +78,7 @@ __all__ = [
     "ListSource",
     "ParquetSource",
     "Source",
+    "WebDatasetRows",
     "WebDatasetSource",
     "detect_source",
     "from_dataset",

@@ -55,6 +55,7 @@ import os
 import shutil
 import time
 import uuid
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -78,24 +79,28 @@ from ..format.layout import (
     CHECKSUMS_FILE,
     ERRORS_FILE,
     INDEX_FILE,
+    KEY_DTYPE,
     KEYS_BLOB_FILE,
     KEYS_OFFSETS_FILE,
     MANIFEST_FILE,
     PARTIAL_SUFFIX,
     PARTS_DIR,
     decode_key,
+    npy_header,
+    part_file,
     segment_ids,
 )
 from ..format.manifest import read_manifest
 from ..remote.url import local_dest
 from ..store.backends import backend_class
 from ..store.reader import Store, open_store
-from ..store.writer import publish, write_manifest
-from .merge import _skipped_annotations, _write_bookkeeping
+from ..store.writer import FileAppender, errors_jsonl, publish, write_manifest
+from .merge import _append_part, _skipped_annotations, _write_bookkeeping
 from .options import SPEC_OPTIONS, make_spec
+from .parts import PartBook
 from .pipeline import IngestResult
 
-__all__ = ["APPEND_MARK", "AppendResult", "append"]
+__all__ = ["APPEND_MARK", "AppendResult", "append", "append_parts", "check_append_options", "check_new_records"]
 
 APPEND_MARK = "_appending.json"
 """Marks ``DEST.partial`` as an append's: the store appended to and the request."""
@@ -139,6 +144,8 @@ def store_options(s: Store) -> dict[str, Any]:
     out["codecs"] = codecs or None
     if "decode" in params:
         dec = params["decode"]  # None: arrays stored as they are
+    elif isinstance(prov.get("decode"), dict):
+        dec = prov["decode"]  # a Ray write's (mmstore.ray)
     elif isinstance(prov.get("size"), list) and isinstance(prov.get("resize"), str):
         dec = {"size": prov["size"], "resize": prov["resize"]}  # a writer that records these two alone (Ray)
     else:
@@ -217,6 +224,14 @@ def _check_options(path: str, own: dict[str, Any], given: dict[str, Any]) -> dic
             + "; ".join(diffs) + " differ; leave those options out (they default to the store's), or ingest "
             "the source into a store of its own")
     return own
+
+
+def check_append_options(where: str, store: Store, given: dict[str, Any]) -> dict[str, Any]:
+    """The options that decode new records as ``store``'s were decoded
+    (:func:`store_options`), with the options ``given`` to an append checked
+    against them: a difference is refused, naming each one
+    (``AppendMismatchError``). ``where``: the store, for messages."""
+    return _check_options(where, store_options(store), given)
 
 
 _KEY_CHUNK = 1 << 20  # slots of key offsets read at a time
@@ -492,6 +507,158 @@ def _finished_manifest(partial: str, base_id: str) -> dict[str, Any] | None:
     return None
 
 
+def check_new_records(old: Store, where: str, schema: Any, backend: str, label_names: list[str] | None,
+                      keys: set[bytes], count: int) -> None:
+    """Refuse new records that cannot be appended to ``old``: another schema
+    or backend, labels not numbered by the store's class names (its names
+    first), or any of their ``keys`` (raw; empty when duplicates are kept)
+    a key of the store's records. ``where``: the store, for messages;
+    ``count``: the new records."""
+    if schema != old.schema or backend != old.backend_name:
+        lacking = [f for f in old.schema.names if f not in schema.names]
+        extra = [f for f in schema.names if f not in old.schema.names]
+        hint = ""
+        if lacking or extra:
+            hint = (f" (the new records lack {lacking or 'nothing'} and add {extra or 'nothing'}: give the source "
+                    "options that made the store's fields, such as --json-keys, --text-column, --caption-column "
+                    "or --columns, as at its ingest)")
+        raise AppendMismatchError(f"{where}: the new records have schema {schema!r} ({backend}), "
+                                  f"the store {old.schema!r} ({old.backend_name}){hint}; a store holds records "
+                                  "of one schema: ingest the source into a store of its own")
+    olds, news = old.label_names, label_names
+    if olds != news and (olds is None or news is None or news[:len(olds)] != olds):
+        raise AppendMismatchError(f"{where}: the new records are labelled {news!r}, the store {olds!r}; "
+                                  "an append keeps the store's label numbers")
+    dup = set(_repeated_keys(old, keys)) if keys else set()
+    if dup:
+        first = decode_key(min(dup))
+        raise DuplicateKeysError(
+            f"{where}: {len(dup)} of the {count} new records have keys the store's records have "
+            f"already (such as {first!r}): the same inputs appended again? Nothing was appended. If they "
+            f"are other inputs that share names, pass "
+            f"{spell_option('duplicate_keys=' + repr('keep'), '--duplicate-keys keep')} to append them anyway")
+
+
+def _link_data(segs: list[tuple[str, int, list[tuple[str, str]]]], partial: str) -> list[str]:
+    """Hard-link the data files of ``segs`` (:func:`_old_parts`) into ``partial``; their names there."""
+    names: list[str] = []
+    for opid, _, pairs in segs:
+        os.makedirs(os.path.join(partial, PARTS_DIR, opid), exist_ok=True)
+        for src, name in pairs:
+            try:
+                os.link(src, os.path.join(partial, name))
+            except OSError as exc:
+                raise IngestError(f"cannot hard-link {src} into {partial} ({exc.strerror}): an append links the "
+                                  "store's data files into the appended store, which needs a file system "
+                                  "that allows hard links") from None
+            names.append(name)
+    return names
+
+
+def _appended_provenance(old: Store, source: Any, parts: list[str], records: int, skipped: int) -> dict[str, Any]:
+    """``old``'s provenance with this append's entry added to ``appended`` (format.py, "Parts")."""
+    prov = dict(old.provenance)
+    entry = {"source": source, "part": parts[0], "records": records, "skipped": skipped, "from_slot": old.slots,
+             "to_store": old.store_id, "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if len(parts) > 1:
+        entry["parts"] = list(parts)
+    prov["appended"] = [*(prov.get("appended") or []), entry]
+    return prov
+
+
+def append_parts(old: Store, out_dir: str, books: list[PartBook], *, source: Any, duplicate_keys: str = "error",
+                 local: bool = True) -> dict[str, Any]:
+    """Write into ``out_dir`` the bookkeeping and the manifest of the store
+    ``old`` with the parts ``books`` (complete parts, :mod:`mmstore.ingest.parts`,
+    in slot order) appended as new parts after its records: the commit of a
+    distributed append (``mmstore.ray.write(..., append=True)``), under the
+    rules of :func:`append` (:func:`check_new_records`; ``source``: what the
+    new records came from, for the provenance).
+
+    ``local``: ``out_dir`` is ``DEST.partial`` of the local store ``old``,
+    whose data files are hard-linked into it (``books``' data files are in
+    its ``parts/`` already). Else ``old`` is a store in object storage (its
+    replica) with parts, whose data files keep their names, and the manifest
+    gives every data file's size (none is in ``out_dir``).
+
+    Returns ``{"records", "slots", "added", "skipped", "reasons"}``.
+    """
+    if not books:
+        raise IngestError(f"{old.url or old.path}: nothing to append (the dataset has no rows); the store is unchanged")
+    where = old.url or old.path
+    keys: set[bytes] = set()
+    for b in books:
+        holes = {s for s, _, _ in b.holes()}
+        if duplicate_keys == "error":
+            offsets, blob = b.keys()
+            o = offsets.astype(np.int64).tolist()
+            keys |= {blob[o[j]:o[j + 1]] for j in range(b.slots) if j not in holes}
+        check_new_records(old, where, b.schema, b.backend, b.label_names, set(), b.records)
+    added = sum(b.records for b in books)
+    check_new_records(old, where, books[0].schema, books[0].backend, books[0].label_names, keys, added)
+    segs = _old_parts(old)
+    if local:
+        names = _link_data(segs, out_dir)
+        sizes = None
+    else:
+        if old.parts is None:
+            raise AppendMismatchError(
+                f"{where}: a store of one segment (written by mmstore ingest, then pushed): an append into object "
+                "storage adds parts to a store made of parts (one that mmstore.ray.write or mmstore append made). "
+                "Pull the store, append to the local copy, then push it")
+        names = [name for _, _, pairs in segs for _, name in pairs]
+        sizes = {name: int(old.manifest["files"][name]) for name in names}
+    new_names = [part_file(b.id, n) for b in books for n in b.data_names]
+    sizes = None if sizes is None else {**sizes, **{part_file(b.id, n): int(b.manifest["files"][n]) for b in books
+                                                    for n in b.data_names}}
+    new_slots = sum(b.slots for b in books)
+    total, records = old.slots + new_slots, old.records + added
+    notes = _skipped_annotations([old])
+    book = [CHECKSUMS_FILE, KEYS_OFFSETS_FILE, KEYS_BLOB_FILE]
+    if records < total:
+        book.append(INDEX_FILE)
+    if records < total or notes:
+        book.append(ERRORS_FILE)
+    holes_all: list[tuple[int, bytes, str]] = []
+    out = FileAppender(out_dir, book)
+    ok = False
+    try:
+        out.put(CHECKSUMS_FILE, npy_header(KEY_DTYPE, (total,)))
+        out.put(KEYS_OFFSETS_FILE, npy_header(KEY_DTYPE, (total + 1,)) + np.zeros(1, KEY_DTYPE).tobytes())
+        if records < total:
+            out.put(INDEX_FILE, npy_header(KEY_DTYPE, (records,)))
+        blob_len = _append_part(out, old, 0, 0, records < total)
+        base = old.slots
+        for b in books:
+            out.put(CHECKSUMS_FILE, b.checksums().tobytes())
+            offsets, kb = b.keys()
+            out.put(KEYS_OFFSETS_FILE, (offsets[1:] + np.uint64(blob_len)).tobytes())
+            out.put(KEYS_BLOB_FILE, kb)
+            if records < total:
+                out.put(INDEX_FILE, (b.index() + np.uint64(base)).tobytes())
+                hs = [(base + s, k, r) for s, k, r in b.holes()]
+                if hs:
+                    out.put(ERRORS_FILE, errors_jsonl(hs))
+                holes_all += hs
+            base += b.slots
+            blob_len += len(kb)
+        if notes:
+            out.put(ERRORS_FILE, errors_jsonl((), notes))
+        ok = True
+    finally:
+        out.close(sync=ok)
+    fsync_dir(out_dir)
+    crash_point("append")
+    prov = _appended_provenance(old, source, [b.id for b in books], added, new_slots - added)
+    labels = books[0].label_names if books[0].label_names is not None else old.label_names
+    write_manifest(out_dir, names + new_names + book, backend=old.backend_name, records=records, slots=total,
+                   schema=books[0].schema, label_names=labels, provenance=prov,
+                   segments=[c for _, c, _ in segs] + [b.slots for b in books],
+                   parts=[p for p, _, _ in segs] + [b.id for b in books], sizes=sizes)
+    return {"records": records, "slots": total, "added": added, "skipped": new_slots - added,
+            "reasons": Counter(r for _, _, r in holes_all)}
+
+
 def _commit(old: Store, partial: str, part_dir: str, pid: str, duplicate_keys: str) -> tuple[int, int, list[str]]:
     """Check the new part against ``old``, link ``old``'s data into
     ``partial``, write the joined bookkeeping and the manifest."""
@@ -506,43 +673,11 @@ def _commit(old: Store, partial: str, part_dir: str, pid: str, duplicate_keys: s
             shutil.rmtree(p) if os.path.isdir(p) and not os.path.islink(p) else os.unlink(p)
     new = open_store(part_dir)
     try:
-        where = old.path
-        if new.schema != old.schema or new.backend_name != old.backend_name:
-            lacking = [f for f in old.schema.names if f not in new.schema.names]
-            extra = [f for f in new.schema.names if f not in old.schema.names]
-            hint = ""
-            if lacking or extra:
-                hint = (f" (the new records lack {lacking or 'nothing'} and add {extra or 'nothing'}: give the source "
-                        "options that made the store's fields, such as --json-keys, --text-column, --caption-column "
-                        "or --columns, as at its ingest)")
-            raise AppendMismatchError(f"{where}: the new records have schema {new.schema!r} ({new.backend_name}), "
-                                      f"the store {old.schema!r} ({old.backend_name}){hint}; a store holds records "
-                                      "of one schema: ingest the source into a store of its own")
+        new_keys = _record_keys(new) if duplicate_keys == "error" and new.records else set()
+        check_new_records(old, old.path, new.schema, new.backend_name, new.label_names, new_keys, new.records)
         olds, news = old.label_names, new.label_names
-        if olds != news and (olds is None or news is None or news[:len(olds)] != olds):
-            raise AppendMismatchError(f"{where}: the new records are labelled {news!r}, the store {olds!r}; "
-                                      "an append keeps the store's label numbers")
-        if duplicate_keys == "error" and new.records:
-            dup = set(_repeated_keys(old, _record_keys(new)))
-            if dup:
-                first = decode_key(min(dup))
-                raise DuplicateKeysError(
-                    f"{where}: {len(dup)} of the {new.records} new records have keys the store's records have "
-                    f"already (such as {first!r}): the same inputs appended again? Nothing was appended. If they "
-                    f"are other inputs that share names, pass "
-                    f"{spell_option('duplicate_keys=' + repr('keep'), '--duplicate-keys keep')} to append them anyway")
         segs = _old_parts(old)
-        names: list[str] = []
-        for opid, _, pairs in segs:
-            os.makedirs(os.path.join(parts_dir, opid), exist_ok=True)
-            for src, name in pairs:
-                try:
-                    os.link(src, os.path.join(partial, name))
-                except OSError as exc:
-                    raise IngestError(f"cannot hard-link {src} into {partial} ({exc.strerror}): an append links the "
-                                      "store's data files into the appended store, which needs a file system "
-                                      "that allows hard links") from None
-                names.append(name)
+        names = _link_data(segs, partial)
         new_names = backend_class(new.backend_name).data_file_names(new.schema, pid)
         names += new_names
         total, records = old.slots + new.slots, old.records + new.records
@@ -553,11 +688,7 @@ def _commit(old: Store, partial: str, part_dir: str, pid: str, duplicate_keys: s
         if records < total or notes:
             book.append(ERRORS_FILE)
         label_names = news if news is not None else olds
-        prov = dict(old.provenance)
-        entry = {"source": new.provenance.get("source"), "part": pid, "records": new.records,
-                 "skipped": new.slots - new.records, "from_slot": old.slots, "to_store": old.store_id,
-                 "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-        prov["appended"] = [*(prov.get("appended") or []), entry]
+        prov = _appended_provenance(old, new.provenance.get("source"), [pid], new.records, new.slots - new.records)
         schema, backend = new.schema, old.backend_name  # the same fields; the new one carries the merged names
         _write_bookkeeping([old, new], partial, book, total, records, notes)
         fsync_dir(partial)

@@ -26,6 +26,8 @@ Workers read the row group of the row they are asked for (the columns the
 store needs, nothing else; Arrow reads release the GIL) and keep it while
 its rows come, so memory is bounded by one row group's columns, never by a
 file (img2dataset and Hugging Face write row groups of a few hundred rows).
+The work ranges are whole row groups (:meth:`ArrowSource.read_units`), so a
+row group is read once, by one worker.
 
 Columns
 -------
@@ -182,12 +184,27 @@ def _field_spec(name: str, t: Any) -> Any:
                       "lists of numbers: leave it out of columns=")
 
 
+def valid_mask(arr: Any) -> np.ndarray:
+    """Which cells of the Arrow array ``arr`` are not null, from its validity
+    bitmap. (Not ``is_valid().to_numpy()``: a boolean array's conversion to
+    numpy imports pandas, in every worker, at a cost above that of reading
+    the row group.)"""
+    n = len(arr)
+    if arr.null_count == 0:
+        return np.ones(n, bool)
+    if arr.null_count == n:
+        return np.zeros(n, bool)
+    bitmap = arr.buffers()[0]
+    bits = np.unpackbits(np.frombuffer(bitmap, np.uint8), bitorder="little")
+    return bits[arr.offset : arr.offset + n].astype(bool)
+
+
 class _Images:
     """The image cells of one block: zero-copy views of the bytes, or paths."""
 
     def __init__(self, arr: Any, kind: str) -> None:
         pa = pyarrow()
-        self.valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), bool)
+        self.valid = valid_mask(arr)
         self.data: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self.paths: list[Any] | None = None
         if kind == "path":
@@ -210,7 +227,7 @@ class _Images:
         bufs = arr.buffers()
         offsets = np.frombuffer(bufs[1], width)[arr.offset : arr.offset + len(arr) + 1]
         data = np.frombuffer(bufs[2], np.uint8) if bufs[2] is not None else np.zeros(0, np.uint8)
-        has = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), bool)
+        has = valid_mask(arr)
         self.data = (offsets, data, has)
 
     def get(self, j: int) -> np.ndarray | str | None:
@@ -231,14 +248,19 @@ class _Block:
 
     def __init__(self, src: ArrowSource, k: int, table: Any) -> None:
         self.k = k
-        self.start = int(src.block_start[k])
+        self.start, self.end = int(src.block_start[k]), int(src.block_start[k + 1])
         self.images = _Images(_column(table, str(src.image_column)), src.image_kind)
         self.values = {c: _column(table, c).to_pylist() for c in src.value_columns}
 
 
 def _column(table: Any, name: str) -> Any:
+    """Column ``name`` of ``table`` as one Arrow array: its chunk when it has
+    one (a row group's column has; a copy of its bytes would cost as much as
+    reading them), else the chunks joined."""
     col = table.column(name)
-    return col.combine_chunks() if hasattr(col, "combine_chunks") else col
+    if not hasattr(col, "combine_chunks"):
+        return col
+    return col.chunk(0) if col.num_chunks == 1 else col.combine_chunks()
 
 
 class _Reader:
@@ -250,6 +272,9 @@ class _Reader:
         self.state = src.open_state()
 
     def row(self, i: int) -> tuple[_Block, int]:
+        b = self.block
+        if b is not None and b.start <= i < b.end:  # the rows of a block come one after the other
+            return b, i - b.start
         k = int(np.searchsorted(self.src.block_start, i, side="right")) - 1
         if self.block is None or self.block.k != k:
             self.block = None  # the old block's memory goes before the new one is read
@@ -368,7 +393,7 @@ class ArrowSource(Source):
             if pa.types.is_dictionary(t):
                 arr = arr.cast(t.value_type)
                 t = arr.type
-            valid = np.asarray(arr.is_valid().to_numpy(zero_copy_only=False), bool)
+            valid = valid_mask(arr)
             is_str = _is_text(t)
             if not is_str and not pa.types.is_integer(t):
                 raise SourceError(f"{self.path}: label column {self.label_column!r} is of type {t}; expected "
@@ -420,6 +445,11 @@ class ArrowSource(Source):
 
     def reader(self) -> Any:
         return _Reader(self)
+
+    def read_units(self) -> np.ndarray:
+        """The first row of every block: a worker reads a block whole, so the
+        work ranges are cut at these rows (``resume.pending_ranges``)."""
+        return self.block_start[:-1]
 
     def load(self, i: int) -> Any:
         return _Reader(self).load(i)
@@ -585,7 +615,9 @@ class ParquetSource(ArrowSource):
         fi = int(self.block_file[k])
         if state["file"] != fi:
             state["pf"] = None
-            state["pf"] = pyarrow().parquet.ParquetFile(self.files[fi])
+            # read in this thread: pre-buffering hands each read to Arrow's I/O threads, which costs more
+            # CPU than the read itself for a local file of one row group at a time
+            state["pf"] = pyarrow().parquet.ParquetFile(self.files[fi], pre_buffer=False)
             state["file"] = fi
         return state["pf"].read_row_group(int(self.block_rg[k]), columns=columns, use_threads=False)
 

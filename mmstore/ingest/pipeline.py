@@ -169,6 +169,8 @@ def _run(source: Source, dest: str, spec: Any, o: RunOptions) -> IngestResult:
         _probe_lock(dest)  # fail fast when another ingest is running (before a long scan)
     if _publish_pending(dest, o):
         return IngestResult.complete(dest)
+    if hasattr(source, "resume_index"):  # a source that keeps its costly index in DEST.partial (tars in a bucket)
+        source.resume_index(dest + PARTIAL_SUFFIX)
     plan = make_plan(source, spec, o.backend, o.shard, o.codecs)
     os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
     _probe_lock(dest)
@@ -180,6 +182,8 @@ def _run(source: Source, dest: str, spec: Any, o: RunOptions) -> IngestResult:
                          resume=resuming, label_names=plan.listing.label_names, provenance=plan.provenance,
                          inputs=sources)
     writer.annotation_errors = _annotation_errors(source, plan)
+    if hasattr(source, "save_index"):
+        source.save_index(dest + PARTIAL_SUFFIX)
     run = _Run(dest, source, plan.spec, plan, writer, o)  # the plan's: buckets="auto" chose its shapes there
     tally = run.execute(resuming, nworkers, limit)
     m = read_manifest(dest)
@@ -345,7 +349,12 @@ class _Run:
         decoded = sum(f.nbytes for f in plan.schema)  # the work per record, encoded fields included
         decoders = nworkers or max(1, self.o.threads)  # processes, else threads of this one
         chunk_n = chunk_size(self.o.chunk, decoded, plan.slots, decoders)
-        sched = Scheduler(pending_ranges(tally.done, chunk_n), tally, limit)
+        units = None  # a source read in blocks (row groups): whole blocks a range, unless told the chunk
+        if self.o.chunk is None and hasattr(self.source, "read_units"):
+            units = self.source.read_units()
+        if units is not None:
+            units = np.asarray(units, np.int64) - plan.lo
+        sched = Scheduler(pending_ranges(tally.done, chunk_n, units), tally, limit)
         if sched.stopped is None and nworkers > 0:
             todo = plan.slots - self.already
             nworkers = max(1, min(nworkers, -(-todo // chunk_n)))  # no idle processes on small inputs

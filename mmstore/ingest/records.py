@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 
 from ..decode import decode_image, fit_array
-from ..errors import SchemaError
+from ..errors import RemoteError, SchemaError
 from ..format.schema import Schema
 from ..store.writer import SlotWriter
 from ._listing import InputError, Source, reason_of
@@ -143,12 +143,19 @@ def process_range(job: RecordJob, sw: SlotWriter, reader: Any, a: int, b: int) -
     The data is not fsynced here: the parent's committer fsyncs the store's
     files (one fsync covers every chunk reported before it started) and only
     then appends the chunks to the commit log, off the decoders' path. An
-    ``OSError`` from writing (a full disk) propagates: it ends the run.
+    ``OSError`` from writing (a full disk) propagates: it ends the run; so
+    does a failed read of object storage (``RemoteError``, once its retries
+    are spent), which says nothing of the inputs.
     """
     errs: list[tuple[int, str]] = []
+    prepare = getattr(reader, "prepare_range", None)
+    if prepare is not None:  # a source read in large ranges (tar shards in a bucket)
+        prepare(job.lo + a, job.lo + b)
     for s in range(a, b):
         try:
             arrays = job.checked(job.record(reader, s))
+        except RemoteError:
+            raise  # object storage cannot be read (its retries spent): stop, resumable; the inputs are not bad
         except Exception as exc:  # noqa: BLE001 - a bad input must never stop the run
             errs.append((s, _hole_reason(exc)))
             sw.zero(s)

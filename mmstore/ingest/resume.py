@@ -112,8 +112,18 @@ class CommitLog:
             self.fd = -1
 
 
-def pending_ranges(done: np.ndarray, chunk: int) -> Iterator[tuple[int, int]]:
-    """Ranges of at most ``chunk`` slots covering every slot not ``done``."""
+UNIT_MAX = 1024  # the most slots of a source's read unit kept whole in one range (pending_ranges)
+
+
+def pending_ranges(done: np.ndarray, chunk: int, units: np.ndarray | None = None) -> Iterator[tuple[int, int]]:
+    """Ranges covering every slot not ``done``, in order: of at most ``chunk``
+    slots each, or, with ``units`` (the slots where a unit of the source's
+    reading starts: a Parquet file's row groups,
+    :meth:`mmstore.ingest.parquet.ArrowSource.read_units`), of whole units,
+    as many as make ``chunk`` slots or more, so that one worker reads a unit
+    once instead of each worker that holds a piece of it reading all of it.
+    A unit of more than :data:`UNIT_MAX` slots is cut every ``chunk`` slots,
+    as without ``units``."""
     n = len(done)
     if n == 0:
         return
@@ -122,6 +132,23 @@ def pending_ranges(done: np.ndarray, chunk: int) -> Iterator[tuple[int, int]]:
     d = np.diff(np.concatenate(([False], todo, [False])).astype(np.int8))
     starts = np.flatnonzero(d == 1)
     stops = np.flatnonzero(d == -1)
+    cuts = None if units is None else np.unique(np.clip(np.asarray(units, np.int64), 0, n))
     for s, e in zip(starts.tolist(), stops.tolist()):
-        for a in range(s, e, chunk):
-            yield a, min(a + chunk, e)
+        if cuts is None:
+            for a in range(s, e, chunk):
+                yield a, min(a + chunk, e)
+            continue
+        inner = cuts[(cuts > s) & (cuts < e)].tolist()
+        a = s
+        for lo, hi in zip([s, *inner], [*inner, e]):
+            if hi - lo > UNIT_MAX:  # a large unit: cut as without units
+                if lo > a:
+                    yield a, lo
+                for b in range(lo, hi, chunk):
+                    yield b, min(b + chunk, hi)
+                a = hi
+            elif hi - a >= chunk:
+                yield a, hi
+                a = hi
+        if a < e:
+            yield a, e

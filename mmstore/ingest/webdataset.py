@@ -4,15 +4,15 @@
 
 Shards
 ------
-SOURCE is a pattern of local ``.tar`` files: brace ranges ``{0..9}`` (a
-range whose ends are written with leading zeros, ``{00000..00099}``, keeps
-that width, as bash does), brace lists ``{a,b}``, and then glob characters
-(``*``, ``?``, ``[...]``). Shards are taken in the order the braces expand
-(ranges in numeric order), each glob's matches sorted by their byte names; a
-shard named twice is read once. A brace-named shard that does not exist, or
-a glob that matches nothing, is refused before any work (``SourceError``).
-URLs (``s3://``, ``gs://``, ``az://``, ``http(s)://``) are refused with a
-``SourceError`` for now: copy the shards to a local disk first.
+SOURCE is a pattern of ``.tar`` files or of objects in object storage
+(``s3://``, ``gs://``, ``az://``, ``http(s)://``, below): brace ranges
+``{0..9}`` (a range whose ends are written with leading zeros,
+``{00000..00099}``, keeps that width, as bash does), brace lists ``{a,b}``,
+and then glob characters (``*``, ``?``, ``[...]``). Shards are taken in the
+order the braces expand (ranges in numeric order), each glob's matches
+sorted by their byte names; a shard named twice is read once. A brace-named
+shard that does not exist, or a glob that matches nothing, is refused before
+any work (``SourceError``).
 
 Index (in the parent, once)
 ---------------------------
@@ -69,6 +69,47 @@ each keeping a few shards open) and decodes the image with the ingest's
 rules (fixed size, ``max_side``, ``buckets``). Records do not depend on the
 worker count. The inputs fingerprint covers every shard's name, size, mtime
 and member table, so ``--resume`` refuses shards that changed.
+
+Shards in object storage
+------------------------
+NOTE [tar shards by URL]: the ingest pipeline gives every input its slot
+before any work (slot ``s`` is input ``lo + s`` of the listing), which is
+what makes a store independent of the worker count and of interruptions. A
+shard's sample count is known only once its headers are read, so the parent
+reads them first, as for local shards: it walks every shard's headers over
+ranged GETs of :data:`~.remote_shards.WINDOW` bytes (eight shards at once;
+the walk needs every byte, as headers sit between the members), through the
+project's client (:class:`~mmstore.remote.client.Remote`: its credentials,
+endpoint, retries and typed errors). The index is the local one (members at
+offsets), so slots, keys, holes and records are those of a local ingest of
+the same shards: the store equals, file for file but the manifest, an ingest
+of a local copy (the keys' SHARD is the object's name under the folder the
+shards share). The cost is one extra read of the shards' bytes, by the
+parent, before the first decode (the benchmark page measures it). Naming
+the shards looks each one up first (one listing of their folder, or a HEAD
+each over ``http(s)://``, where globs are refused), so a missing shard or
+bucket is a typed error before any work. The fingerprint takes the objects'
+sizes and etags in place of mtimes.
+
+The work ranges are cut at the shards' boundaries (``read_units``), and a
+worker reads its slot range (told by ``prepare_range``) in windows: the
+members of consecutive samples of one shard, at most ``WINDOW`` bytes (one
+larger sample alone), in one ranged GET checked against the shard's etag,
+never past the range. So a worker holds one window, and makes about one
+request per range, not one per member. A read fails only after the client's
+retries; that failure (a ``RemoteError``, or a shard replaced during the run)
+stops the run with ``DEST.partial`` kept: the samples are not bad, so none
+becomes a hole (a truncated or bad shard is found by the index walk and
+listed, as for a local one). The index is saved in ``DEST.partial``
+(:func:`~.remote_shards.save_index`), so a resume looks the shards up again,
+takes the saved index when their sizes and etags match, and reads only the
+ranges not yet committed. Forked workers read ``s3://`` through the
+standard-library reader of :mod:`mmstore.remote.forked`; other schemes need
+``workers=0``.
+
+On Ray, :class:`WebDatasetRows` maps the rows of
+``ray.data.read_webdataset(paths, decoder=None)`` to the columns
+:func:`mmstore.ray.write` takes, for the same records and keys.
 """
 
 from __future__ import annotations
@@ -81,17 +122,23 @@ import re
 import struct
 import threading
 from array import array
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 import xxhash
 
-from ..errors import SourceError
+from ..errors import RemoteError, SourceError
 from ..format.schema import Schema
 from ._listing import MAX_FILE_BYTES, InputError, Listing, Source, _Builder
+from .remote_shards import INDEX_FILE, IndexLog, RangeReader, ShardObjects, Windows, expand_urls, load_index
+from .remote_shards import save_index as write_index
 
-__all__ = ["IMAGE_EXTS", "JSON_PROBE", "TarIndexError", "WebDatasetSource", "expand_pattern", "is_tar_pattern",
-           "scan_tar", "split_name"]
+Reader = Callable[[int, int], bytes]  # read(size, offset) -> bytes
+
+__all__ = ["IMAGE_EXTS", "JSON_PROBE", "TarIndexError", "WebDatasetRows", "WebDatasetSource", "expand_pattern",
+           "is_tar_pattern", "scan_tar", "split_name"]
 
 BLOCK = 512
 IMAGE_EXTS = (b"jpg", b"jpeg", b"png", b"webp")  # in this order of preference
@@ -100,6 +147,7 @@ MAX_META_BYTES = 1 << 20  # a GNU long name or a pax block larger than this is r
 MAX_SMALL_MEMBER = 64 << 20  # a .txt/.json/.cls member larger than this is a hole
 MAX_BRACE_NAMES = 10_000_000
 OPEN_SHARDS = 32  # shards one process keeps open
+INDEX_THREADS = 8  # shards in object storage indexed at once by the parent
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _KINDS = ("image", "txt", "json", "cls")
 _RESERVED = ("image", "label", "orig_size", "box", "dst", "image_hw", "text")
@@ -163,14 +211,14 @@ def expand_pattern(pattern: str) -> list[str]:
     Raises
     ------
     SourceError
-        A URL (not read yet), a brace-named shard that does not exist, a glob
-        that matches nothing.
+        A brace-named shard that does not exist, a glob that matches nothing,
+        a glob over ``http(s)://`` (no listing there).
+    RemoteError
+        For URLs: no such bucket, refused credentials, an unreachable server.
     """
     if _URL.match(pattern):
-        raise SourceError(
-            f"{pattern}: WebDataset shards are read from local files only for now; URLs (s3://, gs://, az://, "
-            "http(s)://) are not read yet: copy the shards to a local disk (for example `aws s3 cp --recursive "
-            "s3://BUCKET/shards/ shards/`) and pass the local pattern ('shards/{00000..00099}.tar')")
+        objects = expand_urls(pattern, _expand_braces(pattern))
+        return [objects.url(k) for k in range(len(objects.names))]
     out: list[str] = []
     seen: set[str] = set()
     missing: list[str] = []
@@ -250,27 +298,40 @@ def _pax(data: bytes, offset: int) -> dict[bytes, bytes]:
     return out
 
 
-def _read_meta(fd: int, at: int, size: int, end: int, offset: int, what: str) -> bytes:
+def _read_meta(read: Reader, at: int, size: int, end: int, offset: int, what: str) -> bytes:
     if size > MAX_META_BYTES:
         raise TarIndexError(f"bad-tar: {what} at offset {offset} of {size:,} bytes (limit {MAX_META_BYTES:,})",
                             offset)
     if at + size > end:
         raise TarIndexError(f"truncated: {what} at offset {offset} runs past the end of the file ({end:,} bytes)",
                             offset)
-    data = os.pread(fd, size, at)
+    data = read(size, at)
     if len(data) != size:
         raise TarIndexError(f"truncated: {what} at offset {offset}: the file ended while reading it", offset)
     return data
 
 
-def scan_tar(fd: int, end: int) -> tuple[list[tuple[bytes, int, int]], TarIndexError | None, int]:
+def scan_tar(fd: int | Reader, end: int) -> tuple[list[tuple[bytes, int, int]], TarIndexError | None, int]:
     """Walk the headers of the tar open at ``fd`` (``end`` bytes long).
+
+    ``fd`` is a file descriptor, or a callable ``read(size, offset) -> bytes``
+    (a shard in object storage: :class:`RangeReader`).
 
     Returns ``(members, problem, skipped)``: ``(name, data offset, size)`` of
     every regular file in order, the :class:`TarIndexError` that ended the
     walk early (None when the archive ended cleanly) and the number of other
     entries skipped (directories, links, devices). Only headers are read.
     """
+    read: Reader
+    if isinstance(fd, int):
+        fdn = fd
+
+        def read_fd(size: int, offset: int) -> bytes:
+            return os.pread(fdn, size, offset)
+
+        read = read_fd
+    else:
+        read = fd
     members: list[tuple[bytes, int, int]] = []
     skipped = 0
     pos = 0
@@ -278,7 +339,7 @@ def scan_tar(fd: int, end: int) -> tuple[list[tuple[bytes, int, int]], TarIndexE
     pax: dict[bytes, bytes] = {}
     try:
         while pos + BLOCK <= end:
-            hdr = os.pread(fd, BLOCK, pos)
+            hdr = read(BLOCK, pos)
             if len(hdr) != BLOCK:
                 raise TarIndexError(f"truncated: header at offset {pos}: the file ended while reading it", pos)
             if hdr == b"\0" * BLOCK:
@@ -298,9 +359,9 @@ def scan_tar(fd: int, end: int) -> tuple[list[tuple[bytes, int, int]], TarIndexE
             data = pos + BLOCK
             nxt = data + (size + BLOCK - 1) // BLOCK * BLOCK
             if kind == b"L":
-                long_name = _read_meta(fd, data, size, end, pos, "GNU long name").split(b"\0", 1)[0]
+                long_name = _read_meta(read, data, size, end, pos, "GNU long name").split(b"\0", 1)[0]
             elif kind in (b"x", b"X"):
-                pax = _pax(_read_meta(fd, data, size, end, pos, "pax header"), pos)
+                pax = _pax(_read_meta(read, data, size, end, pos, "pax header"), pos)
             elif kind in (b"K", b"g"):  # a long link target, global pax records: nothing the samples use
                 if data + size > end:
                     raise TarIndexError(f"truncated: tar extension at offset {pos} runs past the end of the file",
@@ -396,37 +457,96 @@ class WebDatasetSource(Source):
         if len(set(keys)) != len(keys):
             raise ValueError(f"json_keys: a key is named twice in {keys}")
         self.json_keys = keys
-        self.shards = expand_pattern(path)
+        self.objects: ShardObjects | None = None
+        if _URL.match(path):
+            self.objects = expand_urls(path, _expand_braces(path))
+            self.shards = [self.objects.url(k) for k in range(len(self.objects.names))]
+        else:
+            self.shards = expand_pattern(path)
         self.fields: list[Any] | None = None
+        self.partial: str | None = None  # DEST.partial, where the index of shards in object storage is kept
+        self.index_log: IndexLog | None = None
+        self.cached_types: dict[str, Any] | None = None
         self._local = threading.local()  # each thread (and forked process) its own open shards
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
+        if self.objects is not None:
+            d["path"] = self.path  # a URL stays as written
         d.update(shards=len(self.shards), json_keys=self.json_keys)
         return d
 
+    # -- the index of shards in object storage, across a resume -----------------------------
+    def resume_index(self, partial: str) -> None:
+        """Where a resumed ingest finds the index a run saved (``DEST.partial``); called before :meth:`scan`."""
+        self.partial = partial
+
+    def save_index(self, partial: str) -> None:
+        """Keep the index of shards in object storage in ``partial`` (the run's
+        ``DEST.partial``, once it exists), so that a resume reads no finished shard."""
+        if self.objects is None or self.index_log is None:
+            return
+        types = {k: "str" if t is str else t[0] for k, t in self.types.items()}
+        write_index(os.path.join(partial, INDEX_FILE), self.objects.folder_url, self.index_log,
+                   {"json_keys": self.json_keys, "types": types})
+
+    def _walks(self) -> Iterator[tuple[tuple[list[tuple[bytes, int, int]], TarIndexError | None, int], bytes]]:
+        """Each shard's walk (:func:`scan_tar`) and identity (what its fingerprint covers), in shard order."""
+        if self.objects is None:
+            for path in self.shards:
+                try:
+                    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+                except OSError as e:
+                    raise SourceError(f"{path}: cannot open the shard ({e.strerror}); nothing was created") from None
+                try:
+                    st = os.fstat(fd)
+                    walk = scan_tar(fd, st.st_size)
+                finally:
+                    os.close(fd)
+                yield walk, struct.pack("<qq", st.st_size, st.st_mtime_ns)
+            return
+        obj = self.objects
+        self.index_log = log = IndexLog()
+        saved = load_index(os.path.join(self.partial, INDEX_FILE), obj, TarIndexError) if self.partial else None
+        if saved is not None and saved[1].get("json_keys") == self.json_keys:
+            self.cached_types = {k: str if v == "str" else (v, ()) for k, v in saved[1].get("types", {}).items()}
+            walks: Iterator[Any] = iter(saved[0])
+        else:
+            walks = self._index_objects()
+        for k, walk in enumerate(walks):
+            log.add(obj.names[k], obj.sizes[k], obj.etags[k], walk)
+            yield walk, struct.pack("<qq", obj.sizes[k], 0) + (obj.etags[k] or "").encode()
+
+    def _index_objects(self) -> Iterator[tuple[list[tuple[bytes, int, int]], TarIndexError | None, int]]:
+        """Walk the shards in object storage, :data:`INDEX_THREADS` at once, in order (a bounded batch at a time)."""
+        obj = self.objects
+        assert obj is not None
+
+        def walk(k: int) -> tuple[list[tuple[bytes, int, int]], TarIndexError | None, int]:
+            return scan_tar(RangeReader(obj.remote, obj.names[k], obj.sizes[k], obj.etags[k]), obj.sizes[k])
+
+        n = len(obj.names)
+        with ThreadPoolExecutor(min(INDEX_THREADS, n)) as ex:
+            for a in range(0, n, 4 * INDEX_THREADS):
+                yield from ex.map(walk, range(a, min(n, a + 4 * INDEX_THREADS)))
+
     # -- scan --------------------------------------------------------------------------------
     def scan(self) -> Listing:
-        top = os.path.commonpath([os.path.dirname(os.path.abspath(s)) for s in self.shards])
-        self.shard_names = [os.fsencode(os.path.relpath(os.path.abspath(s), top)) for s in self.shards]
+        if self.objects is not None:
+            self.shard_names = [n.encode("utf-8", "surrogateescape") for n in self.objects.names]
+        else:
+            top = os.path.commonpath([os.path.dirname(os.path.abspath(s)) for s in self.shards])
+            self.shard_names = [os.fsencode(os.path.relpath(os.path.abspath(s), top)) for s in self.shards]
         b = _Builder("webdataset", False)
         h = xxhash.xxh3_128()
         shard_of, offs, sizes = array("i"), array("q"), array("q")
         errors: dict[int, str] = {}
         notes: dict[str, int] = {}
         has = dict.fromkeys(_KINDS, False)
-        for k, path in enumerate(self.shards):
-            try:
-                fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-            except OSError as e:
-                raise SourceError(f"{path}: cannot open the shard ({e.strerror}); nothing was created") from None
-            try:
-                st = os.fstat(fd)
-                members, problem, skipped = scan_tar(fd, st.st_size)
-            finally:
-                os.close(fd)
+        for k, ((members, problem, skipped), ident) in enumerate(self._walks()):
             sname = self.shard_names[k]
-            h.update(struct.pack("<qqq", len(sname), st.st_size, st.st_mtime_ns) + sname)
+            mtime = struct.unpack_from("<q", ident, 8)[0]
+            h.update(struct.pack("<q", len(sname)) + ident + sname)
             if skipped:
                 _note(notes, "tar entries that are not files (directories, links) skipped", skipped)
             seen: set[bytes] = set()
@@ -441,7 +561,7 @@ class WebDatasetSource(Source):
                     seen.add(key)
                     last = key
                     rank = len(IMAGE_EXTS)  # the image extension taken so far for this sample
-                    b.add(sname + b"/" + key, 0, st.st_mtime_ns)
+                    b.add(sname + b"/" + key, 0, mtime)
                     shard_of.append(k)
                     offs.extend((-1,) * 4)
                     sizes.extend((-1,) * 4)
@@ -468,7 +588,7 @@ class WebDatasetSource(Source):
                 if pkey is not None and pkey == last and len(shard_of) and shard_of[-1] == k:
                     errors[len(shard_of) - 1] = reason  # the sample the broken member belongs to
                 else:
-                    b.add(sname + b"/" + (pkey if pkey is not None else b"@%d" % problem.offset), 0, st.st_mtime_ns)
+                    b.add(sname + b"/" + (pkey if pkey is not None else b"@%d" % problem.offset), 0, mtime)
                     shard_of.append(k)
                     offs.extend((-1,) * 4)
                     sizes.extend((-1,) * 4)
@@ -476,8 +596,15 @@ class WebDatasetSource(Source):
         self.shard = np.frombuffer(shard_of, np.int32).copy() if len(shard_of) else np.zeros(0, np.int32)
         self.offs = (np.frombuffer(offs, np.int64).copy() if len(offs) else np.zeros(0, np.int64)).reshape(-1, 4)
         self.sizes = (np.frombuffer(sizes, np.int64).copy() if len(sizes) else np.zeros(0, np.int64)).reshape(-1, 4)
+        valid = self.offs >= 0
+        self.span_lo = np.where(valid, self.offs, np.iinfo(np.int64).max).min(axis=1, initial=np.iinfo(np.int64).max)
+        self.span_lo[self.span_lo == np.iinfo(np.int64).max] = -1
+        self.span_hi = np.where(valid, self.offs + self.sizes, -1).max(axis=1, initial=-1)
         self.has = {"txt": has["txt"], "cls": has["cls"], "json": bool(self.json_keys)}
-        self.types = self._json_types() if self.json_keys else {}
+        if self.cached_types is not None and set(self.cached_types) == set(self.json_keys):
+            self.types = self.cached_types
+        else:
+            self.types = self._json_types() if self.json_keys else {}
         self._missing_fields(errors)
         extra = repr((h.hexdigest(), self.json_keys, sorted(self.types.items()), self.has))
         listing = b.finish(None, extra=extra, warnings=notes)
@@ -565,12 +692,51 @@ class WebDatasetSource(Source):
         for f in files.values():
             f.close()
         self._local.files = None
+        self._local.win = None  # a window over a shard in object storage (the parent's .json probe)
+
+    def reader(self) -> Any:
+        """This source, checked in a forked worker: shards in object storage other than ``s3://`` cannot
+        be read there (NOTE [a client per process] in mmstore/remote/forked.py)."""
+        if self.objects is not None:
+            try:
+                self.objects.remote.forked()
+            except RemoteError:
+                scheme = self.path.split("://", 1)[0]
+                raise RemoteError(f"{self.path}: {scheme}:// shards are read by the ingest's own process only (its "
+                                  "worker processes are forked after it used the client, which only s3:// "
+                                  "survives): pass workers=0 (CLI: --workers 0)") from None
+        return self
+
+    def _windows(self) -> Windows:
+        """This thread's (and process's) window over shards in object storage."""
+        loc = self._local
+        win: Windows | None = getattr(loc, "win", None)
+        if win is None or loc.win_pid != os.getpid():
+            assert self.objects is not None
+            win = loc.win = Windows(self.objects, self.shard, self.span_lo, self.span_hi)
+            loc.win_pid = os.getpid()
+        return win
+
+    def read_units(self) -> np.ndarray | None:
+        """Shards in object storage: the first input of every shard, where the work ranges are cut
+        (``resume.pending_ranges``), so that a range's samples come from one shard, read in one GET
+        (small shards are joined whole into a range; a large one is cut as without units)."""
+        if self.objects is None:
+            return None
+        return np.concatenate(([0], np.flatnonzero(np.diff(self.shard)) + 1)).astype(np.int64)
+
+    def prepare_range(self, a: int, b: int) -> None:
+        """Inputs ``a..b`` are read next, in order (one ranged GET covers many of them)."""
+        if self.objects is not None:
+            self._windows().prepare(a, b)
 
     def _member(self, i: int, kind: str, limit: int) -> np.ndarray:
         c = _KINDS.index(kind)
         off, size = int(self.offs[i, c]), int(self.sizes[i, c])
         if size > limit:
             raise InputError(f"too-large: .{kind} member of {size:,} bytes (limit {limit:,})")
+        if self.objects is not None:
+            return np.frombuffer(self._windows().read(i, off, size), np.uint8).copy()
         k = int(self.shard[i])
         fd = self._fd(k)
         buf = np.empty(size, np.uint8)
@@ -634,3 +800,84 @@ class WebDatasetSource(Source):
             return np.array(float(v), "<f8")
         return np.array(int(v), "|u1")
 
+
+
+# -- rows of ray.data.read_webdataset -----------------------------------------------------------
+
+
+class WebDatasetRows:
+    """Turns batches of ``ray.data.read_webdataset(paths, decoder=None)`` into
+    the columns :func:`mmstore.ray.write` takes, with the records and keys
+    that ``mmstore ingest`` gives for the same shards::
+
+        ds = ray.data.read_webdataset(paths, decoder=None).map_batches(
+            WebDatasetRows(), batch_format="numpy")
+        mmstore.ray.write(ds, DEST, size=256, fields={"text": str})
+
+    The image is the row's ``jpg``, ``jpeg``, ``png`` or ``webp`` bytes (the
+    first present, as the source takes it), decoded by the writer with the
+    ingest's rules (``decoder=None`` keeps Ray from decoding it first, with
+    other rules); ``key`` is ``SHARD/KEY`` as the source's keys (SHARD: the
+    row's ``__url__`` relative to ``root``, by default its file name, right
+    for shards in one folder); ``cls`` becomes the integer ``label``,
+    ``txt`` the ``text`` (UTF-8) and each of ``json_keys`` a column of its
+    name. A value that is missing or does not parse is None: the writer makes
+    that row a hole, as the ingest does (its reason is worded by the writer).
+
+    Parameters
+    ----------
+    root
+        The folder (or URL prefix) the shards share; None: the file name.
+    json_keys
+        Keys of each sample's ``.json`` to make columns of.
+    """
+
+    def __init__(self, root: str | None = None, json_keys: Any = None) -> None:
+        if isinstance(json_keys, str):
+            json_keys = [k.strip() for k in json_keys.split(",")]
+        self.root = None if root is None else root.rstrip("/") + "/"
+        self.json_keys = list(json_keys or [])
+
+    def _shard(self, url: str) -> str:
+        u = url.split("://", 1)[-1]
+        if self.root is not None:
+            r = self.root.split("://", 1)[-1]
+            if u.startswith(r):
+                return u[len(r):]
+        return u.rsplit("/", 1)[-1]
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        keys, urls = batch["__key__"], batch["__url__"]
+        n = len(keys)
+        image = np.empty(n, object)
+        for i in range(n):
+            image[i] = next((bytes(batch[e][i]) for e in ("jpg", "jpeg", "png", "webp")
+                             if e in batch and batch[e][i] is not None), None)
+        out: dict[str, Any] = {"image": image,
+                               "key": np.array([f"{self._shard(str(u))}/{k}" for u, k in zip(urls, keys)], object)}
+        if "cls" in batch:
+            labels = np.empty(n, object)
+            for i, raw in enumerate(batch["cls"]):
+                text = bytes(raw).strip() if raw is not None else b""
+                labels[i] = int(text) if re.fullmatch(rb"[+-]?\d{1,18}", text) else None
+            out["label"] = labels
+        if "txt" in batch:
+            texts = np.empty(n, object)
+            for i, raw in enumerate(batch["txt"]):
+                try:
+                    texts[i] = None if raw is None else bytes(raw).decode("utf-8")
+                except UnicodeDecodeError:
+                    texts[i] = None
+            out["text"] = texts
+        if self.json_keys:
+            cols = {k: np.empty(n, object) for k in self.json_keys}
+            for i in range(n):
+                raw = batch["json"][i] if "json" in batch else None
+                try:
+                    doc = json.loads(bytes(raw)) if raw is not None else None
+                except (ValueError, RecursionError):
+                    doc = None
+                for k in self.json_keys:
+                    cols[k][i] = doc.get(k) if isinstance(doc, dict) else None
+            out.update(cols)
+        return out

@@ -16,6 +16,9 @@ store with parts (format.py, "Parts"): the commit, manifest last. See
 :mod:`mmstore.ray.sink` for what "exactly once" means here, and the docs
 guide "Ingest on a Ray cluster".
 
+``write(..., append=True)`` adds the rows to an existing store as new parts,
+under the rules of ``mmstore.append`` (:mod:`mmstore.ray.append`).
+
 :func:`read` is the other direction: one epoch of a store as a
 ``ray.data.Dataset``, its rows in a seeded order (a global permutation, or
 a block shuffle), each read task a contiguous slice of it::

@@ -80,6 +80,7 @@ from ..remote.index import index_max_bytes, parse_index
 from ..remote.url import is_url, parse_url
 from ..store.dest import PARTIAL_MARK, RAY_MARK, check_dest, is_own_partial, is_store
 from ..transfer.push import check_destination, push
+from .append import AppendTarget
 from .plan import Part, PartPlan
 
 __all__ = ["MmstoreDatasink", "RayWriteResult", "write"]
@@ -184,7 +185,7 @@ def _prepare_local(dest: str, overwrite: bool) -> str:
 
 
 def _commit_remote(dest: str, ids: list[str], provenance: dict[str, Any], label_names: Any,
-                   overwrite: bool, staging: str | None) -> tuple[dict, int]:
+                   overwrite: bool, staging: str | None, target: AppendTarget | None = None) -> tuple[dict, int]:
     loc = parse_url(dest)
     listing = Remote(loc).list()
     work = tempfile.mkdtemp(prefix="mmstore-commit-", dir=staging)
@@ -210,11 +211,14 @@ def _commit_remote(dest: str, ids: list[str], provenance: dict[str, Any], label_
             for name in book.data_names:
                 present[part_file(pid, name)] = index.files[name]
             books.append(book)
-        joined = join_parts(work, books, provenance=provenance, where=loc.url, label_names=label_names)
+        if target is not None:  # appended to the store at the URL
+            joined = target.join_remote(work, books, present, provenance["source"])
+        else:
+            joined = join_parts(work, books, provenance=provenance, where=loc.url, label_names=label_names)
         # the other attempts' parts, which the push deletes (and no object that is not this write's or the
         # previous store's: NOTE [what a push deletes] in mmstore/transfer/push.py)
         attempts = {n for n in listing if _attempt_object(n)}
-        removed = len({n.split("/")[1] for n in attempts} - set(ids))
+        removed = len({n.split("/")[1] for n in attempts} - set(ids) - (target.old_parts() if target else set()))
         push(work, loc.url, overwrite=overwrite, present=present, vouched=attempts)
     finally:
         shutil.rmtree(work, ignore_errors=True)
@@ -280,12 +284,15 @@ class _Job:
         self.overwrite = overwrite
         self.staging = os.fspath(staging) if staging is not None else None
         self.part_rows, self.threads = part_rows, threads
+        self.target: AppendTarget | None = None  # the store appended to (write(..., append=True))
 
     # -- in a write task -----------------------------------------------------------
     def write_part(self, blocks: Iterable[Any], task: int) -> dict[str, Any]:
         """Write the rows of ``blocks`` as one complete part; return what a
         commit needs of it (its id, rows, records and bad inputs)."""
         cols = _columns(blocks)
+        if self.target is not None:
+            cols = self.target.relabel(cols, self.columns["label"])
         if not cols:
             return {"task": task, "id": None, "rows": 0}
         pid = f"{task:06d}-{uuid.uuid4().hex[:12]}"
@@ -323,12 +330,19 @@ class _Job:
     def begin(self) -> int | None:
         """Check and prepare the destination; return the local writer lock's fd."""
         if self.remote:
-            _check_remote_dest(self.dest, self.overwrite)
+            if self.target is not None:
+                check_destination(self.dest, _attempt_object)
+            else:
+                _check_remote_dest(self.dest, self.overwrite)
             return None
         os.makedirs(os.path.dirname(self.dest) or ".", exist_ok=True)
         lock = acquire_lock(self.dest)
         try:
-            _prepare_local(self.dest, self.overwrite)
+            if self.target is not None:
+                self.target.prepare_local(json.dumps({"writer": "mmstore.ray", "version": __version__,
+                                                      "append_to": self.target.store_id}).encode("utf-8"))
+            else:
+                _prepare_local(self.dest, self.overwrite)
         except BaseException:
             release_lock(self.dest, lock)
             raise
@@ -350,11 +364,14 @@ class _Job:
         provenance = {"engine": {"name": "ray", "version": ray.__version__, "tasks": len(ids)},
                       "source": {"kind": "ray", "rows": rows, "columns": columns},
                       "resize": spec.resize if spec is not None else None,
+                      "decode": spec.to_dict() if spec is not None else None,  # every option: what an append checks
                       "size": list(spec.size) if spec is not None else None,
                       "tool": {"name": "mmstore", "version": __version__}}
         if self.remote:
             joined, removed = _commit_remote(self.dest, ids, provenance, self.label_names, self.overwrite,
-                                             self.staging)
+                                             self.staging, self.target)
+        elif self.target is not None:
+            joined, removed = self.target.commit_local(ids, provenance["source"])
         else:
             joined, removed = commit_parts(self.dest, ids, provenance=provenance, label_names=self.label_names)
             if not is_store(self.dest):  # pragma: no cover - publish raises before this
@@ -473,8 +490,10 @@ def write(
     on_error: str = "skip",
     max_errors: str | int | None = None,
     overwrite: bool = False,
-    backend: str = "memmap",
+    backend: str | None = None,
     codecs: Any = None,
+    append: bool = False,
+    duplicate_keys: str = "error",
     concurrency: int | None = None,
     ray_remote_args: Mapping[str, Any] | None = None,
     staging: str | os.PathLike[str] | None = None,
@@ -518,7 +537,18 @@ def write(
     overwrite
         Replace a store at ``dest``.
     backend, codecs
-        As in :func:`mmstore.ingest`.
+        As in :func:`mmstore.ingest` (``backend`` None: memmap).
+    append, duplicate_keys
+        ``append=True``: add the rows to the store at ``dest`` as new parts,
+        under the rules of :func:`mmstore.append`: the decode options, codecs
+        and backend default to the store's and may only repeat them
+        (``AppendMismatchError`` names a difference); ``label_names`` are
+        merged into the store's (its numbers kept, a new name numbered after
+        them, the rows' labels renumbered); a row whose key a record of the
+        store has is refused (``DuplicateKeysError``) unless
+        ``duplicate_keys="keep"``; the store is replaced in one atomic step
+        (a store in object storage needs parts: see
+        :mod:`mmstore.ray.append`).
     concurrency
         The most write tasks submitted at once (default: twice as many as the
         cluster's CPUs run at once, so that the next ones wait queued); the
@@ -550,9 +580,20 @@ def write(
     t0 = time.monotonic()
     args = {"max_retries": 3, "retry_exceptions": True, **dict(ray_remote_args or {})}
     cpus = float(args.get("num_cpus", 1))
+    target = None
+    if append:
+        if overwrite:
+            raise TypeError("append=True adds to the store at dest; overwrite=True would replace it: pass one")
+        where = os.fspath(dest)
+        target = AppendTarget(where if is_url(where) else os.path.abspath(where), is_url(where), size, decode, codecs,
+                              backend, label_names, duplicate_keys)
+        size, decode, codecs, backend = target.size, target.decode, target.codecs, target.backend
+        label_names = target.label_names
     job = _Job(dest, size, image=image, label=label, key=key, path=path, root=root, label_names=label_names,
-               fields=fields, on_error=on_error, max_errors=max_errors, overwrite=overwrite, backend=backend,
-               codecs=codecs, staging=staging, part_rows=part_rows, threads=threads, cpus=cpus, decode=decode)
+               fields=fields, on_error=on_error, max_errors=max_errors, overwrite=overwrite,
+               backend=backend or "memmap", codecs=codecs, staging=staging, part_rows=part_rows, threads=threads,
+               cpus=cpus, decode=decode)
+    job.target = target
     job.check_columns(dataset.columns())
     if concurrency is not None and (isinstance(concurrency, bool) or not isinstance(concurrency, int)
                                     or concurrency < 1):

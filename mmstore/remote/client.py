@@ -43,6 +43,16 @@ gave on the first read of each object in this process (a file replaced
 under an open reader is refused), and every block against the push's
 digests, as always.
 
+A replica's block reads from ``s3://`` go through the lean range GET of
+:mod:`mmstore.remote.rangeget` (:meth:`Remote.get_range_into`): its own
+HTTP/1.1 client, which lands the body where the cache wants it and hashes
+it on the way, with the same settings, retries and typed errors. It signs
+with static keys (the environment's or the shared files', a session token
+included); without them (instance metadata, web identity), with a proxy or
+an S3 setting of obstore's it does not implement (``AWS_SKIP_SIGNATURE``,
+virtual-hosted requests to an endpoint, requester pays, ...), and with
+``MMSTORE_REMOTE_LEAN=0``, obstore reads.
+
 Retries: every request is retried on 5xx answers (``503 SlowDown`` among
 them), connection errors and timeouts, and a read also on an answer cut in
 its body and on a range request answered with the whole object (``200``
@@ -261,6 +271,11 @@ def _etag(value: Any) -> str | None:
     return f'"{text}"'
 
 
+class _LandFailed(BaseException):
+    """Where a lean read's ``land`` failed: past the retries (a BaseException), to
+    :meth:`Remote.get_range_into`, which raises what ``land`` raised."""
+
+
 class ObjectInfo(dict[str, Any]):
     """``{"size": int, "etag": str | None}`` of one object."""
 
@@ -275,6 +290,7 @@ class Remote:
         self._client: tuple[int, Any] | None = None
         self._reader: tuple[int, Any] | None = None
         self._forked: tuple[int, Any] | None = None
+        self._lean: tuple[int, Any] | None = None
         # the reads retried by this process, by kind (NOTE [read retries])
         self.retries: dict[str, int] = dict.fromkeys(RETRY_KINDS, 0)
         # http(s): the etag the server gave on this process's first read of each object
@@ -512,11 +528,7 @@ class Remote:
             got = self._get_range(name, start, end, etag)
         view = memoryview(got)
         if len(view) != end - start:
-            raise RemoteChangedError(
-                f"{self.loc.object_url(name)}: asked for bytes {start}-{end}, got {len(view)}: the object is "
-                "shorter than the store's index says: it was pushed again (open the store again), or replaced or "
-                "truncated by something else (`mmstore verify` of the store's URL names every object that differs, "
-                "`mmstore push` of a good copy to that URL uploads them again)")
+            raise self._short(name, start, end, len(view))
         return view
 
     def get_verified(self, name: str, start: int, end: int, etag: str | None, digest: bytes,
@@ -529,10 +541,90 @@ class Remote:
             data = self.get_range(name, start, end, etag)
             if block_digest(data) == digest:
                 return data, attempt - 1
-        raise RemoteChecksumError(
+        raise self.damaged(name, start, end)
+
+    def damaged(self, name: str, start: int, end: int) -> RemoteChecksumError:
+        """The error of bytes ``[start, end)`` of object ``name`` that did
+        not match their digest on a second fetch either."""
+        return RemoteChecksumError(
             f"{self.loc.object_url(name)}: bytes {start}-{end} do not match the digest the push recorded for them "
             "(fetched twice): the object in the bucket is damaged; push the store again from a good copy "
             "(`mmstore verify` the source first)")
+
+    def lean(self) -> Any:
+        """This process's lean range reader (NOTE [the lean range GET] in
+        :mod:`mmstore.remote.rangeget`), or None where it does not serve this
+        URL (another scheme, credentials it cannot sign with,
+        ``MMSTORE_REMOTE_LEAN=0``): :meth:`get_range_into` says so."""
+        got = self._lean
+        pid = os.getpid()
+        if got is not None and got[0] == pid:
+            return got[1]
+        with self._lock:
+            got = self._lean
+            if got is None or got[0] != pid:
+                from .rangeget import LeanS3, lean_settings
+
+                reader = None
+                if self.loc.scheme == "s3":
+                    cfg, _ = _s3_config()
+                    if lean_settings(self.loc.scheme, self.loc.bucket, cfg) is None:
+                        reader = LeanS3(self.loc.bucket, self.loc.prefix, cfg,
+                                        timeout=_env_number("MMSTORE_REMOTE_TIMEOUT", 120),
+                                        connect_timeout=_env_number("MMSTORE_REMOTE_CONNECT_TIMEOUT", 10))
+                got = (pid, reader)
+                self._lean = got
+        return got[1]
+
+    def abort_reads(self) -> bool:
+        """Cut the lean reads this process has in flight (a Ctrl-C: never
+        wait for a held answer); each ends with
+        :class:`mmstore.remote.rangeget.ReadAborted`, unretried. Whether
+        this process reads through the lean path (obstore's reads run to
+        their end or their timeout)."""
+        got = self._lean
+        if got is not None and got[0] == os.getpid() and got[1] is not None:
+            got[1].abort()
+            return True
+        return False
+
+    def get_range_into(self, name: str, start: int, end: int, etag: str | None, block: int,
+                       land: Any) -> list[bytes] | None:
+        """Bytes ``[start, end)`` of object ``name`` (of version ``etag``)
+        through the lean reader, handed to ``land(piece, offset)`` as they
+        arrive (NOTE [the lean range GET]), retried as any read (NOTE [read
+        retries]; a retry lands them again from offset 0); the ``xxh3_128``
+        digests of each ``block`` bytes of them. None, having asked nothing,
+        where the lean reader does not serve this URL (read with
+        :meth:`get_range`). An exception of ``land`` ends the read at once,
+        unretried."""
+        lean = self.lean()
+        if lean is None:
+            return None
+        landed: list[BaseException] = []
+
+        def guarded(piece: memoryview, offset: int) -> None:
+            try:
+                land(piece, offset)
+            except BaseException as exc:
+                landed.append(exc)
+                raise _LandFailed from exc
+
+        try:
+            n, digests = self._read(name, f"read bytes {start}-{end} of",
+                                    lambda: lean.get_into(name, start, end, etag, block, guarded))
+        except _LandFailed:
+            raise landed[0] from None
+        if n != end - start:
+            raise self._short(name, start, end, n)
+        return list(digests)
+
+    def _short(self, name: str, start: int, end: int, got: int) -> RemoteChangedError:
+        return RemoteChangedError(
+            f"{self.loc.object_url(name)}: asked for bytes {start}-{end}, got {got}: the object is "
+            "shorter than the store's index says: it was pushed again (open the store again), or replaced or "
+            "truncated by something else (`mmstore verify` of the store's URL names every object that differs, "
+            "`mmstore push` of a good copy to that URL uploads them again)")
 
     def _get_range(self, name: str, start: int, end: int, etag: str | None) -> Any:
         obs = _obstore()

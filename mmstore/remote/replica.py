@@ -9,8 +9,13 @@ at most one block) are fetched whole when the replica is made; the record
 data files are *sparse*: created at their size with nothing in them, filled
 one block (``block_bytes`` of the remote index, 1 MiB by default) at a time
 by range GETs, several in flight, each verified against its digest in the
-remote index before it is written, given back to the file system (a punched
-hole) when the cache limit needs the room.
+remote index before it is marked present, given back to the file system (a
+punched hole) when the cache limit needs the room. From ``s3://`` the bytes
+are written into the file as they arrive and hashed on the way (NOTE [the
+lean range GET] in :mod:`mmstore.remote.rangeget`), while the block is
+still being fetched (NOTE [block states]: nobody reads it); a fetch that
+fails, a digest that does not match twice included, punches its blocks'
+bytes out again. From other schemes a block is verified first, then written.
 
 ``<push>`` is the remote index's identity: a store pushed again at the same
 URL has another index, so another replica; the two are never mixed, and the
@@ -563,11 +568,21 @@ class Replica:
                 pool = self._fetch_pool()
                 futs = [pool.submit(self._fetch_run, g, n, evict) for g, n in self._fetch_runs(absent)]
                 err: BaseException | None = None
-                for f in futs:
+                i = 0
+                while i < len(futs):
+                    f = futs[i]
                     try:
                         locks.extend(f.result())
                     except BaseException as exc:  # noqa: BLE001 - the first error is raised after all are done
                         err = err or exc
+                        if not f.done():
+                            # Ctrl-C (or an exit) while waiting: the fetches not started are dropped; those in
+                            # flight on the lean path are cut (never waited out), and waited for again
+                            for g in futs:
+                                g.cancel()
+                            if self.remote.abort_reads():
+                                continue
+                    i += 1
                 if err is not None:
                     raise err
         except BaseException:
@@ -748,6 +763,8 @@ class Replica:
         name = self.sparse[int(self.owner[g0])]
         etag = self.index.files[name].etag
         start = (g0 - self.first[name]) * self.block_bytes
+        if self._land(name, etag, start, size, g0, run):
+            return
         data = self.remote.get_range(name, start, start + size, etag)
         B = self.block_bytes
         pieces = []
@@ -824,6 +841,8 @@ class Replica:
         k = g - self.first[name]
         start = k * self.block_bytes
         want = self._digests[g * DIGEST_BYTES : (g + 1) * DIGEST_BYTES]
+        if self._land(name, self.index.files[name].etag, start, size, g, 1):
+            return
         try:
             data, again = self.remote.get_verified(name, start, start + size, self.index.files[name].etag, want)
         except RemoteChecksumError:
@@ -838,6 +857,52 @@ class Replica:
         self.fetched_bytes += size
         self.fetched_blocks += 1
         self.fetch_counts[g] += 1
+
+    def _land(self, name: str, etag: str | None, start: int, size: int, g0: int, run: int) -> bool:
+        """Blocks ``g0 .. g0 + run - 1`` (bytes ``[start, start + size)`` of
+        file ``name``, the caller holding them in state 2) through the lean
+        range GET, written into the file as they arrive and hashed on the way
+        (NOTE [the lean range GET] in :mod:`mmstore.remote.rangeget`); a
+        block whose digest does not match is fetched again alone, once, then
+        ``RemoteChecksumError``. Whatever fails gives back what was written
+        (a punched hole): the blocks stay absent, as the caller marks them.
+        False, having fetched nothing, where that path does not serve the URL."""
+        if self.remote.lean() is None:
+            return False
+        B = self.block_bytes
+        fd = self._data_fd(name)
+        full: list[OSError] = []
+
+        def land_at(base: int) -> Any:
+            def land(piece: memoryview, offset: int) -> None:
+                try:
+                    pwrite_all(fd, piece, base + offset)
+                except OSError as exc:
+                    full.append(exc)
+                    raise
+            return land
+
+        try:
+            got = self.remote.get_range_into(name, start, start + size, etag, B, land_at(start))
+            want = self._digests
+            for i, digest in enumerate(got or ()):
+                g = g0 + i
+                if digest == want[g * DIGEST_BYTES : (g + 1) * DIGEST_BYTES]:
+                    continue
+                self.refetched += 1
+                a, b = start + i * B, start + min((i + 1) * B, size)
+                again = self.remote.get_range_into(name, a, b, etag, B, land_at(a)) or []
+                if again != [want[g * DIGEST_BYTES : (g + 1) * DIGEST_BYTES]]:
+                    raise self.remote.damaged(name, a, b)
+        except BaseException as exc:
+            punch_hole(fd, start, size)  # nothing unverified stays in the file, nor takes its disk
+            if full and exc is full[0]:
+                raise self._write_failed(full[0], fd, start, size) from None
+            raise
+        self.fetched_bytes += size
+        self.fetched_blocks += run
+        self.fetch_counts[g0 : g0 + run] += 1
+        return True
 
     def _write_failed(self, exc: OSError, fd: int, start: int, size: int) -> OSError:
         """The error to raise for a block write that failed: on a full disk

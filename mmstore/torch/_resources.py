@@ -14,6 +14,7 @@ import torch
 
 from .. import _os
 from ..engine.reads import FieldFiles
+from ._process import Helper
 from ._ring import Ring
 
 __all__ = ["Resources", "check_device", "check_pin_memory", "torch_dtype"]
@@ -58,6 +59,7 @@ class Resources:
         self.files: dict[str, FieldFiles] = {}
         self.ring: Ring | None = None
         self.warm_handle: _os.WarmHandle | None = None
+        self.helper: Helper | None = None  # process=True: the helper process that reads
 
     def adopt(self) -> None:
         """Start clean in this process. After ``fork`` the parent's pool, its
@@ -68,6 +70,9 @@ class Resources:
         self.warm_handle = None
         self._close_files()
         self.ring = None
+        helper, self.helper = self.helper, None
+        if helper is not None:  # the parent's: only our copy of its socket is closed
+            helper.close()
         self.pid = os.getpid()
 
     def release(self, wait: bool) -> None:
@@ -93,6 +98,9 @@ class Resources:
                     pass
         self._close_files()
         self.ring = None
+        helper, self.helper = self.helper, None
+        if helper is not None:  # it exits when it sees its socket closed
+            helper.close()
 
     def _close_files(self) -> None:
         files, self.files = self.files, {}

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import ctypes
 import mmap
-from collections.abc import Mapping
+import os
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -49,18 +50,28 @@ class Ring:
     buffer, ``_epoch.EpochBatches``) applies to it as to the old one. The
     window pass's buffers (``_reads``, ``_direct``) are never yielded: rows
     are copied out of them into these buffers, so they need no check.
-    The CUDA path yields fresh GPU tensors and does not check."""
+    The CUDA path yields fresh GPU tensors and does not check.
+
+    ``shared``: each buffer is one shared memory file (``memfd``) holding its
+    fields at the offsets of :attr:`layout`, so that a helper process can map
+    the same buffers (``Loader(process=True)``, ``_process.py``) and read
+    into them; ``fds[s]`` is buffer ``s``'s file. A renewed buffer gets a new
+    file (the old mapping lives on in the batches that keep it).
+    :meth:`attached` builds the helper's side: the same buffers, mapped from
+    the files it was sent."""
 
     def __init__(
         self, size: int, batch_size: int, shapes: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
-        pin_memory: bool, align: Mapping[str, int] | None = None, huge: bool = False,
+        pin_memory: bool, align: Mapping[str, int] | None = None, huge: bool = False, shared: bool = False,
     ) -> None:
         self._shapes = dict(shapes)
         # field -> the address of each buffer's first row mod ALIGN (NOTE [rows read in place])
         self._align = {f: int(r) % ALIGN for f, r in (align or {}).items() if f in self._shapes}
-        self._huge = bool(huge) and not pin_memory  # those fields' buffers on huge pages (same NOTE)
+        self._huge = bool(huge) and not pin_memory and not shared  # those fields' buffers on huge pages (same NOTE)
         self._rows = batch_size
         self._pin = pin_memory
+        self.layout = _layout(batch_size, self._shapes, self._align) if shared else None
+        self.fds: list[SharedFile | None] = [None] * size
         self.slots: list[dict[str, torch.Tensor]] = []
         self.views: list[dict[str, np.ndarray]] = []
         self._base: list[dict[str, int]] = []
@@ -74,8 +85,43 @@ class Ring:
         self.renewed = 0  # buffers replaced because a yielded batch was still referenced
         self.cursor = 0  # the buffer of the next epoch's first batch
 
+    @classmethod
+    def attached(cls, batch_size: int, shapes: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
+                 layout: Mapping[str, tuple[int, int]], fds: Sequence[int]) -> Ring:
+        """The buffers of a shared ring, mapped from their files ``fds`` (the
+        helper process's side: it reads into them and never renews one)."""
+        ring = cls(0, batch_size, shapes, False)
+        ring.layout = dict(layout)
+        for fd in fds:
+            ring.slots.append({})
+            ring.views.append({})
+            ring._base.append({})
+            ring._ptr.append({})
+            ring.fds.append(None)
+            ring.attach(len(ring.slots) - 1, fd)
+        return ring
+
+    def attach(self, s: int, fd: int) -> None:
+        """Buffer ``s`` is now the shared file ``fd`` (taken over: closed when the buffer goes)."""
+        self.fds[s] = f = SharedFile(fd, _layout_bytes(self.layout))  # type: ignore[arg-type]
+        self._set(s, self._map(f))
+
+    def _map(self, f: SharedFile) -> dict[str, torch.Tensor]:
+        out = {}
+        for name, (shape, dt) in self._shapes.items():
+            off, nbytes = self.layout[name]  # type: ignore[index]
+            arr = np.frombuffer(f.map, np.uint8, nbytes, off).view(_np_dtype(dt)).reshape((self._rows, *shape))
+            out[name] = torch.from_numpy(arr)
+        return out
+
     def _alloc(self, s: int) -> None:
-        slot = {f: self._empty(f, shape, dt) for f, (shape, dt) in self._shapes.items()}
+        if self.layout is not None:
+            self.fds[s] = f = SharedFile.create(_layout_bytes(self.layout))
+            self._set(s, self._map(f))
+            return
+        self._set(s, {f: self._empty(f, shape, dt) for f, (shape, dt) in self._shapes.items()})
+
+    def _set(self, s: int, slot: dict[str, torch.Tensor]) -> None:
         self.slots[s] = slot
         self.views[s] = {f: t.numpy() for f, t in slot.items()}
         self._base[s] = {f: _uses(t) for f, t in slot.items()}
@@ -159,6 +205,57 @@ class Ring:
 # while faulting in a ring of them made the first epoch slower (warm store).
 ALIGN = 4096
 _HUGE = 2 << 20
+
+
+class SharedFile:
+    """A shared memory file (``memfd``) and its mapping. The descriptor is
+    closed when this object goes; the mapping stays while a tensor of it does."""
+
+    def __init__(self, fd: int, nbytes: int) -> None:
+        self.fd = fd
+        self.map = mmap.mmap(fd, nbytes)
+
+    @classmethod
+    def create(cls, nbytes: int) -> SharedFile:
+        fd = os.memfd_create("mmstore-ring", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, nbytes)
+            return cls(fd, nbytes)
+        except BaseException:
+            os.close(fd)
+            raise
+
+    def __del__(self) -> None:
+        fd, self.fd = self.fd, -1
+        if fd >= 0:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+
+
+def _np_dtype(dt: torch.dtype) -> np.dtype:
+    return torch.empty(0, dtype=dt).numpy().dtype
+
+
+def _layout(rows: int, shapes: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
+            align: Mapping[str, int]) -> dict[str, tuple[int, int]]:
+    """Each field's ``(offset, bytes)`` in a shared buffer: fields one after
+    the other, each at a multiple of 64 bytes, an aligned field's rows at its
+    residue mod ``ALIGN`` (the mapping starts on a page: NOTE [rows read in place])."""
+    out, at = {}, 0
+    for f, (shape, dt) in shapes.items():
+        nbytes = rows * int(np.prod(shape, dtype=np.int64)) * dt.itemsize
+        at = -(-at // 64) * 64
+        if f in align and align[f] % dt.itemsize == 0:
+            at += (align[f] - at) % ALIGN
+        out[f] = (at, nbytes)
+        at += nbytes
+    return out
+
+
+def _layout_bytes(layout: Mapping[str, tuple[int, int]]) -> int:
+    return max(1, max((off + n for off, n in layout.values()), default=0))
 
 
 def _libc_madvise() -> Any:

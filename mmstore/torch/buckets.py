@@ -459,7 +459,8 @@ class BucketLoader(Loader):
     their own shape by its records' exact sizes; NOTE [bucket schedule] in
     :mod:`mmstore.torch.buckets`).
 
-    It takes the Loader's arguments (``crop=`` must be None) and keeps its promises: ``len()`` exact,
+    It takes the Loader's arguments (``crop=`` must be None, ``process=``
+    False: its threads read in this process) and keeps its promises: ``len()`` exact,
     ``set_epoch``, the epoch rules, ``state_dict`` / ``load_state_dict``
     (a resume yields exactly the remaining batches, in another process too),
     ``close``, one epoch at a time, ``transform`` called with the epoch and
@@ -486,10 +487,14 @@ class BucketLoader(Loader):
         transform: Any = None,
         crop: Any = None,
         tuning: LoaderTuning | None = None,
+        process: bool = False,
     ) -> None:
         if crop is not None:
             raise TypeError("BucketLoader: crop= gives one fixed output shape, no buckets needed; "
                             "use Loader(store, batch_size, crop=...)")
+        if process:
+            raise ValueError("BucketLoader reads its buckets with threads in this process: process=True is for a "
+                             "Loader of one shape (a crop= gives one: Loader(store, batch_size, crop=...))")
         from .loader import _count, _flag  # the Loader's argument checks, the same messages
 
         batch_size = _count("batch_size", batch_size)

@@ -172,6 +172,7 @@ from ..engine.tuning import LoaderTuning, split_tuning
 from ..errors import LoaderStateError, SchemaError
 from ..order import BlockShuffle, Order, OrderSpec, Sequential
 from ._epoch import EpochBatches, EpochIterator
+from ._process import Helper, HelperBatches, helper_setup
 from ._ragged import RaggedReader, check_mode, check_pad, refuse_shaped, split_fields
 from ._resources import Resources, check_device, check_pin_memory, torch_dtype
 from ._ring import Ring
@@ -290,6 +291,16 @@ class Loader(Resumable):
         ``willneed``, ``method``, ``piece_bytes``, ``window_prefetch``,
         ``window_threads``, ``mem_bytes`` (see :class:`LoaderTuning`); read
         back as ``loader.tuning``.
+    process : bool, default False
+        Run the reader threads in one helper process and hand the batches
+        over in shared memory, so that the reads never take the training
+        loop's thread's GIL (a loop busy with Python, such as one launching
+        GPU kernels, keeps its speed). The batches, the order, resume,
+        ``transform`` and every rule below are the same; the helper starts
+        with the first ``iter()`` (a new Python process: about a second) and
+        lives as long as the loader. The store, order and crop must be
+        picklable. Not with ``pin_memory=True`` (shared memory is not
+        pinned) nor over aspect buckets (:mod:`mmstore.torch._process`).
 
     Iterating yields one epoch; the epoch is the one set with
     :meth:`set_epoch`, else one more than the last one used (starting at 0),
@@ -330,8 +341,16 @@ class Loader(Resumable):
         transform: Any = None,
         crop: Any = None,
         tuning: LoaderTuning | None = None,
+        process: bool = False,
     ) -> None:
         batch_size = _count("batch_size", batch_size)
+        self.process = _flag("process", process)
+        if self.process and pin_memory:
+            raise ValueError(
+                "mmstore.torch.Loader: process=True puts the batches in memory shared with the helper process, "
+                "which is not pinned; drop pin_memory=True (with device='cuda' the batches are copied to the "
+                "GPU from the shared memory), or use process=False for pinned CPU batches"
+            )
         src = resolve_source(store, indices)
         self._own_store = src.own
         self.store = src.store
@@ -357,6 +376,8 @@ class Loader(Resumable):
         self.pad_value = check_pad(self.store, self._ragged, self.ragged,
                                    src.defaults.get("pad_value", 0) if pad_value is None else pad_value)
         self.device, self._cuda = check_device(device)
+        if self.process:
+            pin_memory = False
         self.copy = _flag("copy", copy)
         # batches yielded straight from the ring are checked for references
         # (NOTE [kept batches] in _ring.py); one more buffer keeps the batch the
@@ -385,6 +406,8 @@ class Loader(Resumable):
         if isinstance(self.order, BlockShuffle):
             _check_windows(self.order, sb, self._plan)
         self._plan.update(self._readahead_plan(sb))
+        if self.process:
+            self._plan.update({"process": 0})
         if self._crop_field is not None:
             reader = self._crop_reader(0)
             self._plan.crop = {"field": self._crop_field, "crop": repr(crop), "path": reader.path if reader else ""}
@@ -408,6 +431,7 @@ class Loader(Resumable):
             "device": None if self.device is None else str(self.device), "pin_memory": self.pin_memory,
             "copy": self.copy, "as_tuple": self.as_tuple, "chw": self.chw, "tuning": self.tuning,
             "transform": self.transform, "ragged": self.ragged, "pad_value": self.pad_value, "crop": self.crop,
+            "process": self.process,
         }
         self._epoch: int | None = None
         self._next_epoch = 0
@@ -582,7 +606,7 @@ class Loader(Resumable):
         return (
             f"<mmstore.torch.Loader {self.store.path!r} batch_size={self.batch_size} "
             f"order={type(self.order).__name__} prefetch={self.prefetch} hold={t.hold} "
-            f"threads={t.threads} device={self.device}>"
+            f"threads={t.threads} device={self.device}{' process=True' if self.process else ''}>"
         )
 
     # -- pickling: the configuration; the copy opens its own threads and files --
@@ -631,6 +655,47 @@ class Loader(Resumable):
 
     def _start_epoch(self, epoch: int, start: int = 0) -> EpochIterator:
         """Queue the first batches of ``epoch`` from batch ``start`` on; its iterator."""
+        wrap = self._wrap
+        if self.process:
+            return self._start_helper_epoch(epoch, start)
+        batches, reads = self._epoch_batches(epoch, start, check_kept=bool(self._check),
+                                             device=self.device if self._cuda else None)
+
+        def deliver(tensors: dict[str, torch.Tensor], epoch: int, k: int) -> Any:
+            # called by the iterator in the consumer's thread after it queued the
+            # next batch: where the reads may change their cut (EpochReads.follow)
+            reads.follow(k - start)
+            return wrap(tensors, epoch, k)
+
+        return EpochIterator(
+            batches, epoch, prefetch=self.prefetch, copy=self.copy, on_used=self._commit, wrap=deliver,
+            offset=start,
+        )
+
+    def _start_helper_epoch(self, epoch: int, start: int) -> EpochIterator:
+        """``process=True``: the epoch read by the helper process into the shared ring."""
+        res = self._res
+        if res.helper is not None and res.helper.dead:  # it stopped during an earlier epoch: start another
+            res.helper.close()
+            res.helper = None
+        if res.helper is None:
+            res.helper = Helper(helper_setup(self), res.ring)  # type: ignore[arg-type]
+            self._plan.update({"process": res.helper.pid})
+        rows = len(self.order) - start * self.batch_size
+        batches = HelperBatches(
+            res.helper, epoch=epoch, start=start, rows=rows, batch_size=self.batch_size, drop_last=self.drop_last,
+            prefetch=self.prefetch, ring=res.ring, device=self.device if self._cuda else None,  # type: ignore[arg-type]
+            check_kept=bool(self._check),
+        )
+        self._tasks = batches.inflight  # type: ignore[assignment]
+        return EpochIterator(
+            batches, epoch, prefetch=self.prefetch, copy=self.copy,  # type: ignore[arg-type]
+            on_used=self._commit, wrap=self._wrap, offset=start,
+        )
+
+    def _epoch_batches(self, epoch: int, start: int, *, check_kept: bool,
+                       device: torch.device | None) -> tuple[EpochBatches, EpochReads]:
+        """The reads of ``epoch`` from batch ``start`` on into the ring, the first batches queued."""
         t, res = self.tuning, self._res
         idx = self.order.epoch(epoch)
         if self.indices is not None:
@@ -648,7 +713,7 @@ class Loader(Resumable):
             shuffled=not isinstance(self.order, Sequential), block=bounds is not None,
             direct=bool(self._plan.direct_reads), crop=crop,
         )
-        inflight = InFlight(self.ring_size)
+        inflight = InFlight(len(res.ring))  # type: ignore[arg-type]
         self._tasks = inflight  # from now on the next iter()/close() waits for these reads
         window: DirectWindows | WindowPrefetch | RemoteWindows | None = None
         replica = self.store.replica
@@ -668,23 +733,12 @@ class Loader(Resumable):
         batches = EpochBatches(
             idx, batch_size=self.batch_size, drop_last=self.drop_last, prefetch=self.prefetch,
             ring=res.ring, pool=res.pool, reads=reads, inflight=inflight, window=window,  # type: ignore[arg-type]
-            device=self.device if self._cuda else None, guard_pinned=self.pin_memory and not self._cuda,
-            owner=self, check_kept=bool(self._check),
+            device=device, guard_pinned=self.pin_memory and device is None,
+            owner=self, check_kept=check_kept,
             ragged=follow_crop(RaggedReader(self.store, self._ragged, self.ragged, self.pad_value), crop)
             if self._ragged else None,
         )
-        wrap = self._wrap
-
-        def deliver(tensors: dict[str, torch.Tensor], epoch: int, k: int) -> Any:
-            # called by the iterator in the consumer's thread after it queued the
-            # next batch: where the reads may change their cut (EpochReads.follow)
-            reads.follow(k - start)
-            return wrap(tensors, epoch, k)
-
-        return EpochIterator(
-            batches, epoch, prefetch=self.prefetch, copy=self.copy, on_used=self._commit, wrap=deliver,
-            offset=start,
-        )
+        return batches, reads
 
     def _remote_pass(self, replica: Replica, epoch: int, start: int, idx: np.ndarray,
                      inflight: InFlight) -> RemoteWindows | None:
@@ -726,6 +780,11 @@ class Loader(Resumable):
         res = self._res
         if res.pid != os.getpid():  # first use, or used after fork: nothing inherited is ours
             res.adopt()
+        if self.process:  # the helper reads: here only the shared ring
+            if res.ring is None:
+                shapes = {f: (self._ring_shape(f), torch_dtype(self.store.schema[f].dtype)) for f in self._fixed}
+                res.ring = Ring(self.ring_size, self.batch_size, shapes, False, shared=True)
+            return
         if res.pool is None:
             res.pool = ThreadPoolExecutor(self.tuning.threads, thread_name_prefix="mmstore-loader")
         prepare_store(self.store, self.fields)  # in this thread, before the readers

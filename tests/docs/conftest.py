@@ -364,6 +364,25 @@ def _ray_photos_in_s3(cwd: str) -> dict:
     return _ray(cwd, fresh=True)
 
 
+def _webdataset_in_s3(cwd: str) -> dict:
+    """No names: the ``s3`` fixture's bucket holding the ``webdataset`` fixture's three shards under
+    ``shards/``, built as that fixture builds them."""
+    import obstore
+    from obstore.store import S3Store
+
+    _s3(cwd)
+    env = os.environ
+    bucket = S3Store(DOC_BUCKET, endpoint=env["AWS_ENDPOINT_URL"], region=env["AWS_REGION"],
+                     access_key_id=env["AWS_ACCESS_KEY_ID"], secret_access_key=env["AWS_SECRET_ACCESS_KEY"],
+                     client_options={"allow_http": True})
+    with tempfile.TemporaryDirectory() as tmp:
+        build_webdataset(tmp)
+        for name in sorted(os.listdir(os.path.join(tmp, "shards"))):
+            with open(os.path.join(tmp, "shards", name), "rb") as f:
+                obstore.put(bucket, f"shards/{name}", f.read())
+    return {}
+
+
 def _ray(cwd: str, fresh: bool = False) -> dict:
     """No names: a local Ray cluster (2 CPUs, loopback, no dashboard), which Ray Data then
     uses; ``fresh``: started anew, so that its workers have this block's environment."""
@@ -392,6 +411,7 @@ NAME_FIXTURES: dict[str, Callable[[str], dict]] = {
     "tags-model": _tags_model,
     "s3": _s3,
     "ray-photos-in-s3": _ray_photos_in_s3,
+    "webdataset-in-s3": _webdataset_in_s3,
     "ray": _ray,
 }
 

@@ -20,7 +20,7 @@ from support.compare import assert_same_files
 from support.proc import popen_cli, run_cli
 
 import mmstore
-from mmstore.errors import AllInputsFailedError, SourceError
+from mmstore.errors import AllInputsFailedError, SourceError, StoreURLError
 from mmstore.ingest import ingest
 from mmstore.ingest.webdataset import expand_pattern, scan_tar, split_name
 
@@ -123,10 +123,11 @@ def test_expand_pattern(tmp_path):
         expand_pattern(f"{p}/{{0..3}}.tar")
     with pytest.raises(SourceError, match="matches no file"):
         expand_pattern(f"{p}/x*.tar")
-    with pytest.raises(SourceError, match="local files only for now"):
-        expand_pattern("s3://bucket/shards/{00000..00009}.tar")
-    with pytest.raises(SourceError, match="local files only"):
-        ingest("https://example.com/a.tar", str(tmp_path / "s"), size=8, quiet=True)
+    # URLs: a scheme mmstore does not read is named with those it reads; a glob needs a listing
+    with pytest.raises(StoreURLError, match="ftp:// is not a scheme mmstore reads.*s3://"):
+        expand_pattern("ftp://host/shards/{00000..00009}.tar")
+    with pytest.raises(SourceError, match="cannot be listed"):
+        ingest("https://example.invalid/shards/*.tar", str(tmp_path / "s"), size=8, quiet=True)
 
 
 def test_brace_range_and_glob_give_the_same_store(tmp_path, shards, capsys):

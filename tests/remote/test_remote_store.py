@@ -120,6 +120,26 @@ def test_a_loader_epoch_from_the_url_equals_the_local_one(s3, tmp_path, kind):
     assert_same_epoch(batches(c), batches(b)[4:])
 
 
+def test_a_loader_in_a_helper_process_reads_the_url_through_the_cache(s3, tmp_path):
+    """process=True over a store opened by URL: the helper opens the same URL
+    with the same cache directory, fetches through the verified cache, and the
+    batches equal the local store's; a second epoch fetches nothing new."""
+    from mmstore.torch import Loader
+
+    path = written_image_store(tmp_path / "src.store", n=600)
+    url = s3.url("helper.store")
+    push(path, url, block_bytes=BLOCK)
+    remote = mmstore.open(url, cache_dir=tmp_path / "cache")
+    spec = OrderSpec("block", seed=4, block=32, window=4)
+    a = Loader(remote, 50, spec, process=True)
+    b = Loader(mmstore.open(path), 50, spec)
+    for _ in range(2):
+        assert_same_epoch(batches(a), batches(b))
+    a.close()
+    again = mmstore.open(url, cache_dir=tmp_path / "cache")
+    assert again.replica.complete()  # the helper filled this cache directory
+
+
 def test_the_cache_limit_holds_on_disk_during_epochs(s3, tmp_path):
     from mmstore.torch import Loader
 
