@@ -440,7 +440,7 @@ def part_table_limit(manifest: dict[str, Any]) -> int:
     return int(manifest["files"][PART_TABLE_FILE])
 
 
-def expand_manifest(manifest: dict[str, Any], raw_table: bytes, path: str) -> dict[str, Any]:
+def expand_manifest(manifest: dict[str, Any], raw_table: bytes | bytearray, path: str) -> dict[str, Any]:
     """A (parsed) manifest of a store with a part table, with its parts in
     the 2.2 form that whole-store tools use: ``parts`` and ``segments``
     lists, and each part's data files in ``files`` (``parts/<id>/<name>``).
@@ -471,7 +471,7 @@ def expand_with_table(manifest: dict[str, Any], t: PartTable, path: str) -> dict
 
 
 def read_part_table(store_dir: str, manifest: dict[str, Any], *, dir_fd: int | None = None,
-                    ident: dict[str, tuple[int, int, int, int]] | None = None) -> bytes:
+                    ident: dict[str, tuple[int, int, int, int]] | None = None) -> bytearray:
     """The bytes of the part table of the store in ``store_dir`` whose
     (parsed) manifest is ``manifest``: no more than its listed size is read,
     and a file of another size is refused (``FormatError``)."""
@@ -487,18 +487,18 @@ def read_part_table(store_dir: str, manifest: dict[str, Any], *, dir_fd: int | N
         if st.st_size != want:
             raise FormatError(f"{path}: expected {want} bytes (the manifest's size), found {st.st_size}: the file "
                               "was truncated or extended; restore the store from a copy or write it again")
-        chunks, got = [], 0
-        while got < want:
-            b = os.pread(fd, min(want - got, 1 << 24), got)
-            if not b:
+        raw = bytearray(want)
+        view = memoryview(raw)
+        got = 0
+        while got < want:  # into one buffer: no copy of a table of tens of MB
+            n = os.preadv(fd, [view[got : got + (1 << 26)]], got)
+            if not n:
                 break
-            chunks.append(b)
-            got += len(b)
+            got += n
     finally:
         os.close(fd)
-    raw = b"".join(chunks)
-    if len(raw) != want:
-        raise FormatError(f"{path}: read {len(raw)} of its {want} bytes: the file was truncated while being read")
+    if got != want:
+        raise FormatError(f"{path}: read {got} of its {want} bytes: the file was truncated while being read")
     return raw
 
 

@@ -74,7 +74,7 @@ class PartTable:
 
     __slots__ = ("count", "ends", "files_per_part", "firsts", "id_blob", "id_ends", "sizes")
 
-    def __init__(self, ends: np.ndarray, sizes: np.ndarray, id_ends: np.ndarray, id_blob: bytes) -> None:
+    def __init__(self, ends: np.ndarray, sizes: np.ndarray, id_ends: np.ndarray, id_blob: bytes | memoryview) -> None:
         self.count = len(ends)
         self.files_per_part = sizes.shape[1]
         self.ends = ends
@@ -87,11 +87,11 @@ class PartTable:
     def id(self, k: int) -> str:
         """Part ``k``'s id (its bytes were checked against ``PART_ID_RE`` on decode)."""
         a = int(self.id_ends[k - 1]) if k else 0
-        return self.id_blob[a : int(self.id_ends[k])].decode("ascii")
+        return bytes(self.id_blob[a : int(self.id_ends[k])]).decode("ascii")
 
     def ids(self) -> list[str]:
         """Every part id, in order (O(parts) strings: for whole-store tools)."""
-        text = self.id_blob.decode("ascii")
+        text = bytes(self.id_blob).decode("ascii")
         cuts = [0, *self.id_ends.tolist()]
         return [text[a:b] for a, b in zip(cuts, cuts[1:])]
 
@@ -147,53 +147,53 @@ def check_part_table_head(head: bytes, size: int, parts: int, files_per_part: in
     return id_bytes
 
 
-def decode_part_table(raw: bytes, *, parts: int, files_per_part: int, slots: int, digest: str,
-                      path: str) -> PartTable:
+def decode_part_table(raw: bytes | bytearray | memoryview, *, parts: int, files_per_part: int, slots: int,
+                      digest: str, path: str) -> PartTable:
     """Check the whole part table ``raw`` (its head and size, its xxh3_64
     ``digest`` from the manifest, then every rule of the format) and return
-    it decoded. ``FormatError`` names the first rule broken."""
+    it decoded (its arrays are views of ``raw``). ``FormatError`` names the
+    first rule broken."""
     import xxhash  # at call time: ``import mmstore`` needs numpy alone
 
-    id_bytes = check_part_table_head(raw[:PART_TABLE_HEAD_BYTES], len(raw), parts, files_per_part, path)
-    got = xxhash.xxh3_64(raw).hexdigest()
+    mv = memoryview(raw).cast("B")
+    id_bytes = check_part_table_head(bytes(mv[:PART_TABLE_HEAD_BYTES]), len(mv), parts, files_per_part, path)
+    got = xxhash.xxh3_64(mv).hexdigest()
     if got != digest:
         raise FormatError(f"{path}: its digest is {got}, the manifest says {digest}: the table was changed or "
                           "damaged after the store was written" + _REDO)
     n, w = parts, files_per_part
     at = PART_TABLE_HEAD_BYTES
-    ends = np.frombuffer(raw, _U8, n, at)
-    sizes = np.frombuffer(raw, _U8, n * w, at + 8 * n).reshape(n, w)
-    id_ends = np.frombuffer(raw, _U8, n, at + 8 * n * (1 + w))
-    blob = bytes(raw[at + 8 * n * (2 + w) :])
+    ends = np.frombuffer(mv, _U8, n, at)
+    sizes = np.frombuffer(mv, _U8, n * w, at + 8 * n).reshape(n, w)
+    id_ends = np.frombuffer(mv, _U8, n, at + 8 * n * (1 + w))
+    blob = mv[at + 8 * n * (2 + w) :]
     if int(ends[-1]) != slots:
         raise FormatError(f"{path}: the parts end at slot {int(ends[-1])}, the manifest says {slots} slots" + _REDO)
-    e = ends.astype(np.int64)  # the last is slots <= MAX_STORE_BYTES; a larger one wraps negative: below a previous
-    if int(e[0]) < 0:
-        raise FormatError(f"{path}: part 0 ends at slot {int(ends[0])}, past the last slot {slots}" + _REDO)
-    if n > 1 and bool(np.any(e[1:] < e[:-1])):
-        k = int(np.flatnonzero(e[1:] < e[:-1])[0]) + 1
-        raise FormatError(f"{path}: part {k} ends at slot {int(e[k])}, before part {k - 1} (slot {int(e[k - 1])}): "
-                          "the parts' slots must be consecutive, in order" + _REDO)
+    # unsigned compares: a value past the last (slots) is above it, so below a later one
+    if n > 1 and bool(np.any(ends[1:] < ends[:-1])):
+        k = int(np.flatnonzero(ends[1:] < ends[:-1])[0]) + 1
+        raise FormatError(f"{path}: part {k} ends at slot {int(ends[k])}, before part {k - 1} (slot "
+                          f"{int(ends[k - 1])}): the parts' slots must be consecutive, in order" + _REDO)
     if w and int(sizes.max()) > MAX_STORE_BYTES:
         k = int(np.argmax(sizes.max(axis=1)))
         raise FormatError(f"{path}: part {k} claims a data file of {int(sizes[k].max())} bytes, more than any store "
                           f"file may have ({MAX_STORE_BYTES})" + _REDO)
-    huge = int(id_ends.max()) > MAX_STORE_BYTES
-    ie = np.minimum(id_ends, MAX_STORE_BYTES).astype(np.int64)
-    lengths = np.diff(np.concatenate([np.zeros(1, np.int64), ie]))
-    if huge or int(ie[-1]) != id_bytes or bool(np.any(lengths < 1)) or bool(np.any(lengths > PART_ID_MAX)):
+    # each id 1 to PART_ID_MAX bytes: the ends rise by that much (unsigned: a fall wraps to a huge step)
+    steps = np.diff(id_ends, prepend=np.zeros(1, _U8))
+    if int(id_ends[-1]) != id_bytes or bool(np.any(steps - np.uint64(1) >= np.uint64(PART_ID_MAX))):
         raise FormatError(f"{path}: the part ids' ends must rise by 1 to {PART_ID_MAX} each and end at the {id_bytes} "
                           "bytes of ids the table claims" + _REDO)
     arr = np.frombuffer(blob, np.uint8)
-    starts = np.concatenate([np.zeros(1, np.int64), ie[:-1]])
-    bad = ~_ID_BYTE[arr]
-    bad_first = ~_ID_FIRST[arr[starts]]
-    if bool(bad.any()) or bool(bad_first.any()):
-        k = (int(np.searchsorted(ie, int(np.flatnonzero(bad)[0]), side="right")) if bad.any()
-             else int(np.flatnonzero(bad_first)[0]))
-        a = int(starts[k])
-        raise FormatError(f"{path}: part {k}'s id {blob[a : int(ie[k])]!r} is not a part id (letters, digits, '_', "
-                          f"'.', '-'; up to {PART_ID_MAX} characters, starting with a letter or digit)" + _REDO)
+    seen = np.bincount(arr, minlength=256)
+    firsts = arr[id_ends[:-1]] if n > 1 else arr[:0]
+    if bool(seen[~_ID_BYTE].any()) or not bool(_ID_FIRST[arr[0]]) or not bool(_ID_FIRST[firsts].all()):
+        bad = np.flatnonzero(~_ID_BYTE[arr])
+        k = (int(np.searchsorted(id_ends, int(bad[0]), side="right")) if len(bad)
+             else 0 if not _ID_FIRST[arr[0]] else int(np.flatnonzero(~_ID_FIRST[firsts])[0]) + 1)
+        a = int(id_ends[k - 1]) if k else 0
+        raise FormatError(f"{path}: part {k}'s id {bytes(blob[a : int(id_ends[k])])!r} is not a part id (letters, "
+                          f"digits, '_', '.', '-'; up to {PART_ID_MAX} characters, starting with a letter or digit)"
+                          + _REDO)
     return PartTable(ends, sizes, id_ends, blob)
 
 
