@@ -17,8 +17,9 @@ each part's file in the manifest's JSON), for comparison.
 Each measurement runs in a fresh Python process (``mmstore.open``, then
 ``len()``, ``store[i]`` of a random ``i`` (the first read: for a store of
 parts it reads and checks the part table, then that part's files) and of
-another random ``i`` (a second part's first read), peak RSS from
-``resource.getrusage``), repeated; the medians are printed, and each one's
+another random ``i`` (a second part's first read), the process's peak RSS
+(``VmHWM``: ``getrusage`` would count the memory of the process that built
+the stores too, which the probe's ``exec`` inherits)), repeated; the medians are printed, and each one's
 ratio against the smallest store.
 
 Usage::
@@ -168,9 +169,13 @@ t4 = time.perf_counter()
 rec = s[random.randrange(n)]
 t5 = time.perf_counter()
 assert rec["u"].shape == ()
+try:  # this process's own peak (getrusage's also counts the parent's memory, the stores' builder, across exec)
+    with open("/proc/self/status") as f:
+        peak = next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:")) / 1024
+except (OSError, StopIteration):
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 print(json.dumps({"import_s": t1 - t0, "open_s": t2 - t1, "len_s": t3 - t2, "getitem_s": t4 - t3,
-                  "getitem2_s": t5 - t4, "len": n,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "getitem2_s": t5 - t4, "len": n, "peak_rss_mb": peak}))
 """
 
 
@@ -193,6 +198,7 @@ def main() -> None:
                     help="part counts of stores in the 2.2 form (parts in the manifest), for comparison")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--keep", action="store_true", help="keep the stores (default: delete them)")
+    ap.add_argument("--reuse", action="store_true", help="measure the stores a run with --keep left, not new ones")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
     stores = [(f"{n} slots", os.path.join(a.dir, f"slots-{n}"), build_plain, n) for n in a.slots]
@@ -203,9 +209,10 @@ def main() -> None:
           f"{'len ms':>8} {'[i] ms':>8} {'[j] ms':>8}")
     try:
         for label, root, build, n in stores:
-            shutil.rmtree(root, ignore_errors=True)
             t = time.perf_counter()
-            build(root, n)
+            if not (a.reuse and os.path.isfile(os.path.join(root, MANIFEST_FILE))):
+                shutil.rmtree(root, ignore_errors=True)
+                build(root, n)
             built = time.perf_counter() - t
             m = measure(root, a.reps)
             base = base or m
