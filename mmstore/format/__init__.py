@@ -246,7 +246,9 @@ segment, checksums, keys, index and ``errors.jsonl`` whatever the number of
 parts: a store with parts reads exactly like a single-run ingest.
 
 Version: a writer writes ``[2, 2]`` and ``requires`` with ``"parts"`` (after
-``"ragged"`` when the store has a ragged field) for a store with parts. A
+``"ragged"`` when the store has a ragged field) for a store with parts (of
+fewer than ``PART_TABLE_MIN_PARTS``; more are listed in a part table, version
+2.4: see "The part table"). A
 2.1 reader refuses it because it does not know the feature (``VersionError``);
 a 2.0 reader refuses it because its ``files`` name files with a ``/`` and
 lack the segments' ``<field>.<k>.npy``; 1.x readers refuse major version 2.
