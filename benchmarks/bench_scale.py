@@ -9,18 +9,23 @@ key empty: a valid key table whose last offset equals the empty
 per-slot checksums, so zeros measure the open exactly, but a real store
 needs real bytes there (8 per slot; a slot's checksum is 0 only for a hole),
 as ``verify`` would report. The ``parts`` store has one slot per part, each
-part's ``parts/<id>/u.npy`` a tiny file, and its manifest is written directly
-(the format 2.2 ``parts``/``segments``/``files`` entries of each part).
+part's ``parts/<id>/u.npy`` a tiny file, its parts listed in a part table
+(format 2.4, ``_parts.bin``, as the writers write it from 1,000 parts); the
+``json-parts`` store is the same in the 2.2 form (``parts``, ``segments`` and
+each part's file in the manifest's JSON), for comparison.
 
 Each measurement runs in a fresh Python process (``mmstore.open``, then
-``len()`` and ``store[i]`` of a random ``i``, peak RSS from
-``resource.getrusage``), repeated; the medians are printed, and each one's
+``len()``, ``store[i]`` of a random ``i`` (the first read: for a store of
+parts it reads and checks the part table, then that part's files) and of
+another random ``i`` (a second part's first read), the process's peak RSS
+(``VmHWM``: ``getrusage`` would count the memory of the process that built
+the stores too, which the probe's ``exec`` inherits)), repeated; the medians are printed, and each one's
 ratio against the smallest store.
 
 Usage::
 
     python benchmarks/bench_scale.py [--dir /var/tmp/mmstore-scale]
-        [--slots 1000 100000000] [--parts 1000000] [--reps 3] [--keep]
+        [--slots 1000 100000000] [--parts 1000000] [--json-parts 100000] [--reps 3] [--keep]
 """
 
 from __future__ import annotations
@@ -45,10 +50,13 @@ from mmstore.format import (
     KEYS_BLOB_FILE,
     KEYS_OFFSETS_FILE,
     MANIFEST_FILE,
+    PART_TABLE_FEATURE,
+    PART_TABLE_FILE,
     PARTS_FEATURE,
     field_file,
     npy_header,
 )
+from mmstore.format.parttable import encode_part_table
 
 FIELD = "u"
 DT = np.dtype("|u1")
@@ -112,8 +120,9 @@ def build_plain(root: str, slots: int) -> None:
     _manifest(root, slots, files, digests, ck, {}, [1, 0])
 
 
-def build_parts(root: str, nparts: int) -> None:
-    """A format 2.2 store of ``nparts`` parts of one slot each."""
+def build_parts(root: str, nparts: int, table: bool = True) -> None:
+    """A store of ``nparts`` parts of one slot each: format 2.4, its parts in a
+    part table, or (``table=False``) 2.2, its parts in the manifest."""
     os.makedirs(root)
     files, digests, ck = _bookkeeping(root, nparts)
     head = npy_header(DT, (1,))
@@ -125,9 +134,25 @@ def build_parts(root: str, nparts: int) -> None:
         os.makedirs(d)
         with open(os.path.join(d, FIELD + ".npy"), "wb") as f:
             f.write(body)
-        files[field_file(FIELD, pid)] = len(body)
+        if not table:
+            files[field_file(FIELD, pid)] = len(body)
+    if not table:
+        _manifest(root, nparts, files, digests, ck,
+                  {"segments": [1] * nparts, "parts": ids, "requires": [PARTS_FEATURE]}, [2, 2])
+        return
+    raw = encode_part_table(ids, [1] * nparts, [[len(body)]] * nparts)
+    with open(os.path.join(root, PART_TABLE_FILE), "wb") as f:
+        f.write(raw)
+    files[PART_TABLE_FILE] = len(raw)
+    digests[PART_TABLE_FILE] = xxhash.xxh3_64(raw).hexdigest()
     _manifest(root, nparts, files, digests, ck,
-              {"segments": [1] * nparts, "parts": ids, "requires": [PARTS_FEATURE]}, [2, 2])
+              {"part_table": {"file": PART_TABLE_FILE, "parts": nparts},
+               "requires": [PARTS_FEATURE, PART_TABLE_FEATURE]}, [2, 4])
+
+
+def build_json_parts(root: str, nparts: int) -> None:
+    """``build_parts`` in the 2.2 form (the parts in the manifest's JSON)."""
+    build_parts(root, nparts, table=False)
 
 
 _PROBE = r"""
@@ -141,9 +166,16 @@ n = len(s)
 t3 = time.perf_counter()
 rec = s[random.randrange(n)]
 t4 = time.perf_counter()
+rec = s[random.randrange(n)]
+t5 = time.perf_counter()
 assert rec["u"].shape == ()
-print(json.dumps({"import_s": t1 - t0, "open_s": t2 - t1, "len_s": t3 - t2, "getitem_s": t4 - t3, "len": n,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+try:  # this process's own peak (getrusage's also counts the parent's memory, the stores' builder, across exec)
+    with open("/proc/self/status") as f:
+        peak = next(int(ln.split()[1]) for ln in f if ln.startswith("VmHWM:")) / 1024
+except (OSError, StopIteration):
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+print(json.dumps({"import_s": t1 - t0, "open_s": t2 - t1, "len_s": t3 - t2, "getitem_s": t4 - t3,
+                  "getitem2_s": t5 - t4, "len": n, "peak_rss_mb": peak}))
 """
 
 
@@ -162,27 +194,32 @@ def main() -> None:
     ap.add_argument("--dir", default="/var/tmp/mmstore-scale")
     ap.add_argument("--slots", type=int, nargs="+", default=[1000, 100_000_000])
     ap.add_argument("--parts", type=int, nargs="*", default=[1_000_000])
+    ap.add_argument("--json-parts", type=int, nargs="*", default=[],
+                    help="part counts of stores in the 2.2 form (parts in the manifest), for comparison")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--keep", action="store_true", help="keep the stores (default: delete them)")
+    ap.add_argument("--reuse", action="store_true", help="measure the stores a run with --keep left, not new ones")
     a = ap.parse_args()
     os.makedirs(a.dir, exist_ok=True)
     stores = [(f"{n} slots", os.path.join(a.dir, f"slots-{n}"), build_plain, n) for n in a.slots]
     stores += [(f"{n} parts", os.path.join(a.dir, f"parts-{n}"), build_parts, n) for n in a.parts]
+    stores += [(f"{n} json parts", os.path.join(a.dir, f"json-parts-{n}"), build_json_parts, n) for n in a.json_parts]
     base: dict[str, float] | None = None
     print(f"{'store':>18} {'build s':>8} {'manifest B':>12} {'open ms':>9} {'x':>7} {'RSS MB':>8} {'x':>6} "
-          f"{'len ms':>8} {'[i] ms':>8}")
+          f"{'len ms':>8} {'[i] ms':>8} {'[j] ms':>8}")
     try:
         for label, root, build, n in stores:
-            shutil.rmtree(root, ignore_errors=True)
             t = time.perf_counter()
-            build(root, n)
+            if not (a.reuse and os.path.isfile(os.path.join(root, MANIFEST_FILE))):
+                shutil.rmtree(root, ignore_errors=True)
+                build(root, n)
             built = time.perf_counter() - t
             m = measure(root, a.reps)
             base = base or m
             print(f"{label:>18} {built:8.1f} {m['manifest_bytes']:12.0f} {1e3 * m['open_s']:9.1f} "
                   f"{m['open_s'] / base['open_s']:7.1f} {m['peak_rss_mb']:8.0f} "
                   f"{m['peak_rss_mb'] / base['peak_rss_mb']:6.1f} {1e3 * m['len_s']:8.3f} "
-                  f"{1e3 * m['getitem_s']:8.2f}", flush=True)
+                  f"{1e3 * m['getitem_s']:8.2f} {1e3 * m['getitem2_s']:8.2f}", flush=True)
             if not a.keep:
                 shutil.rmtree(root, ignore_errors=True)
     finally:

@@ -567,6 +567,24 @@ def _write_encoded_in_place(store: Store, fixes: dict[int, bytes]) -> dict[int, 
     return failed
 
 
+def _rewrite_part_table(store: Store, obj: dict[str, Any], sizes: dict[str, int]) -> None:
+    """Write the store's part table again with the new ``sizes`` of some of
+    its parts' files, and list its own new size and digest in ``obj`` (the
+    manifest, written next)."""
+    from ..format.layout import PART_TABLE_FILE, part_file
+    from ..format.parttable import encode_part_table, part_data_names
+    from ..store.writer import file_digest
+
+    m = store.manifest
+    names = part_data_names(m["backend"], m["schema"])
+    files = {**m["files"], **sizes}
+    rows = [[int(files[part_file(pid, n)]) for n in names] for pid in m["parts"]]
+    path = os.path.join(store.path, PART_TABLE_FILE)
+    atomic_write(path, encode_part_table(m["parts"], m["segments"], rows))
+    obj["files"][PART_TABLE_FILE] = os.path.getsize(path)
+    obj["digests"][PART_TABLE_FILE] = file_digest(path)
+
+
 def _rebuild_segments(store: Store, fixes: dict[int, bytes], drop: bool) -> None:
     """Rebuild the data files of every segment that holds a fix, or (``drop``)
     an entry that is not a record; the others stay as they are (in a merged
@@ -603,7 +621,10 @@ def _rebuild_segments(store: Store, fixes: dict[int, bytes], drop: bool) -> None
             mpath = os.path.join(store.path, MANIFEST_FILE)
             with open(mpath, "rb") as fh:
                 obj = json.loads(fh.read())
-            obj["files"].update(sizes)
+            if obj.get("part_table") is not None:  # the parts' sizes live in the part table: a new one
+                _rewrite_part_table(store, obj, sizes)
+            else:
+                obj["files"].update(sizes)
             atomic_write(mpath, json_bytes(obj, indent=1) + b"\n")
     finally:
         for work in works:

@@ -35,7 +35,7 @@ import xxhash
 
 from .._os.threads import Pool
 from ..errors import FormatError, RemoteNotFoundError
-from ..format.layout import MANIFEST_FILE, MANIFEST_MAX_BYTES, PUSH_MARK_FILE, REMOTE_INDEX_FILE
+from ..format.layout import MANIFEST_FILE, MANIFEST_MAX_BYTES, PART_TABLE_FILE, PUSH_MARK_FILE, REMOTE_INDEX_FILE
 from ..format.manifest import parse_manifest
 from ..remote.client import Remote
 from ..remote.index import (
@@ -268,6 +268,15 @@ def verify_remote(url: str, *, deep: bool = False, jobs: int = 8, progress: Call
         rep.problems.append(Problem("manifest", f"{exc}", MANIFEST_FILE))
         rep.seconds = round(time.monotonic() - t0, 3)
         return rep
+    if manifest.get("part_table") is not None:
+        from ..remote.replica import remote_parts
+
+        try:
+            manifest = remote_parts(remote, manifest)
+        except FormatError as exc:
+            rep.problems.append(Problem("part-table", f"{exc}", PART_TABLE_FILE))
+            rep.seconds = round(time.monotonic() - t0, 3)
+            return rep
     rep.store_id = str(manifest.get("store_id"))
     rep.backend = str(manifest.get("backend"))
     rep.records, rep.slots = int(manifest.get("records", 0)), int(manifest.get("slots", 0))

@@ -19,7 +19,9 @@ class Problem:
     store), not-regular (a store file that is a FIFO, directory, device ...),
     backend (the backend cannot work here), read, offsets (an encoded
     field's offsets index: each problem names the field, and the slot and
-    key of each bad entry)."""
+    key of each bad entry), part-table (the part table of a store of many
+    parts: its size, digest or a rule it breaks; nothing of the parts is
+    checked then)."""
 
     kind: str
     message: str

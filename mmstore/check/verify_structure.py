@@ -22,10 +22,11 @@ from ..format.layout import (
     KEYS_OFFSETS_FILE,
     LMDB_FILE,
     MANIFEST_FILE,
+    PART_TABLE_FILE,
     PARTS_DIR,
     lmdb_file,
 )
-from ..format.manifest import read_manifest
+from ..format.manifest import expand_manifest, read_manifest, read_part_table
 from ..store.backends import data_file_names
 from ..store.backends.base import check_npy
 from ..store.writer import file_digest
@@ -82,12 +83,18 @@ def _read_manifest(path: str, rep: VerifyReport) -> Ctx | None:
                             "(not read: a store holds regular files only)", MANIFEST_FILE))
         return None
     try:
-        m = read_manifest(path)
+        m = read_manifest(path, expand=False)
     except IncompleteStoreError:
         raise
     except (FormatError, ValueError, RecursionError) as exc:  # ValueError: e.g. an int of 5,000 digits
         prob.append(Problem("manifest", " ".join(str(exc).split()) or type(exc).__name__, MANIFEST_FILE))
         return None
+    if m["part_table"] is not None:
+        try:
+            m = expand_manifest(m, read_part_table(path, m), os.path.join(path, PART_TABLE_FILE))
+        except FormatError as exc:
+            prob.append(Problem("part-table", " ".join(str(exc).split()), PART_TABLE_FILE))
+            return None
     ctx = Ctx(path, m)
     rep.store_id, rep.backend, rep.records, rep.slots = m["store_id"], m["backend"], m["records"], m["slots"]
     return ctx
@@ -121,6 +128,8 @@ def _check_listing(ctx: Ctx, rep: VerifyReport) -> tuple[list[str], set[str], se
     j = lambda n: os.path.join(ctx.path, n)  # noqa: E731
     data_names = data_file_names(ctx.backend, ctx.schema, ctx.m.get("segments"), ctx.m.get("parts"))
     needed = data_names + [CHECKSUMS_FILE, KEYS_OFFSETS_FILE, KEYS_BLOB_FILE]
+    if ctx.m.get("part_table") is not None:
+        needed.append(PART_TABLE_FILE)
     if ctx.records < ctx.slots:
         needed += [INDEX_FILE, ERRORS_FILE]
     elif ERRORS_FILE in files:  # no holes, skipped annotations only (format.py)

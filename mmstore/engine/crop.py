@@ -654,7 +654,7 @@ class CropReader:
         self._chans = tuple(fd.shape[2:])
         self._pix = int(np.prod(self._chans, dtype=np.int64)) * fd.dtype.itemsize
         be = store.slot_view.backend
-        self._local = bool(be.positional and store.replica is None and len(be.segment_backends()) == 1)
+        self._local = bool(be.positional and store.replica is None and be.segment_count() == 1)
 
     @property
     def follows(self) -> bool:

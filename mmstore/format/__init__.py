@@ -1,4 +1,4 @@
-"""The mmstore on-disk format, version 2.3: the one place it is specified.
+"""The mmstore on-disk format, version 2.4: the one place it is specified.
 
 This docstring is the contract. Code elsewhere imports the constants and the
 ``parse_*`` / ``npy_*`` helpers below and never repeats a literal. "MUST" and
@@ -21,13 +21,16 @@ A store is a directory
       _index.npy           <u8, shape (records,): dataset index -> slot (only with holes)
       errors.jsonl         one JSON object per skipped input or skipped annotation
                            (only with holes or skipped annotations)
+      _parts.bin           the part table of a store of many parts (see "The part table")
 
 A *segmented* store (version 1.1, written by ``mmstore merge``) keeps its
 record data in several consecutive segments instead: ``<field>.00000.npy``,
 ``<field>.00001.npy``, ... or ``records.00000.mdb``, ... (see "Segments").
 A store joined from *parts* (version 2.2, written by ``mmstore.ray.write``)
 keeps each segment's data files in a directory of its own,
-``parts/<part id>/<field>.npy`` ... (see "Parts").
+``parts/<part id>/<field>.npy`` ... (see "Parts"); a store of many parts
+(version 2.4) lists them in ``_parts.bin`` instead of the manifest (see
+"The part table").
 
 No other file belongs in a finished store. Names starting with ``_`` are
 reserved for the store's own bookkeeping, so field names never start with one.
@@ -90,8 +93,9 @@ the size before parsing). Keys (readers MUST ignore unknown keys of the same
 major version):
 
 ``format``       the string ``"mmstore"`` (``FORMAT_NAME``).
-``version``      ``[major, minor]``. This document is ``[2, 3]``. Writers
-                 write ``[2, 3]`` for a store with a shaped field (see
+``version``      ``[major, minor]``. This document is ``[2, 4]``. Writers
+                 write ``[2, 4]`` for a store with a ``part_table`` (see
+                 "The part table"), ``[2, 3]`` for one with a shaped field (see
                  "Images of their own shape"), ``[2, 2]`` for one with
                  ``parts`` (see "Parts"), ``[2, 1]`` for one with a ragged field (see
                  "Ragged fields"), ``[2, 0]`` for one with another
@@ -124,7 +128,11 @@ major version):
                  data bytes of ``_checksums.npy`` (after its header), so a
                  manifest copied from another store is detected by ``verify``.
 ``files``        ``{file name: size in bytes}`` of every file of the store but
-                 the manifest. Readers MUST check every size on open.
+                 the manifest (with a ``part_table``: but the parts' data
+                 files, whose sizes the table holds). Readers MUST check
+                 every size on open, but for a part table's parts: a part's
+                 files are checked before the first byte of that part is
+                 read (see "The part table"); ``verify`` checks them all.
 ``digests``      ``{file name: HEX16}``: xxh3_64 of the whole content of each
                  bookkeeping file (``_keys_offsets.npy``, ``_keys.bin``, and
                  ``_index.npy`` and ``errors.jsonl`` when present), so a flipped
@@ -134,11 +142,15 @@ major version):
                  "Segments". Absent: the store is one segment.
 ``parts``        optional (2.2): list of part ids, one per segment; see
                  "Parts". Absent: the segments' files are in the store's
-                 own directory.
+                 own directory, or a ``part_table`` lists the parts.
+``part_table``   optional (2.4): ``{"file": "_parts.bin", "parts": N}``,
+                 in place of ``parts`` and ``segments`` (both then absent);
+                 see "The part table".
 ``requires``     optional (2.1): list of feature names a reader MUST know to
                  read the store (``["ragged"]``, ``["parts"]``,
-                 ``["shapes"]``), in that order when several; see "Ragged
-                 fields", "Parts" and "Images of their own shape".
+                 ``["shapes"]``, ``["part_table"]``), in that order when
+                 several; see "Ragged fields", "Parts", "Images of their
+                 own shape" and "The part table".
 ``label_names``  list of strings (label ``k`` is ``label_names[k]``) or null.
 ``provenance``   free-form JSON object: source, parameters, tool version,
                  time. Nothing else in the store may depend on it.
@@ -234,7 +246,9 @@ segment, checksums, keys, index and ``errors.jsonl`` whatever the number of
 parts: a store with parts reads exactly like a single-run ingest.
 
 Version: a writer writes ``[2, 2]`` and ``requires`` with ``"parts"`` (after
-``"ragged"`` when the store has a ragged field) for a store with parts. A
+``"ragged"`` when the store has a ragged field) for a store with parts (of
+fewer than ``PART_TABLE_MIN_PARTS``; more are listed in a part table, version
+2.4: see "The part table"). A
 2.1 reader refuses it because it does not know the feature (``VersionError``);
 a 2.0 reader refuses it because its ``files`` name files with a ``/`` and
 lack the segments' ``<field>.<k>.npy``; 1.x readers refuse major version 2.
@@ -255,6 +269,83 @@ are never rewritten, so a store and every store in its ``appended``
 objects of their shared part files that still match that URL's remote
 index, and uploads the rest. Nothing else depends on ``appended``; no
 reader needs it.
+
+The part table (version 2.4)
+----------------------------
+
+A store of many parts (``mmstore.ray.write`` makes one part per
+``part_rows`` rows: a billion rows, a million parts) would need a manifest
+entry per part and per part file, 80 to 130 bytes a part, so that a store of
+more than about 500,000 parts could not be written within
+``MANIFEST_MAX_BYTES``, and an open would parse them all and look at every
+part's files. Such a store lists its parts in one binary file instead,
+``_parts.bin`` (``PART_TABLE_FILE``), the *part table*, and its manifest
+carries ``"part_table": {"file": "_parts.bin", "parts": N}`` in place of
+``parts`` and ``segments``; ``files`` lists ``_parts.bin`` (its size) and
+none of the parts' data files, and ``digests`` lists its xxh3_64. The
+stores are otherwise those of "Parts": the same directories, data files and
+bookkeeping files; only where the list of parts is kept differs, and a
+store read through either form reads the same records.
+
+The table, every integer ``<u8`` (little-endian, unsigned 64-bit):
+
+- 32 bytes of head: the 8 bytes ``MMSPARTS`` (``PART_TABLE_MAGIC``), then
+  ``N`` (the number of parts, at least 1), ``F`` (the data files per part)
+  and ``L`` (the bytes of the part ids, all together);
+- ``ends``: ``N`` integers, the end (exclusive) of each part's slots: part
+  ``k`` holds slots ``[ends[k-1], ends[k])`` (``ends[-1]`` counting as 0),
+  the segment ``c_k = ends[k] - ends[k-1]`` of "Segments";
+- ``sizes``: ``N x F`` integers, row ``k`` the sizes of part ``k``'s data
+  files in the order an unsegmented store of the backend and schema names
+  them (memmap: each field in schema order, ``<field>.npy``, or
+  ``<field>.bin`` then ``<field>.offsets.npy`` for a variable-size field;
+  lmdb: ``records.mdb``): the sizes ``files`` would list for
+  ``parts/<id_k>/<name>``;
+- ``id_ends``: ``N`` integers, the end of each part's id in the id bytes;
+- the id bytes: the ``N`` part ids, ASCII, back to back (part ``k``'s id is
+  ``ids[id_ends[k-1]:id_ends[k]]``).
+
+So the file has exactly ``32 + 8 N (2 + F) + L`` bytes. Rules, each a
+``FormatError`` that says what was expected and what was found: the head
+starts with the magic; ``N`` equals the manifest's ``parts``; ``F`` equals
+the data files a part of this backend and schema has; ``N <= L <= 128 N``;
+the size is exactly the one above (checked against ``files`` and the
+head before anything else is read); the whole file's xxh3_64 equals
+``digests["_parts.bin"]``; ``ends`` is non-decreasing and its last is
+``slots``; no size exceeds ``MAX_STORE_BYTES``; each id is 1 to 128 bytes
+matching ``PART_ID_RE``; and (checked by ``verify`` and by every tool that
+lists the parts, not by a reader reading records) no id appears twice. The
+manifest's ``files`` size of ``_parts.bin`` is refused above the most a table
+of ``N`` parts can have (``L = 128 N``), so no reader ever reads more of it.
+
+Reading. An open checks the table's size and head against the manifest, in
+O(1), and reads nothing else of it nor of any part. Before its first use
+(the first read of a record, the first look at the part list), a reader
+reads the whole table, once, checks its digest and every rule above, and
+keeps it as a few arrays: the part of slot ``s`` is found by a binary search
+in ``ends``. A part's data files are checked (the rules of "Reading a store
+from someone else": a regular file, its identity noted, its ``.npy`` header
+and exact size, the size the table lists) before the first byte of that part
+is read, and then kept open for the reads that follow; ``verify`` checks every
+part's files, and the table itself, with every rule. So a damaged table is an
+error at open or before the first record is returned, never a wrong record.
+
+Writing. A writer writes the table, and version ``[2, 4]`` with ``requires``
+listing ``"parts"`` and ``"part_table"`` (last), when a store has at least
+``PART_TABLE_MIN_PARTS`` parts (1,000), and the 2.2 form below that. The
+threshold keeps the stores of a few parts (an append, a write of a modest
+data set) readable by 2.2 and 2.3 readers, which refuse a store that requires
+the feature (``VersionError``, naming it); from 1,000 parts the per-part
+JSON of the 2.2 form costs an open more than the table and grows towards the
+manifest's limit. Readers read both forms. A tool that rewrites a store's
+parts (the join of parts, ``append``, ``verify --repair`` rebuilding a part)
+writes the table again, with its new size and digest in the manifest.
+
+In object storage the table is one more store file (pushed, pulled and
+indexed as any other); a reader fetches it whole after the manifest and
+before the remote index, no more than the size the manifest lists, and
+checks it as above; the manifest's files with the parts' files from the
+table are what the remote index must list.
 
 Encoded fields (version 2.0)
 ----------------------------
@@ -477,7 +568,7 @@ Every file of a store is untrusted input. Readers MUST:
   never block on opening (``O_NONBLOCK``: a FIFO or device is refused, not
   read) (``open_store_file``);
 - bound every size before reading: the manifest by ``MANIFEST_MAX_BYTES``, the
-  other files by the sizes the manifest lists, and those (and
+  other files by the sizes the manifest (or its part table) lists, and those (and
   ``slots * entry_bytes`` of every field) by ``MAX_STORE_BYTES``, computed
   with unbounded integers so nothing overflows;
 - prove every offset in range before it reaches a copy: ``_index.npy``
@@ -608,6 +699,10 @@ from .layout import (
     MANIFEST_MAX_BYTES,
     MAX_STORE_BYTES,
     PART_ID_RE,
+    PART_TABLE_FEATURE,
+    PART_TABLE_FILE,
+    PART_TABLE_MIN_PARTS,
+    PART_TABLE_VERSION,
     PARTIAL_SUFFIX,
     PARTS_DIR,
     PARTS_FEATURE,
@@ -671,6 +766,10 @@ __all__ = [
     "PARTS_FEATURE",
     "PARTS_VERSION",
     "PART_ID_RE",
+    "PART_TABLE_FEATURE",
+    "PART_TABLE_FILE",
+    "PART_TABLE_MIN_PARTS",
+    "PART_TABLE_VERSION",
     "RAGGED_VERSION",
     "RAGGED_ZSTD_MAX_BYTES",
     "READ_MAJORS",

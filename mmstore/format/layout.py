@@ -39,7 +39,13 @@ __all__ = [
     "PARTS_DIR",
     "PARTS_FEATURE",
     "PARTS_VERSION",
+    "PART_ID_MAX",
     "PART_ID_RE",
+    "PART_TABLE_FEATURE",
+    "PART_TABLE_FILE",
+    "PART_TABLE_MAGIC",
+    "PART_TABLE_MIN_PARTS",
+    "PART_TABLE_VERSION",
     "PUSH_MARK_FILE",
     "RAGGED_FEATURE",
     "RAGGED_VERSION",
@@ -77,7 +83,7 @@ __all__ = [
 ]
 
 FORMAT_NAME = "mmstore"
-FORMAT_VERSION = (2, 3)  # this document
+FORMAT_VERSION = (2, 4)  # this document
 PLAIN_VERSION = (1, 0)  # what a store without segments or variable-size fields is written as
 SEGMENTED_VERSION = (1, 1)  # ... with segments, without variable-size fields
 VARIABLE_VERSION = (2, 0)  # ... with a variable-size field (segmented or not)
@@ -87,11 +93,18 @@ PARTS_VERSION = (2, 2)  # ... whose segments are parts (see "Parts")
 PARTS_FEATURE = "parts"  # what such a store's "requires" lists
 SHAPES_VERSION = (2, 3)  # ... with a field of images of their own shape (see "Images of their own shape")
 SHAPES_FEATURE = "shapes"  # what such a store's "requires" lists
+PART_TABLE_VERSION = (2, 4)  # ... whose parts are listed in a part table (see "The part table")
+PART_TABLE_FEATURE = "part_table"  # what such a store's "requires" lists
+PART_TABLE_FILE = "_parts.bin"  # the part table
+PART_TABLE_MAGIC = b"MMSPARTS"  # its first 8 bytes
+PART_TABLE_MIN_PARTS = 1000  # writers list this many parts or more in a part table (read at call time)
 HW_SUFFIX = "_hw"  # the companion field of shaped field F: F_hw, each record's (h, w)
 SHAPED_MAX_BYTES = 1 << 31  # a shaped field's record decodes to at most this many bytes
 PARTS_DIR = "parts"  # a part's data files: parts/<part id>/<name>
+PART_ID_MAX = 128  # characters of a part id at most
 PART_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$")
-KNOWN_FEATURES = (RAGGED_FEATURE, PARTS_FEATURE, SHAPES_FEATURE)  # the "requires" entries this reader knows
+# the "requires" entries this reader knows
+KNOWN_FEATURES = (RAGGED_FEATURE, PARTS_FEATURE, SHAPES_FEATURE, PART_TABLE_FEATURE)
 RAGGED_ZSTD_MAX_BYTES = 1 << 31  # a zstd entry of a ragged field decompresses to at most this
 READ_MAJORS = (1, 2)  # the major versions this reader reads
 MANIFEST_FILE = "manifest.json"
@@ -175,10 +188,12 @@ def variable_files(name: str, segment: int | str | None = None) -> tuple[str, st
 
 
 def manifest_version(variable: bool, segmented: bool, ragged: bool = False, parts: bool = False,
-                     shaped: bool = False) -> tuple[int, int]:
-    """The version a writer writes (see ``version``): 2.3 with a shaped field,
-    2.2 with parts, 2.1 with a ragged field, 2.0 with another variable-size
-    field, else 1.1 with segments, else 1.0."""
+                     shaped: bool = False, part_table: bool = False) -> tuple[int, int]:
+    """The version a writer writes (see ``version``): 2.4 with a part table,
+    2.3 with a shaped field, 2.2 with parts, 2.1 with a ragged field, 2.0
+    with another variable-size field, else 1.1 with segments, else 1.0."""
+    if part_table:
+        return PART_TABLE_VERSION
     if shaped:
         return SHAPES_VERSION
     if parts:
@@ -196,7 +211,7 @@ def lmdb_file(segment: int | str | None = None) -> str:
 
 
 _BOOKKEEPING_FILES = frozenset({MANIFEST_FILE, CHECKSUMS_FILE, KEYS_OFFSETS_FILE, KEYS_BLOB_FILE, INDEX_FILE,
-                                 ERRORS_FILE})
+                                 ERRORS_FILE, PART_TABLE_FILE})
 _DATA_FILE_RE = re.compile(
     rf"^(?:{FIELD_NAME_RE.pattern.strip('^$')}(?:\.[0-9]+)?(?:\.npy|\.bin|\.offsets\.npy)"
     r"|records(?:\.[0-9]+)?\.mdb)$")

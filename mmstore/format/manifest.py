@@ -28,6 +28,9 @@ from .layout import (
     MANIFEST_MAX_BYTES,
     MAX_STORE_BYTES,
     PART_ID_RE,
+    PART_TABLE_FEATURE,
+    PART_TABLE_FILE,
+    PART_TABLE_VERSION,
     PARTIAL_SUFFIX,
     PARTS_DIR,
     PARTS_FEATURE,
@@ -40,7 +43,9 @@ from .layout import (
     VARIABLE_VERSION,
     normalize_dtype,
     open_store_file,
+    part_file,
 )
+from .parttable import PartTable, check_unique_ids, decode_part_table, part_data_names, part_table_max_bytes
 
 
 def _parse_int(path: str, obj: dict[str, Any], key: str, minimum: int = 0) -> int:
@@ -305,11 +310,35 @@ def _parse_segments(path: str, segments: Any, slots: int, ver: list[int]) -> lis
     return segments
 
 
-def _parse_parts(path: str, parts: Any, segments: list[int] | None, ver: list[int], req: list[str]) -> list[str] | None:
+def _parse_part_table(path: str, obj: dict[str, Any], ver: list[int], req: list[str]) -> dict[str, Any] | None:
+    """``part_table`` (2.4): ``{"file": PART_TABLE_FILE, "parts": N}``, in
+    place of ``parts`` and ``segments`` (see "The part table")."""
+    pt = obj.get("part_table")
+    if pt is None:
+        if PART_TABLE_FEATURE in req:
+            raise _fail(path, f"'requires' lists {PART_TABLE_FEATURE!r} but there is no 'part_table'")
+        return None
+    n = pt.get("parts") if isinstance(pt, dict) else None
+    if (not isinstance(pt, dict) or set(pt) != {"file", "parts"} or pt.get("file") != PART_TABLE_FILE
+            or isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= MAX_STORE_BYTES):
+        raise _fail(path, f"'part_table' must be {{\"file\": {PART_TABLE_FILE!r}, \"parts\": an integer >= 1}}, "
+                    f"found {str(pt)[:200]}")
+    if "parts" in obj or "segments" in obj:
+        raise _fail(path, "a store with a 'part_table' lists its parts and segments there: 'parts' and 'segments' "
+                    "must be absent")
+    if PART_TABLE_FEATURE not in req or PARTS_FEATURE not in req or tuple(ver) < PART_TABLE_VERSION:
+        raise _fail(path, f"'part_table' needs format version {PART_TABLE_VERSION[0]}.{PART_TABLE_VERSION[1]} and "
+                    f"'requires': [{PARTS_FEATURE!r}, {PART_TABLE_FEATURE!r}]; the manifest says {ver[0]}.{ver[1]}, "
+                    f"requires {req}")
+    return {"file": PART_TABLE_FILE, "parts": n}
+
+
+def _parse_parts(path: str, parts: Any, segments: list[int] | None, ver: list[int], req: list[str],
+                 table: bool = False) -> list[str] | None:
     """``parts``: one id per segment, each matching ``PART_ID_RE``, unique
     (see "Parts" in the specification)."""
     if parts is None:
-        if PARTS_FEATURE in req:
+        if PARTS_FEATURE in req and not table:
             raise _fail(path, f"'requires' lists {PARTS_FEATURE!r} but there is no 'parts'")
         return None
     if (not isinstance(parts, list) or any(not isinstance(p, str) or not PART_ID_RE.match(p) for p in parts)
@@ -362,14 +391,22 @@ def parse_manifest(raw: bytes, path: str = MANIFEST_FILE) -> dict[str, Any]:
         or not re.fullmatch(r"[0-9a-f]{16}", ck["digest"])
     ):
         raise _fail(path, f"'checksum' must be {{'algorithm': '{CHECKSUM_ALGORITHM}', 'digest': 16 hex}}, found {ck!r}")
+    table = _parse_part_table(path, obj, ver, requires)
     segments = _parse_segments(path, obj.get("segments"), slots, ver)
-    parts = _parse_parts(path, obj.get("parts"), segments, ver, requires)
+    parts = _parse_parts(path, obj.get("parts"), segments, ver, requires, table is not None)
     files = _parse_files(path, obj.get("files"), parts)
     digests = obj.get("digests", {})
     if not isinstance(digests, dict) or any(
         n not in files or not isinstance(d, str) or not re.fullmatch(r"[0-9a-f]{16}", d) for n, d in digests.items()
     ):
         raise _fail(path, "'digests' must map files listed in 'files' to 16 hex digits")
+    if table is not None:
+        most = part_table_max_bytes(table["parts"], len(part_data_names(backend, schema)))
+        size = files.get(PART_TABLE_FILE)
+        if size is None or PART_TABLE_FILE not in digests or size > most:
+            raise _fail(path, f"a store with a part table lists {PART_TABLE_FILE!r} in 'files' (at most {most} bytes "
+                        f"for {table['parts']} parts) and in 'digests', found size {size!r}, digest "
+                        f"{digests.get(PART_TABLE_FILE)!r}")
     labels = obj.get("label_names")
     if labels is not None and (not isinstance(labels, list) or not all(isinstance(s, str) for s in labels)):
         raise _fail(path, "'label_names' must be a list of strings or null")
@@ -392,8 +429,77 @@ def parse_manifest(raw: bytes, path: str = MANIFEST_FILE) -> dict[str, Any]:
         segments=list(segments) if segments is not None else None,
         parts=list(parts) if parts is not None else None,
         requires=list(requires),
+        part_table=table,
     )
     return out
+
+
+def part_table_limit(manifest: dict[str, Any]) -> int:
+    """The bytes of the part table of a (parsed) manifest with one: the size
+    its ``files`` lists, which parsing bounded by the most its parts can take."""
+    return int(manifest["files"][PART_TABLE_FILE])
+
+
+def expand_manifest(manifest: dict[str, Any], raw_table: bytes | bytearray, path: str) -> dict[str, Any]:
+    """A (parsed) manifest of a store with a part table, with its parts in
+    the 2.2 form that whole-store tools use: ``parts`` and ``segments``
+    lists, and each part's data files in ``files`` (``parts/<id>/<name>``).
+    ``raw_table``: the bytes of ``_parts.bin``, checked whole here (digest,
+    every rule, ids appearing once; ``path`` names it in errors). A manifest
+    without a part table is returned as it is."""
+    table = manifest.get("part_table")
+    if table is None:
+        return manifest
+    names = part_data_names(manifest["backend"], manifest["schema"])
+    t = decode_part_table(raw_table, parts=table["parts"], files_per_part=len(names), slots=manifest["slots"],
+                          digest=manifest["digests"][PART_TABLE_FILE], path=path)
+    return expand_with_table(manifest, t, path)
+
+
+def expand_with_table(manifest: dict[str, Any], t: PartTable, path: str) -> dict[str, Any]:
+    """:func:`expand_manifest` with the part table already decoded (``t``);
+    its ids are checked to appear once here."""
+    names = part_data_names(manifest["backend"], manifest["schema"])
+    ids = check_unique_ids(t, path)
+    out = dict(manifest)
+    files = dict(manifest["files"])
+    for pid, row in zip(ids, t.sizes.tolist()):
+        for name, size in zip(names, row):
+            files[part_file(pid, name)] = int(size)
+    out.update(parts=ids, segments=t.counts(), files=files)
+    return out
+
+
+def read_part_table(store_dir: str, manifest: dict[str, Any], *, dir_fd: int | None = None,
+                    ident: dict[str, tuple[int, int, int, int]] | None = None) -> bytearray:
+    """The bytes of the part table of the store in ``store_dir`` whose
+    (parsed) manifest is ``manifest``: no more than its listed size is read,
+    and a file of another size is refused (``FormatError``)."""
+    from .layout import note_identity
+
+    path = os.path.join(store_dir, PART_TABLE_FILE)
+    want = part_table_limit(manifest)
+    fd = open_store_file(path, missing=f"{path}: missing, but the manifest lists it; the store is damaged: restore "
+                         "the file from a copy or write the store again", dir_fd=dir_fd, ident=ident)
+    try:
+        st = os.fstat(fd)
+        note_identity(ident, path, st)
+        if st.st_size != want:
+            raise FormatError(f"{path}: expected {want} bytes (the manifest's size), found {st.st_size}: the file "
+                              "was truncated or extended; restore the store from a copy or write it again")
+        raw = bytearray(want)
+        view = memoryview(raw)
+        got = 0
+        while got < want:  # into one buffer: no copy of a table of tens of MB
+            n = os.preadv(fd, [view[got : got + (1 << 26)]], got)
+            if not n:
+                break
+            got += n
+    finally:
+        os.close(fd)
+    if got != want:
+        raise FormatError(f"{path}: read {got} of its {want} bytes: the file was truncated while being read")
+    return raw
 
 
 def _fail(path: str, what: str) -> FormatError:
@@ -441,12 +547,16 @@ def _no_manifest(store_dir: str) -> str:
             f"files in it: mmstore ingest {shlex.quote(store_dir)} DEST.store")
 
 
-def read_manifest(store_dir: str, *, dir_fd: int | None = None) -> dict[str, Any]:
+def read_manifest(store_dir: str, *, dir_fd: int | None = None, expand: bool = True) -> dict[str, Any]:
     """Read and validate ``store_dir/manifest.json`` (size capped first).
 
     ``dir_fd``: a descriptor of the directory ``store_dir`` named when the
     caller opened it; the manifest is read from that directory even if
-    ``store_dir`` names another one by now (see "Replacing a store")."""
+    ``store_dir`` names another one by now (see "Replacing a store").
+    ``expand``: a store with a part table is returned with its parts listed
+    as in 2.2 (:func:`expand_manifest`, after reading and checking the whole
+    table); False: as written, its ``part_table`` only (what a reader that
+    reads parts lazily wants)."""
     from ..errors import IncompleteStoreError
 
     path = os.path.join(store_dir, MANIFEST_FILE)
@@ -476,4 +586,8 @@ def read_manifest(store_dir: str, *, dir_fd: int | None = None) -> dict[str, Any
                 raise _fail(path, f"larger than the {MANIFEST_MAX_BYTES}-byte limit")
     finally:
         os.close(fd)
-    return parse_manifest(b"".join(chunks), path)
+    m = parse_manifest(b"".join(chunks), path)
+    if expand and m["part_table"] is not None:
+        raw = read_part_table(store_dir, m, dir_fd=dir_fd)
+        m = expand_manifest(m, raw, os.path.join(store_dir, PART_TABLE_FILE))
+    return m

@@ -31,6 +31,7 @@ from ..format.layout import (
     KEYS_OFFSETS_FILE,
     MANIFEST_FILE,
     MAX_STORE_BYTES,
+    PART_TABLE_FILE,
     REMOTE_FORMAT_NAME,
     REMOTE_FORMAT_VERSION,
     REMOTE_INDEX_FILE,
@@ -244,6 +245,11 @@ def expected_sizes(manifest: dict[str, Any]) -> dict[str, int | None]:
     out[KEYS_BLOB_FILE] = None
     out[INDEX_FILE] = _npy_bytes(KEY_DTYPE, (records,))
     out[ERRORS_FILE] = None
+    if manifest.get("part_table") is not None and found is not None:  # expanded: its ids are known
+        from ..format.parttable import part_data_names, part_table_bytes
+
+        width = len(part_data_names(manifest["backend"], manifest["schema"]))
+        out[PART_TABLE_FILE] = part_table_bytes(len(found), width, sum(len(str(p)) for p in found))
     return out
 
 

@@ -114,14 +114,21 @@ from ..errors import (
     RemoteChecksumError,
     RemoteNotFoundError,
 )
-from ..format.layout import KEYS_BLOB_FILE, KEYS_OFFSETS_FILE, MANIFEST_FILE, MANIFEST_MAX_BYTES, REMOTE_INDEX_FILE
-from ..format.manifest import parse_manifest
+from ..format.layout import (
+    KEYS_BLOB_FILE,
+    KEYS_OFFSETS_FILE,
+    MANIFEST_FILE,
+    MANIFEST_MAX_BYTES,
+    PART_TABLE_FILE,
+    REMOTE_INDEX_FILE,
+)
+from ..format.manifest import expand_manifest, parse_manifest, part_table_limit
 from .client import Remote
 from .index import DIGEST_BYTES, RemoteIndex, block_digest, index_max_bytes, parse_index
 from .url import parse_url
 
 __all__ = ["CONSUMED", "KEEP", "Pin", "Replica", "default_cache_dir", "open_replica", "parse_bytes",
-           "read_remote_manifest"]
+           "read_remote_manifest", "remote_parts"]
 
 _FETCH_THREADS = 16
 _FETCH_RUN_BYTES = 8 << 20  # one range request fetches up to this many bytes of consecutive blocks
@@ -222,7 +229,7 @@ def read_remote_manifest(remote: Remote) -> tuple[RemoteIndex, dict[str, Any], b
         remote.list()  # a missing bucket: its own error (client.missing_root), the one every command gives
         raise RemoteNotFoundError(f"{remote.url}: no store at this URL (no {MANIFEST_FILE}): check the prefix, "
                                   "or push one with `mmstore push STORE URL`") from exc
-    manifest = parse_manifest(raw_manifest, remote.loc.object_url(MANIFEST_FILE))
+    manifest = remote_parts(remote, parse_manifest(raw_manifest, remote.loc.object_url(MANIFEST_FILE)))
     try:
         raw_index = remote.get_small(REMOTE_INDEX_FILE, index_max_bytes(manifest, raw_manifest))
     except RemoteNotFoundError as exc:
@@ -234,6 +241,18 @@ def read_remote_manifest(remote: Remote) -> tuple[RemoteIndex, dict[str, Any], b
     index = parse_index(raw_index, remote.url)
     index.check_manifest(manifest, raw_manifest, remote.url)
     return index, manifest, raw_manifest
+
+
+def remote_parts(remote: Remote, manifest: dict[str, Any]) -> dict[str, Any]:
+    """The (parsed) manifest of the store at ``remote`` with its parts listed
+    (:func:`~mmstore.format.manifest.expand_manifest`): a store with a part
+    table has it fetched, no more than the size its manifest lists (which
+    parsing bounded by what its parts can take), and checked whole (digest,
+    every rule). Others are returned as they are."""
+    if manifest.get("part_table") is None:
+        return manifest
+    raw = remote.get_small(PART_TABLE_FILE, part_table_limit(manifest))
+    return expand_manifest(manifest, raw, remote.loc.object_url(PART_TABLE_FILE))
 
 
 class Pin:

@@ -29,12 +29,14 @@ from ..format.layout import (
     KEYS_BLOB_FILE,
     KEYS_OFFSETS_FILE,
     MANIFEST_FILE,
+    PART_TABLE_FILE,
     PARTIAL_SUFFIX,
     decode_key,
     note_identity,
     open_store_file,
 )
-from ..format.manifest import read_manifest
+from ..format.manifest import expand_with_table, read_manifest, read_part_table
+from ..format.parttable import PART_TABLE_HEAD_BYTES, PartTable, check_part_table_head, decode_part_table
 from ..format.ragged import read_ragged
 from ..format.schema import Schema
 from ..format.shaped import decode_shaped, read_shaped
@@ -164,8 +166,12 @@ class Store:
     def _load(self, dir_fd: int, ident: dict[str, tuple[int, int, int, int]], store_id: str | None) -> None:
         """One try of ``_open``: the manifest of the directory ``dir_fd`` and
         the checks of its files."""
-        self.manifest: dict[str, Any] = read_manifest(self.path, dir_fd=dir_fd)
-        m = self.manifest
+        # as written: a store with a part table lists its parts there, read
+        # when first needed (NOTE [lazy parts]); ``manifest`` expands it
+        self._m: dict[str, Any] = read_manifest(self.path, dir_fd=dir_fd, expand=False)
+        self._full: dict[str, Any] | None = None if self._m["part_table"] is not None else self._m
+        self._table: PartTable | None = None
+        m = self._m
         if store_id is not None and m["store_id"] != store_id:
             raise StoreChangedError(
                 f"{self.path}: the store was replaced since it was opened (store id {store_id} -> "
@@ -176,21 +182,64 @@ class Store:
         self.records: int = m["records"]
         self.backend_name: str = m["backend"]
         self.label_names: list[str] | None = m["label_names"]
-        self.segments: list[int] | None = m.get("segments")
-        """Slot counts of the data segments (a merged store), or None: one segment."""
-        self.parts: list[str] | None = m.get("parts")
-        """The segments' part ids (a store joined from parts, see format.py "Parts"), or None."""
         # path -> identity (device, inode, size, mtime) of every file, taken at
         # open: whatever this Store maps later, in any process, must be these
         # files (see format.py, "Reading a store from someone else")
         self._ident = ident
         self._check_files()
 
+    @property
+    def manifest(self) -> dict[str, Any]:
+        """The parsed manifest; a store with a part table's with its parts
+        listed as in 2.2 (``parts``, ``segments`` and each part's files in
+        ``files``; made from the table on first access, O(parts))."""
+        if self._full is None:
+            self._full = expand_with_table(self._m, self._part_table(), os.path.join(self.path, PART_TABLE_FILE))
+        return self._full
+
+    @property
+    def segments(self) -> list[int] | None:
+        """Slot counts of the data segments (a merged store), or None: one segment."""
+        return self._m["segments"] if self._m["part_table"] is None else self._part_table().counts()
+
+    @property
+    def parts(self) -> list[str] | None:
+        """The segments' part ids (a store joined from parts, see format.py "Parts"), or None."""
+        return self._m["parts"] if self._m["part_table"] is None else self.manifest["parts"]
+
+    @property
+    def part_count(self) -> int:
+        """How many segments (parts) the store's data has, in O(1): 1 for a store of one segment."""
+        pt = self._m["part_table"]
+        return int(pt["parts"]) if pt is not None else len(self._m["segments"] or [0])
+
+    def _part_table(self) -> PartTable:
+        """The store's part table, read and checked whole on first use
+        (NOTE [lazy parts]): the file this Store was opened with."""
+        if self._table is None:
+            raw = read_part_table(self.path, self._m, ident=self._ident)
+            self._table = decode_part_table(
+                raw, parts=self._m["part_table"]["parts"], files_per_part=self._files_per_part(),
+                slots=self.slots, digest=self._m["digests"][PART_TABLE_FILE],
+                path=os.path.join(self.path, PART_TABLE_FILE))
+        return self._table
+
+    def _files_per_part(self) -> int:
+        return len(data_file_names(self.backend_name, self.schema))
+
     # -- opening ------------------------------------------------------------------
     def _check_files(self) -> None:
-        m = self.manifest
+        """NOTE [lazy parts]: a store with a part table is opened in O(1):
+        the table's head and size are checked here, the whole table (digest,
+        every rule) before its first use, and each part's files (existence,
+        sizes, headers) when that part is first read (``SegmentedBackend``);
+        ``verify`` checks them all. Any other store's files are all checked
+        here."""
+        m = self._m
         files = m["files"]
-        needed = data_file_names(self.backend_name, self.schema, self.segments, self.parts)
+        lazy = m["part_table"] is not None
+        needed = [PART_TABLE_FILE] if lazy else data_file_names(self.backend_name, self.schema, m["segments"],
+                                                                m["parts"])
         needed += [CHECKSUMS_FILE, KEYS_OFFSETS_FILE, KEYS_BLOB_FILE]
         holes = self.records < self.slots
         if holes:
@@ -204,11 +253,14 @@ class Store:
         extra = set(files) - set(needed)
         if extra:
             raise FormatError(f"{self.path}/manifest.json: 'files' lists unexpected file(s) {sorted(extra)}")
-        backend = open_backend(
-            self.backend_name, self.path, self.schema, self.slots, files, self.segments, self.parts,
-            ident=self._ident,
-        )
-        backend.check()
+        if lazy:
+            self._check_table_head()
+        else:
+            backend = open_backend(
+                self.backend_name, self.path, self.schema, self.slots, files, m["segments"], m["parts"],
+                ident=self._ident,
+            )
+            backend.check()
         j = lambda n: os.path.join(self.path, n)  # noqa: E731
         self._ck_offset = self._check_npy(CHECKSUMS_FILE, (self.slots,))
         self._ko_offset = self._check_npy(KEYS_OFFSETS_FILE, (self.slots + 1,))
@@ -236,9 +288,26 @@ class Store:
         if not holes and os.path.lexists(j(INDEX_FILE)):
             raise FormatError(f"{j(INDEX_FILE)}: present, but the manifest says the store has no holes")
 
+    def _check_table_head(self) -> None:
+        """The part table's size and head against the manifest, in O(1)."""
+        path = os.path.join(self.path, PART_TABLE_FILE)
+        fd = open_store_file(path, missing=f"{path}: missing, but the manifest lists it; the store is damaged: "
+                             "restore the file from a copy or write the store again", ident=self._ident)
+        try:
+            st = os.fstat(fd)
+            note_identity(self._ident, path, st)
+            head = os.pread(fd, PART_TABLE_HEAD_BYTES, 0)
+        finally:
+            os.close(fd)
+        if st.st_size != self._m["files"][PART_TABLE_FILE]:
+            raise FormatError(f"{path}: expected {self._m['files'][PART_TABLE_FILE]} bytes (the manifest's size), "
+                              f"found {st.st_size}: the file was truncated or extended; restore the store from a "
+                              "copy or write it again")
+        check_part_table_head(head, st.st_size, self._m["part_table"]["parts"], self._files_per_part(), path)
+
     def _check_npy(self, name: str, shape: tuple[int, ...]) -> int:
         path = os.path.join(self.path, name)
-        return check_npy(path, KEY_DTYPE, shape, self.manifest["files"][name], self._ident)
+        return check_npy(path, KEY_DTYPE, shape, self._m["files"][name], self._ident)
 
     def _stat(self, name: str) -> int:
         """The size of bookkeeping file ``name`` (a regular file; its identity noted)."""
@@ -255,9 +324,11 @@ class Store:
     def _b(self) -> BackendReader:
         pid = os.getpid()
         if self._backend is None or self._pid != pid:
+            m = self._m
+            table = self._part_table() if m["part_table"] is not None else None
             self._backend = open_backend(
-                self.backend_name, self.path, self.schema, self.slots, self.manifest["files"], self.segments,
-                self.parts, ident=self._ident, readahead=self._lmdb_readahead,
+                self.backend_name, self.path, self.schema, self.slots, m["files"], m["segments"],
+                m["parts"], table=table, ident=self._ident, readahead=self._lmdb_readahead,
             )
             self._pid = pid
             self._maps = {}
@@ -272,7 +343,7 @@ class Store:
         """Map bookkeeping file ``name`` (None when empty): the file this
         Store was opened with, or ``StoreChangedError``."""
         path = os.path.join(self.path, name)
-        size = int(self.manifest["files"][name])
+        size = int(self._m["files"][name])
         fd = open_store_file(path, missing=f"{path}: missing; the store was moved or deleted while open",
                              ident=self._ident)
         try:
@@ -311,7 +382,7 @@ class Store:
 
     # -- pickling / lifetime ----------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": self.path, "lmdb_readahead": self._lmdb_readahead, "store_id": self.manifest["store_id"],
+        return {"path": self.path, "lmdb_readahead": self._lmdb_readahead, "store_id": self._m["store_id"],
                 "ident": dict(self._ident), "replica": self.replica}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -371,11 +442,11 @@ class Store:
 
     @property
     def store_id(self) -> str:
-        return str(self.manifest["store_id"])
+        return str(self._m["store_id"])
 
     @property
     def provenance(self) -> dict[str, Any]:
-        return dict(self.manifest["provenance"])
+        return dict(self._m["provenance"])
 
     def data_paths(self) -> list[str]:
         """Every file of the store but the manifest (for warm/evict)."""
@@ -736,7 +807,7 @@ class Store:
         """The skipped annotations of an annotated ingest (COCO): the
         ``errors.jsonl`` lines with an ``annotation`` key (format.py), in
         file order; ``[]`` for other stores."""
-        if ERRORS_FILE not in self.manifest["files"]:
+        if ERRORS_FILE not in self._m["files"]:
             return []
         mm = self._map_file(ERRORS_FILE)
         self._check_mapped(ERRORS_FILE)

@@ -35,6 +35,7 @@ from .._os.io import (
 from .._os.lock import acquire_lock, release_lock
 from .._version import __version__
 from ..errors import DestinationError, SchemaError, StoreExistsError
+from ..format import layout as _layout  # PART_TABLE_MIN_PARTS read at call time
 from ..format.codecs import library_versions
 from ..format.layout import (
     CHECKSUM_ALGORITHM,
@@ -46,6 +47,8 @@ from ..format.layout import (
     KEYS_BLOB_FILE,
     KEYS_OFFSETS_FILE,
     MANIFEST_FILE,
+    PART_TABLE_FEATURE,
+    PART_TABLE_FILE,
     PARTIAL_SUFFIX,
     PARTS_FEATURE,
     RAGGED_FEATURE,
@@ -56,6 +59,7 @@ from ..format.layout import (
     encode_key,
     manifest_version,
     npy_header,
+    part_file,
 )
 from ..format.manifest import read_manifest
 from ..format.names import json_bytes, json_text
@@ -728,18 +732,23 @@ def write_manifest(
     """Write ``partial/manifest.json`` for the finished files ``names`` (sizes
     and digests measured here, but for data files whose size ``sizes``
     gives: a part's, in object storage), atomically: the last step before
-    publish. ``parts``: the part id of each segment (format.py, "Parts")."""
+    publish. ``parts``: the part id of each segment (format.py, "Parts"); a
+    store of ``PART_TABLE_MIN_PARTS`` parts or more lists them in a part
+    table (``_parts.bin``, written here; format.py, "The part table")."""
     known = sizes or {}
     files = {n: known[n] if n in known else os.stat(os.path.join(partial, n)).st_size for n in names}
+    table = parts is not None and segments is not None and len(parts) >= _layout.PART_TABLE_MIN_PARTS
+    if parts is not None and segments is not None and table:
+        files = _write_part_table(partial, files, backend, schema, parts, segments)
     digests = {
         n: file_digest(os.path.join(partial, n))
-        for n in (KEYS_OFFSETS_FILE, KEYS_BLOB_FILE, INDEX_FILE, ERRORS_FILE)
+        for n in (KEYS_OFFSETS_FILE, KEYS_BLOB_FILE, INDEX_FILE, ERRORS_FILE, PART_TABLE_FILE)
         if n in files
     }
     manifest: dict[str, Any] = {
         "format": FORMAT_NAME,
         "version": list(manifest_version(schema.has_variable, segments is not None, schema.has_ragged,
-                                         parts is not None, schema.has_shaped)),
+                                         parts is not None, schema.has_shaped, table)),
         "store_id": uuid.uuid4().hex,
         "backend": backend,
         "records": records,
@@ -754,18 +763,38 @@ def write_manifest(
         "label_names": label_names,
         "provenance": provenance,
     }
-    if segments is not None:
-        manifest["segments"] = list(segments)
-    if parts is not None:
-        manifest["parts"] = list(parts)
+    if table:
+        manifest["part_table"] = {"file": PART_TABLE_FILE, "parts": len(parts or ())}
+    else:
+        if segments is not None:
+            manifest["segments"] = list(segments)
+        if parts is not None:
+            manifest["parts"] = list(parts)
     requires = (([RAGGED_FEATURE] if any(not f.shaped for f in schema.ragged_fields) else [])
-                + ([PARTS_FEATURE] if parts is not None else []) + ([SHAPES_FEATURE] if schema.has_shaped else []))
+                + ([PARTS_FEATURE] if parts is not None else []) + ([SHAPES_FEATURE] if schema.has_shaped else [])
+                + ([PART_TABLE_FEATURE] if table else []))
     if requires:
         manifest["requires"] = requires
     atomic_write(
         os.path.join(partial, MANIFEST_FILE),
         json_bytes(manifest, indent=1) + b"\n",
     )
+
+
+def _write_part_table(partial: str, files: dict[str, int], backend: str, schema: Schema, parts: list[str],
+                      segments: list[int]) -> dict[str, int]:
+    """Write ``partial/_parts.bin`` for ``parts`` (their data files' sizes
+    taken from ``files``) and return ``files`` with the table in place of
+    the parts' data files."""
+    from ..format.parttable import encode_part_table
+
+    names = backend_class(backend).data_file_names(schema)
+    rows = [[files[part_file(pid, n)] for n in names] for pid in parts]
+    raw = encode_part_table(parts, segments, rows)
+    atomic_write(os.path.join(partial, PART_TABLE_FILE), raw)
+    own = {n: s for n, s in files.items() if "/" not in n}
+    own[PART_TABLE_FILE] = len(raw)
+    return own
 
 
 def _checksums_digest(path: str, slots: int) -> str:

@@ -294,7 +294,7 @@ class ExactReader(CropReader):
         slots = self.store.slot_view.slots_of(records)
         be = self.store.slot_view.backend
         if self.codec == "raw" and (self._file is not None or (
-                be.positional and self.store.replica is None and len(be.segment_backends()) == 1)):
+                be.positional and self.store.replica is None and be.segment_count() == 1)):
             self._pread_rows(be, slots, records, out)
             return
         for j, data in enumerate(self._gathered(be, slots)):

@@ -112,7 +112,7 @@ from ..remote.index import (
     parse_index,
 )
 from ..remote.multipart import S3Multipart, multipart_available, part_bytes_for
-from ..remote.replica import default_cache_dir
+from ..remote.replica import default_cache_dir, remote_parts
 from ..remote.url import StoreURL, local_path, parse_url
 
 __all__ = ["PART_BYTES", "abort_uploads", "check_destination", "push"]
@@ -265,9 +265,9 @@ def _survey(remote: Remote, listing: dict[str, Any], journal: dict[str, Any], vo
         raw = _fetch_small(remote, MANIFEST_FILE, int(listing[MANIFEST_FILE]["size"]), MANIFEST_MAX_BYTES)
         if raw is not None:
             try:
-                there.manifest = parse_manifest(raw, loc.object_url(MANIFEST_FILE))
+                there.manifest = remote_parts(remote, parse_manifest(raw, loc.object_url(MANIFEST_FILE)))
                 there.raw_manifest = raw
-            except FormatError:
+            except (FormatError, RemoteNotFoundError, RemoteTooLargeError):
                 pass  # not a manifest of ours (or a damaged one: the index below may still claim it)
     if REMOTE_INDEX_FILE in listing:
         raw = _fetch_small(remote, REMOTE_INDEX_FILE, int(listing[REMOTE_INDEX_FILE]["size"]), _index_limit(there))

@@ -12,7 +12,7 @@ import signal
 
 import numpy as np
 import pytest
-from support.stores import write_store
+from support.stores import write_many_parts, write_store
 
 import mmstore
 from mmstore.errors import EntryDecodeError, StoreChangedError
@@ -318,3 +318,14 @@ def test_the_default_read_tasks(store, monkeypatch):
     monkeypatch.setattr(mod, "MIN_TASK_BYTES", 1)
     ds = mod.read(store, fields=["idx"], seed=2)
     assert _ids(ds) == _slots(store, Permutation(N - len(HOLES), seed=2).epoch(0))
+
+
+def test_a_store_with_a_part_table(tmp_path):
+    """A store of many parts listed in a part table (format 2.4): its tasks open it lazily and
+    read every record once, in the epoch's order."""
+    import mmstore.ray
+
+    path = str(tmp_path / "pt.store")
+    write_many_parts(path, 200, per=9)
+    got = _ids(mmstore.ray.read(path, seed=3, epoch=1, fields=["idx"], override_num_blocks=3))
+    assert got == Permutation(200, seed=3).epoch(1).tolist()

@@ -272,6 +272,26 @@ def test_loader_epoch_every_record_once(ray_cluster, tmp_path):
     assert sorted(labels) == list(range(300))
 
 
+def test_a_write_of_many_parts_lists_them_in_a_part_table(ray_cluster, tmp_path, monkeypatch):
+    """From ``PART_TABLE_MIN_PARTS`` parts the commit writes a part table (format 2.4): the
+    store reads every record once, through an epoch of the Loader as through ``store[i]``."""
+    import json
+
+    import mmstore.ray
+    from mmstore.format import layout
+
+    monkeypatch.setattr(layout, "PART_TABLE_MIN_PARTS", 6)  # the commit runs in this process, the driver
+    items = [{"image": np.full((8, 8), i % 256, np.uint8), "label": i} for i in range(300)]
+    out = str(tmp_path / "pt.store")
+    mmstore.ray.write(ray_cluster.data.from_items(items, override_num_blocks=6), out, quiet=True, part_rows=None)
+    with open(os.path.join(out, "manifest.json")) as fh:
+        assert json.load(fh)["part_table"] == {"file": layout.PART_TABLE_FILE, "parts": 6}
+    s = mmstore.open(out)
+    assert len(s.parts) == 6 and [int(s[i]["label"]) for i in (0, 299)] == [0, 299]
+    labels = [int(v) for batch in Loader(out, 32, "block") for v in batch["label"]]
+    assert sorted(labels) == list(range(300)) and verify_store(out).ok
+
+
 def test_part_rows_cuts_parts(ray_cluster, tmp_path):
     """Parts of ``part_rows`` rows cut across blocks, in order; the rows left at the end split
     evenly (300 rows, parts of 100, 2 CPUs: a part of 100, then 200 rows in 3 parts)."""

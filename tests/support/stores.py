@@ -156,3 +156,53 @@ def compact_store(path, n, codecs=("image=jpeg:90",), backend="memmap", holes=()
     if cuts is None:
         return write_store(path, n, **kw)
     return write_merged(path, n, cuts, **kw)
+
+
+def write_many_parts(path, n, per=1, *, table=True) -> list[str]:
+    """A memmap store of ``n`` slots in parts of ``per`` slots (the last may be
+    shorter), built directly as ``mmstore.ray.write`` lays one out (format
+    2.2, "Parts"), with its parts in a part table (2.4) or, ``table=False``,
+    in the manifest's JSON: one ``<i8`` field ``idx`` holding the slot, key
+    ``k<slot>``, real checksums (``verify`` passes). Returns the part ids.
+    Seconds for thousands of parts, where a write of that many parts takes
+    minutes."""
+    import xxhash
+
+    from mmstore.format import layout
+    from mmstore.format.layout import KEY_DTYPE, npy_header
+    from mmstore.format.schema import Schema
+    from mmstore.store.writer import write_manifest
+
+    path = os.fspath(path)
+    partial = path + ".partial"
+    os.makedirs(os.path.join(partial, "parts"))
+    idx = np.arange(n, dtype="<i8")
+    ids, counts, names = [], [], []
+    for k, lo in enumerate(range(0, n, per)):
+        pid = f"{k:05d}-p"
+        rows = idx[lo : lo + per]
+        os.makedirs(os.path.join(partial, "parts", pid))
+        with open(os.path.join(partial, "parts", pid, "idx.npy"), "wb") as fh:
+            fh.write(npy_header(np.dtype("<i8"), (len(rows),)) + rows.tobytes())
+        ids.append(pid)
+        counts.append(len(rows))
+        names.append(f"parts/{pid}/idx.npy")
+    keys = [f"k{s}".encode() for s in range(n)]
+    offsets = np.concatenate([[0], np.cumsum([len(k) for k in keys])]).astype(KEY_DTYPE)
+    sums = np.array([xxhash.xxh3_64_intdigest(v.tobytes()) for v in idx], KEY_DTYPE)
+    for name, data in (("_checksums.npy", npy_header(KEY_DTYPE, (n,)) + sums.tobytes()),
+                       ("_keys_offsets.npy", npy_header(KEY_DTYPE, (n + 1,)) + offsets.tobytes()),
+                       ("_keys.bin", b"".join(keys))):
+        with open(os.path.join(partial, name), "wb") as fh:
+            fh.write(data)
+    schema = Schema.from_json([{"name": "idx", "dtype": "<i8", "shape": []}])
+    was = layout.PART_TABLE_MIN_PARTS
+    layout.PART_TABLE_MIN_PARTS = 1 if table else len(ids) + 1
+    try:
+        write_manifest(partial, names + ["_checksums.npy", "_keys_offsets.npy", "_keys.bin"], backend="memmap",
+                       records=n, slots=n, schema=schema, label_names=None, provenance={"test": "many parts"},
+                       segments=counts, parts=ids)
+    finally:
+        layout.PART_TABLE_MIN_PARTS = was
+    os.rename(partial, path)
+    return ids

@@ -50,12 +50,16 @@ def data_file_names(name: str, schema: Schema, segments: Sequence[int] | None = 
 
 def open_backend(
     name: str, root: str, schema: Schema, slots: int, files: dict[str, int],
-    segments: Sequence[int] | None = None, parts: Sequence[str] | None = None, **kw: Any,
+    segments: Sequence[int] | None = None, parts: Sequence[str] | None = None, table: Any = None, **kw: Any,
 ) -> BackendReader:
     """The reading backend of a store: one backend, or one per segment (named
     by ``parts`` when the store has them; ``kw``: ``ident`` and ``readahead``,
-    see ``Backend``)."""
+    see ``Backend``). ``table``: the store's decoded part table
+    (``mmstore.format.parttable.PartTable``) instead of ``segments`` and
+    ``parts``: each part's backend is made when first read."""
     cls = backend_class(name)
+    if table is not None:
+        return SegmentedBackend(cls, root, schema, [], files, table=table, **kw)
     if segments is None:
         return cls(root, schema, slots, files, **kw)
     return SegmentedBackend(cls, root, schema, segments, files, parts=parts, **kw)

@@ -152,6 +152,11 @@ class BackendReader(ABC):
     def segment_backends(self) -> list[Backend]:
         """The single-segment backends of this store's data, in slot order."""
 
+    def segment_count(self) -> int:
+        """How many segments the data has (:meth:`segment_backends`, counted
+        without making them)."""
+        return len(self.segment_backends())
+
     def item_reader(self) -> Callable[[int], dict[str, Any]]:
         """A function ``read(slot) -> {field: array}`` for one record (every
         field, schema order; a field of shape ``()`` as a numpy scalar), made

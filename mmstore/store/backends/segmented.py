@@ -15,18 +15,26 @@ from __future__ import annotations
 import bisect
 import ctypes
 import errno
-from collections.abc import Callable, Mapping, Sequence
-from typing import Any, cast
+import os
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
 from ..._os.runs import SMALL_RECORD_BYTES, find_runs
 from ..._os.safecopy import MappingFault, read_entries
 from ...errors import ResourceLimitError
+from ...format.layout import part_file
 from ...format.schema import Schema
 from .base import Backend, BackendReader, FieldSegment, PackedRecords
 
+if TYPE_CHECKING:
+    from ...format.parttable import PartTable
+
 __all__ = ["SegmentedBackend"]
+
+_BISECT_MAX = 4096  # segments: up to this many, a list of first slots (bisect); more, the int64 array (searchsorted)
 
 # Entries of SMALL_RECORD_BYTES and more: ``preadv`` from each segment's file
 # into the rows (releases the GIL, SIGBUS-proof: mmstore/_os/safecopy.py,
@@ -38,38 +46,106 @@ _memmove_gil = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void
 )
 
 
+class _LazyParts(Sequence[Backend]):
+    """The backends of a store's parts listed in a part table (format.py,
+    "The part table"), each made and checked (its files' existence, sizes
+    and headers: ``Backend.check``) on its first use, then kept: nothing per
+    part is made when the store is opened."""
+
+    def __init__(self, make: Callable[[int], Backend], count: int) -> None:
+        self._make = make
+        self._built: list[Backend | None] = [None] * count
+        self._mu = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._built)
+
+    def __getitem__(self, k: int) -> Backend:  # type: ignore[override]
+        b = self._built[k]
+        if b is None:
+            with self._mu:  # one backend per part, however many threads read it first
+                b = self._built[k]
+                if b is None:
+                    b = self._built[k] = self._make(k)
+        return b
+
+    def __iter__(self) -> Iterator[Backend]:
+        return (self[k] for k in range(len(self._built)))
+
+    def built(self) -> list[Backend]:
+        """The backends made so far."""
+        return [b for b in self._built if b is not None]
+
+
 class SegmentedBackend(BackendReader):
     """The segments of one store, each read by its own backend of class ``cls``
     (whose name and capabilities it has; the write side is the single
-    backend's: segmented stores are made by ``mmstore merge``)."""
+    backend's: segmented stores are made by ``mmstore merge``).
+
+    ``table``: the store's part table, instead of ``counts`` and ``parts``:
+    each part's backend is then made, and its files checked, when that part
+    is first read (format.py, "The part table")."""
 
     segmented = True
 
     def __init__(
         self, cls: type[Backend], root: str, schema: Schema, counts: Sequence[int], files: dict[str, int],
-        parts: Sequence[str] | None = None, **kw: Any,
+        parts: Sequence[str] | None = None, table: PartTable | None = None, **kw: Any,
     ) -> None:
-        counts = [int(c) for c in counts]
-        super().__init__(root, schema, sum(counts), files)
+        self._table = table
+        if table is not None:
+            self.firsts = table.firsts
+        else:
+            counts = [int(c) for c in counts]
+            # each segment's first global slot, then the slot count (the parts' own ``first``)
+            self.firsts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
+        super().__init__(root, schema, int(self.firsts[-1]), files)
         self.name = cls.name  # type: ignore[misc]
         self.positional = cls.positional  # type: ignore[misc]
         self.crashes_on_damage = cls.crashes_on_damage  # type: ignore[misc]
-        ids: Sequence[int | str] = list(parts) if parts is not None else range(len(counts))
-        self.parts: list[Backend] = [cls(root, schema, c, files, segment=k, **kw) for k, c in zip(ids, counts)]
-        # each segment's first global slot, then the slot count (the parts' own ``first``)
-        self.firsts = np.concatenate([[0], np.cumsum(counts, dtype=np.int64)]).astype(np.int64)
-        # memmap: field -> (each segment's array, their addresses); the arrays
-        # are held while copying, so a close() meanwhile cannot unmap them
-        self._bases: dict[str, tuple[list[Any], np.ndarray]] = {}
-        for k, part in enumerate(self.parts):
-            part.first = int(self.firsts[k])  # global slot = first + local slot (for messages)
+        self._cls, self._kw = cls, kw
+        self._names = cls.data_file_names(schema)
+        self.parts: Sequence[Backend]
+        if table is not None:
+            self.parts = _LazyParts(self._make_part, table.count)
+        else:
+            ids: Sequence[int | str] = list(parts) if parts is not None else range(len(counts))
+            self.parts = [cls(root, schema, c, files, segment=k, **kw) for k, c in zip(ids, counts)]
+            for k, part in enumerate(self.parts):
+                part.first = int(self.firsts[k])  # global slot = first + local slot (for messages)
+        # memmap: field -> (the arrays of the segments read so far, by segment; every segment's address, 0 until
+        # then); the arrays are held while copying, so a close() meanwhile cannot unmap them
+        self._bases: dict[str, tuple[dict[int, Any], np.ndarray]] = {}
         self.files_per_segment = len(cls.data_file_names(schema, 0))
         self._room = False  # open-files limit raised for this store's files (on first read)
+
+    def _make_part(self, k: int) -> Backend:
+        """Part ``k``'s backend from the part table, its files checked (NOTE
+        [lazy parts]: before the first byte of the part is read)."""
+        table = self._table
+        if table is None:
+            raise IndexError(k)
+        pid = table.id(k)
+        files = {part_file(pid, n): int(z) for n, z in zip(self._names, table.sizes[k].tolist())}
+        b = self._cls(self.root, self.schema, int(self.firsts[k + 1] - self.firsts[k]), files, segment=pid,
+                      **self._kw)
+        b.first = int(self.firsts[k])
+        b.check()
+        return b
+
+    def _built(self) -> Sequence[Backend]:
+        """The parts' backends that exist now (all, unless the store has a part table)."""
+        return self.parts.built() if isinstance(self.parts, _LazyParts) else self.parts
 
     def segment_backends(self) -> list[Backend]:
         return list(self.parts)
 
+    def segment_count(self) -> int:
+        return len(self.parts)
+
     def data_paths(self) -> list[str]:
+        if self._table is not None:  # named from the table: no backend made
+            return [os.path.join(self.root, part_file(pid, n)) for pid in self._table.ids() for n in self._names]
         return [p for part in self.parts for p in part.data_paths()]
 
     def check(self) -> None:
@@ -92,7 +168,7 @@ class SegmentedBackend(BackendReader):
     def prepare(self, fields: Sequence[str] | None = None) -> None:
         self._make_room()
         try:
-            for part in self.parts:
+            for part in self._built():  # a part table's other parts are made, under a lock, when first read
                 part.prepare(fields)
         except OSError as exc:
             if _is_fd_limit(exc):
@@ -103,14 +179,20 @@ class SegmentedBackend(BackendReader):
         """See NOTE [one-record path] (base.py): the reader of the segment
         holding the slot (made on its first read), given the local slot."""
         self._make_room()
-        starts = self.firsts.tolist()
+        firsts = self.firsts
+        starts = firsts.tolist() if len(firsts) <= _BISECT_MAX else None
         readers: list[Callable[[int], dict[str, Any]] | None] = [None] * len(self.parts)
         slots = self.slots
 
         def read(slot: int) -> dict[str, Any]:
             if not 0 <= slot < slots:
                 raise IndexError(f"slot {slot} is out of range for {slots} slots")
-            k = bisect.bisect_right(starts, slot) - 1
+            if starts is not None:
+                k = bisect.bisect_right(starts, slot) - 1
+                first = starts[k]
+            else:
+                k = int(np.searchsorted(firsts, slot, side="right")) - 1
+                first = int(firsts[k])
             r = readers[k]
             if r is None:
                 try:
@@ -119,7 +201,7 @@ class SegmentedBackend(BackendReader):
                     if _is_fd_limit(exc):
                         raise self._limit(exc) from None
                     raise
-            return r(slot - starts[k])
+            return r(slot - first)
 
         return read
 
@@ -210,11 +292,13 @@ class SegmentedBackend(BackendReader):
                 continue
             held = self._bases.get(name)
             if held is None:
-                arrays = [part.array(name) for part in self.parts]
-                held = self._bases[name] = (arrays, np.array([a.ctypes.data for a in arrays], np.int64))
+                held = self._bases[name] = ({}, np.zeros(len(self.parts), np.int64))
+            arrays, bases = held
             for k in touched.tolist():  # see NOTE [truncated under a mapping] (memmap.py)
+                if k not in arrays:
+                    a = arrays[k] = self.parts[k].array(name)
+                    bases[k] = a.ctypes.data
                 self.parts[k].check_mapped(name)
-            bases = held[1]
             dst = out[name]
             src_addr = bases[seg] + local * nb
             dst_addr = dst.ctypes.data + rows.astype(np.int64) * nb
@@ -262,11 +346,14 @@ class SegmentedBackend(BackendReader):
         """Variable-size field ``name``: the bytes slots ``[start, stop)``
         occupy in each segment's ``.bin`` they touch (see ``BackendReader``)."""
         out = []
-        for k, part in enumerate(self.parts):
+        k0 = max(0, int(np.searchsorted(self.firsts, start, side="right")) - 1)
+        for k in range(k0, len(self.parts)):
             lo, hi = int(self.firsts[k]), int(self.firsts[k + 1])
+            if lo >= stop:
+                break
             a, b = max(start, lo), min(stop, hi)
             if a < b:
-                out += part.entry_spans(name, a - lo, b - lo)
+                out += self.parts[k].entry_spans(name, a - lo, b - lo)
         return out
 
     def entry_sizes(self, name: str, slots: np.ndarray) -> np.ndarray:
@@ -279,6 +366,9 @@ class SegmentedBackend(BackendReader):
         return out
 
     def stored_entry_bytes(self, name: str) -> int | None:
+        if self._table is not None:  # the parts' .bin sizes, from the table (no part is made)
+            col = [c for c, n in enumerate(self._names) if n == f"{name}.bin"]
+            return int(self._table.sizes[:, col[0]].sum()) if col and self.positional else None
         sizes = [part.stored_entry_bytes(name) for part in self.parts]
         return None if None in sizes else sum(s for s in sizes if s is not None)
 
@@ -303,7 +393,7 @@ class SegmentedBackend(BackendReader):
 
     def close(self) -> None:
         self._bases.clear()
-        for part in self.parts:
+        for part in self._built():
             part.close()
 
 
