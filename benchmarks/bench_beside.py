@@ -105,7 +105,7 @@ class Step:
 
 
 def touch(batch: Any) -> None:
-    """Read one element of every tensor of a batch, as a copy to a device would."""
+    """Read one element of every tensor of a batch (as a copy to a device would touch it)."""
     for t in (batch.values() if isinstance(batch, dict) else batch):
         t.view(-1)[0].item()
 
@@ -171,7 +171,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=400)
     ap.add_argument("--width", type=int, default=256, help="the linear layers' width (sets the step's time)")
     ap.add_argument("--work", default=None)
-    ap.add_argument("--only", default=None, help="comma list of loaders: loader,process,dataloader")
+    ap.add_argument("--only", default=None, help="comma list of loaders: loader,labels,process,dataloader")
     ap.add_argument("--json", default=None)
     ap.add_argument("--record", default=None, help="write the docs' benchmark record (docs/benchmarks/data/NAME.json)")
     ap.add_argument("--machine", default="2 vCPU VM (the project's development machine), shared with other jobs")
@@ -194,10 +194,13 @@ def main() -> None:
     os.sched_setaffinity(0, {1})  # threads created from here on start on core 1
     step = Step(args.width)
     loaders: dict[str, Any] = {}
-    only = set(args.only.split(",")) if args.only else {"loader", "process", "dataloader"}
+    only = set(args.only.split(",")) if args.only else {"loader", "labels", "process", "dataloader"}
     if "loader" in only:
         ld = Loader(path, args.batch)
         loaders["loader"] = lambda: iter(ld)
+    if "labels" in only:  # the same loader with no image copies: what its per-batch work alone costs
+        lb = Loader(path, args.batch, fields=["label"])
+        loaders["labels"] = lambda: iter(lb)
     if "process" in only and "process" in Loader.__init__.__code__.co_varnames:
         lp = Loader(path, args.batch, process=True)  # type: ignore[call-arg]
         loaders["process"] = lambda: iter(lp)
@@ -238,7 +241,8 @@ def main() -> None:
             json.dump(res, f, indent=1)
 
 
-NAMES = {"loader": "Loader (threads, the default)", "process": "Loader(process=True)",
+NAMES = {"loader": "Loader (threads, the default)", "labels": "the same, labels only (no image copies)",
+         "process": "Loader(process=True)",
          "dataloader": "DataLoader(StoreDataset, num_workers=1)"}
 
 

@@ -29,7 +29,6 @@ import os
 import posixpath
 import zipfile
 from array import array
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -128,6 +127,8 @@ def expand_urls(pattern: str, names: list[str]) -> ShardObjects:
                 seen.add(h)
                 out.append(h)
     if heads:
+        from concurrent.futures import ThreadPoolExecutor  # not at import: `import mmstore` stays light
+
         with ThreadPoolExecutor(min(HEAD_THREADS, len(heads))) as ex:
             infos = list(ex.map(remote.head, heads))
         for h, info in zip(heads, infos):

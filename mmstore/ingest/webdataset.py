@@ -123,7 +123,6 @@ import struct
 import threading
 from array import array
 from collections.abc import Callable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -526,6 +525,8 @@ class WebDatasetSource(Source):
             return scan_tar(RangeReader(obj.remote, obj.names[k], obj.sizes[k], obj.etags[k]), obj.sizes[k])
 
         n = len(obj.names)
+        from concurrent.futures import ThreadPoolExecutor  # not at import: `import mmstore` stays light
+
         with ThreadPoolExecutor(min(INDEX_THREADS, n)) as ex:
             for a in range(0, n, 4 * INDEX_THREADS):
                 yield from ex.map(walk, range(a, min(n, a + 4 * INDEX_THREADS)))

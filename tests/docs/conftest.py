@@ -17,6 +17,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import tempfile
 from collections.abc import Callable
 
@@ -396,8 +397,11 @@ def _ray(cwd: str, fresh: bool = False) -> dict:
     if fresh and ray.is_initialized():
         ray.shutdown()
     if not ray.is_initialized():
+        handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
         ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level=logging.WARNING,
                  log_to_driver=False)
+        for s, h in handlers.items():  # not Ray's driver handlers: the processes forked later inherit them
+            signal.signal(s, h)
     ray.data.DataContext.get_current().enable_progress_bars = False
     _DOC_RAY[:] = [ray]
     return {}

@@ -10,6 +10,9 @@ blank lines allowed between them):
   which, and must not be empty.
 - ``<!-- test: NAME -->``: another test also runs the block (kept next to the
   fence, where that test looks for it).
+- ``<!-- slow: REASON -->``: the block is a whole job of many processes (a
+  Ray Train run): it carries the ``slow`` marker, so the README's command
+  leaves it to CI's step for slow tests; REASON says why, and must not be empty.
 
 ``python`` blocks are executed in this process (warnings are errors, as in the
 whole suite); ``bash`` / ``sh`` blocks run under ``bash -euo pipefail`` with the
@@ -44,6 +47,7 @@ class Block:
     code: str
     fixtures: list[str] = field(default_factory=list)
     not_run: str | None = None
+    slow: str | None = None
     marks: list[str] = field(default_factory=list)  # every directive seen, for the checks
 
     @property
@@ -96,6 +100,8 @@ def _directive(block: Block, body: str) -> None:
         block.fixtures += [v.strip() for v in value.split(",") if v.strip()]
     elif name == "not-run":
         block.not_run = value
+    elif name == "slow":
+        block.slow = value
 
 
 def all_blocks() -> list[Block]:
@@ -119,6 +125,8 @@ def test_every_block_is_code_data_or_marked(doc_fixtures):
                        f"({sorted(NOT_CODE)})")
         if "not-run" in b.marks and not b.not_run:
             bad.append(f"{b.id}: <!-- not-run: ... --> must say why")
+        if "slow" in b.marks and not b.slow:
+            bad.append(f"{b.id}: <!-- slow: ... --> must say why")
         if b.not_run is not None and b.lang not in RUN:
             bad.append(f"{b.id}: only code blocks are marked not-run")
         for f in b.fixtures:
@@ -147,7 +155,10 @@ def _param(block: Block):
     # a block that starts a Ray cluster runs on the pytest-xdist worker of the other Ray tests
     # (tests/conftest.py): one Ray cluster at a time
     ray = {"ray", "ray-photos-in-s3"} & set(block.fixtures)
-    return pytest.param(block, id=block.id, marks=[pytest.mark.xdist_group("ray")] if ray else [])
+    marks = [pytest.mark.xdist_group("ray")] if ray else []
+    if block.slow is not None:
+        marks.append(pytest.mark.slow)
+    return pytest.param(block, id=block.id, marks=marks)
 
 
 @pytest.mark.parametrize("block", [_param(b) for b in RUNNABLE])

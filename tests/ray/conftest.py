@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 
 import pytest
 
@@ -20,11 +21,17 @@ def ray_cluster():
         import ray.data
     except ImportError as exc:
         pytest.skip(f"Ray Data is not installed ({exc}): pip install 'mmstore[ray]' (the test extra has it)")
+    # ray.init installs the driver's own SIGTERM handler: every process this pytest worker forks
+    # later would inherit it (a multiprocessing pool's terminate() then waits for ever): put back
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         ray.init(num_cpus=2, include_dashboard=False, _node_ip_address="127.0.0.1", logging_level=logging.WARNING,
                  log_to_driver=False)
     except Exception as exc:  # noqa: BLE001 - any reason Ray cannot start here is a skip, said as it is
         pytest.skip(f"a local Ray cluster cannot start here: {type(exc).__name__}: {exc}")
+    finally:
+        for s, h in handlers.items():
+            signal.signal(s, h)
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     try:

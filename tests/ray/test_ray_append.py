@@ -128,6 +128,7 @@ mmstore.ray.write(ray.data.from_items(items, override_num_blocks=2), sys.argv[1]
 """
 
 
+@pytest.mark.slow  # a driver run to its kill and a rerun: CI's step for slow tests
 def test_driver_killed_before_publish_leaves_the_old_store_and_a_rerun_completes(ray_cluster, tmp_path):
     import mmstore.ray
 

@@ -297,7 +297,7 @@ def test_ctrl_c_stops_a_reader_whose_range_gets_are_held(s3_faulty, tmp_path):
         proxy.set_delay(0)
     assert proc.returncode != 0 and b"KeyboardInterrupt" in err, err[-2000:]
     assert b"ReadAborted" not in err, err[-2000:]  # the cut reads are not what the user is told
-    assert took < 4.0, (took, err[-2000:])
+    assert took < 15.0, (took, err[-2000:])  # the held GETs last 60 s: waiting them out fails this
 
 
 class _TLSRelay:

@@ -387,6 +387,7 @@ def test_a_flipped_byte_that_changes_the_etag_is_refused_as_a_changed_store(s3, 
 # -- throttling and dropped connections -------------------------------------------------------
 
 
+@pytest.mark.slow  # a whole job of many processes: CI's step for slow tests
 def test_throttling_and_resets_are_survived_by_push_pull_and_an_epoch(s3_faulty, tmp_path):
     proxy = s3_faulty.proxy
     src = image_store(tmp_path / "src.store")

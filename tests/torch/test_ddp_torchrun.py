@@ -102,6 +102,7 @@ if __name__ == "__main__":  # the DataLoader's worker starts from a forkserver, 
 """
 
 
+@pytest.mark.slow  # a whole job of many processes: CI's step for slow tests
 def test_ddp_two_ranks_exactly_once(tmp_path):
     path = write_indexed(str(tmp_path / "s"), N, schema=IDX_BIG_SCHEMA)
     job, out = tmp_path / "job.py", tmp_path / "out.json"
