@@ -79,14 +79,12 @@ from ..format.layout import (
     CHECKSUMS_FILE,
     ERRORS_FILE,
     INDEX_FILE,
-    KEY_DTYPE,
     KEYS_BLOB_FILE,
     KEYS_OFFSETS_FILE,
     MANIFEST_FILE,
     PARTIAL_SUFFIX,
     PARTS_DIR,
     decode_key,
-    npy_header,
     part_file,
     segment_ids,
 )
@@ -97,7 +95,7 @@ from ..store.reader import Store, open_store
 from ..store.writer import FileAppender, errors_jsonl, publish, write_manifest
 from .merge import _append_part, _skipped_annotations, _write_bookkeeping
 from .options import SPEC_OPTIONS, make_spec
-from .parts import PartBook
+from .parts import PartBook, put_books, put_headers
 from .pipeline import IngestResult
 
 __all__ = ["APPEND_MARK", "AppendResult", "append", "append_parts", "check_append_options", "check_new_records"]
@@ -623,25 +621,17 @@ def append_parts(old: Store, out_dir: str, books: list[PartBook], *, source: Any
     out = FileAppender(out_dir, book)
     ok = False
     try:
-        out.put(CHECKSUMS_FILE, npy_header(KEY_DTYPE, (total,)))
-        out.put(KEYS_OFFSETS_FILE, npy_header(KEY_DTYPE, (total + 1,)) + np.zeros(1, KEY_DTYPE).tobytes())
-        if records < total:
-            out.put(INDEX_FILE, npy_header(KEY_DTYPE, (records,)))
+        put_headers(out, total, records)
         blob_len = _append_part(out, old, 0, 0, records < total)
-        base = old.slots
-        for b in books:
-            out.put(CHECKSUMS_FILE, b.checksums().tobytes())
-            offsets, kb = b.keys()
-            out.put(KEYS_OFFSETS_FILE, (offsets[1:] + np.uint64(blob_len)).tobytes())
-            out.put(KEYS_BLOB_FILE, kb)
-            if records < total:
-                out.put(INDEX_FILE, (b.index() + np.uint64(base)).tobytes())
+        put_books(out, books, base=old.slots, blob=blob_len, index=records < total)
+        if records < total:
+            base = old.slots
+            for b in books:
                 hs = [(base + s, k, r) for s, k, r in b.holes()]
                 if hs:
                     out.put(ERRORS_FILE, errors_jsonl(hs))
                 holes_all += hs
-            base += b.slots
-            blob_len += len(kb)
+                base += b.slots
         if notes:
             out.put(ERRORS_FILE, errors_jsonl((), notes))
         ok = True

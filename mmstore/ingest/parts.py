@@ -47,7 +47,8 @@ from ..store.backends import backend_class
 from ..store.writer import FileAppender, errors_jsonl, hasher, publish, write_manifest
 from .pipeline import all_failed_error
 
-__all__ = ["BOOKKEEPING_FILES", "PartBook", "commit_parts", "join_parts"]
+__all__ = ["BOOKKEEPING_FILES", "PartBook", "commit_parts", "drop_other_parts", "drop_part_bookkeeping", "join_parts",
+           "put_books", "put_headers"]
 
 BOOKKEEPING_FILES = (MANIFEST_FILE, CHECKSUMS_FILE, KEYS_OFFSETS_FILE, KEYS_BLOB_FILE, INDEX_FILE, ERRORS_FILE)
 """The files of a part that the join reads (the last two only with holes or errors)."""
@@ -150,6 +151,56 @@ def _digest(data: bytes) -> str:
     return str(h.hexdigest())
 
 
+def put_headers(out: FileAppender, total: int, records: int) -> None:
+    """The ``.npy`` headers of a store's per-slot bookkeeping files, for
+    ``total`` slots of which ``records`` hold a record (the index only when
+    there are holes)."""
+    out.put(CHECKSUMS_FILE, npy_header(KEY_DTYPE, (total,)))
+    out.put(KEYS_OFFSETS_FILE, npy_header(KEY_DTYPE, (total + 1,)) + np.zeros(1, KEY_DTYPE).tobytes())
+    if records < total:
+        out.put(INDEX_FILE, npy_header(KEY_DTYPE, (records,)))
+
+
+def put_books(out: FileAppender, books: list[PartBook], *, base: int, blob: int, index: bool) -> tuple[int, int]:
+    """Append the parts' checksums, keys and (``index``) record slots to a
+    store's bookkeeping, the parts starting at slot ``base`` after ``blob``
+    bytes of keys; return ``(base, blob)`` past them."""
+    for b in books:
+        out.put(CHECKSUMS_FILE, b.checksums().tobytes())
+        offsets, keys = b.keys()
+        out.put(KEYS_OFFSETS_FILE, (offsets[1:] + np.uint64(blob)).tobytes())
+        out.put(KEYS_BLOB_FILE, keys)
+        if index:
+            out.put(INDEX_FILE, (b.index() + np.uint64(base)).tobytes())
+        base += b.slots
+        blob += len(keys)
+    return base, blob
+
+
+def drop_other_parts(parts_dir: str, keep: list[str]) -> int:
+    """Remove what ``parts_dir`` holds besides the parts ``keep`` (parts of
+    failed, killed or repeated attempts); return the number of parts removed."""
+    removed = 0
+    for name in os.listdir(parts_dir):
+        if name not in keep:
+            p = os.path.join(parts_dir, name)
+            if os.path.isdir(p) and not os.path.islink(p):
+                removed += 1  # a part (or a killed attempt's .partial)
+                shutil.rmtree(p)
+            else:
+                os.unlink(p)
+    return removed
+
+
+def drop_part_bookkeeping(books: list[PartBook]) -> None:
+    """Remove each part's own bookkeeping: the joined store's covers it now."""
+    for b in books:
+        for name in os.listdir(b.dir):
+            if name not in b.data_names:
+                os.unlink(os.path.join(b.dir, name))
+        fsync_dir(b.dir)
+
+
 def join_parts(dest_dir: str, books: list[PartBook], *, provenance: dict[str, Any], where: str,
                label_names: list[str] | None = None) -> dict[str, Any]:
     """Write the bookkeeping files and ``manifest.json`` of the store joined
@@ -181,20 +232,8 @@ def join_parts(dest_dir: str, books: list[PartBook], *, provenance: dict[str, An
     out = FileAppender(dest_dir, book)
     ok = False
     try:
-        out.put(CHECKSUMS_FILE, npy_header(KEY_DTYPE, (total,)))
-        out.put(KEYS_OFFSETS_FILE, npy_header(KEY_DTYPE, (total + 1,)) + np.zeros(1, KEY_DTYPE).tobytes())
-        if records < total:
-            out.put(INDEX_FILE, npy_header(KEY_DTYPE, (records,)))
-        base = blob = 0
-        for b in books:
-            out.put(CHECKSUMS_FILE, b.checksums().tobytes())
-            offsets, keys = b.keys()
-            out.put(KEYS_OFFSETS_FILE, (offsets[1:] + np.uint64(blob)).tobytes())
-            out.put(KEYS_BLOB_FILE, keys)
-            if records < total:
-                out.put(INDEX_FILE, (b.index() + np.uint64(base)).tobytes())
-            base += b.slots
-            blob += len(keys)
+        put_headers(out, total, records)
+        put_books(out, books, base=0, blob=0, index=records < total)
         if records < total:
             out.put(ERRORS_FILE, errors_jsonl(holes))
         ok = True
@@ -223,21 +262,8 @@ def commit_parts(dest: str, ids: list[str], *, provenance: dict[str, Any],
     parts_dir = os.path.join(partial, PARTS_DIR)
     books = [PartBook(pid, os.path.join(parts_dir, pid)) for pid in ids]
     joined = join_parts(partial, books, provenance=provenance, where=dest, label_names=label_names)
-    keep = set(ids)
-    removed = 0
-    for name in os.listdir(parts_dir):
-        if name not in keep:
-            p = os.path.join(parts_dir, name)
-            if os.path.isdir(p) and not os.path.islink(p):
-                removed += 1  # a part (or a killed attempt's .partial)
-                shutil.rmtree(p)
-            else:
-                os.unlink(p)
-    for b in books:  # each part's own bookkeeping: the store's now covers it
-        for name in os.listdir(b.dir):
-            if name not in b.data_names:
-                os.unlink(os.path.join(b.dir, name))
-        fsync_dir(b.dir)
+    removed = drop_other_parts(parts_dir, ids)
+    drop_part_bookkeeping(books)
     fsync_dir(parts_dir)
     publish(dest)
     return joined, removed

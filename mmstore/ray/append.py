@@ -43,7 +43,7 @@ from .._os.io import atomic_write, fsync_dir
 from ..errors import AppendMismatchError, DestinationError, IngestError, StoreExistsError
 from ..format.layout import PARTIAL_SUFFIX, PARTS_DIR
 from ..ingest.append import APPEND_MARK, append_parts, check_append_options
-from ..ingest.parts import PartBook
+from ..ingest.parts import PartBook, drop_other_parts, drop_part_bookkeeping
 from ..remote.client import Remote
 from ..remote.replica import read_remote_manifest
 from ..remote.url import parse_url
@@ -147,24 +147,12 @@ class AppendTarget:
         other attempts removed."""
         partial = self.dest + PARTIAL_SUFFIX
         parts_dir = os.path.join(partial, PARTS_DIR)
-        removed = 0
-        for name in os.listdir(parts_dir):  # the parts of failed, killed or repeated attempts
-            if name not in ids:
-                p = os.path.join(parts_dir, name)
-                if os.path.isdir(p) and not os.path.islink(p):
-                    removed += 1
-                    shutil.rmtree(p)
-                else:
-                    os.unlink(p)
+        removed = drop_other_parts(parts_dir, ids)
         books = [PartBook(pid, os.path.join(parts_dir, pid)) for pid in ids]
         with self.open() as old:
             self._check_unchanged(old)
             joined = append_parts(old, partial, books, source=source, duplicate_keys=self.duplicate_keys)
-        for b in books:  # each part's own bookkeeping: the store's covers it now
-            for name in os.listdir(b.dir):
-                if name not in b.data_names:
-                    os.unlink(os.path.join(b.dir, name))
-            fsync_dir(b.dir)
+        drop_part_bookkeeping(books)
         fsync_dir(parts_dir)
         publish(self.dest)
         return joined, removed
