@@ -1,10 +1,20 @@
-"""Parsers for the /proc and /sys files that ``memory`` and ``disk`` read (mountinfo, one-number files)."""
+"""The process id without a system call, and parsers for the /proc and /sys files that ``memory`` and
+``disk`` read (mountinfo, one-number files)."""
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["NO_LIMIT", "parse_mountinfo", "read_int", "read_stat_key", "usable_cores"]
+__all__ = ["NO_LIMIT", "current_pid", "parse_mountinfo", "read_int", "read_stat_key", "usable_cores"]
+
+_PID = [os.getpid()]
+os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
+
+
+def current_pid() -> int:
+    """``os.getpid()``, kept up to date across ``fork``: a per-record check of
+    whether this is still the process that opened something costs no system call."""
+    return _PID[0]
 
 # cgroup v1 reports "no limit" as PAGE_COUNTER_MAX * page size (~2**63); v2
 # writes "max". Anything at or above this is treated as "no limit".

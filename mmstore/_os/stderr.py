@@ -8,6 +8,8 @@ import sys
 import threading
 from typing import Any
 
+from .proc import current_pid
+
 __all__ = ["imdecode_captured"]
 
 _cap_lock = threading.Lock()
@@ -46,11 +48,11 @@ atexit.register(_close_capture)
 
 def _sink_fd() -> int:
     global _cap_file, _cap_pid
-    if _cap_file is None or _cap_pid != os.getpid():
+    if _cap_file is None or _cap_pid != current_pid():
         import tempfile
 
         _cap_file = tempfile.TemporaryFile(buffering=0)
-        _cap_pid = os.getpid()
+        _cap_pid = current_pid()
     return _cap_file.fileno()
 
 

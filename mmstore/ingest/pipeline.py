@@ -354,7 +354,8 @@ class _Run:
             units = self.source.read_units()
         if units is not None:
             units = np.asarray(units, np.int64) - plan.lo
-        sched = Scheduler(pending_ranges(tally.done, chunk_n, units), tally, limit)
+        taper = decoders if self.o.chunk is None and units is None else 0  # a chunk asked for is kept
+        sched = Scheduler(pending_ranges(tally.done, chunk_n, units, taper), tally, limit)
         if sched.stopped is None and nworkers > 0:
             todo = plan.slots - self.already
             nworkers = max(1, min(nworkers, -(-todo // chunk_n)))  # no idle processes on small inputs

@@ -8,7 +8,7 @@ import numpy as np
 
 from ..decode import decode_image, fit_array
 from ..errors import RemoteError, SchemaError
-from ..format.schema import Schema
+from ..format.schema import Schema, coerce_ragged
 from ..store.writer import SlotWriter
 from ._listing import InputError, Source, reason_of
 from .sources import DatasetSource, as_hwc, to_array
@@ -66,16 +66,23 @@ class RecordJob:
         self.own_fields = getattr(source, "record_fields", None)
 
     def checked(self, rec: dict[str, Any]) -> dict[str, np.ndarray]:
-        """``rec`` as the schema's arrays: a cheap exact check when every value
-        already has its field's dtype, shape and layout, else ``Schema.validate``
-        (lossless conversions, ``SchemaError`` otherwise)."""
+        """``rec`` as the schema's arrays: a cheap exact check when every fixed
+        value already has its field's dtype, shape and layout (ragged and text
+        entries converted one by one, with the same rules), else
+        ``Schema.validate`` (lossless conversions, ``SchemaError`` otherwise)."""
         if len(rec) == len(self.schema):
+            ragged = None
             for f in self.schema:
                 v = rec.get(f.name)
+                if f.ragged and not f.shaped and v is not None:
+                    ragged = (ragged or []) + [f]
+                    continue
                 if not (isinstance(v, np.ndarray) and v.dtype == f.dtype and v.shape == f.shape
                         and v.flags.c_contiguous):
                     break
             else:
+                for f in ragged or ():
+                    rec[f.name] = coerce_ragged(f, rec[f.name])
                 return rec
         return self.schema.validate(rec)
 
@@ -151,14 +158,15 @@ def process_range(job: RecordJob, sw: SlotWriter, reader: Any, a: int, b: int) -
     prepare = getattr(reader, "prepare_range", None)
     if prepare is not None:  # a source read in large ranges (tar shards in a bucket)
         prepare(job.lo + a, job.lo + b)
-    for s in range(a, b):
-        try:
-            arrays = job.checked(job.record(reader, s))
-        except RemoteError:
-            raise  # object storage cannot be read (its retries spent): stop, resumable; the inputs are not bad
-        except Exception as exc:  # noqa: BLE001 - a bad input must never stop the run
-            errs.append((s, _hole_reason(exc)))
-            sw.zero(s)
-            continue
-        sw.write_arrays(s, arrays)
+    with sw.combined():  # the small fields and checksums of the range go out in a few writes
+        for s in range(a, b):
+            try:
+                arrays = job.checked(job.record(reader, s))
+            except RemoteError:
+                raise  # object storage cannot be read (its retries spent): stop, resumable; the inputs are not bad
+            except Exception as exc:  # noqa: BLE001 - a bad input must never stop the run
+                errs.append((s, _hole_reason(exc)))
+                sw.zero(s)
+                continue
+            sw.write_arrays(s, arrays)
     return errs

@@ -115,7 +115,8 @@ class CommitLog:
 UNIT_MAX = 1024  # the most slots of a source's read unit kept whole in one range (pending_ranges)
 
 
-def pending_ranges(done: np.ndarray, chunk: int, units: np.ndarray | None = None) -> Iterator[tuple[int, int]]:
+def pending_ranges(done: np.ndarray, chunk: int, units: np.ndarray | None = None,
+                   taper: int = 0) -> Iterator[tuple[int, int]]:
     """Ranges covering every slot not ``done``, in order: of at most ``chunk``
     slots each, or, with ``units`` (the slots where a unit of the source's
     reading starts: a Parquet file's row groups,
@@ -123,7 +124,10 @@ def pending_ranges(done: np.ndarray, chunk: int, units: np.ndarray | None = None
     as many as make ``chunk`` slots or more, so that one worker reads a unit
     once instead of each worker that holds a piece of it reading all of it.
     A unit of more than :data:`UNIT_MAX` slots is cut every ``chunk`` slots,
-    as without ``units``."""
+    as without ``units``. ``taper`` (the number of decoders; without
+    ``units``): the last ``2 * taper`` chunks' worth of slots go out in
+    ranges of a quarter chunk, so that the decoders finish close together
+    instead of all but one waiting while the last whole chunk is decoded."""
     n = len(done)
     if n == 0:
         return
@@ -133,10 +137,17 @@ def pending_ranges(done: np.ndarray, chunk: int, units: np.ndarray | None = None
     starts = np.flatnonzero(d == 1)
     stops = np.flatnonzero(d == -1)
     cuts = None if units is None else np.unique(np.clip(np.asarray(units, np.int64), 0, n))
+    left = int(todo.sum())
+    tail = 2 * taper * chunk
+    small = max(1, chunk // 4)
     for s, e in zip(starts.tolist(), stops.tolist()):
         if cuts is None:
-            for a in range(s, e, chunk):
-                yield a, min(a + chunk, e)
+            a = s
+            while a < e:
+                b = min(e, a + (chunk if left > tail else small))
+                yield a, b
+                left -= b - a
+                a = b
             continue
         inner = cuts[(cuts > s) & (cuts < e)].tolist()
         a = s

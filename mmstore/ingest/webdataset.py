@@ -128,6 +128,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
+from .._os.proc import current_pid
 from ..errors import RemoteError, SourceError
 from ..format.schema import Schema
 from ._listing import MAX_FILE_BYTES, InputError, Listing, Source, _Builder
@@ -674,9 +675,9 @@ class WebDatasetSource(Source):
         (closed when dropped: by a forked worker, which opens its own, at thread end, or with the source)."""
         loc = self._local
         files: dict[int, Any] | None = getattr(loc, "files", None)
-        if files is None or loc.pid != os.getpid():
+        if files is None or loc.pid != current_pid():
             files = loc.files = {}
-            loc.pid = os.getpid()
+            loc.pid = current_pid()
         f = files.pop(k, None)
         if f is None:
             if len(files) >= OPEN_SHARDS:
@@ -712,10 +713,10 @@ class WebDatasetSource(Source):
         """This thread's (and process's) window over shards in object storage."""
         loc = self._local
         win: Windows | None = getattr(loc, "win", None)
-        if win is None or loc.win_pid != os.getpid():
+        if win is None or loc.win_pid != current_pid():
             assert self.objects is not None
             win = loc.win = Windows(self.objects, self.shard, self.span_lo, self.span_hi)
-            loc.win_pid = os.getpid()
+            loc.win_pid = current_pid()
         return win
 
     def read_units(self) -> np.ndarray | None:

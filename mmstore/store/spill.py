@@ -49,6 +49,7 @@ __all__ = ["Spill", "SpillEntries", "assemble", "collect", "is_spill_file", "spi
 
 _ROW = 5  # u8 words per row
 _ROW_BYTES = 8 * _ROW
+_HOLD_BYTES = 4 << 20  # held entries are written when they reach this much
 _NAME_RE = re.compile(r"^_spill\.(\d{6,})\.(bin|idx)$")
 _MIX = np.array([0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B19E3779F9, 0x27D4EB2F165667C5],
                 dtype=np.uint64)
@@ -100,6 +101,7 @@ class Spill:
         self.fds: tuple[int, int] | None = None
         self.pos = 0
         self.rows = 0
+        self._held: tuple[bytearray, list[tuple[int, int, int]]] | None = None
 
     def _create(self) -> tuple[int, int]:
         for _ in range(1000):
@@ -116,18 +118,52 @@ class Spill:
         raise OSError(errno.EEXIST, f"{self.partial}: could not create a spill file (names kept being taken)")
 
     def add(self, slot: int, field: int, entry: Any) -> None:
-        """Append ``entry`` (bytes-like) as field number ``field`` of ``slot``."""
+        """Append ``entry`` (bytes-like) as field number ``field`` of ``slot``
+        (now, or at :meth:`flush` while held)."""
         if self.fds is None:
             self.fds = self._create()
         mv = memoryview(entry)
         if mv.ndim != 1 or mv.itemsize != 1:
             mv = memoryview(mv.tobytes())
-        pwrite_all(self.fds[0], mv, self.pos)
-        words = np.array([[slot, field, self.pos, mv.nbytes]], np.uint64)
-        row = np.concatenate([words, _check_word(words)[:, None]], axis=1).astype("<u8")
-        pwrite_all(self.fds[1], row, self.rows * _ROW_BYTES)
-        self.pos += mv.nbytes
-        self.rows += 1
+        held = self._held
+        if held is None:
+            self._write(mv, [(slot, field, mv.nbytes)])
+            return
+        held[0].extend(mv)
+        held[1].append((slot, field, mv.nbytes))
+        if len(held[0]) >= _HOLD_BYTES:
+            self.flush()
+
+    def hold(self) -> None:
+        """Gather the entries added from now on until :meth:`flush`."""
+        self._held = (bytearray(), [])
+
+    def release(self) -> None:
+        """Stop gathering; entries not flushed are dropped (never written)."""
+        self._held = None
+
+    def flush(self) -> None:
+        """Write the gathered entries: their bytes, then their rows, one call each."""
+        held = self._held
+        if held is None or not held[1]:
+            return
+        data, entries = held
+        self._held = (bytearray(), [])
+        self._write(memoryview(data), entries)
+
+    def _write(self, data: memoryview, entries: list[tuple[int, int, int]]) -> None:
+        """Append ``data`` (the entries' bytes back to back) and one row per entry;
+        ``pos`` and ``rows`` move only once both are written."""
+        if self.fds is None:
+            self.fds = self._create()
+        pwrite_all(self.fds[0], data, self.pos)
+        words = np.array(entries, np.uint64).reshape(-1, 3)
+        starts = self.pos + np.concatenate(([0], np.cumsum(words[:, 2])[:-1])).astype(np.uint64)
+        words = np.stack([words[:, 0], words[:, 1], starts, words[:, 2]], axis=1)
+        rows = np.concatenate([words, _check_word(words)[:, None]], axis=1).astype("<u8")
+        pwrite_all(self.fds[1], rows, self.rows * _ROW_BYTES)
+        self.pos += data.nbytes
+        self.rows += len(rows)
 
     def sync(self) -> None:
         if self.fds is not None:

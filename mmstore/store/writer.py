@@ -15,7 +15,8 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from typing import Any
 
 import numpy as np
@@ -74,6 +75,10 @@ __all__ = ["SlotWriter", "StoreWriter", "WRITER_STATE_FILE", "acquire_lock", "fi
 WRITER_STATE_FILE = "_writer.json"
 _UNSET, _WRITTEN, _HOLE = 0, 1, 2
 _GROW_MIN_SLOTS = 1024
+# Inside ``SlotWriter.combined``: slot files of at most this many bytes a slot (labels, boxes, sizes, the
+# checksums) are gathered and written in one call per run of consecutive slots, of at most _COMBINE_BYTES.
+_COMBINE_STRIDE = 4096
+_COMBINE_BYTES = 1 << 20
 
 
 class SlotWriter:
@@ -111,6 +116,52 @@ class SlotWriter:
                 self._where[name] = (i, inner, self.schema[name].nbytes)
         self._zeros = b""
         self._spill = Spill(partial_dir)  # encoded entries (see mmstore/store/spill.py)
+        self._runs: dict[int, tuple[int, bytearray]] | None = None  # file -> (offset, bytes) in combined()
+
+    @contextmanager
+    def combined(self) -> Iterator[SlotWriter]:
+        """Gather the writes of small slot files (at most 4 KiB a slot) and
+        of the encoded entries made inside the block, and write them in one
+        call per file when it ends (or a run reaches 1 MiB): a range of
+        records costs a few system calls beside its large fields instead of
+        several a record. The data is in the files when the block ends, not
+        before; a block left by an exception writes nothing more (its range
+        is written again when the run resumes)."""
+        if self._runs is not None:
+            raise RuntimeError("SlotWriter.combined() is already active")
+        self._runs = {}
+        self._spill.hold()
+        try:
+            yield self
+            self._flush_runs()
+            self._spill.flush()
+        finally:
+            self._runs = None
+            self._spill.release()
+
+    def _put(self, i: int, data: Any, offset: int) -> None:
+        """Write ``data`` (a buffer) to slot file ``i`` at ``offset``, now or
+        in its file's run (see :meth:`combined`)."""
+        runs = self._runs
+        if runs is None or self.layout[i].stride > _COMBINE_STRIDE:
+            pwrite_all(self._fds[i], data, offset)
+            return
+        run = runs.get(i)
+        if run is not None and run[0] + len(run[1]) == offset:
+            run[1].extend(memoryview(data).cast("B"))
+            if len(run[1]) >= _COMBINE_BYTES:
+                del runs[i]
+                pwrite_all(self._fds[i], run[1], run[0])
+            return
+        if run is not None:
+            pwrite_all(self._fds[i], run[1], run[0])
+        runs[i] = (offset, bytearray(memoryview(data).cast("B")))
+
+    def _flush_runs(self) -> None:
+        runs = self._runs or {}
+        while runs:
+            i, (offset, data) = runs.popitem()
+            pwrite_all(self._fds[i], data, offset)
 
     def write(self, slot: int, sample: Mapping[str, Any]) -> int:
         """Validate ``sample`` and write it at ``slot``; return its checksum."""
@@ -141,11 +192,11 @@ class SlotWriter:
         for f in self.schema.fixed_fields:
             i, inner, nb = self._where[f.name]
             if nb:
-                pwrite_all(self._fds[i], arrays[f.name], self._offsets[i] + slot * self.layout[i].stride + inner)
+                self._put(i, arrays[f.name], self._offsets[i] + slot * self.layout[i].stride + inner)
         for v, f in enumerate(self.schema.variable_fields):
             self._spill.add(slot, v, entries[f.name])
         ck = record_checksum(checksum_parts(self.schema, arrays, entries))
-        pwrite_all(self._fds[-1], int(ck).to_bytes(8, "little"), self._offsets[-1] + 8 * slot)
+        self._put(len(self._fds) - 1, int(ck).to_bytes(8, "little"), self._offsets[-1] + 8 * slot)
         return ck
 
     def write_batch(self, start: int, arrays: Mapping[str, Any]) -> np.ndarray:
@@ -224,7 +275,7 @@ class SlotWriter:
             if len(self._zeros) < sf.stride:
                 self._zeros = bytes(sf.stride)
             if sf.stride:
-                pwrite_all(self._fds[i], memoryview(self._zeros)[: sf.stride], self._offsets[i] + slot * sf.stride)
+                self._put(i, memoryview(self._zeros)[: sf.stride], self._offsets[i] + slot * sf.stride)
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.capacity:

@@ -45,6 +45,27 @@ def test_ranges_cover_the_pending_slots_and_keep_units_whole(n, chunk, data):
     assert got == list(pending_ranges(done, chunk, units))  # a function of its inputs
 
 
+@settings(max_examples=200, deadline=None)
+@given(n=st.integers(1, 400), chunk=st.integers(1, 64), taper=st.integers(0, 4), data=st.data())
+def test_tapered_ranges_cover_the_pending_slots_once(n, chunk, taper, data):
+    """Without units, every pending slot once, in order, in ranges of at most ``chunk``; the last
+    ``2 * taper`` chunks' worth in quarter chunks."""
+    done = np.array(data.draw(st.lists(st.booleans(), min_size=n, max_size=n)), bool)
+    got = list(pending_ranges(done, chunk, None, taper))
+    covered = np.zeros(n, bool)
+    last = 0
+    for a, b in got:
+        assert last <= a < b <= n and b - a <= chunk and not done[a:b].any()
+        last = b
+        covered[a:b] = True
+    assert np.array_equal(covered, ~done)
+    sizes = np.array([b - a for a, b in got])
+    pending = np.cumsum(sizes[::-1])[::-1]  # slots still to hand out when each range is cut
+    assert np.all(sizes[pending <= 2 * taper * chunk] <= max(1, chunk // 4))
+    if taper == 0:
+        assert got == list(pending_ranges(done, chunk))
+
+
 def test_a_row_group_is_one_range():
     done = np.zeros(1000, bool)
     assert list(pending_ranges(done, 32, np.arange(0, 1000, 100))) == [(k, k + 100) for k in range(0, 1000, 100)]

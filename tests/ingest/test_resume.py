@@ -314,9 +314,9 @@ def test_a_crash_point_in_a_worker_crashes_the_whole_run(tmp_path, h):
     ref = str(tmp_path / "ref")
     _run_ok(h, "ingest", root, ref, "--size", "8x8", "--workers", "0", "-q")
     dest = str(tmp_path / "d")
-    # each record is several pwrites in a worker; the parent writes far fewer
-    # (headers, state, one commit line per chunk of 3), so a worker gets here first
-    rc, err = _crash_run(h, root, dest, "write:40", workers="2")
+    # a worker writes one call per small file a range (the counts go on from the parent's at the fork);
+    # the parent writes far fewer (headers, state, one commit line per chunk of 3), so a worker gets here first
+    rc, err = _crash_run(h, root, dest, "write:30", workers="2")
     assert rc == 77, err
     assert os.path.isdir(dest + ".partial") and not os.path.exists(dest)
     with open(os.path.join(dest + ".partial", "_ingest_commits.log"), "rb") as fh:
