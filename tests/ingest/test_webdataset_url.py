@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from support.compare import assert_same_files
 from support.proc import popen_cli
-from support.scheme_fixtures import web  # noqa: F401 - a fixture
+from support.scheme_fixtures import az, azurite_server, web  # noqa: F401 - fixtures
 
 import mmstore
 from mmstore.errors import IngestError, RemoteNotFoundError, SourceError
@@ -252,3 +252,22 @@ def test_shards_over_http_equal_local_and_need_workers_0(tmp_path, web, tars):  
         ingest(url, c, size=32, workers=2, quiet=True)
     with pytest.raises(SourceError, match=r"1 shard\(s\) it names do not exist"):
         ingest(web.url(f"shards/{{00000..{SHARDS:05d}}}.tar"), c, size=32, workers=0, quiet=True, overwrite=True)
+
+
+def test_shards_in_azure_blob_storage_equal_local(tmp_path, az, tars):  # noqa: F811 - the fixture
+    """``az://`` shards (Azurite on loopback): listed, indexed by ranged GETs and read by the ingest's own
+    process, the same store as the local shards; a glob matches by listing; workers > 0 is refused with what
+    to do."""
+    local = tmp_path / "local"
+    local.mkdir()
+    for name, data in tars.items():
+        (local / name).write_bytes(data)
+        az.write(f"shards/{name}", data)
+    a, b, c, d = (str(tmp_path / n) for n in "abcd")
+    ingest(str(local / f"{{00000..{SHARDS - 1:05d}}}.tar"), a, size=32, workers=0, quiet=True)
+    ingest(az.url(f"shards/{{00000..{SHARDS - 1:05d}}}.tar"), b, size=32, workers=0, quiet=True)
+    assert_same_files(a, b)
+    ingest(az.url("shards/*.tar"), c, size=32, workers=0, quiet=True)
+    assert_same_files(a, c)
+    with pytest.raises(IngestError, match=r"az:// shards are read by the ingest's own process only.*--workers 0"):
+        ingest(az.url("shards/*.tar"), d, size=32, workers=2, quiet=True)
