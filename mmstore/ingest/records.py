@@ -13,7 +13,8 @@ from ..store.writer import SlotWriter
 from ._listing import InputError, Source, reason_of
 from .sources import DatasetSource, as_hwc, to_array
 
-__all__ = ["BOX_DTYPE", "DST_DTYPE", "LABEL_DTYPE", "ORIG_SIZE_DTYPE", "RecordJob", "process_range", "schema_for"]
+__all__ = ["BOX_DTYPE", "DST_DTYPE", "LABEL_DTYPE", "ORIG_SIZE_DTYPE", "RecordJob", "checked", "process_range",
+           "schema_for"]
 
 LABEL_DTYPE = "<i8"
 ORIG_SIZE_DTYPE = "<i4"
@@ -46,6 +47,32 @@ def schema_for(source: Source, spec: Any, first_item: Any) -> Schema:
     return Schema(fields, buckets={"image": shapes} if shapes is not None else None)
 
 
+def checked(schema: Schema, rec: dict[str, Any]) -> dict[str, np.ndarray]:
+    """``rec`` as ``schema``'s arrays, as ``Schema.validate`` makes them: a
+    cheap exact check when every fixed value already has its field's dtype,
+    shape and layout (ragged and text entries converted one by one, with
+    validate's rules), else ``Schema.validate`` itself (lossless
+    conversions, ``SchemaError`` otherwise)."""
+    if len(rec) == len(schema):
+        ragged = []
+        for f in schema:
+            v = rec.get(f.name)
+            if f.ragged and not f.shaped and v is not None:  # None (a name missing): validate says what
+                ragged.append(f)
+                continue
+            if not (isinstance(v, np.ndarray) and v.dtype == f.dtype and v.shape == f.shape
+                    and v.flags.c_contiguous):
+                break
+        else:
+            if not ragged:
+                return rec
+            out = dict(rec)
+            for f in ragged:
+                out[f.name] = coerce_ragged(f, rec[f.name])
+            return out
+    return schema.validate(rec)
+
+
 class RecordJob:
     """Everything a worker needs to make records; inherited by fork, never pickled."""
 
@@ -66,25 +93,8 @@ class RecordJob:
         self.own_fields = getattr(source, "record_fields", None)
 
     def checked(self, rec: dict[str, Any]) -> dict[str, np.ndarray]:
-        """``rec`` as the schema's arrays: a cheap exact check when every fixed
-        value already has its field's dtype, shape and layout (ragged and text
-        entries converted one by one, with the same rules), else
-        ``Schema.validate`` (lossless conversions, ``SchemaError`` otherwise)."""
-        if len(rec) == len(self.schema):
-            ragged = None
-            for f in self.schema:
-                v = rec.get(f.name)
-                if f.ragged and not f.shaped and v is not None:
-                    ragged = (ragged or []) + [f]
-                    continue
-                if not (isinstance(v, np.ndarray) and v.dtype == f.dtype and v.shape == f.shape
-                        and v.flags.c_contiguous):
-                    break
-            else:
-                for f in ragged or ():
-                    rec[f.name] = coerce_ragged(f, rec[f.name])
-                return rec
-        return self.schema.validate(rec)
+        """``rec`` as the schema's arrays (:func:`checked`)."""
+        return checked(self.schema, rec)
 
     def record(self, reader: Any, slot: int) -> dict[str, Any]:
         """The fields of the input at ``slot`` (raises for an input that becomes a hole)."""
