@@ -25,7 +25,8 @@ files of each segment concerned are rebuilt the way a writer builds them
 replace the old ones atomically (the manifest's size entries are updated if they differ).
 
 A store may come from someone else, so its provenance is untrusted input:
-repair writes only to regular files directly inside the store (opened with
+repair writes only to regular files directly inside the store or one of its
+parts' directories, reached through no symbolic link (opened with
 ``O_NOFOLLOW``; its work directory is inside the store too), and bounds what
 the provenance can ask for before it allocates or opens anything: the decode
 spec must produce exactly the store's image shape (with at most the default
@@ -53,7 +54,7 @@ import numpy as np
 from .._os.io import atomic_write, fsync_dir
 from ..errors import EntryDecodeError, FormatError
 from ..format.codecs import library_versions
-from ..format.layout import MANIFEST_FILE, decode_key
+from ..format.layout import MANIFEST_FILE, PARTS_DIR, decode_key
 from ..format.names import json_bytes
 from ..store.backends.base import packed_record, unpack_record
 from ..store.reader import Store, open_store
@@ -322,17 +323,20 @@ def _stored_fields(store: Store, slot: int) -> dict[str, np.ndarray | bytes]:
 
 
 def _rebuild(store: Store, src: _Source, slot: int, want: int, label_range: int, budget: list[int],
-             encoders: str = "") -> bytes:
+             encoders: str = "", src_slot: int | None = None) -> bytes:
     """The original packed record of ``slot`` (checksum ``want``) or raise.
     ``budget[0]``: bytes the label search may still hash in this repair;
-    ``encoders``: :func:`encoder_mismatch` (said when nothing matches)."""
+    ``encoders``: :func:`encoder_mismatch` (said when nothing matches);
+    ``src_slot``: the slot as its source numbers it (an appended part's
+    first slot is its source's 0), ``slot`` when None."""
     import xxhash
 
     key = store.slot_view.slot_key_bytes(slot)
     if not key:
         raise ValueError("the slot has no source key")
+    at = slot if src_slot is None else src_slot
     try:
-        fresh = src.decode(key, slot)
+        fresh = src.decode(key, at)
     except SourceGone:
         raise
     except (OSError, ValueError) as exc:
@@ -343,7 +347,7 @@ def _rebuild(store: Store, src: _Source, slot: int, want: int, label_range: int,
         if k in rec:
             rec[k] = v
     if src.list_fields is not None:
-        rec.update(src.list_fields(key, slot))  # entries (bytes), kept as they are below
+        rec.update(src.list_fields(key, at))  # entries (bytes), kept as they are below
     if store.schema.has_variable:  # encode once; the label search below only changes raw bytes
         rec = _encoded(store, rec)
     packed = _packed(store, rec)
@@ -392,6 +396,73 @@ def encoder_mismatch(store: Store) -> str:
     return "the store's " + "; its ".join(diff) if diff else ""
 
 
+class _Sources:
+    """The source of each slot: the store's own (``provenance.source``), or,
+    for the slots of a part added by ``mmstore append``, the source that
+    append read (``provenance.appended[k]``: its ``source``, its first slot
+    ``from_slot`` and ``records``), decoded with the store's decode spec
+    (append refuses other options). Each is opened at its first use; one
+    that cannot be reached fails the slots it holds only."""
+
+    def __init__(self, prov: dict[str, Any], image: tuple[int, ...] | None, schema: Any) -> None:
+        self.prov, self.image, self.schema = prov, image, schema
+        ing = prov.get("ingest")
+        params = ing.get("params") if isinstance(ing, dict) else None
+        decode = params.get("decode", prov.get("decode")) if isinstance(params, dict) else prov.get("decode")
+        self.parts: list[tuple[int, int, dict[str, Any]]] = []  # (first slot, end, provenance of the part)
+        appended = prov.get("appended")
+        for e in appended if isinstance(appended, list) else []:
+            lo, n = (e.get("from_slot"), e.get("records")) if isinstance(e, dict) else (None, None)
+            if (isinstance(lo, int) and isinstance(n, int) and not isinstance(lo, bool) and lo >= 0 and n >= 0
+                    and isinstance(e.get("source"), dict)):
+                self.parts.append((lo, lo + n, {"source": e["source"],
+                                                "ingest": {"params": {"decode": decode}, "range": [0, n]}}))
+        self._open: dict[int, _Source | SourceGone] = {}
+
+    def _which(self, slot: int) -> tuple[int, int]:
+        """(-1, 0) for the store's own source, else (k, first slot) of appended part ``k``."""
+        for k, (lo, hi, _) in enumerate(self.parts):
+            if lo <= slot < hi:
+                return k, lo
+        return -1, 0
+
+    def for_slot(self, slot: int) -> tuple[_Source, int]:
+        """The source of ``slot`` and the slot as that source numbers it.
+
+        Raises
+        ------
+        SourceGone
+            That source is not reachable (or not re-readable at all).
+        ValueError
+            The provenance's decode spec is not usable here.
+        """
+        k, lo = self._which(slot)
+        got = self._open.get(k)
+        if got is None:
+            prov = self.prov if k < 0 else self.parts[k][2]
+            try:
+                got = _Source(prov, self.image)
+            except SourceGone as exc:
+                got = exc
+            else:  # a list's tags/text, derived again from the list (mmstore/ingest/tags.py)
+                from ..ingest.lists import list_fields_for_repair
+
+                got.list_fields = list_fields_for_repair(prov, self.schema)
+            self._open[k] = got
+        if isinstance(got, SourceGone):
+            raise got
+        return got, slot - lo
+
+    def describe(self) -> str | None:
+        used = [s.describe() for s in self._open.values() if isinstance(s, _Source)]
+        return "; ".join(used) if used else None
+
+    def close(self) -> None:
+        for s in self._open.values():
+            if isinstance(s, _Source):
+                s.close()
+
+
 def repair_store(path: str | os.PathLike[str], report: VerifyReport) -> RepairReport:
     """Repair the bad records ``report`` (a content :func:`verify_store`
     report of ``path``) names. Structural problems are not repaired."""
@@ -419,23 +490,23 @@ def repair_store(path: str | os.PathLike[str], report: VerifyReport) -> RepairRe
         return rr
     store = open_store(path)
     try:
-        try:
-            image = store.schema["image"].shape if "image" in store.schema else None
-            src = (_Source(store.provenance, image) if any(b.what in ("checksum", "missing", "size", "decode", "shape")
-                                                           for b in bad)
-                   else None)
-        except SourceGone as exc:
-            rr.message = f"refused: {exc}"
+        image = store.schema["image"].shape if "image" in store.schema else None
+        sources = _Sources(store.provenance, image, store.schema)
+        need = [b for b in bad if b.what in ("checksum", "missing", "size", "decode", "shape") and b.slot >= 0]
+        gone: list[SourceGone] = []
+        for b in need:  # every source the repair needs, opened before anything is written
+            try:
+                sources.for_slot(b.slot)
+            except SourceGone as exc:
+                gone.append(exc)
+            except ValueError as exc:
+                rr.message = f"refused: the provenance's decode spec is not usable here ({exc})"
+                return rr
+        if need and len(gone) == len(need):
+            rr.message = f"refused: {gone[0]}"
             rr.failed = [{"slot": b.slot, "key": b.key, "reason": "source not reachable"} for b in bad]
             return rr
-        except ValueError as exc:
-            rr.message = f"refused: the provenance's decode spec is not usable here ({exc})"
-            return rr
-        rr.source = src.describe() if src else None
-        if src is not None:  # a list's tags/text, derived again from the list (mmstore/ingest/tags.py)
-            from ..ingest.lists import list_fields_for_repair
-
-            src.list_fields = list_fields_for_repair(store.provenance, store.schema)
+        rr.source = sources.describe()
         ck = np.array(store.slot_view.checksums())
         names = store.label_names or []
         label_range = min(MAX_LABELS, len(names))
@@ -455,12 +526,11 @@ def repair_store(path: str | os.PathLike[str], report: VerifyReport) -> RepairRe
                 fixes[b.slot] = hole
                 continue
             try:
-                assert src is not None
-                fixes[b.slot] = _rebuild(store, src, b.slot, int(ck[b.slot]), label_range, budget, encoders)
+                src, at = sources.for_slot(b.slot)
+                fixes[b.slot] = _rebuild(store, src, b.slot, int(ck[b.slot]), label_range, budget, encoders, at)
             except (ValueError, SourceGone) as exc:
                 rr.failed.append({"slot": b.slot, "key": b.key, "reason": str(exc)})
-        if src is not None:
-            src.close()
+        sources.close()
         dropped = sum(b.what in ("hole-has-record", "extra-key") for b in bad)
         in_place = store.slot_view.backend.positional
         needs_rebuild = not in_place and bool(fixes or dropped)
@@ -491,7 +561,7 @@ def open_for_repair(store_path: str, path: str, flags: int) -> int:
     the store directory: never through a symbolic link (``O_NOFOLLOW``), a
     FIFO or device, or into another directory. Raises :class:`FormatError`."""
     folder, name = os.path.split(os.path.abspath(path))
-    if os.path.realpath(folder) != os.path.realpath(store_path) or name in ("", ".", ".."):
+    if not _store_folder(store_path, folder) or name in ("", ".", ".."):
         raise FormatError(f"{path}: not a file of the store {store_path}; repair writes only inside the store")
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
@@ -504,6 +574,18 @@ def open_for_repair(store_path: str, path: str, flags: int) -> int:
         os.close(fd)
         raise FormatError(f"{path}: not a regular file; repair writes only to the store's own files")
     return fd
+
+
+def _store_folder(store_path: str, folder: str) -> bool:
+    """Whether ``folder`` is the store's directory or one of its parts'
+    (``parts/<id>``, format.py "Parts"), reached through no symbolic link."""
+    root = os.path.realpath(store_path)
+    if os.path.realpath(folder) == root:
+        return True
+    parent, pid = os.path.split(os.path.abspath(folder))
+    if pid in ("", ".", "..") or parent != os.path.join(os.path.abspath(store_path), PARTS_DIR):
+        return False
+    return os.path.realpath(folder) == os.path.join(root, PARTS_DIR, pid)  # neither is a link
 
 
 def _writable(store: Store) -> Callable[[str], int]:

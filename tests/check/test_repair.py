@@ -126,3 +126,84 @@ def test_repair_merged_store(tmp_path, source, backend, capsys):
     else:  # the rebuilt segment is a new file; the part keeps its own
         assert os.stat(os.path.join(merged, "records.00001.mdb")).st_ino != os.stat(
             os.path.join(parts[1], "records.mdb")).st_ino
+
+
+def test_repair_a_store_with_a_part_table(tmp_path, source, backend, capsys, monkeypatch):
+    """A store grown by append, its parts listed in a part table (format 2.4), is repaired in the part
+    that holds the damage, from that part's own source: the record's bytes flipped in place in the part's
+    file (its size unchanged, so the table still matches), in the first part and in the appended one;
+    verify finds them, --repair rewrites them and the store then reads exactly as before the damage and
+    verifies clean."""
+    from mmstore.format import layout
+
+    monkeypatch.setattr(layout, "PART_TABLE_MIN_PARTS", 1)
+    more = tmp_path / "more"
+    make_folder(str(more), ("cat", "dog"), per_class=6, exts=(".png",), name="m{:03d}", seed=5)
+    dest = _ingest(source, str(tmp_path / "s"), backend)
+    mmstore.append(dest, str(more), workers=0, quiet=True)
+    assert os.path.exists(os.path.join(dest, layout.PART_TABLE_FILE))
+    fresh = str(tmp_path / "fresh")
+    shutil.copytree(dest, fresh)
+    damaged = []
+    with mmstore.open(dest) as s:
+        assert len(s.parts) == 2
+        for index in (10, len(s) - 3):  # one record of each part
+            slot, key = s.slot_view.slot(index), s.key(index)
+            firsts = s.slot_view.backend.firsts
+            k = int(np.searchsorted(firsts, slot, side="right")) - 1
+            local = slot - int(firsts[k])
+            part = s.slot_view.backend.parts[k]
+            if backend == "memmap":
+                path, off, nb = part.field_location("image")
+                at = off + local * nb + 7
+            else:
+                import lmdb
+
+                path = part.data_paths()[0]
+                env = lmdb.open(path, subdir=False, lock=False, readonly=True)
+                with env.begin() as txn:
+                    value = bytes(txn.get(int(local).to_bytes(8, "big")))
+                env.close()
+                with open(path, "rb") as fh:
+                    raw = fh.read()
+                assert raw.count(value) == 1
+                at = raw.index(value) + 7
+            damaged.append((slot, key, path, at))
+    for _, _, path, at in damaged:
+        flip_bit(path, at, bit=3)
+    rc, rep = run_json(["verify", dest], capsys)
+    assert rc == 1 and [(r["slot"], r["key"]) for r in rep["bad_records"]] == [(d[0], d[1]) for d in damaged]
+    rc, rep = run_json(["verify", dest, "--repair"], capsys)
+    assert rc == 0 and rep["repair"]["repaired"] == [d[0] for d in damaged], rep
+    assert_reads_same(fresh, dest)
+    rc, rep = run_json(["verify", dest], capsys)
+    assert rc == 0 and rep["ok"], rep
+    if backend == "memmap":  # the appended part's source gone: the other part is still repaired
+        for _, _, path, at in damaged:
+            flip_bit(path, at, bit=3)
+        shutil.rmtree(more)
+        rc, rep = run_json(["verify", dest, "--repair"], capsys)
+        assert rc == 1 and rep["repair"]["repaired"] == [damaged[0][0]], rep
+        assert [(f["slot"], "gone" in f["reason"]) for f in rep["repair"]["failed"]] == [(damaged[1][0], True)]
+
+
+def test_repair_never_writes_through_a_linked_part_directory(tmp_path, source, capsys, monkeypatch):
+    """A part directory that is a symbolic link (to files outside the store) is not written by repair."""
+    from mmstore.format import layout
+
+    monkeypatch.setattr(layout, "PART_TABLE_MIN_PARTS", 1)
+    more = tmp_path / "more"
+    make_folder(str(more), ("cat", "dog"), per_class=3, exts=(".png",), name="m{:03d}", seed=6)
+    dest = _ingest(source, str(tmp_path / "s"), "memmap")
+    mmstore.append(dest, str(more), workers=0, quiet=True)
+    with mmstore.open(dest) as s:
+        pid = s.parts[0]
+        path, off, nb = s.slot_view.backend.parts[0].field_location("image")
+    outside = tmp_path / "outside"
+    shutil.move(os.path.join(dest, "parts", pid), outside)
+    os.symlink(outside, os.path.join(dest, "parts", pid))
+    flip_bit(str(outside / os.path.basename(path)), off + 7, bit=3)
+    before = (outside / os.path.basename(path)).read_bytes()
+    rc, out, _ = run_cli(["verify", dest, "--repair"], capsys)
+    assert rc != 0 and "repair writes only inside the store" in out + _
+    assert (outside / os.path.basename(path)).read_bytes() == before
