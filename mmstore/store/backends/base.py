@@ -456,7 +456,7 @@ def check_npy(
         or that it was there then and is gone now.
     """
     fd = open_store_file(path, missing=(
-        f"{path}: missing, but the manifest lists it; the store is damaged: "
+        f"{path}: missing, but the store lists it (in its manifest or part table); the store is damaged: "
         "restore the file from a copy or re-create the store"), ident=ident)
     # the header a writer writes is known byte for byte (npy_header): a file
     # that starts with exactly those bytes has that dtype, shape and offset,
@@ -492,7 +492,7 @@ def check_npy(
             f"the file {what}; run `mmstore verify` and re-create or repair the store"
         )
     if size is not None and size != actual:
-        raise FormatError(f"{path}: the manifest lists {size} bytes, found {actual}")
+        raise FormatError(f"{path}: the store lists {size} bytes (in its manifest or part table), found {actual}")
     return offset
 
 

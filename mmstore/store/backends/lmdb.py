@@ -281,7 +281,7 @@ class LmdbBackend(Backend):
         with, of the manifest's size, with sane meta pages): ``(fd, stat)``."""
         path = os.path.join(self.root, self.file)
         fd = open_store_file(path, missing=(
-            f"{path}: missing, but the manifest lists it; the store is damaged: restore "
+            f"{path}: missing, but the store lists it (in its manifest or part table); the store is damaged: restore "
             "the file or re-create the store"), ident=self.ident)
         try:
             st = os.fstat(fd)
