@@ -10,7 +10,8 @@ The images: random crops of real photographs (the samples of scikit-image and sc
 ``compact_common.real_photos``, where installed, else matplotlib's ``grace_hopper.jpg``), 300 to 640 px a
 side (at most the photograph's), JPEG quality 90, written in img2dataset's Parquet
 layout (``key``, ``jpg`` bytes, ``caption``, ``similarity``, ``width``, ``height``) into ``--files`` files of
-row groups of ``--row-group`` rows (img2dataset writes 100 at a time), page cache warm.
+row groups of ``--row-group`` rows (img2dataset writes 100 at a time), page cache warm (the inputs are
+read again right before each timed ingest).
 
 1. ``bare``: one process, ``cv2.setNumThreads(1)``, the JPEG bytes already in a Python list:
    ``cv2.imdecode`` (RGB), centre crop, ``cv2.resize(INTER_AREA)`` to ``--size``. The per-core limit.
@@ -135,8 +136,21 @@ PARQUET_OPTS = {"image_column": "jpg", "caption_column": "caption", "columns": "
 IMAGE_ONLY = {"image_column": "jpg"}
 
 
+def warm(src: str) -> None:
+    """Read the ingest's input files (the folder's, or the ``*.parquet`` files) right before it is timed: a VM
+    may hand cached pages back to its host within seconds, so a warm-up at the start alone does not last."""
+    import glob
+
+    paths = glob.glob(src) if "*" in src else [os.path.join(src, n) for n in os.listdir(src)]
+    for path in paths:
+        with open(path, "rb") as fh:
+            while fh.read(1 << 24):
+                pass
+
+
 def run_ingest(src: str, dest: str, size: int, workers: int, opts: dict, repo: str = REPO) -> dict:
     shutil.rmtree(dest, ignore_errors=True)
+    warm(src)
     code = _CHILD.format(repo=repo, src=src, dest=dest, size=size, workers=workers, opts=opts)
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -169,9 +183,6 @@ def main() -> int:
               f"made in {time.perf_counter() - t0:.1f} s; {os.cpu_count()} CPUs, load "
               f"{open('/proc/loadavg').read().split()[0]}")
         src = os.path.join(d, "*.parquet")
-        for path in sorted(os.listdir(d)):  # warm the page cache
-            with open(os.path.join(d, path), "rb") as fh:
-                fh.read()
         bare_rate(jpegs[:100], a.size)  # warm-up
         folder = os.path.join(work, "folder")  # the same JPEGs as files: the folder ingest, side by side
         os.makedirs(folder)

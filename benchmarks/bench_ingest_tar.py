@@ -29,6 +29,10 @@ Cases, on a warm page cache:
   Its figure is its rate over the ``tar`` rate of the same round (target >= 0.8). The server runs on the
   same cores: its CPU seconds per image (``/proc/PID/stat``) are reported beside the ingest's.
 
+Right before each local ingest its inputs are read again (outside the timing) and the fraction of their pages
+in the page cache is recorded (``mincore``; the lowest is reported): a VM may hand cached pages back to its
+host within seconds, so a warm-up at the start of the run alone does not keep the inputs warm.
+
 Rounds alternate the cases, each ingest's ratio taken against the mean of the bare rates measured just before
 and after it; a case's figure is the median ratio. Target: tar >= 0.8. On a machine shared with other work the
 wall ratio moves with the load, so each case also gets a CPU ratio: the bare loop's CPU seconds per image over
@@ -110,11 +114,44 @@ def build(d: str, n: int, per_shard: int, captions: bool) -> tuple[str, str, lis
     for name in sorted(os.listdir(folder)):
         with open(os.path.join(folder, name), "rb") as fh:
             jpegs.append(fh.read())
-    for name in os.listdir(shards):  # warm the page cache
-        with open(os.path.join(shards, name), "rb") as fh:
+    return shards, folder, jpegs
+
+
+def _files(path: str) -> list[str]:
+    return sorted(os.path.join(path, n) for n in os.listdir(path))
+
+
+def resident(paths: list[str]) -> float:
+    """The fraction of the files' pages in the page cache (``mincore`` of a read-only mapping)."""
+    import ctypes
+    import mmap
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    have = total = 0
+    for p in paths:
+        size = os.path.getsize(p)
+        if not size:
+            continue
+        with open(p, "rb") as fh, mmap.mmap(fh.fileno(), size, prot=mmap.PROT_READ) as m:
+            pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+            vec = (ctypes.c_ubyte * pages)()
+            view = np.frombuffer(m, np.uint8)
+            if libc.mincore(ctypes.c_void_p(view.ctypes.data), ctypes.c_size_t(size), vec) == 0:
+                have += sum(b & 1 for b in vec)
+            total += pages
+            del view
+    return have / max(1, total)
+
+
+def warm(paths: list[str]) -> float:
+    """Read the files into the page cache right before a timed ingest (a VM may give cached pages back to
+    its host within seconds: a warm-up at the start of the run does not last); returns the fraction
+    resident afterwards."""
+    for p in paths:
+        with open(p, "rb") as fh:
             while fh.read(1 << 24):
                 pass
-    return shards, folder, jpegs
+    return resident(paths)
 
 
 def bare_rate(jpegs: list[bytes], size: int) -> tuple[float, float]:
@@ -253,10 +290,13 @@ def main() -> None:
     cpu_per: dict[str, list[float]] = {c: [] for c in names}
     s3_vs_tar: list[float] = []
     server_cpu: list[float] = []
+    warmth: list[float] = []  # the inputs' pages resident as each local ingest starts
     try:
         for r in range(a.rounds):
             for case, src in cases:
                 b1, c1 = bare_rate(jpegs, a.size)
+                if case != "s3":
+                    warmth.append(warm(_files(shards if case == "tar" else folder)))
                 got, cpu, scpu = run_ingest(src, os.path.join(a.dir, f"{case}.store"), a.size, a.workers,
                                             server.pid if server is not None and case == "s3" else 0)
                 b2, c2 = bare_rate(jpegs, a.size)
@@ -286,6 +326,7 @@ def main() -> None:
         "folder_cpu_ratio": statistics.median(cpu_rows["folder"]),
         "cpu_ms_per_image": {c: 1e3 * statistics.median(v) for c, v in cpu_per.items()},
         "index_ms": {c: 1e3 * v for c, v in index.items()},
+        "inputs_resident_at_start": min(warmth) if warmth else None,
         **({"s3_rate": statistics.median(rates["s3"]), "s3_to_tar": statistics.median(s3_vs_tar),
             "s3_ratio": statistics.median(rows["s3"]), "s3_cpu_ratio": statistics.median(cpu_rows["s3"]),
             "s3_server_cpu_ms_per_image": 1e3 * statistics.median(server_cpu)} if a.s3 else {}),
