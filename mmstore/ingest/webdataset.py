@@ -728,9 +728,22 @@ class WebDatasetSource(Source):
         return np.concatenate(([0], np.flatnonzero(np.diff(self.shard)) + 1)).astype(np.int64)
 
     def prepare_range(self, a: int, b: int) -> None:
-        """Inputs ``a..b`` are read next, in order (one ranged GET covers many of them)."""
+        """Inputs ``a..b`` are read next, in order: in object storage one ranged GET covers many of them;
+        in local shards the kernel is asked to read each shard's span of them now, in one request
+        (``POSIX_FADV_WILLNEED``), so that a shard not in the page cache streams in while the first samples
+        are decoded instead of a few pages at a time on demand."""
         if self.objects is not None:
             self._windows().prepare(a, b)
+            return
+        lo, hi, shard = self.span_lo[a:b], self.span_hi[a:b], self.shard[a:b]
+        ok = lo >= 0
+        for k in np.unique(shard[ok]).tolist():
+            mine = ok & (shard == k)
+            start, end = int(lo[mine].min()), int(hi[mine].max())
+            try:
+                os.posix_fadvise(self._fd(k), start, end - start, os.POSIX_FADV_WILLNEED)
+            except (OSError, InputError):
+                pass  # a hint only: the reads below report what is wrong with the shard
 
     def _member(self, i: int, kind: str, limit: int) -> np.ndarray:
         c = _KINDS.index(kind)

@@ -344,3 +344,28 @@ def test_scan_tar_survives_any_damage(tmp_path_factory, edits, cut):
         assert 0 <= off and off + size <= len(data)
     if problem is not None:
         assert problem.reason.split(":")[0] in ("truncated", "bad-tar")
+
+
+def test_a_range_of_a_shard_not_in_the_page_cache_is_read_ahead(tmp_path):
+    """Before a worker decodes a range of local samples, the kernel is asked to read that range's span of
+    the shard in one request: the span becomes resident without a single member read."""
+    from mmstore._os.cache import evict, resident_bytes
+    from mmstore.ingest.webdataset import WebDatasetSource
+
+    dst = tmp_path / "shards"
+    dst.mkdir()
+    big = np.random.default_rng(1).integers(0, 256, 1 << 20, dtype=np.uint8).tobytes()
+    with tarfile.open(dst / "00000.tar", "w", format=tarfile.USTAR_FORMAT) as t:  # 24 samples of 1 MiB
+        for j in range(24):
+            _add(t, f"k{j:03d}.jpg", big[j:] + big[:j])
+    src = WebDatasetSource(str(dst / "00000.tar"))
+    src.scan()
+    path = str(dst / "00000.tar")
+    evict(path, sync=True)
+    before = resident_bytes(path)[0]
+    src.prepare_range(4, 12)
+    want = int(src.span_hi[11] - src.span_lo[4])
+    deadline = time.monotonic() + 10  # the kernel reads it asynchronously (a hint: most of it, not a promise)
+    while resident_bytes(path)[0] - before < want // 2 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert resident_bytes(path)[0] - before >= want // 2
