@@ -153,6 +153,7 @@ def test_driver_killed_before_publish_leaves_the_old_store_and_a_rerun_completes
     assert verify_store(dest).ok and not os.path.exists(dest + ".partial")
 
 
+@pytest.mark.slow  # a Ray write into a bucket and its append: CI's step for slow tests
 def test_append_into_a_url_uploads_only_the_new_parts_and_small_files(ray_cluster, s3, tmp_path):
     import mmstore.ray
     from mmstore.transfer import pull, push

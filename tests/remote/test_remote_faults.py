@@ -658,6 +658,7 @@ def test_a_store_pushed_again_under_an_open_reader_is_refused_never_mixed(s3, tm
 # -- the server stopped mid-epoch (last: a restarted server is slower to make buckets) ------------
 
 
+@pytest.mark.slow  # a server stopped and restarted around two epochs: CI's step for slow tests
 def test_the_server_stopped_mid_epoch_is_a_typed_error_and_a_restart_lets_the_next_epoch_through(
         s3, s3_server, tmp_path, monkeypatch):
     src = image_store(tmp_path / "src.store")
