@@ -368,6 +368,8 @@ def open_store_file(
     StoreChangedError
         ``path`` is in ``ident`` but no longer there.
     """
+    if dir_fd is None:
+        _check_part_dirs(path)
     try:
         flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
         fd = os.open(path, flags) if dir_fd is None else os.open(os.path.basename(path), flags, dir_fd=dir_fd)
@@ -396,6 +398,20 @@ def open_store_file(
         kind = next((k for test, k in _FILE_KINDS if test(st.st_mode)), "not a regular file")
         raise FormatError(f"{path}: is {kind}, expected a regular file; this is not a store file")
     return fd
+
+
+def _check_part_dirs(path: str) -> None:
+    """A part's file (``STORE/parts/<id>/<name>``, "Parts") is read only through real directories: a
+    ``parts`` or part directory that is a symbolic link could lead reads (and a repair's writes) outside
+    the store, as a linked file could."""
+    part_dir = os.path.dirname(path)
+    parts = os.path.dirname(part_dir)
+    if os.path.basename(parts) != PARTS_DIR or not os.path.isfile(os.path.join(os.path.dirname(parts), MANIFEST_FILE)):
+        return
+    for d in (parts, part_dir):
+        if os.path.islink(d):
+            raise FormatError(f"{d}: is a symbolic link; a store's part directories must be real directories "
+                              "inside the store (copy the part in, or re-create the store)")
 
 
 def file_identity(st: os.stat_result) -> tuple[int, int, int, int]:

@@ -91,6 +91,7 @@ from ..format.layout import (
 from ..format.manifest import read_manifest
 from ..remote.url import local_dest
 from ..store.backends import backend_class
+from ..store.dest import remove_replaced
 from ..store.reader import Store, open_store
 from ..store.writer import FileAppender, errors_jsonl, publish, write_manifest
 from .merge import _append_part, _skipped_annotations, _write_bookkeeping
@@ -308,8 +309,20 @@ def _start(dest: str, base_id: str, request: dict[str, Any], nseg: int) -> tuple
     for name in os.listdir(parent):  # what killed appends left while starting or discarding (we hold the lock)
         if name.startswith(base + ".discard-") or name.startswith(base + ".appending-"):
             shutil.rmtree(os.path.join(parent, name), ignore_errors=True)
+    remove_replaced(dest)  # a store a killed publish set aside (even if this append is then refused)
     if os.path.lexists(partial):
         mark = _read_mark(partial) if os.path.isdir(partial) and not os.path.islink(partial) else None
+        done = _finished_manifest(partial, base_id) if mark is None and os.path.isdir(partial) else None
+        if done is not None:  # an append of this store stopped inside publish (which removed its mark first)
+            entry = done["provenance"]["appended"][-1]
+            src = entry.get("source") if isinstance(entry.get("source"), dict) else {}
+            if src.get("path") == request["source"] and isinstance(entry.get("part"), str):
+                return partial, entry["part"], True  # this very append: published by the caller
+            publish(dest)
+            raise StoreExistsError(
+                f"{partial}: held a finished append of {src.get('path') or 'another source'} to {dest}, stopped "
+                f"while it was being published; it is published now ({dest} has its records). Run this append "
+                "again")
         if mark is None:
             raise StoreExistsError(
                 f"{partial}: exists and is not an append's (an unfinished ingest or merge into {dest}?); an "

@@ -35,7 +35,7 @@ import stat
 from collections.abc import Iterable
 
 from ..errors import DestinationError
-from ..format.layout import MANIFEST_FILE, MANIFEST_MAX_BYTES, PARTIAL_SUFFIX, REPLACED_INFIX
+from ..format.layout import MANIFEST_FILE, MANIFEST_MAX_BYTES, PARTIAL_SUFFIX, PARTS_DIR, REPLACED_INFIX
 from ..format.manifest import read_manifest
 from ..remote.url import local_dest
 
@@ -203,7 +203,7 @@ def remove_replaced(dest: str) -> list[str]:
     """Delete the ``DEST.replaced-XXXXXXXX`` directories a killed publish
     left next to ``dest`` (a store moved aside: the old one, or a new one
     that was never swapped in); called under the destination lock. Only real
-    directories of exactly that name holding only regular files are ours;
+    directories of exactly that name holding only a store's files are ours;
     returns what was deleted."""
     dest = os.path.abspath(dest)
     parent, base = os.path.split(dest)
@@ -215,12 +215,29 @@ def remove_replaced(dest: str) -> list[str]:
     except OSError:
         return removed
     for path in aside:
-        try:
-            with os.scandir(path) as it:
-                if not all(e.is_file(follow_symlinks=False) for e in it):
-                    continue
-        except OSError:
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        removed.append(path)
+        if _store_files_only(path):
+            shutil.rmtree(path, ignore_errors=True)
+            removed.append(path)
     return removed
+
+
+def _store_files_only(path: str) -> bool:
+    """Whether directory ``path`` holds what a store holds and nothing else: regular files, and a real
+    ``parts/`` directory of real part directories of regular files (format.py, "Parts")."""
+    try:
+        with os.scandir(path) as it:
+            for e in it:
+                if e.is_file(follow_symlinks=False):
+                    continue
+                if e.name != PARTS_DIR or not e.is_dir(follow_symlinks=False):
+                    return False
+                with os.scandir(e.path) as parts:
+                    for part in parts:
+                        if not part.is_dir(follow_symlinks=False):
+                            return False
+                        with os.scandir(part.path) as files:
+                            if not all(f.is_file(follow_symlinks=False) for f in files):
+                                return False
+    except OSError:
+        return False
+    return True

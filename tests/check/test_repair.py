@@ -13,6 +13,7 @@ from support.images import make_folder
 from support.proc import run_cli, run_json
 
 import mmstore
+from mmstore.errors import FormatError
 
 cv2 = pytest.importorskip("cv2")
 ingest_mod = pytest.importorskip("mmstore.ingest")
@@ -188,7 +189,8 @@ def test_repair_a_store_with_a_part_table(tmp_path, source, backend, capsys, mon
 
 
 def test_repair_never_writes_through_a_linked_part_directory(tmp_path, source, capsys, monkeypatch):
-    """A part directory that is a symbolic link (to files outside the store) is not written by repair."""
+    """A part directory that is a symbolic link (to files outside the store) is a structural problem: the
+    store does not open, verify says so and repair writes nothing through it."""
     from mmstore.format import layout
 
     monkeypatch.setattr(layout, "PART_TABLE_MIN_PARTS", 1)
@@ -204,6 +206,8 @@ def test_repair_never_writes_through_a_linked_part_directory(tmp_path, source, c
     os.symlink(outside, os.path.join(dest, "parts", pid))
     flip_bit(str(outside / os.path.basename(path)), off + 7, bit=3)
     before = (outside / os.path.basename(path)).read_bytes()
-    rc, out, _ = run_cli(["verify", dest, "--repair"], capsys)
-    assert rc != 0 and "repair writes only inside the store" in out + _
+    rc, out, err = run_cli(["verify", dest, "--repair"], capsys)
+    assert rc != 0 and "is a symbolic link" in out + err and "refused" in out + err
     assert (outside / os.path.basename(path)).read_bytes() == before
+    with mmstore.open(dest) as s, pytest.raises(FormatError, match="part directories must be real directories"):
+        s[0]  # the part table's parts are checked at their first read

@@ -383,3 +383,54 @@ def test_store_that_does_not_record_its_decode_takes_the_options_given(tmp_path)
     with pytest.raises(AppendMismatchError, match="schema"):
         append(dest, arr, workers=0, quiet=True, duplicate_keys="keep")
     assert len(mmstore.open(dest)) == 5 and mmstore.verify(dest).ok
+
+
+@pytest.mark.parametrize("backend", ["memmap", "lmdb"])
+def test_a_reader_that_read_one_record_reads_batches_of_the_old_store_after_an_append(tmp_path, backend):
+    """A Store that has read one record (its per-record descriptors) and maps the fields only later, for
+    its first batch, maps the files it opened: the append moved them into a part of the new store."""
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    photos(a, {"cat": 3, "dog": 3}, "a", 1)
+    photos(b, {"dog": 2, "fish": 2}, "b", 2)
+    dest = str(tmp_path / "s.store")
+    mmstore.ingest(a, dest, size=32, workers=0, quiet=True, backend=backend)
+    with open_store(dest) as s:
+        want = s.read_batch(np.arange(6))
+    old = open_store(dest)
+    old[0]
+    append(dest, b, workers=0, quiet=True)
+    got = old.read_batch(np.arange(6))
+    assert all(np.array_equal(got[f], want[f]) for f in FIELDS) and len(old) == 6
+    old.close()
+    assert len(mmstore.open(dest)) == 10
+
+
+@pytest.mark.slow  # one append process per crash point: CI's step for slow tests
+def test_killed_at_each_rename_the_rerun_finishes_and_leaves_nothing_beside_the_store(two, tmp_path, h):
+    """Every rename of an append's publish (the part's, the exchange, the old store set aside) killed in
+    turn: the store is the old one or the new one, and the same command run again finishes the append (or
+    says it is done), leaving no ``.partial`` and no store set aside next to it."""
+    _, b, dest = two
+    ref = str(tmp_path / "ref.store")
+    shutil.copytree(dest, ref)
+    append(ref, b, workers=0, quiet=True)
+    want = records(ref)
+    for k in range(1, 40):
+        d = str(tmp_path / f"k{k}" / "s.store")
+        shutil.copytree(dest, d)
+        argv = ["append", d, b, "--workers", "0", "-q"]
+        p = h.cli_subprocess(*argv, env={"MMSTORE_CRASH_AT": f"rename:{k}"}, stderr=subprocess.PIPE)
+        _, err = p.communicate(timeout=120)
+        if p.returncode == 0:
+            break  # past the last rename: every one was walked
+        assert p.returncode == 77, (k, err.decode())
+        assert mmstore.verify(d).ok and len(mmstore.open(d)) in (6, 10)
+        q = h.cli_subprocess(*argv, stderr=subprocess.PIPE)
+        _, err = q.communicate(timeout=120)
+        assert q.returncode in (0, 2), (k, err.decode())  # 2: published before the kill, its keys are there
+        assert records(d) == want, k
+        left = sorted(n for n in os.listdir(os.path.dirname(d)) if n != "s.store")
+        assert left == [], (k, left)
+    else:
+        pytest.fail("the append kept crashing at rename points")
+    assert k > 3

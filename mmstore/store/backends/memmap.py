@@ -203,7 +203,12 @@ class MemmapBackend(Backend):
         return fd
 
     def _map(self, path: str, name: str) -> mmap.mmap:
-        """Map field ``name``'s file (see ``_open_checked``)."""
+        """Map field ``name``'s file (see ``_open_checked``): through the descriptor this process already
+        reads it with, when it has one (the file it opened, even if its name is gone since: a store
+        replaced by an append or an overwrite keeps being read by whoever had it open)."""
+        held = self._fds.get(name, -1)
+        if held >= 0:
+            return mmap.mmap(held, 0, access=mmap.ACCESS_READ)
         fd = self._open_checked(path, name)
         try:
             return mmap.mmap(fd, 0, access=mmap.ACCESS_READ)
