@@ -91,6 +91,24 @@ __all__ = [
 _OPTION_NAMES = frozenset(SPEC_OPTIONS) | frozenset(SOURCE_OPTIONS)
 
 
+def check_source_arg(source: Any, what: str) -> None:
+    """Refuse, before any work, a ``source`` that no ingest source takes.
+
+    Raises
+    ------
+    SourceError
+        ``source`` is not a path, a :class:`~mmstore.ingest.Source` or a
+        Hugging Face ``datasets.Dataset``.
+    """
+    if isinstance(source, (str, bytes, os.PathLike, Source)) or is_hf_dataset(source):
+        return
+    raise SourceError(
+        f"{what}: the source is a {type(source).__name__}; it takes a path (a folder, a CSV/TSV list, an LMDB, "
+        "a .npy/.npz, a COCO .json, WebDataset .tar shards, Parquet files), a Hugging Face datasets.Dataset or "
+        "an mmstore.ingest.Source. A Python dataset (a list, a torch Dataset) is written with "
+        "mmstore.from_dataset(dataset, DEST, ...)")
+
+
 def ingest(
     source: str | os.PathLike[str] | Source,
     dest: str | os.PathLike[str],
@@ -356,6 +374,7 @@ def ingest(
     # the decode and source options given (None: not given), by name: the signature lists them
     given = {k: v for k, v in locals().items() if k in _OPTION_NAMES and v is not None}
     spec_kw, src_kw = split_options(given)
+    check_source_arg(source, "ingest")
     src: Source
     if is_hf_dataset(source):
         src = HFSource(source, **hf_options(src_kw))

@@ -417,7 +417,10 @@ def append(
     LockedError
         Another process is writing ``dest``.
     """
+    from . import check_source_arg
+
     t0 = time.monotonic()
+    check_source_arg(source, "append")
     if duplicate_keys not in ("error", "keep"):
         raise ValueError(f"duplicate_keys must be 'error' or 'keep', got {duplicate_keys!r}")
     dest = os.path.abspath(local_dest(dest))

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import mmstore
-from mmstore.errors import AllInputsFailedError, AppendMismatchError, DuplicateKeysError, StoreChangedError
+from mmstore.errors import AllInputsFailedError, AppendMismatchError, DuplicateKeysError, SourceError, StoreChangedError
 from mmstore.ingest.append import append
 from mmstore.store.reader import open_store
 
@@ -434,3 +434,13 @@ def test_killed_at_each_rename_the_rerun_finishes_and_leaves_nothing_beside_the_
     else:
         pytest.fail("the append kept crashing at rename points")
     assert k > 3
+
+
+def test_a_source_no_ingest_takes_is_refused_before_any_work(two):
+    _, _, dest = two
+    for call in (lambda: append(dest, [(np.zeros((8, 8, 3), np.uint8), 0)], workers=0, quiet=True),
+                 lambda: mmstore.ingest([(np.zeros((8, 8, 3), np.uint8), 0)], dest + "2", size=8, quiet=True)):
+        with pytest.raises(SourceError, match=r"the source is a list; it takes a path.*from_dataset"):
+            call()
+    assert not os.path.exists(dest + ".partial") and not os.path.exists(dest + "2")
+    assert len(mmstore.open(dest)) == 6
