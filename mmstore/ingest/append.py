@@ -431,6 +431,9 @@ def append(
     given = {k: v for k, v in options.items() if v is not None and k not in ("resume", "overwrite", "shard")}
     if size is not None:
         given["size"] = size
+    if os.path.islink(dest):  # publish replaces DEST by a rename, which would replace the link, never the store
+        raise DestinationError(f"{dest}: is a symbolic link (to {os.readlink(dest)}); append to the store itself: "
+                               f"`mmstore append {os.path.realpath(dest)} ...`")
     if not os.path.isdir(dest):
         raise DestinationError(f"{dest}: no store there to append to; create it with `mmstore ingest` first")
     lock = acquire_lock(dest)

@@ -15,7 +15,14 @@ import numpy as np
 import pytest
 
 import mmstore
-from mmstore.errors import AllInputsFailedError, AppendMismatchError, DuplicateKeysError, SourceError, StoreChangedError
+from mmstore.errors import (
+    AllInputsFailedError,
+    AppendMismatchError,
+    DestinationError,
+    DuplicateKeysError,
+    SourceError,
+    StoreChangedError,
+)
 from mmstore.ingest.append import append
 from mmstore.store.reader import open_store
 
@@ -444,3 +451,14 @@ def test_a_source_no_ingest_takes_is_refused_before_any_work(two):
             call()
     assert not os.path.exists(dest + ".partial") and not os.path.exists(dest + "2")
     assert len(mmstore.open(dest)) == 6
+
+
+def test_a_link_to_the_store_is_refused_before_any_work_naming_the_store(two, tmp_path, h):
+    _, b, dest = two
+    link = str(tmp_path / "link.store")
+    os.symlink(dest, link)
+    with pytest.raises(DestinationError, match="is a symbolic link.*append to the store itself"):
+        append(link, b, workers=0, quiet=True)
+    assert not os.path.exists(link + ".partial") and os.path.islink(link)
+    assert h.cli("append", os.path.realpath(dest), b, "--workers", "0", "-q") == 0  # what it says to do
+    assert len(mmstore.open(link)) == 10
