@@ -78,8 +78,11 @@ def render(rep) -> str:  # noqa: ANN001
     if rep.segments is not None:
         parts = (rep.provenance or {}).get("merged_from") or []
         engine = (rep.provenance or {}).get("engine") or {}
+        appended = (rep.provenance or {}).get("appended")
+        grew = f", grown by {len(appended):,} append(s)" if isinstance(appended, list) and appended else ""
         how = (f"joined from parts, written by {engine.get('name')}" if engine.get("name")
-               else "merged" + (f" from {len(parts):,} parts" if parts else ""))
+               else "merged" + (f" from {len(parts):,} parts" if parts else "") if parts or not grew
+               else "the first ingest") + grew
         out.append(f"segments     {len(rep.segments):,} ({how}; {min(rep.segments):,} to {max(rep.segments):,} "
                    "slots each)")
     out.append(table([[n, f"{s:,}", fmt_bytes(s)] for n, s in _file_rows(rep)]))

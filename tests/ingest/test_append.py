@@ -196,6 +196,8 @@ def test_two_appends_verify_and_inspect(two, tmp_path, capsys):
     assert main(["inspect", dest, "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert info["records"] == 12
+    assert main(["inspect", dest]) == 0
+    assert "segments     3 (the first ingest, grown by 2 append(s); 2 to 6 slots each)" in capsys.readouterr().out
     # a refused CLI append exits 2 with the option named
     assert main(["append", dest, c, "--workers", "0", "--size", "48"]) == 2
     assert "size" in capsys.readouterr().err
