@@ -165,6 +165,9 @@ def _provenance(stores: list[Store], paths: list[str], total: int) -> dict[str, 
         libs = [s.provenance.get("codec_libraries") for s in stores]
         if libs[0] and all(v == libs[0] for v in libs):  # the encoders of every part's entries (repair needs them)
             out["codec_libraries"] = libs[0]
+        decodes = [_decode_of(s) for s in stores]
+        if decodes[0] is not None and all(d == decodes[0] for d in decodes):
+            out["decode"] = decodes[0]  # one decode made every record: an append or a repair decodes so too
         return out
     prov = dict(first.provenance)
     # the fingerprint a single run over all inputs records
@@ -178,6 +181,15 @@ def _provenance(stores: list[Store], paths: list[str], total: int) -> dict[str, 
     prov.pop("time", None)
     prov.pop("tool", None)
     return prov
+
+
+def _decode_of(s: Store) -> dict[str, Any] | None:
+    """The decode options a store's provenance records (an ingest's, or a writer's own ``decode``), or None."""
+    prov = s.provenance if isinstance(s.provenance, dict) else {}
+    ing = prov.get("ingest")
+    params = ing.get("params") if isinstance(ing, dict) else None
+    dec = params.get("decode") if isinstance(params, dict) else prov.get("decode")
+    return dec if isinstance(dec, dict) else None
 
 
 def _segments_of(s: Store) -> list[tuple[int, list[str]]]:

@@ -464,3 +464,23 @@ def test_a_link_to_the_store_is_refused_before_any_work_naming_the_store(two, tm
     assert not os.path.exists(link + ".partial") and os.path.islink(link)
     assert h.cli("append", os.path.realpath(dest), b, "--workers", "0", "-q") == 0  # what it says to do
     assert len(mmstore.open(link)) == 10
+
+
+def test_a_merge_of_stores_decoded_alike_keeps_their_decode_for_appends(two, tmp_path):
+    """Two stores ingested apart with the same options, merged: the merge records that decode, so an append
+    takes it as the store's (no size needed; another resize refused) and its records decode alike."""
+    _, _, dest = two
+    c, d = str(tmp_path / "c"), str(tmp_path / "d")
+    photos(c, {"bird": 2}, "c", 3)
+    photos(d, {"cat": 2, "dog": 2}, "d", 4)  # the classes of the store: a merge needs the same label names
+    other = str(tmp_path / "d.store")
+    mmstore.ingest(d, other, size=32, workers=0, quiet=True)
+    merged = mmstore.merge([dest, other], str(tmp_path / "m.store"))
+    with pytest.raises(AppendMismatchError, match="resize 'stretch'"):
+        append(merged, c, workers=0, quiet=True, resize="stretch")
+    append(merged, c, workers=0, quiet=True)
+    ref = str(tmp_path / "ref.store")
+    mmstore.ingest(c, ref, size=32, workers=0, quiet=True)
+    with open_store(merged) as s, open_store(ref) as r:
+        assert len(s) == 12
+        assert all(np.array_equal(s[10 + i]["image"], r[i]["image"]) for i in range(2))
