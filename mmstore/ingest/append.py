@@ -91,7 +91,7 @@ from ..format.layout import (
 from ..format.manifest import read_manifest
 from ..remote.url import local_dest
 from ..store.backends import backend_class
-from ..store.dest import remove_replaced
+from ..store.dest import APPEND_MARK, remove_replaced
 from ..store.reader import Store, open_store
 from ..store.writer import FileAppender, errors_jsonl, publish, write_manifest
 from .merge import _append_part, _skipped_annotations, _write_bookkeeping
@@ -101,7 +101,6 @@ from .pipeline import IngestResult
 
 __all__ = ["APPEND_MARK", "AppendResult", "append", "append_parts", "check_append_options", "check_new_records"]
 
-APPEND_MARK = "_appending.json"
 """Marks ``DEST.partial`` as an append's: the store appended to and the request."""
 
 _SIZE_OPTIONS = ("size", "max_side", "short_side", "buckets")

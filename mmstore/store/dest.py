@@ -39,12 +39,13 @@ from ..format.layout import MANIFEST_FILE, MANIFEST_MAX_BYTES, PARTIAL_SUFFIX, P
 from ..format.manifest import read_manifest
 from ..remote.url import local_dest
 
-__all__ = ["PARTIAL_MARK", "RAY_MARK", "check_dest", "claim_empty_dest", "is_empty_dir", "is_own_partial", "is_store",
-           "make_partial", "remove_replaced"]
+__all__ = ["APPEND_MARK", "PARTIAL_MARK", "RAY_MARK", "check_dest", "claim_empty_dest", "is_empty_dir",
+           "is_own_partial", "is_store", "make_partial", "remove_replaced"]
 
 # the first file of every .partial a writer creates; with the bookkeeping
 # files of older versions it is how a .partial is recognised as ours
 PARTIAL_MARK = "_mmstore_partial"
+APPEND_MARK = "_appending.json"  # what ``mmstore append`` marks its DEST.partial with (mmstore.ingest.append)
 RAY_MARK = "_ray.json"  # a .partial that a distributed write (mmstore.ray) works in
 _OWN_FILES = (PARTIAL_MARK, "_writer.json", "_ingest.json", "_merging", RAY_MARK)
 
@@ -177,6 +178,10 @@ def check_dest(
                                    "replaces only what mmstore wrote: move them out first (`mmstore verify` "
                                    "lists them as stray)")
     if os.path.lexists(partial) and not is_own_partial(partial):
+        if _real_dir(partial) and os.path.isfile(os.path.join(partial, APPEND_MARK)):
+            raise DestinationError(f"{partial}: an unfinished `mmstore append` into {dest} is here; it is never "
+                                   "discarded by another command: run the same append again to finish it, or "
+                                   "remove it yourself to give it up")
         raise DestinationError(f"{partial}: exists and was not made by mmstore (no mmstore marker); it is never "
                                "written to or discarded: move it away yourself, or choose another DEST")
     return dest

@@ -484,3 +484,15 @@ def test_a_merge_of_stores_decoded_alike_keeps_their_decode_for_appends(two, tmp
     with open_store(merged) as s, open_store(ref) as r:
         assert len(s) == 12
         assert all(np.array_equal(s[10 + i]["image"], r[i]["image"]) for i in range(2))
+
+
+def test_an_ingest_over_an_unfinished_append_names_it(two, h):
+    a, b, dest = two
+    p = h.cli_subprocess("append", dest, b, "--workers", "0", "-q", env={"MMSTORE_CRASH_AT": "append:1"},
+                         stderr=subprocess.PIPE)
+    p.communicate(timeout=120)
+    assert p.returncode == 77 and os.path.isdir(dest + ".partial")
+    with pytest.raises(DestinationError, match="an unfinished `mmstore append`.*run the same append again"):
+        mmstore.ingest(a, dest, size=32, workers=0, quiet=True, overwrite=True)
+    assert h.cli("append", dest, b, "--workers", "0", "-q") == 0  # what it says to do
+    assert len(mmstore.open(dest)) == 10
