@@ -462,7 +462,7 @@ def _append_locked(dest: str, source: Any, given: dict[str, Any], duplicate_keys
             dec = {k: v for k, v in own.items() if k not in ("codecs", "backend", "unknown")}
             if own.get("unknown"):  # the options given, as they are
                 dec = {k: v for k, v in given.items() if k in _SIZE_OPTIONS or k in SPEC_OPTIONS}
-            if old.label_names is not None:
+            if old.label_names is not None and given.get("labels") != "none":  # (none: refused below, named)
                 src_opts.update(label_names=list(old.label_names), new_classes="append")
             res = None
             if not os.path.exists(os.path.join(part_dir, MANIFEST_FILE)):  # else: ingested by a killed run
@@ -537,7 +537,12 @@ def check_new_records(old: Store, where: str, schema: Any, backend: str, label_n
         if lacking or extra:
             hint = (f" (the new records lack {lacking or 'nothing'} and add {extra or 'nothing'}: give the source "
                     "options that made the store's fields, such as --json-keys, --text-column, --caption-column "
-                    "or --columns, as at its ingest)")
+                    "or --columns, as at its ingest")
+            if extra == ["label"] and not lacking:
+                hint += "; the store's records have no label: pass --labels none (labels='none')"
+            elif lacking == ["label"] and not extra:
+                hint += "; the store's records have labels: leave out --labels none, or give the source's labels"
+            hint += ")"
         raise AppendMismatchError(f"{where}: the new records have schema {schema!r} ({backend}), "
                                   f"the store {old.schema!r} ({old.backend_name}){hint}; a store holds records "
                                   "of one schema: ingest the source into a store of its own")

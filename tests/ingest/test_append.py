@@ -496,3 +496,15 @@ def test_an_ingest_over_an_unfinished_append_names_it(two, h):
         mmstore.ingest(a, dest, size=32, workers=0, quiet=True, overwrite=True)
     assert h.cli("append", dest, b, "--workers", "0", "-q") == 0  # what it says to do
     assert len(mmstore.open(dest)) == 10
+
+
+def test_labels_none_against_the_store_s_labels_is_refused_naming_it(two, tmp_path):
+    a, b, dest = two
+    with pytest.raises(AppendMismatchError, match="the store's records have labels: leave out --labels none"):
+        append(dest, b, workers=0, quiet=True, labels="none")
+    plain = str(tmp_path / "plain.store")
+    mmstore.ingest(a, plain, size=32, workers=0, quiet=True, labels="none")
+    with pytest.raises(AppendMismatchError, match=r"the store's records have no label: pass --labels none"):
+        append(plain, b, workers=0, quiet=True)
+    append(plain, b, workers=0, quiet=True, labels="none")  # what it says to do
+    assert len(mmstore.open(plain)) == 10 and len(mmstore.open(dest)) == 6
