@@ -70,6 +70,7 @@ from ..errors import (
     DestinationError,
     DuplicateKeysError,
     IngestError,
+    LabelMappingError,
     ResumeMismatchError,
     SourceError,
     StoreExistsError,
@@ -453,7 +454,7 @@ def _append_locked(dest: str, source: Any, given: dict[str, Any], duplicate_keys
         own = _check_options(dest, store_options(old), given)
         nseg = len(old.segments) if old.segments is not None else 1
         request = _request(source, {k: v for k, v in given.items() if k not in ("codecs",)}, duplicate_keys)
-        partial, pid, _ = _start(dest, base_id, request, nseg)
+        partial, pid, resumed = _start(dest, base_id, request, nseg)
         part_dir = os.path.join(partial, PARTS_DIR, pid)
         done = _finished_manifest(partial, base_id)
         if done is None:
@@ -476,6 +477,15 @@ def _append_locked(dest: str, source: Any, given: dict[str, Any], duplicate_keys
                     except ResumeMismatchError:  # the source changed since a killed or failed try: start it over
                         shutil.rmtree(part_dir + ".partial", ignore_errors=True)
                         res = part()
+                except (SourceError, LabelMappingError) as exc:  # refused before any work: nothing to keep
+                    if not resumed:
+                        shutil.rmtree(partial, ignore_errors=True)
+                    if isinstance(exc, LabelMappingError) and "holds integer labels" in str(exc):
+                        raise AppendMismatchError(
+                            f"{dest}: {source} labels its inputs with integers; an append numbers the new "
+                            f"records by the store's class names ({_names(old.label_names)}): write the labels as "
+                            "those names (a new name becomes a new class)") from None
+                    raise
                 except AllInputsFailedError as exc:  # said in the append's terms: the store, not the part
                     raise AllInputsFailedError(
                         f"{dest}: nothing appended: all {exc.failed:,} inputs of {source} failed"
@@ -498,6 +508,11 @@ def _append_locked(dest: str, source: Any, given: dict[str, Any], duplicate_keys
     crash_point("append")  # (the fault tests: killed once the append is published)
     records = read_manifest(dest)["records"]
     return AppendResult(dest, pid, records, added, skipped, new_labels, time.monotonic() - t0, res)
+
+
+def _names(names: list[str] | None, show: int = 8) -> str:
+    names = list(names or [])
+    return ", ".join(names[:show]) + (f" and {len(names) - show:,} more" if len(names) > show else "")
 
 
 def _most_common(exc: AllInputsFailedError) -> str:
@@ -555,9 +570,10 @@ def check_new_records(old: Store, where: str, schema: Any, backend: str, label_n
         first = decode_key(min(dup))
         raise DuplicateKeysError(
             f"{where}: {len(dup)} of the {count} new records have keys the store's records have "
-            f"already (such as {first!r}): the same inputs appended again? Nothing was appended. If they "
-            f"are other inputs that share names, pass "
-            f"{spell_option('duplicate_keys=' + repr('keep'), '--duplicate-keys keep')} to append them anyway")
+            f"already (such as {first!r}): the same inputs appended again? Nothing was appended. To add only "
+            f"the inputs the store lacks, append a source that holds only those; if they are other inputs that "
+            f"share names, pass {spell_option('duplicate_keys=' + repr('keep'), '--duplicate-keys keep')} to "
+            "append them anyway")
 
 
 def _link_data(segs: list[tuple[str, int, list[tuple[str, str]]]], partial: str) -> list[str]:

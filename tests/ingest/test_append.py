@@ -508,3 +508,13 @@ def test_labels_none_against_the_store_s_labels_is_refused_naming_it(two, tmp_pa
         append(plain, b, workers=0, quiet=True)
     append(plain, b, workers=0, quiet=True, labels="none")  # what it says to do
     assert len(mmstore.open(plain)) == 10 and len(mmstore.open(dest)) == 6
+
+
+def test_a_list_of_integer_labels_is_refused_in_the_store_s_terms_leaving_nothing(two, tmp_path):
+    _, b, dest = two
+    rels = sorted(os.path.relpath(os.path.join(r, f), b) for r, _, fs in os.walk(b) for f in fs)
+    lst = tmp_path / "list.csv"
+    lst.write_text("path,label\n" + "".join(f"{r},1\n" for r in rels))
+    with pytest.raises(AppendMismatchError, match=r"labels its inputs with integers.*class names \(cat, dog\)"):
+        append(dest, str(lst), root=b, workers=0, quiet=True)
+    assert not os.path.exists(dest + ".partial") and len(mmstore.open(dest)) == 6
