@@ -143,6 +143,9 @@ class _Source:
         if self.kind == "dataset":
             raise SourceGone(f"the records came from a Python dataset ({src.get('type')}), which cannot be "
                              "re-read from here; re-create the store with from_dataset()")
+        if self.kind == "ray":
+            raise SourceGone("the records came from a Ray Data write (mmstore.ray.write), whose rows cannot be read "
+                             "again from here; restore the store from a copy, or write it again")
         if self.kind not in ("folder", "list", "lmdb", "arrays", "coco"):
             raise SourceGone(f"unknown source kind {self.kind!r} in the provenance")
         if not path or not os.path.exists(path):
