@@ -13,7 +13,8 @@ Keys: the ``key`` column when given; else the path column (made relative to
 ``root`` when the path lies under it, so a folder read by the engine gets the
 keys ``mmstore ingest FOLDER`` gives); else the image column's path when
 images are paths; else none (empty keys). Labels: the label column's
-integers (a missing or non-integer label is a hole with its reason).
+integers (a missing or non-integer label, or one outside ``label_names`` when they are given, is a
+hole with its reason).
 ``fields``: more columns stored as they are (a schema, as in ``from_dataset``).
 """
 
@@ -170,6 +171,9 @@ class RowsSource(Source):
             lab = -1
             if self.label is not None:
                 lab, why = _label_of(self.columns[self.label][i])
+                if why is None and self.label_names is not None and not 0 <= lab < len(self.label_names):
+                    lab, why = -1, (f"bad-label: {lab} is not a number of the {len(self.label_names)} label names "
+                                    f"(0..{len(self.label_names) - 1})")
                 if why is not None:
                     errors[i] = why
             b.add(self._key(i), size, -1, lab)

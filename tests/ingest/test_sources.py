@@ -309,3 +309,22 @@ def test_npz_arrays_not_stored_are_named(tmp_path):
     np.savez(tmp_path / "d.npz", images=imgs, labels=np.arange(4))
     res = ingest(str(tmp_path / "d.npz"), str(tmp_path / "d.store"), quiet=True)
     assert not [k for k in res.warnings if "not stored" in k]
+
+
+def test_a_row_label_outside_the_label_names_is_a_hole_with_its_reason(tmp_path):
+    """Rows (what mmstore.ray.write ingests) with ``label_names``: a label that numbers none of them is a
+    hole listed with its reason, never a record whose label has no name."""
+    import cv2
+
+    from mmstore.ingest.rows import RowsSource
+
+    rng = np.random.default_rng(0)
+    images = [cv2.imencode(".png", rng.integers(0, 256, (12, 10, 3), dtype=np.uint8))[1].tobytes() for _ in range(4)]
+    cols = {"image": images, "label": [0, 2, 7, -1], "key": ["a", "b", "c", "d"]}
+    r = ingest(RowsSource(cols, label_names=["cat", "dog", "fox"]), str(tmp_path / "s"), size=8, workers=0,
+               quiet=True)
+    with mmstore.open(r.path) as s:
+        assert len(s) == 2 and s.column("label").tolist() == [0, 2] and s.label_names == ["cat", "dog", "fox"]
+        reasons = {e["key"]: e["reason"] for e in s.skipped()}
+    assert reasons == {"c": "bad-label: 7 is not a number of the 3 label names (0..2)",
+                       "d": "bad-label: -1 is not a number of the 3 label names (0..2)"}
