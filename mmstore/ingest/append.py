@@ -558,6 +558,12 @@ def check_new_records(old: Store, where: str, schema: Any, backend: str, label_n
             elif lacking == ["label"] and not extra:
                 hint += "; the store's records have labels: leave out --labels none, or give the source's labels"
             hint += ")"
+        if not hint and repr(schema) == repr(old.schema):  # alike but for what the repr does not show
+            diff = [f"{f.name!r} names its classes {dict(f.classes or ())}, the store's "
+                    f"{dict(old.schema[f.name].classes or ())}"
+                    for f in schema if f.name in old.schema and f.classes != old.schema[f.name].classes]
+            if diff:
+                hint = f" (field {'; field '.join(diff)})"
         raise AppendMismatchError(f"{where}: the new records have schema {schema!r} ({backend}), "
                                   f"the store {old.schema!r} ({old.backend_name}){hint}; a store holds records "
                                   "of one schema: ingest the source into a store of its own")
