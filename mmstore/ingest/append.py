@@ -467,9 +467,19 @@ def _append_locked(dest: str, source: Any, given: dict[str, Any], duplicate_keys
                 src_opts.update(label_names=list(old.label_names), new_classes="append")
             res = None
             if not os.path.exists(os.path.join(part_dir, MANIFEST_FILE)):  # else: ingested by a killed run
+                def refuse_repeats(plan: Any) -> None:  # before any decode: the same inputs appended again
+                    if duplicate_keys != "error":
+                        return
+                    lst, failed = plan.listing, plan.listing.label_errors or {}
+                    keys = {lst.key(i) for i in range(plan.lo, plan.hi) if i not in failed}
+                    dup = set(_repeated_keys(old, keys))
+                    if dup:
+                        raise _repeats_error(dest, dup, len(keys))
+
                 def part() -> Any:
                     return ingest(source, part_dir, **dec, codecs=own["codecs"], backend=own["backend"], resume=True,
-                                  resume_hint="run the same append again", **run, **src_opts)
+                                  resume_hint="run the same append again", _check_plan=refuse_repeats, **run,
+                                  **src_opts)
 
                 try:
                     try:
@@ -573,13 +583,18 @@ def check_new_records(old: Store, where: str, schema: Any, backend: str, label_n
                                   "an append keeps the store's label numbers")
     dup = set(_repeated_keys(old, keys)) if keys else set()
     if dup:
-        first = decode_key(min(dup))
-        raise DuplicateKeysError(
-            f"{where}: {len(dup)} of the {count} new records have keys the store's records have "
-            f"already (such as {first!r}): the same inputs appended again? Nothing was appended. To add only "
-            f"the inputs the store lacks, append a source that holds only those; if they are other inputs that "
-            f"share names, pass {spell_option('duplicate_keys=' + repr('keep'), '--duplicate-keys keep')} to "
-            "append them anyway")
+        raise _repeats_error(where, dup, count)
+
+
+def _repeats_error(where: str, dup: set[bytes], count: int) -> DuplicateKeysError:
+    """The refusal of new records (``count``) some of whose keys (``dup``) the store's records have."""
+    first = decode_key(min(dup))
+    return DuplicateKeysError(
+        f"{where}: {len(dup)} of the {count} new records have keys the store's records have "
+        f"already (such as {first!r}): the same inputs appended again? Nothing was appended. To add only "
+        f"the inputs the store lacks, append a source that holds only those; if they are other inputs that "
+        f"share names, pass {spell_option('duplicate_keys=' + repr('keep'), '--duplicate-keys keep')} to "
+        "append them anyway")
 
 
 def _link_data(segs: list[tuple[str, int, list[tuple[str, str]]]], partial: str) -> list[str]:

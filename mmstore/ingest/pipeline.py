@@ -135,6 +135,7 @@ class RunOptions:
     log: Callable[[str], None] | None = None
     part: bool = False  # one part of several (mmstore.ray): published even when every input failed
     threads: int = 1  # with workers=0: decode on this many threads of this process (mmstore.ray's tasks)
+    check_plan: Callable[[Plan], None] | None = None  # raises to refuse the inputs before any decode (append)
 
     def say(self, message: str) -> None:
         if self.log is not None:
@@ -172,6 +173,8 @@ def _run(source: Source, dest: str, spec: Any, o: RunOptions) -> IngestResult:
     if hasattr(source, "resume_index"):  # a source that keeps its costly index in DEST.partial (tars in a bucket)
         source.resume_index(dest + PARTIAL_SUFFIX)
     plan = make_plan(source, spec, o.backend, o.shard, o.codecs)
+    if o.check_plan is not None:
+        o.check_plan(plan)
     os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
     _probe_lock(dest)
     claim_empty_dest(dest)  # an empty directory at DEST is simply used

@@ -164,12 +164,19 @@ def test_a_source_lacking_a_field_of_the_store_names_it(two, tmp_path):
         append(capt, b, workers=0, quiet=True)
 
 
-def test_duplicate_keys_refused_then_kept_by_option(two):
+def test_duplicate_keys_refused_then_kept_by_option(two, monkeypatch):
     a, _, dest = two
     with open(os.path.join(dest, "manifest.json"), "rb") as fh:
         manifest = fh.read()
+    from mmstore.ingest.records import RecordJob
+
+    decoded = []
+    record = RecordJob.record
+    monkeypatch.setattr(RecordJob, "record", lambda self, *a: decoded.append(a) or record(self, *a))
     with pytest.raises(DuplicateKeysError, match="6 of the 6 new records.*duplicate_keys='keep'"):
         append(dest, a, workers=0, quiet=True)
+    assert decoded == []  # refused from the source's listing, before any input is decoded
+    monkeypatch.undo()
     with open(os.path.join(dest, "manifest.json"), "rb") as fh:
         assert fh.read() == manifest
     assert not os.path.exists(dest + ".partial")
