@@ -42,7 +42,7 @@ it, an existing ``DEST.partial`` is an error that says to add ``--resume``.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import SourceError, spell_option
@@ -165,7 +165,6 @@ def ingest(
     image_column: str | None = None,
     caption_column: str | None = None,
     columns: str | Sequence[str] | None = None,
-    _check_plan: Callable[[Any], None] | None = None,
 ) -> IngestResult:
     """Decode SOURCE once into a store at DEST.
 
@@ -410,7 +409,6 @@ def ingest(
         codecs=codec_map,
         progress_interval=progress_interval,
         resume_hint=resume_hint,
-        check_plan=_check_plan,
     )
 
 

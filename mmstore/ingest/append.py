@@ -98,7 +98,7 @@ from ..store.writer import FileAppender, errors_jsonl, publish, write_manifest
 from .merge import _append_part, _skipped_annotations, _write_bookkeeping
 from .options import SPEC_OPTIONS, make_spec
 from .parts import PartBook, put_books, put_headers
-from .pipeline import IngestResult
+from .pipeline import PLAN_CHECK, IngestResult
 
 __all__ = ["APPEND_MARK", "AppendResult", "append", "append_parts", "check_append_options", "check_new_records"]
 
@@ -477,9 +477,12 @@ def _append_locked(dest: str, source: Any, given: dict[str, Any], duplicate_keys
                         raise _repeats_error(dest, dup, len(keys))
 
                 def part() -> Any:
-                    return ingest(source, part_dir, **dec, codecs=own["codecs"], backend=own["backend"], resume=True,
-                                  resume_hint="run the same append again", _check_plan=refuse_repeats, **run,
-                                  **src_opts)
+                    token = PLAN_CHECK.set(refuse_repeats)
+                    try:
+                        return ingest(source, part_dir, **dec, codecs=own["codecs"], backend=own["backend"],
+                                      resume=True, resume_hint="run the same append again", **run, **src_opts)
+                    finally:
+                        PLAN_CHECK.reset(token)
 
                 try:
                     try:

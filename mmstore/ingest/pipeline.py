@@ -39,6 +39,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -69,7 +70,7 @@ from .schedule import Scheduler, WorkerFailed, chunk_size
 from .sources import Source
 from .workers import WorkerPool, default_workers
 
-__all__ = ["IngestResult", "RunOptions", "all_failed_error", "run_ingest"]
+__all__ = ["PLAN_CHECK", "IngestResult", "RunOptions", "all_failed_error", "run_ingest"]
 
 
 @dataclass
@@ -116,6 +117,11 @@ class IngestResult:
         return cls(path, m["slots"], m["records"], m["slots"] - m["records"], already_complete=True)
 
 
+# A check of this context's next ingest plan, before anything is written or decoded (it raises to refuse the
+# inputs): set around the ingest of an append's part, which refuses inputs the store has already.
+PLAN_CHECK: ContextVar[Callable[[Plan], None] | None] = ContextVar("mmstore_plan_check", default=None)
+
+
 @dataclass
 class RunOptions:
     """The run options of :func:`mmstore.ingest.ingest` (see there)."""
@@ -135,7 +141,6 @@ class RunOptions:
     log: Callable[[str], None] | None = None
     part: bool = False  # one part of several (mmstore.ray): published even when every input failed
     threads: int = 1  # with workers=0: decode on this many threads of this process (mmstore.ray's tasks)
-    check_plan: Callable[[Plan], None] | None = None  # raises to refuse the inputs before any decode (append)
 
     def say(self, message: str) -> None:
         if self.log is not None:
@@ -173,8 +178,9 @@ def _run(source: Source, dest: str, spec: Any, o: RunOptions) -> IngestResult:
     if hasattr(source, "resume_index"):  # a source that keeps its costly index in DEST.partial (tars in a bucket)
         source.resume_index(dest + PARTIAL_SUFFIX)
     plan = make_plan(source, spec, o.backend, o.shard, o.codecs)
-    if o.check_plan is not None:
-        o.check_plan(plan)
+    check = PLAN_CHECK.get()
+    if check is not None:
+        check(plan)
     os.makedirs(os.path.dirname(dest) or ".", exist_ok=True)
     _probe_lock(dest)
     claim_empty_dest(dest)  # an empty directory at DEST is simply used
