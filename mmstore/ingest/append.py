@@ -493,6 +493,13 @@ def _append_locked(dest: str, source: Any, given: dict[str, Any], duplicate_keys
                 except (SourceError, LabelMappingError) as exc:  # refused before any work: nothing to keep
                     if not resumed:
                         shutil.rmtree(partial, ignore_errors=True)
+                    mapped = "label_names" in src_opts and not {"classes", "classes_from", "new_classes"} & set(given)
+                    if isinstance(exc, SourceError) and mapped and "do(es) not apply" in str(exc):
+                        kind = str(exc).split(": is ", 1)[-1].split(";", 1)[0]
+                        raise AppendMismatchError(
+                            f"{dest}: the store numbers its records' labels by class names "
+                            f"({_names(old.label_names)}); {source} is {kind}, whose labels name no class, so they "
+                            "cannot be numbered as the store's: ingest it into a store of its own") from None
                     if isinstance(exc, LabelMappingError) and "holds integer labels" in str(exc):
                         raise AppendMismatchError(
                             f"{dest}: {source} labels its inputs with integers; an append numbers the new "

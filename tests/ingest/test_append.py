@@ -525,3 +525,8 @@ def test_a_list_of_integer_labels_is_refused_in_the_store_s_terms_leaving_nothin
     with pytest.raises(AppendMismatchError, match=r"labels its inputs with integers.*class names \(cat, dog\)"):
         append(dest, str(lst), root=b, workers=0, quiet=True)
     assert not os.path.exists(dest + ".partial") and len(mmstore.open(dest)) == 6
+    arr = str(tmp_path / "arr.npy")
+    np.save(arr, np.zeros((2, 32, 32, 3), np.uint8))
+    with pytest.raises(AppendMismatchError, match=r"is an array file, whose labels name no class"):
+        append(dest, arr, workers=0, quiet=True)
+    assert not os.path.exists(dest + ".partial") and len(mmstore.open(dest)) == 6
