@@ -102,8 +102,6 @@ from .pipeline import PLAN_CHECK, IngestResult
 
 __all__ = ["APPEND_MARK", "AppendResult", "append", "append_parts", "check_append_options", "check_new_records"]
 
-"""Marks ``DEST.partial`` as an append's: the store appended to and the request."""
-
 _SIZE_OPTIONS = ("size", "max_side", "short_side", "buckets")
 
 

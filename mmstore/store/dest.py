@@ -45,7 +45,7 @@ __all__ = ["APPEND_MARK", "PARTIAL_MARK", "RAY_MARK", "check_dest", "claim_empty
 # the first file of every .partial a writer creates; with the bookkeeping
 # files of older versions it is how a .partial is recognised as ours
 PARTIAL_MARK = "_mmstore_partial"
-APPEND_MARK = "_appending.json"  # what ``mmstore append`` marks its DEST.partial with (mmstore.ingest.append)
+APPEND_MARK = "_appending.json"  # marks an append's DEST.partial: the store appended to and the request
 RAY_MARK = "_ray.json"  # a .partial that a distributed write (mmstore.ray) works in
 _OWN_FILES = (PARTIAL_MARK, "_writer.json", "_ingest.json", "_merging", RAY_MARK)
 
