@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 
+from .._os.proc import current_pid
 from ..errors import EntryDecodeError, FormatError, StoreChangedError
 from ..format.layout import (
     CHECKSUMS_FILE,
@@ -51,11 +52,6 @@ if TYPE_CHECKING:
     from ..remote.replica import Pin, Replica
 
 __all__ = ["Store", "open_store"]
-
-# This process's id for ``store[i]``, kept current across ``fork`` (``os.getpid()``
-# is a system call, and the one-record path runs per sample).
-_PID = [os.getpid()]
-os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
 
 _OPEN_TRIES = 8  # tries of an open whose store is replaced under it (NOTE [open during an overwrite])
 _PUBLISH_WAIT_S = 0.002  # x the try number: the wait for a publish by two renames to finish
@@ -499,7 +495,7 @@ class Store:
         if not 0 <= j < n:
             raise IndexError(f"index {i} is out of range for a store of {n} records")
         read = self._item
-        if read is None or self._pid != _PID[0]:  # first use, or a forked child
+        if read is None or self._pid != current_pid():  # first use, or a forked child (no system call per sample)
             read = self._item = self._b().item_reader()
         if n != self.slots:
             ix = self._slot_index()
