@@ -464,6 +464,7 @@ def _append_locked(dest: str, source: Any, given: dict[str, Any], duplicate_keys
             if old.label_names is not None and given.get("labels") != "none":  # (none: refused below, named)
                 src_opts.update(label_names=list(old.label_names), new_classes="append")
             res = None
+            keys_checked = [False]  # the listing's keys passed: the records' (a subset) need no second pass
             if not os.path.exists(os.path.join(part_dir, MANIFEST_FILE)):  # else: ingested by a killed run
                 def refuse_repeats(plan: Any) -> None:  # before any decode: the same inputs appended again
                     if duplicate_keys != "error":
@@ -473,6 +474,7 @@ def _append_locked(dest: str, source: Any, given: dict[str, Any], duplicate_keys
                     dup = set(_repeated_keys(old, keys))
                     if dup:
                         raise _repeats_error(dest, dup, len(keys))
+                    keys_checked[0] = True
 
                 def part() -> Any:
                     token = PLAN_CHECK.set(refuse_repeats)
@@ -512,7 +514,8 @@ def _append_locked(dest: str, source: Any, given: dict[str, Any], duplicate_keys
                         f"{partial}", exc.failed, dict(exc.reasons or {}), exc.key, exc.errors_path) from None
             crash_point("append")
             try:
-                added, skipped, new_labels = _commit(old, partial, part_dir, pid, duplicate_keys)
+                added, skipped, new_labels = _commit(old, partial, part_dir, pid,
+                                                     "keep" if keys_checked[0] else duplicate_keys)
             except (AppendMismatchError, DuplicateKeysError):
                 shutil.rmtree(partial, ignore_errors=True)  # nothing of it can be appended
                 raise
