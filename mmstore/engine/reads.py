@@ -68,7 +68,8 @@ def field_segments(store: Store, field: str) -> list[FieldSegment] | None:
 def data_paths(store: Store, fields: Sequence[str]) -> list[str]:
     """The files an epoch over ``fields`` reads (what ``warm`` and the
     residency check look at)."""
-    if store.slot_view.backend.positional:  # only the fields read (a variable-size field: its .bin files)
+    backend = store.slot_view.backend
+    if backend.positional and not backend.parts_on_demand():  # the fields read (variable-size: their .bin)
         paths = [seg.path for f in fields if not store.schema[f].variable for seg in field_segments(store, f) or ()]
         paths += [p for f in fields if store.schema[f].variable
                   for p, _, _ in store.slot_view.backend.entry_spans(f, 0, store.slots)]
@@ -84,7 +85,11 @@ def resident_fraction(paths: Sequence[str]) -> float:
     unknown). A file of more than ``RESIDENCY_WHOLE_BYTES`` is sampled:
     ``RESIDENCY_SAMPLES`` ranges of ``RESIDENCY_SAMPLE_BYTES`` spread evenly
     over it (``mincore`` of a whole file asks the page cache about every page
-    of it, a cost per epoch that grows with the store)."""
+    of it, a cost per epoch that grows with the store). Of more than
+    ``RESIDENCY_FILES`` files (a store of many parts), that many spread
+    evenly over the list are looked at."""
+    if len(paths) > RESIDENCY_FILES:
+        paths = [paths[int(j)] for j in np.linspace(0, len(paths) - 1, RESIDENCY_FILES)]
     tot = res = 0.0
     for p in paths:
         try:
@@ -135,6 +140,7 @@ def _resident(paths: Sequence[str]) -> float:
 
 RESIDENCY_WHOLE_BYTES = 32 * _MiB
 RESIDENCY_SAMPLES = 32
+RESIDENCY_FILES = 256  # files looked at, at most, by resident_fraction
 RESIDENCY_SAMPLE_BYTES = 128 << 10
 
 
@@ -272,7 +278,8 @@ def preadv_fields(store: Store, fields: Sequence[str], method: str) -> list[str]
     of at least ``PREAD_MIN_BYTES`` per record (any size with "pread"); none
     with "mmap" or on LMDB. Variable-size fields are decoded by
     ``Store.read_batch`` in the reader threads, into the batch buffer."""
-    if method == "mmap" or not store.slot_view.backend.positional:
+    backend = store.slot_view.backend
+    if method == "mmap" or not backend.positional or backend.parts_on_demand():
         return []
     return [f for f in fields if not store.schema[f].variable and store.schema[f].nbytes
             and (store.schema[f].nbytes >= PREAD_MIN_BYTES or method == "pread")]

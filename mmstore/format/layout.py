@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import FormatError, StoreAccessError, StoreChangedError
+from ..errors import FormatError, ResourceLimitError, StoreAccessError, StoreChangedError
 
 __all__ = [
     "CHECKSUMS_FILE",
@@ -365,6 +365,8 @@ def open_store_file(
         A symbolic link (dangling or not), a directory, FIFO, device or socket.
     StoreAccessError
         Permission denied.
+    ResourceLimitError
+        The process may open no more files.
     StoreChangedError
         ``path`` is in ``ident`` but no longer there.
     """
@@ -391,6 +393,11 @@ def open_store_file(
                 f"{path}: is a symbolic link; a store's files must be regular files inside the store "
                 "(copy the file in, or re-create the store)"
             ) from None
+        if exc.errno in (errno.EMFILE, errno.ENFILE):
+            raise ResourceLimitError(
+                exc.errno, f"{path}: cannot be opened: {exc.strerror} (this process has as many files open as it "
+                "may); raise the limit before starting (`ulimit -n` in the shell, LimitNOFILE= for a systemd "
+                "service, --ulimit nofile= for docker) or close other stores") from None
         raise FormatError(f"{path}: cannot be opened ({exc.strerror}); the store is damaged or unreadable") from None
     st = os.fstat(fd)
     if not stat.S_ISREG(st.st_mode):

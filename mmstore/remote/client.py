@@ -452,9 +452,13 @@ class Remote:
                     options["allow_http"] = True
                 return obs.store.from_url(loc.url, client_options=options, retry_config=retry)
             if loc.scheme == "gs":
-                if _gcs_base_url().lower().startswith("http://"):
+                base = _gcs_base_url()
+                if base.lower().startswith("http://"):
                     options["allow_http"] = True
-                return obs.store.from_url(loc.url, client_options=options, retry_config=retry)
+                # obstore puts a "/" between the endpoint and the bucket: an endpoint written with a
+                # trailing "/" would ask for //BUCKET/..., a bucket that is not there
+                config = {"base_url": base.rstrip("/")} if base else None
+                return obs.store.from_url(loc.url, config=config, client_options=options, retry_config=retry)
             return obs.store.from_url(loc.url, client_options=options, retry_config=retry)
         except Exception as exc:  # noqa: BLE001 - obstore raises its own classes for configuration errors
             raise RemoteError(f"{loc.url}: cannot make an object-store client: {_first_line(exc)}; "

@@ -16,8 +16,8 @@ import time
 import numpy as np
 import pytest
 from support.compare import assert_same_files
-from support.proc import popen_cli
-from support.scheme_fixtures import az, azurite_server, web  # noqa: F401 - fixtures
+from support.proc import popen_cli, run_cli
+from support.scheme_fixtures import az, azurite_server, gcs_server, gs, web  # noqa: F401 - fixtures
 
 import mmstore
 from mmstore.errors import IngestError, RemoteNotFoundError, SourceError
@@ -271,3 +271,27 @@ def test_shards_in_azure_blob_storage_equal_local(tmp_path, az, tars):  # noqa: 
     assert_same_files(a, c)
     with pytest.raises(IngestError, match=r"az:// shards are read by the ingest's own process only.*--workers 0"):
         ingest(az.url("shards/*.tar"), d, size=32, workers=2, quiet=True)
+
+
+def test_shards_in_google_cloud_storage_equal_local(tmp_path, gs, tars, capsys):  # noqa: F811 - the fixture
+    """``gs://`` shards (fake-gcs-server on loopback): ``mmstore ingest 'gs://BUCKET/shards/{..}.tar' DEST``
+    lists them, indexes them by ranged GETs and reads them in the ingest's own process, the same store as the
+    local shards; a glob matches by listing; workers > 0 is refused with what to do."""
+    local = tmp_path / "local"
+    local.mkdir()
+    for name, data in tars.items():
+        (local / name).write_bytes(data)
+        gs.write(f"shards/{name}", data)
+    gs.write("shards/readme.txt", b"not a shard")  # listed beside the shards, matched by neither pattern
+    a, b, c, d = (str(tmp_path / n) for n in "abcd")
+    ingest(str(local / f"{{00000..{SHARDS - 1:05d}}}.tar"), a, size=32, workers=0, quiet=True)
+    rc, _, err = run_cli(["ingest", gs.url(f"shards/{{00000..{SHARDS - 1:05d}}}.tar"), b, "--size", "32",
+                          "--workers", "0", "-q"], capsys)
+    assert rc == 0, err
+    assert_same_files(a, b)
+    ingest(gs.url("shards/*.tar"), c, size=32, workers=0, quiet=True)
+    assert_same_files(a, c)
+    with pytest.raises(IngestError, match=r"gs:// shards are read by the ingest's own process only.*--workers 0"):
+        ingest(gs.url("shards/*.tar"), d, size=32, workers=2, quiet=True)
+    with pytest.raises(SourceError, match=r"1 shard\(s\) it names do not exist"):
+        ingest(gs.url(f"shards/{{00000..{SHARDS:05d}}}.tar"), d, size=32, workers=0, quiet=True, overwrite=True)

@@ -1,10 +1,13 @@
-"""Stores at ``az://`` and ``http(s)://`` URLs against real servers on loopback: Azurite's blob
-service for ``az://`` (``support.azurite``), and for ``http://`` a bucket of the SeaweedFS test
-server read through its filer's HTTP port, as a bucket's public endpoint serves it
-(``support.scheme_fixtures``). The same assertions as the S3 tests make: push then pull is
-byte-identical, an epoch from the URL equals the local store's batch for batch, a damaged object
-is caught and never reaches a batch, a missing store is a one-line typed error; and an
-``http(s)://`` URL reads without ever listing, and refuses writes with a typed error."""
+"""Stores at ``az://``, ``gs://`` and ``http(s)://`` URLs against real servers on loopback: Azurite's
+blob service for ``az://`` (``support.azurite``), fake-gcs-server for ``gs://`` (``support.gcs``),
+and for ``http://`` a bucket of the SeaweedFS test server read through its filer's HTTP port, as a
+bucket's public endpoint serves it (``support.scheme_fixtures``). The same assertions as the S3
+tests make: push then pull is byte-identical, an epoch from the URL equals the local store's batch
+for batch, a damaged object is caught and never reaches a batch, a missing store is a one-line
+typed error; and an ``http(s)://`` URL reads without ever listing, and refuses writes with a typed
+error. The GCS emulator takes no upload of the XML API that obstore's GCS client writes with, so a
+``gs://`` store is placed in its bucket as a push leaves it, and everything after the upload (open,
+read, pull, a push that finds the store up to date, the checking tools) runs against it."""
 
 from __future__ import annotations
 
@@ -182,6 +185,124 @@ def test_az_without_the_emulator_setting_is_a_typed_error(az, tmp_path, monkeypa
     monkeypatch.setenv("MMSTORE_REMOTE_RETRIES", "0")
     with pytest.raises(mmstore.errors.RemoteError, match="AZURE_"):
         mmstore.open(az.url("x.store"), cache_dir=tmp_path / "cache")
+
+
+# -- gs:// (fake-gcs-server) -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("backend", ["memmap", "lmdb"])
+def test_gs_a_store_reads_pulls_byte_identical_and_pushes_up_to_date(gs, tmp_path, backend):
+    src = tmp_path / "src.store"
+    if backend == "memmap":
+        path = written_image_store(src, n=900, seed=11, classes=7)
+    else:
+        path = write_store(src, 300, backend="lmdb")
+    url = gs.place_store(path, "data/train.store", BLOCK)
+    local = mmstore.open(path)
+    with mmstore.open(url, cache_dir=tmp_path / "cache") as remote:
+        assert remote.store_id == local.store_id and len(remote) == len(local) and remote.schema == local.schema
+        idx = np.random.default_rng(0).permutation(len(local))
+        got, want = remote.read_batch(idx), local.read_batch(idx)
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k])
+    rep = pull(url, tmp_path / "pulled.store")
+    assert rep["verified_records"] == len(local) and rep["store_id"] == local.store_id
+    same_files(path, str(tmp_path / "pulled.store"))
+    assert pull(url, tmp_path / "pulled.store")["up_to_date"]
+    # a push of the same store lists the bucket, finds each object as the index says, and uploads nothing
+    rep = push(path, url, block_bytes=BLOCK)
+    assert rep["up_to_date"] and rep["uploaded_bytes"] == 0
+
+
+def test_gs_a_loader_epoch_from_the_url_equals_the_local_one(gs, tmp_path):
+    path = written_image_store(tmp_path / "src.store", n=1500, seed=11, classes=7)
+    url = gs.place_store(path, "train.store", BLOCK)
+    _epochs_equal(url, path, tmp_path / "cache")
+
+
+def test_gs_a_flipped_byte_is_refused_never_data(gs, tmp_path):
+    path = written_image_store(tmp_path / "src.store", n=900, seed=11, classes=7)
+    prefix = "bad/flip.store"
+    url = gs.place_store(path, prefix, BLOCK)
+    pos = 5 * BLOCK + 777
+    data = bytearray(gs.read(f"{prefix}/image.npy"))
+    data[pos] ^= 0x5A
+    gs.write(f"{prefix}/image.npy", bytes(data))  # a new etag: the index no longer vouches for it
+    bad = _record_of(path, "image", pos)
+    # GCS answers the read's If-Match with 412 (RemoteChangedError); the emulator ignores If-Match, and
+    # the block's digest refuses the bytes: never data either way
+    with pytest.raises((RemoteChangedError, RemoteChecksumError)):
+        with mmstore.open(url, cache_dir=tmp_path / "fresh") as store:
+            store[bad]
+    with pytest.raises((RemoteChangedError, RemoteChecksumError)):
+        pull(url, tmp_path / "dest.store")
+    assert not os.path.lexists(tmp_path / "dest.store")
+    # the index rewritten to vouch for the damaged object (as bit rot under an unchanged etag)
+    from mmstore.remote.client import Remote
+
+    etag = Remote(url).head("image.npy")["etag"]
+    index = json.loads(gs.read(f"{prefix}/_remote.json"))
+    index["files"]["image.npy"]["etag"] = etag
+    gs.write(f"{prefix}/_remote.json", json.dumps(index).encode())
+    local = mmstore.open(path)
+    with mmstore.open(url, cache_dir=tmp_path / "vouched") as store:
+        good = _record_of(path, "image", 2 * BLOCK)
+        np.testing.assert_array_equal(store[good]["image"], local[good]["image"])
+        with pytest.raises(RemoteChecksumError, match="image.npy"):
+            store[bad]
+        assert store.replica.verify_present() == 0
+    with pytest.raises(ChecksumError, match="image.npy"):
+        pull(url, tmp_path / "dest.store")
+    assert not os.path.lexists(tmp_path / "dest.store")
+
+
+def test_gs_a_missing_store_is_a_one_line_error(gs, tmp_path, monkeypatch, capsys):
+    url = gs.url("nothing/here.store")
+    monkeypatch.setenv("MMSTORE_CACHE_DIR", str(tmp_path / "cli-cache"))
+    with pytest.raises(RemoteNotFoundError, match="no store at this URL"):
+        mmstore.open(url, cache_dir=tmp_path / "cache")
+    with pytest.raises(RemoteNotFoundError, match="no store at this URL"):
+        pull(url, tmp_path / "dest.store")
+    for args in (["inspect", url, "--sample", "0"], ["pull", url, str(tmp_path / "dest.store")]):
+        rc, out, err = run_cli(args, capsys)
+        assert rc == 2 and out == "", err
+        _one_line(err, url, "no store at this URL")
+    assert not os.path.lexists(tmp_path / "dest.store")
+
+
+def test_gs_the_checking_tools_take_a_url(gs, tmp_path, monkeypatch, capsys):
+    path = written_image_store(tmp_path / "src.store", n=300, seed=11, classes=7)
+    url = gs.place_store(path, "tools.store", BLOCK)
+    _the_tools_take(url, 300, tmp_path, monkeypatch, capsys)
+
+
+@pytest.mark.parametrize("how", ["key file", "GOOGLE_BASE_URL", "GOOGLE_BASE_URL/", "gcs_base_url/"])
+def test_gs_the_endpoint_and_key_come_from_the_environment(gs, tmp_path, monkeypatch, how):
+    """The emulator is reached through each way the environment names a key and an endpoint: a key
+    file (``GOOGLE_SERVICE_ACCOUNT``), ``GOOGLE_BASE_URL`` beside a key that names none, and an
+    endpoint written with a trailing slash (in ``GOOGLE_BASE_URL`` or the key's ``gcs_base_url``),
+    which is the same endpoint, never ``//BUCKET/...`` (no such bucket: "no store at this URL")."""
+    path = write_store(tmp_path / "src.store", 20)
+    url = gs.place_store(path, "env.store", BLOCK)
+    key = json.loads(gs.server.service_account_key())
+    endpoint = key.pop("gcs_base_url")
+    monkeypatch.delenv("GOOGLE_SERVICE_ACCOUNT_KEY")
+    monkeypatch.setenv("MMSTORE_REMOTE_RETRIES", "0")
+    if how == "key file":
+        key_file = tmp_path / "key.json"
+        key_file.write_text(json.dumps({**key, "gcs_base_url": endpoint}))
+        monkeypatch.setenv("GOOGLE_SERVICE_ACCOUNT", str(key_file))
+    elif how.startswith("GOOGLE_BASE_URL"):
+        monkeypatch.setenv("GOOGLE_BASE_URL", endpoint + how[len("GOOGLE_BASE_URL"):])
+        monkeypatch.setenv("GOOGLE_SERVICE_ACCOUNT_KEY", json.dumps(key))
+    else:
+        monkeypatch.setenv("GOOGLE_SERVICE_ACCOUNT_KEY", json.dumps({**key, "gcs_base_url": endpoint + "/"}))
+    local = mmstore.open(path)
+    with mmstore.open(url, cache_dir=tmp_path / "cache") as store:
+        assert len(store) == 20 and store.store_id == local.store_id
+        got, want = store.read_batch(np.arange(20)), local.read_batch(np.arange(20))
+        for k in want:
+            np.testing.assert_array_equal(got[k], want[k])
 
 
 # -- http:// (a bucket's objects served over HTTP) ---------------------------------------------

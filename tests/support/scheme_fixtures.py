@@ -1,9 +1,13 @@
-"""Fixtures for stores at ``az://`` and ``http(s)://`` URLs, against real servers on loopback.
+"""Fixtures for stores at ``az://``, ``gs://`` and ``http(s)://`` URLs, against real servers on loopback.
 
 * ``azurite_server``: Azurite's blob service (``support.azurite``), started once per test run,
   stopped by its pid, its directory removed; ``az``: a fresh container on it per test, the
   standard Azure environment set to reach it (``AZURE_STORAGE_USE_EMULATOR``,
   ``AZURITE_BLOB_STORAGE_URL``; every other ``AZURE_*`` of the caller's shell removed).
+* ``gcs_server``: fake-gcs-server, a Google Cloud Storage emulator (``support.gcs``), started
+  once per test run, stopped by its pid; ``gs``: a fresh bucket on it per test, the standard
+  Google environment set to reach it (``GOOGLE_SERVICE_ACCOUNT_KEY`` naming its endpoint; every
+  other ``GOOGLE_*`` of the caller's shell removed).
 * ``web``: a store published over HTTP: a fresh bucket on the S3 test server (``s3``), read back
   through the same SeaweedFS server's filer port, which serves the bucket's objects at
   ``http://127.0.0.1:PORT/buckets/BUCKET/KEY`` with ``Range``, ``HEAD``, ``ETag`` and
@@ -11,7 +15,8 @@
 
 Where a server cannot be installed or started the tests that use it are skipped, and the skip
 says why; with ``MMSTORE_AZURITE_REQUIRED=1`` (``.ci/run`` sets it where npm is present) Azurite
-that cannot start fails the test instead.
+that cannot start fails the test instead, and with ``MMSTORE_GCS_REQUIRED=1`` (``.ci/run`` sets
+it) so does a GCS emulator that cannot start.
 """
 
 from __future__ import annotations
@@ -25,14 +30,15 @@ from dataclasses import dataclass
 import pytest
 
 from support.azurite import AzuriteError, AzuriteServer, ensure_azurite
+from support.gcs import GcsError, GcsServer, find_fake_gcs
 from support.s3 import Bucket
 
 _containers = itertools.count()
 
 
-def _unavailable(reason: str) -> None:
-    if os.environ.get("MMSTORE_AZURITE_REQUIRED") == "1":
-        pytest.fail(f"MMSTORE_AZURITE_REQUIRED=1 and {reason}")
+def _unavailable(reason: str, required: str = "MMSTORE_AZURITE_REQUIRED") -> None:
+    if os.environ.get(required) == "1":
+        pytest.fail(f"{required}=1 and {reason}")
     pytest.skip(reason)
 
 
@@ -89,6 +95,67 @@ def az(azurite_server, monkeypatch):
         monkeypatch.setenv(key, value)
     yield Container(azurite_server, name)
     azurite_server.delete_container(name)
+
+
+@pytest.fixture(scope="session")
+def gcs_server(tmp_path_factory):
+    """The GCS emulator of this test run."""
+    try:
+        binary = find_fake_gcs()
+    except GcsError as e:
+        _unavailable(f"no GCS emulator: {e}", "MMSTORE_GCS_REQUIRED")
+    root = str(tmp_path_factory.mktemp("gcs"))
+    server = None
+    try:
+        try:
+            server = GcsServer(root, binary)
+            server.start()
+        except (GcsError, OSError) as e:
+            server = None
+            _unavailable(f"the GCS emulator cannot start: {e}", "MMSTORE_GCS_REQUIRED")
+        yield server
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@dataclass
+class GcsBucket:
+    """A fresh bucket on the GCS emulator and helpers."""
+
+    server: GcsServer
+    bucket: str
+
+    def url(self, path: str = "") -> str:
+        """``gs://bucket/path``."""
+        return f"gs://{self.bucket}/{path.lstrip('/')}"
+
+    def read(self, key: str) -> bytes:
+        return self.server.get_object(self.bucket, key)
+
+    def write(self, key: str, data: bytes) -> None:
+        self.server.put_object(self.bucket, key, data)
+
+    def place_store(self, path: str, prefix: str, block_bytes: int) -> str:
+        """The store at ``path`` put under ``prefix`` as a push leaves it (``GcsServer.place_store``:
+        the emulator takes no XML upload, so ``push`` cannot); its URL."""
+        self.server.place_store(path, self.bucket, prefix, block_bytes)
+        return self.url(prefix)
+
+
+@pytest.fixture
+def gs(gcs_server, monkeypatch):
+    """A fresh bucket, the Google environment set to reach it."""
+    name = f"t{next(_containers):04d}-{uuid.uuid4().hex[:10]}"
+    gcs_server.create_bucket(name)
+    for key in list(os.environ):
+        if key.startswith("GOOGLE_"):
+            monkeypatch.delenv(key)
+    for key, value in gcs_server.env().items():
+        monkeypatch.setenv(key, value)
+    yield GcsBucket(gcs_server, name)
+    gcs_server.delete_bucket(name)
 
 
 @dataclass

@@ -158,11 +158,17 @@ def compact_store(path, n, codecs=("image=jpeg:90",), backend="memmap", holes=()
     return write_merged(path, n, cuts, **kw)
 
 
-def write_many_parts(path, n, per=1, *, table=True) -> list[str]:
+def many_parts_img(slot: int, nbytes: int) -> np.ndarray:
+    """The ``img`` entry of slot ``slot`` of ``write_many_parts(..., img=nbytes)``."""
+    return ((np.arange(nbytes, dtype=np.int64) + slot * 31) % 251).astype(np.uint8)
+
+
+def write_many_parts(path, n, per=1, *, table=True, img=0) -> list[str]:
     """A memmap store of ``n`` slots in parts of ``per`` slots (the last may be
     shorter), built directly as ``mmstore.ray.write`` lays one out (format
     2.2, "Parts"), with its parts in a part table (2.4) or, ``table=False``,
-    in the manifest's JSON: one ``<i8`` field ``idx`` holding the slot, key
+    in the manifest's JSON: one ``<i8`` field ``idx`` holding the slot (and,
+    ``img`` > 0, a ``|u1`` field ``img`` of that many bytes: ``many_parts_img``), key
     ``k<slot>``, real checksums (``verify`` passes). Returns the part ids.
     Seconds for thousands of parts, where a write of that many parts takes
     minutes."""
@@ -184,18 +190,25 @@ def write_many_parts(path, n, per=1, *, table=True) -> list[str]:
         os.makedirs(os.path.join(partial, "parts", pid))
         with open(os.path.join(partial, "parts", pid, "idx.npy"), "wb") as fh:
             fh.write(npy_header(np.dtype("<i8"), (len(rows),)) + rows.tobytes())
+        names.append(f"parts/{pid}/idx.npy")
+        if img:
+            with open(os.path.join(partial, "parts", pid, "img.npy"), "wb") as fh:
+                fh.write(npy_header(np.dtype("|u1"), (len(rows), img))
+                         + b"".join(many_parts_img(int(s), img).tobytes() for s in rows))
+            names.append(f"parts/{pid}/img.npy")
         ids.append(pid)
         counts.append(len(rows))
-        names.append(f"parts/{pid}/idx.npy")
     keys = [f"k{s}".encode() for s in range(n)]
     offsets = np.concatenate([[0], np.cumsum([len(k) for k in keys])]).astype(KEY_DTYPE)
-    sums = np.array([xxhash.xxh3_64_intdigest(v.tobytes()) for v in idx], KEY_DTYPE)
+    sums = np.array([xxhash.xxh3_64_intdigest(v.tobytes() + (many_parts_img(int(v), img).tobytes() if img else b""))
+                     for v in idx], KEY_DTYPE)
     for name, data in (("_checksums.npy", npy_header(KEY_DTYPE, (n,)) + sums.tobytes()),
                        ("_keys_offsets.npy", npy_header(KEY_DTYPE, (n + 1,)) + offsets.tobytes()),
                        ("_keys.bin", b"".join(keys))):
         with open(os.path.join(partial, name), "wb") as fh:
             fh.write(data)
-    schema = Schema.from_json([{"name": "idx", "dtype": "<i8", "shape": []}])
+    schema = Schema.from_json([{"name": "idx", "dtype": "<i8", "shape": []}]
+                              + ([{"name": "img", "dtype": "|u1", "shape": [img]}] if img else []))
     was = layout.PART_TABLE_MIN_PARTS
     layout.PART_TABLE_MIN_PARTS = 1 if table else len(ids) + 1
     try:

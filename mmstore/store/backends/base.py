@@ -157,6 +157,16 @@ class BackendReader(ABC):
         without making them)."""
         return len(self.segment_backends())
 
+    def parts_on_demand(self) -> bool:
+        """True when this store's segments are opened when read and closed
+        again, at most a bounded number open at once (a store of more parts
+        than this process may keep open: NOTE [open parts] in
+        ``segmented.py``): a reader then reads through the backend only, never
+        holding a segment's descriptors or mappings itself
+        (:meth:`field_segments` lists where the records lie, not files to
+        keep open). Decided at the first read."""
+        return False
+
     def item_reader(self) -> Callable[[int], dict[str, Any]]:
         """A function ``read(slot) -> {field: array}`` for one record (every
         field, schema order; a field of shape ``()`` as a numpy scalar), made

@@ -17,6 +17,7 @@ import ctypes
 import errno
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
@@ -49,13 +50,40 @@ _memmove_gil = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void
 class _LazyParts(Sequence[Backend]):
     """The backends of a store's parts listed in a part table (format.py,
     "The part table"), each made and checked (its files' existence, sizes
-    and headers: ``Backend.check``) on its first use, then kept: nothing per
-    part is made when the store is opened."""
+    and headers: ``Backend.check``) on its first use: nothing per part is
+    made when the store is opened.
+
+    NOTE [open parts]: a part read keeps its files open (a descriptor per
+    fixed field read with ``preadv``, a mapping and its descriptor per mapped
+    file), so a whole epoch over a store of many parts would hold descriptors
+    and mappings in proportion to the part count: a store of a million parts
+    (a billion rows written in parts of a thousand) needs more than a
+    process may open or map. With a ``cap`` (``bound``), at most that many
+    parts hold their files: the least recently used part that no reader is
+    using is closed and dropped when another one opens, and made again at
+    its next use. A reader pins the parts it reads for as long as it
+    uses their descriptors or mappings, so a part is never closed under a
+    read; a part pinned by a reader is never dropped, even above the cap.
+    Without a cap (a store whose every part fits), parts are kept, as before.
+    """
 
     def __init__(self, make: Callable[[int], Backend], count: int) -> None:
         self._make = make
         self._built: list[Backend | None] = [None] * count
         self._mu = threading.Lock()
+        self.cap: int | None = None
+        self._use: OrderedDict[int, int] = OrderedDict()  # part -> pins, least recently used first (with a cap)
+        self._drop: Callable[[int], None] = lambda k: None
+
+    def bound(self, cap: int, drop: Callable[[int], None]) -> None:
+        """Keep at most ``cap`` parts open from now on; ``drop(k)`` forgets
+        what a reader keeps of part ``k`` before it is closed."""
+        with self._mu:
+            self.cap, self._drop = max(1, int(cap)), drop
+            for k, b in enumerate(self._built):
+                if b is not None:
+                    self._use.setdefault(k, 0)
+            self._trim()
 
     def __len__(self) -> int:
         return len(self._built)
@@ -67,14 +95,72 @@ class _LazyParts(Sequence[Backend]):
                 b = self._built[k]
                 if b is None:
                     b = self._built[k] = self._make(k)
+                    if self.cap is not None:
+                        self._use.setdefault(k, 0)
+                        self._trim()
         return b
 
     def __iter__(self) -> Iterator[Backend]:
         return (self[k] for k in range(len(self._built)))
 
     def built(self) -> list[Backend]:
-        """The backends made so far."""
+        """The backends made (and not dropped) so far."""
         return [b for b in self._built if b is not None]
+
+    def pin(self, k: int) -> None:
+        """Part ``k`` is being read: not to be closed until ``unpin(k)``."""
+        if self.cap is not None:
+            with self._mu:
+                use = self._use
+                use[k] = use.pop(k, 0) + 1  # the most recently used
+                if len(use) > self.cap:
+                    self._trim()
+
+    def unpin(self, k: int) -> None:
+        if self.cap is not None:
+            with self._mu:
+                self._use[k] -= 1
+                if len(self._use) > self.cap:
+                    self._trim()
+
+    def pin_all(self, ks: Sequence[int]) -> None:
+        if self.cap is not None:
+            with self._mu:
+                use = self._use
+                for k in ks:
+                    use[k] = use.pop(k, 0) + 1
+                if len(use) > self.cap:
+                    self._trim()
+
+    def unpin_all(self, ks: Sequence[int]) -> None:
+        if self.cap is not None:
+            with self._mu:
+                for k in ks:
+                    self._use[k] -= 1
+                if len(self._use) > self.cap:
+                    self._trim()
+
+    def _trim(self) -> None:
+        """Close the least recently used unpinned parts above the cap (the lock held)."""
+        cap = self.cap
+        if cap is None:
+            return
+        use = self._use
+        excess = len(use) - cap
+        if excess <= 0:
+            return
+        victims = []
+        for k, pins in use.items():  # oldest first; the pinned ones are mostly the newest
+            if pins == 0:
+                victims.append(k)
+                if len(victims) == excess:
+                    break
+        for k in victims:
+            del use[k]
+            self._drop(k)
+            b, self._built[k] = self._built[k], None
+            if b is not None:
+                b.close()
 
 
 class SegmentedBackend(BackendReader):
@@ -118,6 +204,8 @@ class SegmentedBackend(BackendReader):
         self._bases: dict[str, tuple[dict[int, Any], np.ndarray]] = {}
         self.files_per_segment = len(cls.data_file_names(schema, 0))
         self._room = False  # open-files limit raised for this store's files (on first read)
+        self._readers: dict[int, Callable[[int], dict[str, Any]]] = {}  # item readers of open parts (a cap)
+        self._bounded: _LazyParts | None = None  # the parts, once a cap bounds them (NOTE [open parts])
 
     def _make_part(self, k: int) -> Backend:
         """Part ``k``'s backend from the part table, its files checked (NOTE
@@ -162,8 +250,26 @@ class SegmentedBackend(BackendReader):
         if not self._room:
             from ..._os import raise_open_files_limit
 
-            raise_open_files_limit(2 * len(self.parts) * self.files_per_segment)
+            soft = raise_open_files_limit(2 * len(self.parts) * self.files_per_segment)
+            if isinstance(self.parts, _LazyParts):
+                cap = open_parts_cap(soft, self.files_per_segment)
+                if cap is not None and len(self.parts) > cap:
+                    self.parts.bound(cap, self._forget)
+                    self._bounded = self.parts
             self._room = True
+
+    def _forget(self, k: int) -> None:
+        """What this reader keeps of part ``k``, dropped before the part is
+        closed (NOTE [open parts])."""
+        self._readers.pop(k, None)
+        for arrays, bases in self._bases.values():
+            arrays.pop(k, None)
+            bases[k] = 0
+
+    def parts_on_demand(self) -> bool:
+        """See ``BackendReader.parts_on_demand`` (NOTE [open parts])."""
+        self._make_room()
+        return self._bounded is not None
 
     def prepare(self, fields: Sequence[str] | None = None) -> None:
         self._make_room()
@@ -179,6 +285,8 @@ class SegmentedBackend(BackendReader):
         """See NOTE [one-record path] (base.py): the reader of the segment
         holding the slot (made on its first read), given the local slot."""
         self._make_room()
+        if self.parts_on_demand():
+            return self._pinned_item_reader()
         firsts = self.firsts
         starts = firsts.tolist() if len(firsts) <= _BISECT_MAX else None
         readers: list[Callable[[int], dict[str, Any]] | None] = [None] * len(self.parts)
@@ -205,6 +313,35 @@ class SegmentedBackend(BackendReader):
 
         return read
 
+    def _pinned_item_reader(self) -> Callable[[int], dict[str, Any]]:
+        """``item_reader`` of a store whose parts are opened on demand (NOTE
+        [open parts]): the part is pinned while its reader reads; its reader
+        is kept while the part stays open."""
+        firsts, slots, parts, readers = self.firsts, self.slots, cast(_LazyParts, self.parts), self._readers
+
+        def read(slot: int) -> dict[str, Any]:
+            if not 0 <= slot < slots:
+                raise IndexError(f"slot {slot} is out of range for {slots} slots")
+            k = int(np.searchsorted(firsts, slot, side="right")) - 1
+            parts.pin(k)
+            try:
+                r = readers.get(k)
+                if r is None:
+                    r = readers[k] = parts[k].item_reader()
+                return r(slot - int(firsts[k]))
+            except OSError as exc:
+                if _is_fd_limit(exc):
+                    raise self._limit(exc) from None
+                raise
+            finally:
+                parts.unpin(k)
+
+        return read
+
+    def _pinned(self, k: int) -> _Pin:
+        """Part ``k`` pinned for the ``with`` block (NOTE [open parts])."""
+        return _Pin(self.parts, [k])
+
     def gather_entries(self, name: str, slots: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """See ``BackendReader.gather_entries``: each touched segment's
         entries, joined (``slots`` ascending)."""
@@ -216,7 +353,8 @@ class SegmentedBackend(BackendReader):
         flats, sizes = [], []
         for k in np.flatnonzero(np.diff(cuts)).tolist():
             a, b = int(cuts[k]), int(cuts[k + 1])
-            f, z = self.parts[k].gather_entries(name, s[a:b] - self.firsts[k])
+            with self._pinned(k):
+                f, z = self.parts[k].gather_entries(name, s[a:b] - self.firsts[k])
             flats.append(f)
             sizes.append(z)
         return np.concatenate(flats), np.concatenate(sizes)
@@ -242,11 +380,39 @@ class SegmentedBackend(BackendReader):
         if n == 0:
             return
         k = int(np.searchsorted(self.firsts, slots[0], side="right")) - 1
+        bounded = self._bounded
         if slots[-1] < self.firsts[k + 1]:  # one segment (store[i]; a batch within one part)
-            self.parts[k].read_into(slots - self.firsts[k], rows, fields, out)
+            if bounded is None:
+                self.parts[k].read_into(slots - self.firsts[k], rows, fields, out)
+                return
+            with self._pinned(k):
+                self.parts[k].read_into(slots - self.firsts[k], rows, fields, out)
             return
         cuts = np.searchsorted(slots, self.firsts, side="left")
         touched = np.flatnonzero(np.diff(cuts))
+        if bounded is None:
+            self._read_segments(slots, rows, fields, out, cuts, touched)
+            return
+        cap = cast(int, bounded.cap)
+        if len(touched) > max(1, cap // _PIN_SHARE):
+            # more parts than one read may hold open at once: read them a group at a time
+            group = max(1, cap // _PIN_SHARE)
+            for j in range(0, len(touched), group):
+                ks = touched[j : j + group]
+                a, b = int(cuts[ks[0]]), int(cuts[ks[-1] + 1])
+                # (never the one-segment path above: ``out`` holds the whole batch's rows, not these alone)
+                sub = np.searchsorted(slots[a:b], self.firsts, side="left")
+                with _Pin(self.parts, ks.tolist()):
+                    self._read_segments(slots[a:b], rows[a:b], fields, out, sub, ks)
+            return
+        with _Pin(self.parts, touched.tolist()):
+            self._read_segments(slots, rows, fields, out, cuts, touched)
+
+    def _read_segments(
+        self, slots: np.ndarray, rows: np.ndarray, fields: Sequence[str], out: dict[str, np.ndarray],
+        cuts: np.ndarray, touched: np.ndarray,
+    ) -> None:
+        """``read_into`` of a batch over several segments (``touched``, pinned)."""
         if self.positional:
             # a batch spread over many segments: one address-based copy loop
             # instead of a few numpy calls per segment (see NOTE [gather]);
@@ -283,11 +449,12 @@ class SegmentedBackend(BackendReader):
         cost no longer depends on how many segments a batch touches."""
         seg = np.repeat(np.arange(len(self.parts)), np.diff(cuts))  # slots are sorted
         local = slots - self.firsts[seg]
+        on_demand = self._bounded is not None
         for name in fields:
             nb = self.schema[name].nbytes
             if nb == 0:
                 continue
-            if nb >= SMALL_RECORD_BYTES:
+            if nb >= SMALL_RECORD_BYTES or on_demand:  # on demand: no mapping to keep per part
                 self._read_big(name, nb, seg, local, rows, out[name], touched)
                 continue
             held = self._bases.get(name)
@@ -331,16 +498,17 @@ class SegmentedBackend(BackendReader):
                 break
             a, b = max(start, lo), min(stop, hi)
             if a < b:
-                it = self.parts[k].iter_packed(a - lo, b - lo)
-                try:
-                    for s, v in it:
-                        yield s + lo, v
-                except OSError as exc:
-                    if _is_fd_limit(exc):
-                        raise self._limit(exc) from None
-                    raise
-                finally:
-                    it.close()
+                with self._pinned(k):
+                    it = self.parts[k].iter_packed(a - lo, b - lo)
+                    try:
+                        for s, v in it:
+                            yield s + lo, v
+                    except OSError as exc:
+                        if _is_fd_limit(exc):
+                            raise self._limit(exc) from None
+                        raise
+                    finally:
+                        it.close()
 
     def entry_spans(self, name: str, start: int, stop: int) -> list[tuple[str, int, int]]:
         """Variable-size field ``name``: the bytes slots ``[start, stop)``
@@ -353,7 +521,8 @@ class SegmentedBackend(BackendReader):
                 break
             a, b = max(start, lo), min(stop, hi)
             if a < b:
-                out += self.parts[k].entry_spans(name, a - lo, b - lo)
+                with self._pinned(k):
+                    out += self.parts[k].entry_spans(name, a - lo, b - lo)
         return out
 
     def entry_sizes(self, name: str, slots: np.ndarray) -> np.ndarray:
@@ -362,7 +531,8 @@ class SegmentedBackend(BackendReader):
         seg = np.searchsorted(self.firsts, s, side="right") - 1
         for k in np.unique(seg).tolist():
             sel = seg == k
-            out[sel] = self.parts[k].entry_sizes(name, s[sel] - self.firsts[k])
+            with self._pinned(k):
+                out[sel] = self.parts[k].entry_sizes(name, s[sel] - self.firsts[k])
         return out
 
     def stored_entry_bytes(self, name: str) -> int | None:
@@ -375,8 +545,9 @@ class SegmentedBackend(BackendReader):
     def field_segments(self, name: str) -> list[FieldSegment]:
         """Where field ``name`` lives, one entry per segment (positional backends)."""
         out = []
-        for k, part in enumerate(self.parts):
-            (seg,) = part.field_segments(name)
+        for k in range(len(self.parts)):
+            with self._pinned(k):
+                (seg,) = self.parts[k].field_segments(name)
             out.append(seg._replace(first=int(self.firsts[k])))
         return out
 
@@ -389,10 +560,12 @@ class SegmentedBackend(BackendReader):
                 raise ValueError(f"{self.root}: slot {s} is out of range for {int(self.firsts[-1])} slots")
             by_part.setdefault(k, {})[s - int(self.firsts[k])] = data
         for k in sorted(by_part):
-            self.parts[k].rewrite_entries(name, by_part[k], open_file)
+            with self._pinned(k):
+                self.parts[k].rewrite_entries(name, by_part[k], open_file)
 
     def close(self) -> None:
         self._bases.clear()
+        self._readers.clear()
         for part in self._built():
             part.close()
 
@@ -418,3 +591,59 @@ def limit_error(root: str, segments: int, per_segment: int, exc: OSError) -> Res
         "LimitNOFILE= for a systemd service, --ulimit nofile= for docker), or rewrite the store with one file "
         "per field: `mmstore convert STORE PLAIN.store` (which copies the data)",
     )
+
+
+class _Pin:
+    """Parts ``ks`` pinned for a ``with`` block (NOTE [open parts]); nothing
+    when the store keeps every part open."""
+
+    __slots__ = ("parts", "ks")
+
+    def __init__(self, parts: Sequence[Backend], ks: list[int]) -> None:
+        self.parts = parts if isinstance(parts, _LazyParts) and parts.cap is not None else None
+        self.ks = ks
+
+    def __enter__(self) -> None:
+        if self.parts is not None:
+            if len(self.ks) == 1:
+                self.parts.pin(self.ks[0])
+            else:
+                self.parts.pin_all(self.ks)
+
+    def __exit__(self, *exc: object) -> None:
+        if self.parts is not None:
+            if len(self.ks) == 1:
+                self.parts.unpin(self.ks[0])
+            else:
+                self.parts.unpin_all(self.ks)
+
+
+_MIN_OPEN_PARTS = 8
+# a read pins at most 1 / _PIN_SHARE of the open-parts cap at once, so that
+# several reader threads together stay near it
+_PIN_SHARE = 16
+
+
+def open_parts_cap(soft: int, files_per_part: int) -> int | None:
+    """How many parts of ``files_per_part`` data files a reader may keep
+    open (NOTE [open parts]): half of the descriptors this process may still
+    open under its soft limit ``soft`` (-1: none), at two a file (a mapping's
+    and a ``preadv`` one), and half of the mappings it may still make under
+    ``vm.max_map_count``; None when neither is known."""
+    per = max(1, files_per_part)
+    caps = []
+    if soft > 0:
+        try:
+            open_now = len(os.listdir("/proc/self/fd"))
+        except OSError:
+            open_now = 64
+        caps.append((soft - open_now) // 2 // (2 * per))
+    try:
+        with open("/proc/sys/vm/max_map_count", "rb") as fh:
+            most = int(fh.read().split()[0])
+        with open("/proc/self/maps", "rb") as fh:
+            maps_now = sum(1 for _ in fh)
+        caps.append((most - maps_now) // 2 // per)
+    except (OSError, ValueError, IndexError):
+        pass
+    return max(_MIN_OPEN_PARTS, min(caps)) if caps else None
