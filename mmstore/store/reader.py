@@ -16,7 +16,7 @@ import mmap
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, cast
 
 import numpy as np
 
@@ -76,6 +76,37 @@ def _names_dir(path: str, dir_fd: int) -> bool:
     return (now.st_dev, now.st_ino) == (pinned.st_dev, pinned.st_ino)
 
 
+class _View(NamedTuple):
+    """What a ``Store`` presents: its slots, records and label names, of a
+    store of this schema (its JSON form) and backend (NOTE [a reader of a
+    grown store])."""
+
+    slots: int
+    records: int
+    label_names: list[str] | None
+    schema: Any
+    backend: str
+
+
+def _grown(m: dict[str, Any], store_id: str | None, view: _View) -> bool:
+    """The store of manifest ``m`` holds the records of ``view`` (the first
+    ``view.slots`` slots of a store of the same schema and backend, its label
+    names first): it is the store ``store_id`` grown by appends (format.py,
+    "Parts": ``provenance.appended``' ``to_store`` ids), or (``store_id``
+    None) it is any store that holds them."""
+    if store_id is not None:
+        prov = m.get("provenance")
+        appended = prov.get("appended") if isinstance(prov, dict) else None
+        if not isinstance(appended, list) or not any(
+                isinstance(e, dict) and e.get("to_store") == store_id for e in appended):
+            return False
+    names = m.get("label_names")
+    old = view.label_names
+    return (m["backend"] == view.backend and m["schema"] == view.schema and m["slots"] >= view.slots
+            and m["records"] >= view.records
+            and (old is None or (isinstance(names, list) and names[: len(old)] == old)))
+
+
 def _publishing(path: str) -> bool:
     """No ``path``, but a finished ``path.partial``: a publish is between its two renames (or was stopped there)."""
     return not os.path.lexists(path) and os.path.isfile(os.path.join(path + PARTIAL_SUFFIX, MANIFEST_FILE))
@@ -102,15 +133,16 @@ class Store:
 
     def __init__(self, path: str | os.PathLike[str], *, lmdb_readahead: bool | None = None,
                  replica: Replica | None = None) -> None:
-        self._open(path, lmdb_readahead, {} if replica is None else replica.identities(), None)
         self.replica = replica
+        self._open(path, lmdb_readahead, {} if replica is None else replica.identities(), None)
 
     def _open(
         self, path: str | os.PathLike[str], lmdb_readahead: bool | None,
-        ident: dict[str, tuple[int, int, int, int]], store_id: str | None,
+        ident: dict[str, tuple[int, int, int, int]], store_id: str | None, view: _View | None = None,
     ) -> None:
         """Open (``ident`` and ``store_id`` empty) or reopen in another process
-        (they are the opener's: the files must be the ones it opened).
+        (they are the opener's: the files must be the ones it opened; ``view``:
+        the records the opener reads, NOTE [a reader of a grown store]).
 
         NOTE [open during an overwrite]: another process may replace the
         store at this path while it is opened (format.py, "Replacing a
@@ -133,7 +165,7 @@ class Store:
                 continue  # a store appeared just now: open it
             try:
                 try:
-                    self._load(pin, dict(ident), store_id)
+                    self._load(pin, dict(ident), store_id, view)
                 except Exception as exc:  # noqa: BLE001 - re-raised unless the store was replaced meanwhile
                     if _names_dir(self.path, pin):
                         raise
@@ -159,7 +191,8 @@ class Store:
         self._item: Callable[[int], dict[str, Any]] | None = None  # this process's one-record reader
         self._spans: dict[tuple[str, ...], RecordSpans] = {}  # a store from a URL: where fields lie, by fields
 
-    def _load(self, dir_fd: int, ident: dict[str, tuple[int, int, int, int]], store_id: str | None) -> None:
+    def _load(self, dir_fd: int, ident: dict[str, tuple[int, int, int, int]], store_id: str | None,
+              view: _View | None) -> None:
         """One try of ``_open``: the manifest of the directory ``dir_fd`` and
         the checks of its files."""
         # as written: a store with a part table lists its parts there, read
@@ -169,10 +202,14 @@ class Store:
         self._table: PartTable | None = None
         m = self._m
         if store_id is not None and m["store_id"] != store_id:
-            raise StoreChangedError(
-                f"{self.path}: the store was replaced since it was opened (store id {store_id} -> "
-                f"{m['store_id']}); reopen it"
-            )
+            if view is None or self.replica is not None or not _grown(m, store_id, view):
+                raise StoreChangedError(
+                    f"{self.path}: the store was replaced since it was opened (store id {store_id} -> "
+                    f"{m['store_id']}); reopen it"
+                )
+            ident = {}  # the grown store's files, noted as they are checked below
+        st = os.fstat(dir_fd)
+        self._dir_ident = (st.st_dev, st.st_ino)  # the directory this Store reads (NOTE [a reader of a grown store])
         self.schema = Schema(m["schema"], classes=m["classes"], buckets=m["buckets"], label_names=m["label_names"])
         self.slots: int = m["slots"]
         self.records: int = m["records"]
@@ -183,6 +220,42 @@ class Store:
         # files (see format.py, "Reading a store from someone else")
         self._ident = ident
         self._check_files()
+        if view is not None and (view.slots, view.records) != (self.slots, self.records):
+            if not _grown(m, None, view):
+                raise StoreChangedError(f"{self.path}: the store has {self.records} records in {self.slots} slots, "
+                                        f"not the {view.records} in {view.slots} it was opened with; reopen it")
+            self.slots, self.records, self.label_names = view.slots, view.records, view.label_names
+            self.schema = Schema(m["schema"], classes=m["classes"], buckets=m["buckets"],
+                                 label_names=view.label_names)
+
+    def _this_view(self) -> _View:
+        """The records this Store presents (what a reopen must present again)."""
+        return _View(self.slots, self.records, self.label_names, self._m["schema"], self.backend_name)
+
+    def _follow_if_grown(self) -> None:
+        """NOTE [a reader of a grown store]: an append (format.py, "Parts")
+        replaces the store at its path by a new one that holds every slot of
+        the old one, the same bytes in the same part files, and more slots
+        after them. A reader that has the old store's files open keeps
+        reading them; one that had not opened them yet when the append
+        replaced the directory (a ``Store`` opened but not read, a DataLoader
+        worker forked or started after the append, by fork, forkserver or
+        spawn) would find the old files gone. Such a reader reads the same
+        records through the new store instead, its view cut to the slots,
+        records and label names it was opened with (an append keeps them:
+        old label numbers unchanged, new names after the old); it does not see
+        the new records (open the store again for them). A store replaced by
+        anything else than an append of it still raises
+        ``StoreChangedError``. Checked once per process, before its first
+        read: one ``stat`` of the path."""
+        if self.replica is not None:
+            return
+        try:
+            st = os.stat(self.path)
+        except OSError:
+            return  # moved or deleted: the files it reads are missing, and say so
+        if (st.st_dev, st.st_ino) != self._dir_ident:
+            self._open(self.path, self._lmdb_readahead, {}, self._m["store_id"], self._this_view())
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -216,7 +289,7 @@ class Store:
             raw = read_part_table(self.path, self._m, ident=self._ident)
             self._table = decode_part_table(
                 raw, parts=self._m["part_table"]["parts"], files_per_part=self._files_per_part(),
-                slots=self.slots, digest=self._m["digests"][PART_TABLE_FILE],
+                slots=self._m["slots"], digest=self._m["digests"][PART_TABLE_FILE],
                 path=os.path.join(self.path, PART_TABLE_FILE))
         return self._table
 
@@ -320,10 +393,11 @@ class Store:
     def _b(self) -> BackendReader:
         pid = os.getpid()
         if self._backend is None or self._pid != pid:
+            self._follow_if_grown()
             m = self._m
             table = self._part_table() if m["part_table"] is not None else None
             self._backend = open_backend(
-                self.backend_name, self.path, self.schema, self.slots, m["files"], m["segments"],
+                self.backend_name, self.path, self.schema, m["slots"], m["files"], m["segments"],
                 m["parts"], table=table, ident=self._ident, readahead=self._lmdb_readahead,
             )
             self._pid = pid
@@ -379,12 +453,14 @@ class Store:
     # -- pickling / lifetime ----------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         return {"path": self.path, "lmdb_readahead": self._lmdb_readahead, "store_id": self._m["store_id"],
-                "ident": dict(self._ident), "replica": self.replica}
+                "ident": dict(self._ident), "replica": self.replica, "view": self._this_view()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        # reopened in the receiving process: the same store, the same files
-        self._open(state["path"], state["lmdb_readahead"], dict(state.get("ident", {})), state["store_id"])
+        # reopened in the receiving process: the same store, the same files (or, grown by an append
+        # since, the same records: NOTE [a reader of a grown store])
         self.replica = state.get("replica")
+        self._open(state["path"], state["lmdb_readahead"], dict(state.get("ident", {})), state["store_id"],
+                   state.get("view"))
 
     @property
     def url(self) -> str | None:
@@ -786,17 +862,19 @@ class Store:
                 raise FormatError(f"{where} is not JSON ({exc}); the file is damaged") from None
             if isinstance(ent, dict) and "annotation" in ent:
                 continue  # a skipped annotation, not a hole (format.py)
+            slots = int(self._m["slots"])
             if not (
                 isinstance(ent, dict)
                 and isinstance(ent.get("slot"), int) and not isinstance(ent["slot"], bool)
-                and 0 <= ent["slot"] < self.slots
+                and 0 <= ent["slot"] < slots
                 and isinstance(ent.get("key"), str) and isinstance(ent.get("reason"), str)
             ):
                 raise FormatError(
-                    f"{where}: expected {{\"slot\": 0..{self.slots - 1}, \"key\": str, \"reason\": str}}, "
+                    f"{where}: expected {{\"slot\": 0..{slots - 1}, \"key\": str, \"reason\": str}}, "
                     f"found {line[:200]!r}; the file is damaged"
                 )
-            out.append(ent)
+            if ent["slot"] < self.slots:  # (a grown store's view: its own holes only)
+                out.append(ent)
         return out
 
     def skipped_annotations(self) -> list[dict[str, Any]]:
@@ -816,7 +894,8 @@ class Store:
             except (ValueError, RecursionError) as exc:
                 raise FormatError(f"{self.path}/{ERRORS_FILE}: line {lineno} is not JSON ({exc}); the file is "
                                   "damaged") from None
-            if isinstance(ent, dict) and "annotation" in ent:
+            if isinstance(ent, dict) and "annotation" in ent and not (
+                    isinstance(ent.get("slot"), int) and ent["slot"] >= self.slots):  # (a grown store's view)
                 out.append(ent)
         return out
 
