@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, cast
 import numpy as np
 
 from .._os.proc import current_pid
-from ..errors import EntryDecodeError, FormatError, StoreChangedError
+from ..errors import EntryDecodeError, FormatError, MmstoreError, StoreChangedError
 from ..format.layout import (
     CHECKSUMS_FILE,
     ERRORS_FILE,
@@ -252,10 +252,14 @@ class Store:
             return
         try:
             st = os.stat(self.path)
-        except OSError:
-            return  # moved or deleted: the files it reads are missing, and say so
-        if (st.st_dev, st.st_ino) != self._dir_ident:
+            if (st.st_dev, st.st_ino) == self._dir_ident:
+                return
+            grown = _grown(read_manifest(self.path, expand=False), self._m["store_id"], self._this_view())
+        except (OSError, MmstoreError):
+            return  # moved, deleted, or not a store now: the files it reads are missing, and say so
+        if grown:
             self._open(self.path, self._lmdb_readahead, {}, self._m["store_id"], self._this_view())
+        # else another store: reading this one's files by path fails, saying which file changed
 
     @property
     def manifest(self) -> dict[str, Any]:

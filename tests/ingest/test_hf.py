@@ -126,6 +126,7 @@ mmstore.from_hf(make_dataset(paths), {dest!r}, size=32, caption_column="caption"
 """
 
 
+@pytest.mark.slow  # a whole job of several processes: CI's step for slow tests
 def test_sigkill_then_resume_gives_the_same_store(tmp_path, photos):
     paths, _ = photos
     a = str(tmp_path / "a")

@@ -71,6 +71,7 @@ def _no_writers_left(dest: str) -> bool:
     return True
 
 
+@pytest.mark.slow  # a whole job of several processes: CI's step for slow tests
 def test_sigkill_then_resume_is_byte_identical(tmp_path, h):
     root = str(tmp_path / "k")
     h.make_folder(root, per_class=40, seed=8)

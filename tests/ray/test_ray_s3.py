@@ -58,6 +58,7 @@ class _opened:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
 
+@pytest.mark.slow  # a whole job of several processes: CI's step for slow tests
 def test_write_to_s3_equals_ingest(ray_cluster, s3, tmp_path):
     import mmstore.ray
 
@@ -91,6 +92,7 @@ def test_write_to_s3_equals_ingest(ray_cluster, s3, tmp_path):
         mmstore.ray.write(ds, url, SIZE, image="bytes", quiet=True, ray_remote_args=_args(s3))
 
 
+@pytest.mark.slow  # a whole job of several processes: CI's step for slow tests
 def test_task_killed_mid_write_to_s3(ray_cluster, s3, tmp_path):
     """A task SIGKILLed in the middle of its part on its first attempt: retried, and the bucket
     ends with the ingest's store and nothing else (the killed attempt's objects are removed)."""

@@ -48,6 +48,7 @@ def _shards(d) -> str:
     return os.path.join(str(d), "{00000..00001}.tar")
 
 
+@pytest.mark.slow  # a whole job of several processes: CI's step for slow tests
 def test_read_webdataset_rows_equal_ingest(ray_cluster, tmp_path):
     import ray.data
 

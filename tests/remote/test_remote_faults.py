@@ -417,6 +417,7 @@ def test_throttling_and_resets_are_survived_by_push_pull_and_an_epoch(s3_faulty,
     assert proxy.faults > faults
 
 
+@pytest.mark.slow  # a whole job of several processes: CI's step for slow tests
 def test_answers_cut_mid_body_are_fetched_again_and_never_reach_a_batch(s3_faulty, tmp_path, monkeypatch):
     proxy = s3_faulty.proxy
     src = image_store(tmp_path / "src.store")
