@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import threading
@@ -12,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import ResourceLimitError
 from . import cache, memory
 from .files import PAGE_SIZE, GiB, MiB, PathLike, open_ro
 from .pread import pread_into
@@ -140,7 +142,15 @@ def _open_unique(paths: Iterable[PathLike], fds: list[int]) -> tuple[list[str], 
     sizes: list[int] = []
     seen: set[tuple[int, int]] = set()
     for p in paths:
-        fd = open_ro(p)
+        try:
+            fd = open_ro(p)
+        except OSError as exc:
+            if exc.errno not in (errno.EMFILE, errno.ENFILE):
+                raise
+            raise ResourceLimitError(
+                exc.errno, f"{os.fsdecode(p)}: cannot be opened: {exc.strerror}; warming holds every file it "
+                f"reads open at once, {len(fds):,} so far: raise the open-files limit (`ulimit -n`), or warm "
+                "fewer files") from None
         st = os.fstat(fd)
         key = (st.st_dev, st.st_ino)
         if key in seen:

@@ -33,7 +33,7 @@ import numpy as np
 
 from .. import _os
 from .._os.runs import SMALL_RECORD_BYTES
-from ..errors import ResourceLimitError
+from ..errors import ResourceLimitError, StoreChangedError
 from ..order import contiguous_ranges
 from ..store.backends.base import FieldSegment
 from ..store.backends.segmented import limit_error
@@ -61,6 +61,12 @@ def field_segments(store: Store, field: str) -> list[FieldSegment] | None:
     data file (several in a merged store, format.py "Segments"), or None when
     the backend is not positional (LMDB). The loader's one call into the
     backend's segment interface."""
+    try:
+        backend = store.slot_view.backend
+        return backend.field_segments(field) if backend.positional else None
+    except StoreChangedError:  # an append replaced the store: its files are the grown store's now
+        if not store.follow_append():
+            raise
     backend = store.slot_view.backend
     return backend.field_segments(field) if backend.positional else None
 
@@ -160,14 +166,19 @@ def _fd_limit(store: Store, exc: OSError) -> OSError:
     if exc.errno not in (errno.EMFILE, errno.ENFILE) or isinstance(exc, ResourceLimitError) or not store.segments:
         return exc
     per = len(store.fields) + 1  # mapped + opened for preadv
-    return limit_error(store.path, len(store.segments), per, exc)
+    return limit_error(store.path, len(store.segments), per, exc, store.backend_name)
 
 
 def prepare_store(store: Store, fields: Sequence[str]) -> None:
     """Map the fields (open the environment) and the index once, in the
     calling thread, before the reader threads use them."""
     try:
-        store.slot_view.backend.prepare(fields)
+        try:
+            store.slot_view.backend.prepare(fields)
+        except StoreChangedError:  # an append replaced the store (see field_segments)
+            if not store.follow_append():
+                raise
+            store.slot_view.backend.prepare(fields)
     except OSError as exc:
         raise _fd_limit(store, exc) from None
     store.slot_view.index  # noqa: B018 - map the index once, outside the threads

@@ -267,12 +267,13 @@ are never rewritten, so a store and every store in its ``appended``
 ``to_store`` ids hold the same bytes under the same part file names:
 ``push`` of a store to a URL that holds one of those stores keeps the
 objects of their shared part files that still match that URL's remote
-index, and uploads the rest. A reader that opened a store and had not
-opened its files yet when an append replaced it (a reader in another
-process, handed the store) may read that store's records through the new
-one, whose ``appended`` lists the old store's id as a ``to_store``: its
-first ``slots`` slots, with the old store's schema, backend and (first)
-label names, are that store. Nothing else depends on ``appended``.
+index, and uploads the rest. A reader that opened a store and opens one
+of its files only after an append replaced it (a field it had not read, a
+reader in another process, handed the store) may read that store's records
+through the new one, whose ``appended`` lists the old store's id as a
+``to_store``: its first ``slots`` slots, with the old store's schema,
+backend and (first) label names, are that store. Nothing else depends on
+``appended``.
 
 The part table (version 2.4)
 ----------------------------

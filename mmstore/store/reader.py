@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import mmap
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, NamedTuple, cast
@@ -74,6 +75,21 @@ def _names_dir(path: str, dir_fd: int) -> bool:
     except OSError:
         return False
     return (now.st_dev, now.st_ino) == (pinned.st_dev, pinned.st_ino)
+
+
+_FOLLOW = threading.Lock()  # one Store switches to a grown store at a time (NOTE [a reader of a grown store])
+
+
+def _new_follow_lock() -> None:
+    global _FOLLOW
+    _FOLLOW = threading.Lock()  # a child forked while another thread held it
+
+
+os.register_at_fork(after_in_child=_new_follow_lock)
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class _View(NamedTuple):
@@ -208,8 +224,9 @@ class Store:
                     f"{m['store_id']}); reopen it"
                 )
             ident = {}  # the grown store's files, noted as they are checked below
-        st = os.fstat(dir_fd)
-        self._dir_ident = (st.st_dev, st.st_ino)  # the directory this Store reads (NOTE [a reader of a grown store])
+        # the manifest this Store reads (NOTE [a reader of a grown store]); a directory's inode alone is not
+        # enough: a store replaced twice may get the first one's inode number back
+        self._manifest_ident = _identity(os.stat(MANIFEST_FILE, dir_fd=dir_fd))
         self.schema = Schema(m["schema"], classes=m["classes"], buckets=m["buckets"], label_names=m["label_names"])
         self.slots: int = m["slots"]
         self.records: int = m["records"]
@@ -232,34 +249,40 @@ class Store:
         """The records this Store presents (what a reopen must present again)."""
         return _View(self.slots, self.records, self.label_names, self._m["schema"], self.backend_name)
 
-    def _follow_if_grown(self) -> None:
-        """NOTE [a reader of a grown store]: an append (format.py, "Parts")
+    def follow_append(self) -> bool:
+        """Read through the store at this Store's path from now on when it is
+        the store this Store opened, grown by appends since; True if so.
+
+        NOTE [a reader of a grown store]: an append (format.py, "Parts")
         replaces the store at its path by a new one that holds every slot of
         the old one, the same bytes in the same part files, and more slots
-        after them. A reader that has the old store's files open keeps
-        reading them; one that had not opened them yet when the append
-        replaced the directory (a ``Store`` opened but not read, a DataLoader
-        worker forked or started after the append, by fork, forkserver or
-        spawn) would find the old files gone. Such a reader reads the same
-        records through the new store instead, its view cut to the slots,
-        records and label names it was opened with (an append keeps them:
-        old label numbers unchanged, new names after the old); it does not see
-        the new records (open the store again for them). A store replaced by
-        anything else than an append of it still raises
-        ``StoreChangedError``. Checked once per process, before its first
-        read: one ``stat`` of the path."""
+        after them. A reader keeps reading the files it has open; a file it
+        opens later by its path (a field it had not read, the keys, the
+        list of holes; everything, in a ``Store`` opened but not read yet or
+        in a DataLoader worker started after the append, by fork, forkserver
+        or spawn) is the new store's, whose identity differs from the one
+        noted at open: ``StoreChangedError``. The Store's reads catch that,
+        call this, and try once more: the same records through the new
+        store, cut to the slots, records and label names it was opened with
+        (an append keeps them: old label numbers unchanged, new names after
+        the old). It does not see the new records (open the store again for
+        them). A store replaced by anything else than an append of the one
+        this Store opened is not followed: the error stands. Also checked
+        once per process before its first read (a ``stat`` of the
+        manifest)."""
         if self.replica is not None:
-            return
-        try:
-            st = os.stat(self.path)
-            if (st.st_dev, st.st_ino) == self._dir_ident:
-                return
-            grown = _grown(read_manifest(self.path, expand=False), self._m["store_id"], self._this_view())
-        except (OSError, MmstoreError):
-            return  # moved, deleted, or not a store now: the files it reads are missing, and say so
-        if grown:
+            return False
+        with _FOLLOW:
+            try:
+                if _identity(os.stat(os.path.join(self.path, MANIFEST_FILE))) == self._manifest_ident:
+                    return False
+                if not _grown(read_manifest(self.path, expand=False), self._m["store_id"], self._this_view()):
+                    return False
+            except (OSError, MmstoreError):
+                return False  # moved, deleted, or not a store now: the error that brought us here stands
+            # the backend made so far stays with whoever reads through it (its files stay open until then)
             self._open(self.path, self._lmdb_readahead, {}, self._m["store_id"], self._this_view())
-        # else another store: reading this one's files by path fails, saying which file changed
+            return True
 
     @property
     def manifest(self) -> dict[str, Any]:
@@ -397,7 +420,7 @@ class Store:
     def _b(self) -> BackendReader:
         pid = os.getpid()
         if self._backend is None or self._pid != pid:
-            self._follow_if_grown()
+            self.follow_append()
             m = self._m
             table = self._part_table() if m["part_table"] is not None else None
             self._backend = open_backend(
@@ -561,6 +584,11 @@ class Store:
     # -- reads --------------------------------------------------------------------
     def __getitem__(self, item: Any) -> dict[str, np.ndarray]:
         if type(item) is int or (isinstance(item, (int, np.integer)) and not isinstance(item, bool)):
+            try:
+                return self._read_one(int(item))
+            except StoreChangedError:  # NOTE [a reader of a grown store]
+                if not self.follow_append():
+                    raise
             return self._read_one(int(item))
         if isinstance(item, slice):
             return self.read_batch(np.arange(*item.indices(self.records)))
@@ -680,6 +708,20 @@ class Store:
         one record at a time, ``store[i]`` is cheaper still than a batch of
         one (NOTE [one-record path], backends/base.py).
         """
+        return self._again(self._read_batch, indices, fields, out)
+
+    def _again(self, read: Callable[..., Any], *args: Any) -> Any:
+        """``read(*args)``, once more if it met a file of a store that an
+        append has replaced (NOTE [a reader of a grown store])."""
+        try:
+            return read(*args)
+        except StoreChangedError:
+            if not self.follow_append():
+                raise
+        return read(*args)
+
+    def _read_batch(self, indices: Any, fields: Sequence[str] | str | None,
+                    out: dict[str, np.ndarray] | None) -> dict[str, Any]:
         names = self.field_list(fields)
         slots = self._slots_of(indices)
         n = len(slots)
@@ -843,13 +885,16 @@ class Store:
 
     def key(self, i: int) -> str:
         """The source key (path or id) of dataset index ``i``."""
-        return decode_key(self._slot_key_bytes(int(self._slots_of([i])[0])))
+        return str(self._again(lambda: decode_key(self._slot_key_bytes(int(self._slots_of([i])[0])))))
 
     def skipped(self) -> list[dict[str, Any]]:
         """The skipped inputs (``errors.jsonl``): slot, key, reason.
 
         Raises ``FormatError`` for a line that is not such an object (the file
         is read only up to the size the manifest lists)."""
+        return list(self._again(self._skipped))
+
+    def _skipped(self) -> list[dict[str, Any]]:
         if self.records == self.slots:
             return []
         mm = self._map_file(ERRORS_FILE)
@@ -885,6 +930,9 @@ class Store:
         """The skipped annotations of an annotated ingest (COCO): the
         ``errors.jsonl`` lines with an ``annotation`` key (format.py), in
         file order; ``[]`` for other stores."""
+        return list(self._again(self._skipped_annotations))
+
+    def _skipped_annotations(self) -> list[dict[str, Any]]:
         if ERRORS_FILE not in self._m["files"]:
             return []
         mm = self._map_file(ERRORS_FILE)

@@ -495,6 +495,59 @@ def test_dataloader_workers_of_the_next_epoch_read_the_store_they_were_given_aft
     assert len(mmstore.open(dest)) == 10
 
 
+@pytest.mark.parametrize("backend", ["memmap", "lmdb"])
+def test_a_reader_that_read_some_of_the_store_reads_the_rest_after_appends(tmp_path, backend):
+    """A Store that read only the labels, then two appends in a row (the second store may get the first
+    one's directory inode back): images, keys and holes (twice: the list is read anew each call) are the
+    old store's; one that read nothing asks for the holes first."""
+    a, b, c = (str(tmp_path / n) for n in "abc")
+    photos(a, {"cat": 2, "dog": 3}, "a", 1)
+    photos(b, {"dog": 2}, "b", 2)
+    photos(c, {"fish": 1}, "c", 3)
+    with open(os.path.join(a, "dog", "broken.jpg"), "wb") as fh:
+        fh.write(b"not a JPEG")
+    dest, ref = str(tmp_path / "s.store"), str(tmp_path / "ref.store")
+    mmstore.ingest(a, dest, size=32, workers=0, quiet=True, backend=backend)
+    shutil.copytree(dest, ref)
+    with open_store(ref) as r:
+        want = _store_bytes(r)
+    some, none = open_store(dest), open_store(dest)
+    assert some.column("label").tolist() == [0, 0, 1, 1, 1]
+    append(dest, b, workers=0, quiet=True)
+    append(dest, c, workers=0, quiet=True)
+    assert [(e["slot"], e["key"]) for e in none.skipped()] == want[5]
+    assert some.skipped() == some.skipped() and _store_bytes(some) == want
+    assert _store_bytes(none) == want
+    for st in (some, none):
+        st.close()
+
+
+@pytest.mark.parametrize("process", [False, True])
+def test_a_loader_made_before_an_append_gives_the_same_epochs_after_it(two, process):
+    """mmstore.torch.Loader (threads, or its helper process) made before the append, one epoch before
+    and two after: the same records each epoch (every record once), the old store's."""
+    pytest.importorskip("torch")
+    from mmstore.torch import Loader
+
+    _, b, dest = two
+    store = open_store(dest)
+    with open_store(dest) as s:
+        want = sorted(s.read_batch(np.arange(6))["image"].reshape(6, -1).tobytes()[i * 3072:(i + 1) * 3072]
+                      for i in range(6))
+    loader = Loader(store, 4, "sequential", process=process)
+
+    def epoch() -> list[bytes]:
+        got = [bytes(img) for batch in loader for img in batch["image"].numpy().reshape(-1, 3072)]
+        return sorted(got)
+
+    assert epoch() == want
+    append(dest, b, workers=0, quiet=True)
+    assert epoch() == want and epoch() == want
+    if hasattr(loader, "close"):
+        loader.close()
+    store.close()
+
+
 @pytest.mark.slow  # one append process per crash point: CI's step for slow tests
 def test_killed_at_each_rename_the_rerun_finishes_and_leaves_nothing_beside_the_store(two, tmp_path, h):
     """Every rename of an append's publish (the part's, the exchange, the old store set aside) killed in

@@ -165,3 +165,27 @@ print("errors", len(errors), errors[:3])
                        timeout=240, env=dict(os.environ, PYTHONPATH=REPO), cwd=REPO)
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "errors 0 []", r.stdout
+
+
+_WARM_CHILD = r"""
+import resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (128, 128))
+import mmstore
+from mmstore.errors import ResourceLimitError
+s = mmstore.open(sys.argv[1])
+try:
+    s.warm()
+    print("warmed")
+except ResourceLimitError as exc:
+    print("limit", exc)
+"""
+
+
+def test_warming_more_files_than_the_process_may_open_is_a_typed_error(tmp_path):
+    """``warm`` holds every file it reads open: 1,500 parts under a limit of 128 say which limit to raise
+    (a bare OSError before)."""
+    write_many_parts(tmp_path / "s", 1500, per=1)
+    r = subprocess.run([sys.executable, "-c", _WARM_CHILD, str(tmp_path / "s")], capture_output=True, text=True,
+                       timeout=120, env=dict(os.environ, PYTHONPATH=REPO))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("limit ") and "ulimit -n" in r.stdout, r.stdout

@@ -288,7 +288,7 @@ def test_many_segments_and_the_open_files_limit(tmp_path, hard):
     assert lines[0] == "verify True"
     if hard == 200:
         assert lines[1].startswith("limit ") and "120 segments" in lines[1] and "ulimit -n" in lines[1]
-        assert "mmstore convert" in lines[1]
+        assert "mmstore convert" in lines[1] and "PLAIN.store --backend memmap" in lines[1]
     else:
         assert lines[1].split()[:2] == ["read", str(n)] and int(lines[1].split()[2]) > 360
     assert_reads_same(write_store(tmp_path / "ref", n), str(tmp_path / "m"))

@@ -360,7 +360,7 @@ class SegmentedBackend(BackendReader):
         return np.concatenate(flats), np.concatenate(sizes)
 
     def _limit(self, exc: OSError) -> ResourceLimitError:
-        return limit_error(self.root, len(self.parts), self.files_per_segment, exc)
+        return limit_error(self.root, len(self.parts), self.files_per_segment, exc, self.name)
 
     def read_into(
         self, slots: np.ndarray, rows: np.ndarray, fields: Sequence[str], out: dict[str, np.ndarray]
@@ -574,8 +574,9 @@ def _is_fd_limit(exc: OSError) -> bool:
     return exc.errno in (errno.EMFILE, errno.ENFILE) and not isinstance(exc, ResourceLimitError)
 
 
-def limit_error(root: str, segments: int, per_segment: int, exc: OSError) -> ResourceLimitError:
-    """The error for running out of descriptors on a store of ``segments`` segments."""
+def limit_error(root: str, segments: int, per_segment: int, exc: OSError,
+                backend: str = "memmap") -> ResourceLimitError:
+    """The error for running out of descriptors on a store of ``segments`` segments (of ``backend``)."""
     try:
         import resource
 
@@ -589,7 +590,7 @@ def limit_error(root: str, segments: int, per_segment: int, exc: OSError) -> Res
         f"{per_segment} data file(s), which stay open while it is read, and this process may open "
         f"{soft:,} files in all. Raise the limit before starting (`ulimit -n {need + 1024}` in the shell, "
         "LimitNOFILE= for a systemd service, --ulimit nofile= for docker), or rewrite the store with one file "
-        "per field: `mmstore convert STORE PLAIN.store` (which copies the data)",
+        f"per field: `mmstore convert {root} PLAIN.store --backend {backend}` (which copies the data)",
     )
 
 
