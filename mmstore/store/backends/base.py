@@ -149,8 +149,11 @@ class BackendReader(ABC):
         """Absolute paths of the data files (for warm/evict/verify)."""
 
     @abstractmethod
-    def segment_backends(self) -> list[Backend]:
-        """The single-segment backends of this store's data, in slot order."""
+    def segment_backends(self) -> Sequence[Backend]:
+        """The single-segment backends of this store's data, in slot order
+        (of a store whose parts are opened on demand, :meth:`parts_on_demand`:
+        a sequence that makes each when it is reached, and may close it
+        again once others are used: use each as it comes)."""
 
     def segment_count(self) -> int:
         """How many segments the data has (:meth:`segment_backends`, counted
@@ -425,7 +428,7 @@ class Backend(BackendReader):
     def data_paths(self) -> list[str]:
         return [os.path.join(self.root, n) for n in self.data_file_names(self.schema, self.segment)]
 
-    def segment_backends(self) -> list[Backend]:
+    def segment_backends(self) -> Sequence[Backend]:
         return [self]
 
 

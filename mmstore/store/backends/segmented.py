@@ -225,8 +225,12 @@ class SegmentedBackend(BackendReader):
         """The parts' backends that exist now (all, unless the store has a part table)."""
         return self.parts.built() if isinstance(self.parts, _LazyParts) else self.parts
 
-    def segment_backends(self) -> list[Backend]:
-        return list(self.parts)
+    def segment_backends(self) -> Sequence[Backend]:
+        """See ``BackendReader.segment_backends``: with parts opened on demand,
+        the parts themselves (NOTE [open parts]), not a list that would make
+        and hold every one."""
+        self._make_room()
+        return self.parts if self._bounded is not None else list(self.parts)
 
     def segment_count(self) -> int:
         return len(self.parts)
