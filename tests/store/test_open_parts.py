@@ -212,3 +212,38 @@ def test_every_segment_listed_is_readable_with_the_parts_bounded(tmp_path):
     assert r.returncode == 0, r.stderr
     words = r.stdout.split()
     assert words[:2] == ["wrong", "0"] and int(words[4]) < 128, r.stdout
+
+
+_MANY_STORES_CHILD = r"""
+import os, resource, sys
+resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+import numpy as np
+import mmstore
+from tests.support.stores import many_parts_img
+stores = [mmstore.open(p) for p in sys.argv[1:]]
+for s in stores:
+    s[0]  # every store's first read while few descriptors are open
+bad, peak = 0, 0
+rng = np.random.default_rng(0)
+for i in rng.permutation(1100).tolist():  # then the stores read by turns
+    for s in stores:
+        r = s[i]
+        bad += int(r["idx"]) != i or not np.array_equal(r["img"], many_parts_img(i, 2048))
+    peak = max(peak, len(os.listdir("/proc/self/fd")))
+print("bad", bad, "peak", peak)
+"""
+
+
+def test_several_stores_of_many_parts_share_the_process_limits(tmp_path):
+    """Six stores of 1,100 parts of two fields, each read once, then read by turns in one process under a
+    limit of 256 files: every record right, the descriptors below the limit (each store took half of
+    what was free at its first read before, and together they ran out)."""
+    paths = []
+    for k in range(6):
+        write_many_parts(tmp_path / f"s{k}", 1100, per=1, img=2048)
+        paths.append(str(tmp_path / f"s{k}"))
+    r = subprocess.run([sys.executable, "-c", _MANY_STORES_CHILD, *paths], capture_output=True, text=True,
+                       timeout=240, env=dict(os.environ, PYTHONPATH=REPO), cwd=REPO)
+    assert r.returncode == 0, r.stdout + r.stderr
+    words = r.stdout.split()
+    assert words[:2] == ["bad", "0"] and int(words[3]) < 256, r.stdout

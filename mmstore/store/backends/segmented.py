@@ -17,6 +17,7 @@ import ctypes
 import errno
 import os
 import threading
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, cast
@@ -65,6 +66,8 @@ class _LazyParts(Sequence[Backend]):
     uses their descriptors or mappings, so a part is never closed under a
     read; a part pinned by a reader is never dropped, even above the cap.
     Without a cap (a store whose every part fits), parts are kept, as before.
+    The caps of every such store of a process share one budget of files
+    (``_Budget``), so that reading several at once stays within the limits.
     """
 
     def __init__(self, make: Callable[[int], Backend], count: int) -> None:
@@ -72,17 +75,24 @@ class _LazyParts(Sequence[Backend]):
         self._built: list[Backend | None] = [None] * count
         self._mu = threading.Lock()
         self.cap: int | None = None
+        self.files_per_part = 1
         self._use: OrderedDict[int, int] = OrderedDict()  # part -> pins, least recently used first (with a cap)
         self._drop: Callable[[int], None] = lambda k: None
 
-    def bound(self, cap: int, drop: Callable[[int], None]) -> None:
+    def bound(self, cap: int, drop: Callable[[int], None], files_per_part: int) -> None:
         """Keep at most ``cap`` parts open from now on; ``drop(k)`` forgets
         what a reader keeps of part ``k`` before it is closed."""
         with self._mu:
-            self.cap, self._drop = max(1, int(cap)), drop
+            self.cap, self._drop, self.files_per_part = max(1, int(cap)), drop, files_per_part
             for k, b in enumerate(self._built):
                 if b is not None:
                     self._use.setdefault(k, 0)
+            self._trim()
+
+    def shrink(self, cap: int) -> None:
+        """A smaller cap (another store took a share of the budget)."""
+        with self._mu:
+            self.cap = max(1, int(cap))
             self._trim()
 
     def __len__(self) -> int:
@@ -255,11 +265,9 @@ class SegmentedBackend(BackendReader):
             from ..._os import raise_open_files_limit
 
             soft = raise_open_files_limit(2 * len(self.parts) * self.files_per_segment)
-            if isinstance(self.parts, _LazyParts):
-                cap = open_parts_cap(soft, self.files_per_segment)
-                if cap is not None and len(self.parts) > cap:
-                    self.parts.bound(cap, self._forget)
-                    self._bounded = self.parts
+            if isinstance(self.parts, _LazyParts) and _BUDGET.share(self.parts, self.files_per_segment, soft,
+                                                                    self._forget):
+                self._bounded = self.parts
             self._room = True
 
     def _forget(self, k: int) -> None:
@@ -629,26 +637,71 @@ _MIN_OPEN_PARTS = 8
 _PIN_SHARE = 16
 
 
-def open_parts_cap(soft: int, files_per_part: int) -> int | None:
-    """How many parts of ``files_per_part`` data files a reader may keep
-    open (NOTE [open parts]): half of the descriptors this process may still
-    open under its soft limit ``soft`` (-1: none), at two a file (a mapping's
-    and a ``preadv`` one), and half of the mappings it may still make under
-    ``vm.max_map_count``; None when neither is known."""
-    per = max(1, files_per_part)
-    caps = []
+def open_files_budget(soft: int) -> int | None:
+    """How many data files the stores of this process whose parts are opened
+    on demand may keep open together (NOTE [open parts]): half of the
+    descriptors it may still open under its soft limit ``soft`` (-1: none),
+    at two a file (a mapping's and a ``preadv`` one), and half of the
+    mappings it may still make under ``vm.max_map_count``; None when neither
+    is known."""
+    budgets = []
     if soft > 0:
         try:
             open_now = len(os.listdir("/proc/self/fd"))
         except OSError:
             open_now = 64
-        caps.append((soft - open_now) // 2 // (2 * per))
+        budgets.append((soft - open_now) // 2 // 2)
     try:
         with open("/proc/sys/vm/max_map_count", "rb") as fh:
             most = int(fh.read().split()[0])
         with open("/proc/self/maps", "rb") as fh:
             maps_now = sum(1 for _ in fh)
-        caps.append((most - maps_now) // 2 // per)
+        budgets.append((most - maps_now) // 2)
     except (OSError, ValueError, IndexError):
         pass
-    return max(_MIN_OPEN_PARTS, min(caps)) if caps else None
+    return max(_MIN_OPEN_PARTS, min(budgets)) if budgets else None
+
+
+class _Budget:
+    """The budget of :func:`open_files_budget`, taken once per process at
+    the first store that needs it, split evenly between the stores bounded
+    so far: a process reading several stores of many parts (a mix of data
+    sets) stays within its limits however many it opens."""
+
+    def __init__(self) -> None:
+        self.files: int | None = None
+        self.taken = False
+        self.stores: weakref.WeakSet[_LazyParts] = weakref.WeakSet()
+        self.mu = threading.Lock()
+
+    def share(self, parts: _LazyParts, files_per_part: int, soft: int, drop: Callable[[int], None]) -> bool:
+        """Bound ``parts`` when they do not fit in an even share of the
+        budget (the shares of the stores bounded before shrink); True if so."""
+        with self.mu:
+            if not self.taken:
+                self.files, self.taken = open_files_budget(soft), True
+            if self.files is None:
+                return False
+            n = len(self.stores) + 1
+            per = max(1, files_per_part)
+            if len(parts) <= self.files // n // per:
+                return False
+            self.stores.add(parts)
+            for p in list(self.stores):
+                cap = max(_MIN_OPEN_PARTS, self.files // n // p.files_per_part)
+                if p is parts:
+                    p.bound(cap, drop, per)
+                else:
+                    p.shrink(cap)
+            return True
+
+
+_BUDGET = _Budget()
+
+
+def _new_budget() -> None:
+    global _BUDGET
+    _BUDGET = _Budget()  # a forked child: its own descriptors and mappings, its own stores
+
+
+os.register_at_fork(after_in_child=_new_budget)
