@@ -3,7 +3,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 
 __all__ = ["NO_LIMIT", "current_pid", "parse_mountinfo", "read_int", "read_stat_key", "usable_cores"]
 
@@ -113,3 +115,13 @@ def usable_cores(cgroup_root: str = "/sys/fs/cgroup") -> int:
     if quota is not None and period and 0 < quota < NO_LIMIT:
         n = min(n, -(-quota // period))
     return max(1, n)
+
+
+def set_pdeathsig() -> None:
+    """This process is killed (SIGKILL) when its parent dies (Linux; elsewhere nothing)."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except Exception:  # noqa: BLE001 - not Linux: its caller has another way to end it
+        pass

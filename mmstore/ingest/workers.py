@@ -9,7 +9,6 @@ never cross a pipe.
 
 from __future__ import annotations
 
-import ctypes
 import importlib
 import multiprocessing as mp
 import os
@@ -21,6 +20,7 @@ from multiprocessing.connection import wait
 from typing import Any
 
 from .._os.io import describe_write_error
+from .._os.proc import set_pdeathsig
 from ..store.writer import SlotWriter
 from .records import RecordJob, process_range
 
@@ -33,15 +33,6 @@ def default_workers() -> int:
         return max(1, len(os.sched_getaffinity(0)))
     except AttributeError:  # pragma: no cover
         return max(1, os.cpu_count() or 1)
-
-
-def _set_pdeathsig() -> None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        PR_SET_PDEATHSIG = 1
-        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-    except Exception:  # noqa: BLE001 - not Linux: the pipe EOF still ends the worker
-        pass
 
 
 def _quiet_decoder() -> None:
@@ -57,7 +48,7 @@ def _quiet_decoder() -> None:
 
 
 def _worker_main(conn: Any, job: RecordJob, parent: int) -> None:
-    _set_pdeathsig()
+    set_pdeathsig()
     if os.getppid() != parent:
         os._exit(1)
     signal.signal(signal.SIGINT, signal.SIG_IGN)

@@ -369,3 +369,82 @@ def test_a_range_of_a_shard_not_in_the_page_cache_is_read_ahead(tmp_path):
     while resident_bytes(path)[0] - before < want // 2 and time.monotonic() < deadline:
         time.sleep(0.02)
     assert resident_bytes(path)[0] - before >= want // 2
+
+
+def test_shards_indexed_by_several_processes_give_the_store_of_one(tmp_path, shards, monkeypatch):
+    """The index walks local shards in forked processes (in order): the same store, byte for byte, as a
+    walk by the parent alone, with a shard cut short inside a header (its walk's error comes back from
+    the process that met it)."""
+    import importlib
+
+    W = importlib.import_module("mmstore.ingest.webdataset")
+    d, _ = shards
+    src = str(tmp_path / "src")
+    _copy_shards(d, src)
+    with tarfile.open(os.path.join(src, "00001.tar")) as t:
+        m = t.getmember("000010004.txt")
+    with open(os.path.join(src, "00001.tar"), "r+b") as fh:
+        fh.truncate(m.offset_data - 300)  # inside a header: the walk of that shard ends with its error
+    pattern = os.path.join(src, "{00000..00002}.tar")
+    monkeypatch.setattr(W, "usable_cores", lambda: 3)
+    ingest(pattern, str(tmp_path / "par"), size=32, workers=0, quiet=True)
+    monkeypatch.setattr(W, "INDEX_PROCESSES", 1)
+    ingest(pattern, str(tmp_path / "one"), size=32, workers=0, quiet=True)
+    assert_same_files(str(tmp_path / "one"), str(tmp_path / "par"))
+    assert len(mmstore.open(str(tmp_path / "par"))) == 2 * PER_SHARD + 4
+
+
+_SLOW_INDEX = r"""
+import importlib, os, sys, time
+W = importlib.import_module("mmstore.ingest.webdataset")
+real = W.scan_tar
+def slow(fd, end):  # an index process that takes its time: the ingest is killed meanwhile
+    with open(sys.argv[3], "a") as fh:
+        fh.write(f"{os.getpid()}\n")
+    time.sleep(60)
+    return real(fd, end)
+W.scan_tar = slow
+W.usable_cores = lambda: 3
+from mmstore.ingest import ingest
+ingest(sys.argv[1], sys.argv[2], size=32, workers=0, quiet=True)
+"""
+
+
+def test_a_killed_ingest_leaves_no_index_process_behind(tmp_path, shards):
+    """SIGKILL of an ingest while its processes index the shards: they die with it (each holds the
+    ingest's descriptors, its lock among them), and the same ingest run again finishes."""
+    import subprocess
+    import sys
+
+    d, _ = shards
+    pids = str(tmp_path / "pids")
+    p = subprocess.Popen([sys.executable, "-c", _SLOW_INDEX, _pattern(d), str(tmp_path / "s"), pids],
+                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    def started() -> list[int]:
+        if not os.path.exists(pids):
+            return []
+        with open(pids) as fh:
+            return [int(x) for x in fh.read().split()]
+
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and len(started()) < 2:
+        time.sleep(0.01)
+    p.send_signal(signal.SIGKILL)
+    p.wait(30)
+    children = started()
+    assert len(children) >= 2
+
+    def alive(pid: int) -> bool:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        with open(f"/proc/{pid}/stat") as fh:  # a zombie not yet reaped is dead too
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and any(alive(pid) for pid in children):
+        time.sleep(0.05)
+    assert not any(alive(pid) for pid in children)
+    r = ingest(_pattern(d), str(tmp_path / "s"), size=32, workers=0, quiet=True)
+    assert r.records == 3 * PER_SHARD
