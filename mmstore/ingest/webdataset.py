@@ -507,6 +507,9 @@ class WebDatasetSource(Source):
         self.index_log: IndexLog | None = None
         self.cached_types: dict[str, Any] | None = None
         self._local = threading.local()  # each thread (and forked process) its own open shards
+        # processes that walk local shards at once (an ingest gives its --workers: 0, none but this one);
+        # None: one per usable core
+        self.index_processes: int | None = None
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
@@ -532,7 +535,8 @@ class WebDatasetSource(Source):
     def _walks(self) -> Iterator[tuple[tuple[list[tuple[bytes, int, int]], TarIndexError | None, int], bytes]]:
         """Each shard's walk (:func:`scan_tar`) and identity (what its fingerprint covers), in shard order."""
         if self.objects is None:
-            n = min(INDEX_PROCESSES, usable_cores(), len(self.shards))
+            most = usable_cores() if self.index_processes is None else self.index_processes
+            n = min(INDEX_PROCESSES, most, len(self.shards))
             if n < 2:
                 yield from map(_walk_local, self.shards)
                 return

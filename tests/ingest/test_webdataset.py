@@ -386,10 +386,9 @@ def test_shards_indexed_by_several_processes_give_the_store_of_one(tmp_path, sha
     with open(os.path.join(src, "00001.tar"), "r+b") as fh:
         fh.truncate(m.offset_data - 300)  # inside a header: the walk of that shard ends with its error
     pattern = os.path.join(src, "{00000..00002}.tar")
-    monkeypatch.setattr(W, "usable_cores", lambda: 3)
-    ingest(pattern, str(tmp_path / "par"), size=32, workers=0, quiet=True)
+    ingest(pattern, str(tmp_path / "par"), size=32, workers=3, quiet=True)
     monkeypatch.setattr(W, "INDEX_PROCESSES", 1)
-    ingest(pattern, str(tmp_path / "one"), size=32, workers=0, quiet=True)
+    ingest(pattern, str(tmp_path / "one"), size=32, workers=3, quiet=True)
     assert_same_files(str(tmp_path / "one"), str(tmp_path / "par"))
     assert len(mmstore.open(str(tmp_path / "par"))) == 2 * PER_SHARD + 4
 
@@ -404,9 +403,8 @@ def slow(fd, end):  # an index process that takes its time: the ingest is killed
     time.sleep(60)
     return real(fd, end)
 W.scan_tar = slow
-W.usable_cores = lambda: 3
 from mmstore.ingest import ingest
-ingest(sys.argv[1], sys.argv[2], size=32, workers=0, quiet=True)
+ingest(sys.argv[1], sys.argv[2], size=32, workers=3, quiet=True)
 """
 
 
