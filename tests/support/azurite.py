@@ -21,11 +21,9 @@ import hmac
 import http.client
 import os
 import shutil
-import signal
-import socket
 import subprocess
-import time
-from typing import BinaryIO
+
+from .emulator import LocalServer
 
 HERE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "azurite")
 ACCOUNT = "devstoreaccount1"
@@ -34,7 +32,6 @@ ACCOUNT_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1
 API_VERSION = "2021-08-06"
 _INSTALL_TIMEOUT = 600.0
 _START_TIMEOUT = 60.0
-_STOP_TIMEOUT = 10.0
 
 
 class AzuriteError(RuntimeError):
@@ -86,12 +83,6 @@ def ensure_azurite() -> str:
     return binary
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _shared_key(method: str, path: str, query: dict[str, str], headers: dict[str, str]) -> str:
     """The ``Authorization`` of a Shared Key request (the Blob service's rules, path-style URL)."""
     std = ["Content-Encoding", "Content-Language", "Content-Length", "Content-MD5", "Content-Type", "Date",
@@ -107,77 +98,29 @@ def _shared_key(method: str, path: str, query: dict[str, str], headers: dict[str
     return f"SharedKey {ACCOUNT}:{base64.b64encode(sig).decode()}"
 
 
-class AzuriteServer:
+class AzuriteServer(LocalServer):
     """``azurite-blob`` on a free loopback port, its data under ``root``."""
 
+    name = "Azurite"
+    error = AzuriteError
+    poll_s = 0.1
+
     def __init__(self, root: str, binary: str) -> None:
-        self.root = os.path.abspath(root)
-        self.binary = binary
+        super().__init__(root, binary, "azurite.out")
         self.data_dir = os.path.join(self.root, "data")
-        self.output = os.path.join(self.root, "azurite.out")
         os.makedirs(self.data_dir, exist_ok=True)
-        self.port = _free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._out: BinaryIO | None = None
 
     def command(self) -> list[str]:
         return [self.binary, "--blobHost", "127.0.0.1", "--blobPort", str(self.port), "--location", self.data_dir,
                 "--skipApiVersionCheck", "--loose", "--silent", "--disableTelemetry"]
 
-    @property
-    def pid(self) -> int | None:
-        return None if self._proc is None else self._proc.pid
+    def answers(self) -> int:
+        status, _, _ = self.request("GET", f"/{ACCOUNT}", {"comp": "list"}, timeout=2.0)
+        return int(status)
 
     def start(self, timeout: float = _START_TIMEOUT) -> None:
-        """Start it; return once the blob service answers (any HTTP answer: it asks for a key)."""
-        self._out = open(self.output, "ab")
-        self._proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=self._out,
-                                      stderr=subprocess.STDOUT, cwd=self.root, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        last = "no answer yet"
-        while True:
-            code = self._proc.poll()
-            if code is not None:
-                self._proc = None
-                raise AzuriteError(f"azurite-blob exited with code {code} while starting\n{self.log_tail()}")
-            try:
-                status, _, _ = self.request("GET", f"/{ACCOUNT}", {"comp": "list"}, timeout=2.0)
-                if status == 200:
-                    return
-                last = f"HTTP {status}"
-            except OSError as e:
-                last = repr(e)
-            if time.monotonic() > deadline:
-                self.stop()
-                raise AzuriteError(f"Azurite at {self.endpoint} did not answer within {timeout:.0f} s "
-                                   f"(last: {last})\n{self.log_tail()}")
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        """Stop the server by its own pid (its session: node and nothing else of ours)."""
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                proc.wait(timeout=_STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=_STOP_TIMEOUT)
-        if self._out is not None:
-            self._out.close()
-            self._out = None
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            with open(self.output, "rb") as f:
-                text = f.read()[-32 * 1024:].decode("utf-8", "replace")
-        except OSError:
-            return "(no output)"
-        return "\n".join(text.splitlines()[-lines:]) or "(no output)"
+        """Start it; return once it answers."""
+        super().start(timeout)
 
     # -- clients
 

@@ -29,15 +29,11 @@ import http.client
 import json
 import os
 import platform
-import signal
-import socket
-import subprocess
-import time
-from typing import BinaryIO
 from urllib.parse import quote
 
+from .emulator import LocalServer
+
 _START_TIMEOUT = 30.0
-_STOP_TIMEOUT = 10.0
 _ARCH = {"x86_64": "amd64", "amd64": "amd64", "aarch64": "arm64", "arm64": "arm64"}
 
 
@@ -73,82 +69,27 @@ def find_fake_gcs() -> str:
     return binary
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class GcsServer:
+class GcsServer(LocalServer):
     """``fake-gcs-server`` on a free loopback port, its output under ``root``."""
 
+    name = "fake-gcs-server"
+    error = GcsError
+    poll_s = 0.05
+
     def __init__(self, root: str, binary: str) -> None:
-        self.root = os.path.abspath(root)
-        self.binary = binary
-        self.output = os.path.join(self.root, "fake-gcs-server.out")
-        os.makedirs(self.root, exist_ok=True)
-        self.port = _free_port()
-        self.endpoint = f"http://127.0.0.1:{self.port}"
-        self._proc: subprocess.Popen[bytes] | None = None
-        self._out: BinaryIO | None = None
+        super().__init__(root, binary, "fake-gcs-server.out")
 
     def command(self) -> list[str]:
         return [self.binary, "-scheme", "http", "-backend", "memory", "-host", "127.0.0.1", "-port", str(self.port),
                 "-public-host", f"127.0.0.1:{self.port}", "-external-url", self.endpoint, "-log-level", "warn"]
 
-    @property
-    def pid(self) -> int | None:
-        return None if self._proc is None else self._proc.pid
+    def answers(self) -> int:
+        status, _, _ = self.request("GET", "/storage/v1/b", timeout=2.0)
+        return int(status)
 
     def start(self, timeout: float = _START_TIMEOUT) -> None:
-        """Start it; return once its JSON API lists buckets."""
-        self._out = open(self.output, "ab")
-        self._proc = subprocess.Popen(self.command(), stdin=subprocess.DEVNULL, stdout=self._out,
-                                      stderr=subprocess.STDOUT, cwd=self.root, start_new_session=True)
-        deadline = time.monotonic() + timeout
-        last = "no answer yet"
-        while True:
-            code = self._proc.poll()
-            if code is not None:
-                self._proc = None
-                raise GcsError(f"fake-gcs-server exited with code {code} while starting\n{self.log_tail()}")
-            try:
-                status, _, _ = self.request("GET", "/storage/v1/b", timeout=2.0)
-                if status == 200:
-                    return
-                last = f"HTTP {status}"
-            except OSError as e:
-                last = repr(e)
-            if time.monotonic() > deadline:
-                self.stop()
-                raise GcsError(f"fake-gcs-server at {self.endpoint} did not answer within {timeout:.0f} s "
-                               f"(last: {last})\n{self.log_tail()}")
-            time.sleep(0.05)
-
-    def stop(self) -> None:
-        """Stop the server by its own pid (its session holds it alone)."""
-        proc, self._proc = self._proc, None
-        if proc is not None and proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGTERM)
-            except ProcessLookupError:
-                pass
-            try:
-                proc.wait(timeout=_STOP_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=_STOP_TIMEOUT)
-        if self._out is not None:
-            self._out.close()
-            self._out = None
-
-    def log_tail(self, lines: int = 30) -> str:
-        try:
-            with open(self.output, "rb") as f:
-                text = f.read()[-32 * 1024:].decode("utf-8", "replace")
-        except OSError:
-            return "(no output)"
-        return "\n".join(text.splitlines()[-lines:]) or "(no output)"
+        """Start it; return once it answers."""
+        super().start(timeout)
 
     # -- clients
 
