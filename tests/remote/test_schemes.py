@@ -77,6 +77,28 @@ def _the_tools_take(url: str, slots: int, tmp_path, monkeypatch, capsys) -> None
     assert rep["ok"] and rep["checked_slots"] == slots and rep["path"] == url
 
 
+def _index_vouching_for_the_damage(bucket, prefix: str, url: str, path: str, bad: int, tmp_path) -> None:
+    """The store's index rewritten to vouch for its damaged ``image.npy`` (as bit rot under an
+    unchanged etag): the block digests still refuse record ``bad`` (never its bytes), a good
+    record reads right, and a pull is refused leaving nothing."""
+    from mmstore.remote.client import Remote
+
+    etag = Remote(url).head("image.npy")["etag"]
+    index = json.loads(bucket.read(f"{prefix}/_remote.json"))
+    index["files"]["image.npy"]["etag"] = etag
+    bucket.write(f"{prefix}/_remote.json", json.dumps(index).encode())
+    local = mmstore.open(path)
+    with mmstore.open(url, cache_dir=tmp_path / "vouched") as store:
+        good = _record_of(path, "image", 2 * BLOCK)
+        np.testing.assert_array_equal(store[good]["image"], local[good]["image"])
+        with pytest.raises(RemoteChecksumError, match="image.npy"):
+            store[bad]
+        assert store.replica.verify_present() == 0
+    with pytest.raises(ChecksumError, match="image.npy"):
+        pull(url, tmp_path / "dest.store")
+    assert not os.path.lexists(tmp_path / "dest.store")
+
+
 def _one_line(err: str, *names: str) -> None:
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
@@ -134,23 +156,7 @@ def test_az_a_flipped_byte_is_refused_never_data(az, tmp_path):
     with pytest.raises(RemoteChangedError):  # refused at the open, before any record
         with mmstore.open(url, cache_dir=tmp_path / "fresh") as store:
             store[bad]
-    # the index rewritten to vouch for the damaged object (as bit rot under an unchanged etag)
-    from mmstore.remote.client import Remote
-
-    etag = Remote(url).head("image.npy")["etag"]
-    index = json.loads(az.read(f"{prefix}/_remote.json"))
-    index["files"]["image.npy"]["etag"] = etag
-    az.write(f"{prefix}/_remote.json", json.dumps(index).encode())
-    local = mmstore.open(path)
-    with mmstore.open(url, cache_dir=tmp_path / "vouched") as store:
-        good = _record_of(path, "image", 2 * BLOCK)
-        np.testing.assert_array_equal(store[good]["image"], local[good]["image"])
-        with pytest.raises(RemoteChecksumError, match="image.npy"):
-            store[bad]
-        assert store.replica.verify_present() == 0
-    with pytest.raises(ChecksumError, match="image.npy"):
-        pull(url, tmp_path / "dest.store")
-    assert not os.path.lexists(tmp_path / "dest.store")
+    _index_vouching_for_the_damage(az, prefix, url, path, bad, tmp_path)
 
 
 def test_az_a_missing_store_or_container_is_a_one_line_error(az, tmp_path, monkeypatch, capsys):
@@ -237,23 +243,7 @@ def test_gs_a_flipped_byte_is_refused_never_data(gs, tmp_path):
     with pytest.raises((RemoteChangedError, RemoteChecksumError)):
         pull(url, tmp_path / "dest.store")
     assert not os.path.lexists(tmp_path / "dest.store")
-    # the index rewritten to vouch for the damaged object (as bit rot under an unchanged etag)
-    from mmstore.remote.client import Remote
-
-    etag = Remote(url).head("image.npy")["etag"]
-    index = json.loads(gs.read(f"{prefix}/_remote.json"))
-    index["files"]["image.npy"]["etag"] = etag
-    gs.write(f"{prefix}/_remote.json", json.dumps(index).encode())
-    local = mmstore.open(path)
-    with mmstore.open(url, cache_dir=tmp_path / "vouched") as store:
-        good = _record_of(path, "image", 2 * BLOCK)
-        np.testing.assert_array_equal(store[good]["image"], local[good]["image"])
-        with pytest.raises(RemoteChecksumError, match="image.npy"):
-            store[bad]
-        assert store.replica.verify_present() == 0
-    with pytest.raises(ChecksumError, match="image.npy"):
-        pull(url, tmp_path / "dest.store")
-    assert not os.path.lexists(tmp_path / "dest.store")
+    _index_vouching_for_the_damage(gs, prefix, url, path, bad, tmp_path)
 
 
 def test_gs_a_missing_store_is_a_one_line_error(gs, tmp_path, monkeypatch, capsys):

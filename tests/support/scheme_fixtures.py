@@ -49,15 +49,21 @@ def azurite_server(tmp_path_factory):
         binary = ensure_azurite()
     except AzuriteError as e:
         _unavailable(f"Azurite cannot be installed: {e}")
-    root = str(tmp_path_factory.mktemp("azurite"))
+    yield from _running(AzuriteServer, binary, str(tmp_path_factory.mktemp("azurite")), AzuriteError, "Azurite",
+                        "MMSTORE_AZURITE_REQUIRED")
+
+
+def _running(cls, binary: str, root: str, error: type[Exception], what: str, required: str):
+    """A fixture's server: started (else skipped, or failed where ``required`` is set), then
+    stopped by its own pid and its files removed."""
     server = None
     try:
         try:
-            server = AzuriteServer(root, binary)
+            server = cls(root, binary)
             server.start()
-        except (AzuriteError, OSError) as e:
+        except (error, OSError) as e:
             server = None
-            _unavailable(f"Azurite cannot start: {e}")
+            _unavailable(f"{what} cannot start: {e}", required)
         yield server
     finally:
         if server is not None:
@@ -104,20 +110,8 @@ def gcs_server(tmp_path_factory):
         binary = find_fake_gcs()
     except GcsError as e:
         _unavailable(f"no GCS emulator: {e}", "MMSTORE_GCS_REQUIRED")
-    root = str(tmp_path_factory.mktemp("gcs"))
-    server = None
-    try:
-        try:
-            server = GcsServer(root, binary)
-            server.start()
-        except (GcsError, OSError) as e:
-            server = None
-            _unavailable(f"the GCS emulator cannot start: {e}", "MMSTORE_GCS_REQUIRED")
-        yield server
-    finally:
-        if server is not None:
-            server.stop()
-        shutil.rmtree(root, ignore_errors=True)
+    yield from _running(GcsServer, binary, str(tmp_path_factory.mktemp("gcs")), GcsError, "the GCS emulator",
+                        "MMSTORE_GCS_REQUIRED")
 
 
 @dataclass
