@@ -7,7 +7,7 @@ import ctypes
 import os
 import signal
 
-__all__ = ["NO_LIMIT", "current_pid", "parse_mountinfo", "read_int", "read_stat_key", "usable_cores"]
+__all__ = ["NO_LIMIT", "current_pid", "parse_mountinfo", "read_int", "read_stat_key", "set_pdeathsig", "usable_cores"]
 
 _PID = [os.getpid()]
 os.register_at_fork(after_in_child=lambda: _PID.__setitem__(0, os.getpid()))
