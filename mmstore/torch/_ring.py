@@ -116,7 +116,7 @@ class Ring:
 
     def _alloc(self, s: int) -> None:
         if self.layout is not None:
-            self.fds[s] = f = SharedFile.create(_layout_bytes(self.layout))
+            self.fds[s] = f = SharedFile.create(_layout_bytes(self.layout), pin=self._pin)
             self._set(s, self._map(f))
             return
         self._set(s, {f: self._empty(f, shape, dt) for f, (shape, dt) in self._shapes.items()})
@@ -209,29 +209,65 @@ _HUGE = 2 << 20
 
 class SharedFile:
     """A shared memory file (``memfd``) and its mapping. The descriptor is
-    closed when this object goes; the mapping stays while a tensor of it does."""
+    closed when this object goes; the mapping stays while a tensor of it does.
 
-    def __init__(self, fd: int, nbytes: int) -> None:
+    ``pin``: the mapping is page-locked for CUDA (``cudaHostRegister``), so
+    that the copies to the GPU out of it run as DMA, asynchronously, as out of
+    ``torch.empty(..., pin_memory=True)``. It is unregistered when this
+    object goes, which is before the mapping can be unmapped (this object
+    holds it); a batch that still holds the memory then reads it as plain
+    memory. A mapping that CUDA refuses to lock stays unpinned
+    (``pinned`` False): copies out of it are synchronous, never wrong."""
+
+    def __init__(self, fd: int, nbytes: int, pin: bool = False) -> None:
         self.fd = fd
         self.map = mmap.mmap(fd, nbytes)
+        self._locked = _host_register(self.map) if pin else 0  # its address when registered
+
+    @property
+    def pinned(self) -> bool:
+        return self._locked != 0
 
     @classmethod
-    def create(cls, nbytes: int) -> SharedFile:
+    def create(cls, nbytes: int, pin: bool = False) -> SharedFile:
         fd = os.memfd_create("mmstore-ring", os.MFD_CLOEXEC)
         try:
             os.ftruncate(fd, nbytes)
-            return cls(fd, nbytes)
+            return cls(fd, nbytes, pin)
         except BaseException:
             os.close(fd)
             raise
 
     def __del__(self) -> None:
+        locked, self._locked = getattr(self, "_locked", 0), 0
+        if locked:
+            _host_unregister(locked)
         fd, self.fd = self.fd, -1
         if fd >= 0:
             try:
                 os.close(fd)
             except OSError:
                 pass
+
+
+def _host_register(mm: mmap.mmap) -> int:
+    """Page-lock mapping ``mm`` for CUDA; its address, or 0 when CUDA refused."""
+    view = np.frombuffer(mm, np.uint8)
+    ptr = int(view.ctypes.data)
+    del view  # (no export of the mapping left behind)
+    try:
+        err = torch.cuda.cudart().cudaHostRegister(ptr, len(mm), 0)
+        torch.cuda.check_error(err)
+    except (RuntimeError, AttributeError):  # not locked: the copies out of it stay synchronous
+        return 0
+    return ptr
+
+
+def _host_unregister(ptr: int) -> None:
+    try:
+        torch.cuda.cudart().cudaHostUnregister(ptr)
+    except (RuntimeError, AttributeError):  # CUDA already shut down at exit: nothing to give back
+        pass
 
 
 def _np_dtype(dt: torch.dtype) -> np.dtype:

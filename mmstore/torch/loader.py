@@ -299,8 +299,10 @@ class Loader(Resumable):
         ``transform`` and every rule below are the same; the helper starts
         with the first ``iter()`` (a new Python process: about a second) and
         lives as long as the loader. The store, order and crop must be
-        picklable. Not with ``pin_memory=True`` (shared memory is not
-        pinned) nor over aspect buckets (:mod:`mmstore.torch._process`).
+        picklable. With ``device='cuda'`` the shared memory is pinned
+        (``cudaHostRegister``) for the copies to the GPU; not with
+        ``pin_memory=True`` for CPU batches, nor over aspect buckets
+        (:mod:`mmstore.torch._process`).
 
     Iterating yields one epoch; the epoch is the one set with
     :meth:`set_epoch`, else one more than the last one used (starting at 0),
@@ -345,12 +347,6 @@ class Loader(Resumable):
     ) -> None:
         batch_size = _count("batch_size", batch_size)
         self.process = _flag("process", process)
-        if self.process and pin_memory:
-            raise ValueError(
-                "mmstore.torch.Loader: process=True puts the batches in memory shared with the helper process, "
-                "which is not pinned; drop pin_memory=True (with device='cuda' the batches are copied to the "
-                "GPU from the shared memory), or use process=False for pinned CPU batches"
-            )
         src = resolve_source(store, indices)
         self._own_store = src.own
         self.store = src.store
@@ -376,8 +372,12 @@ class Loader(Resumable):
         self.pad_value = check_pad(self.store, self._ragged, self.ragged,
                                    src.defaults.get("pad_value", 0) if pad_value is None else pad_value)
         self.device, self._cuda = check_device(device)
-        if self.process:
-            pin_memory = False
+        if self.process and pin_memory and not self._cuda:
+            raise ValueError(
+                "mmstore.torch.Loader: process=True pins the memory it shares with the helper process only for "
+                "its own copies to the GPU (device='cuda'); drop pin_memory=True (CPU batches in shared "
+                "memory), or use process=False for pinned CPU batches"
+            )
         self.copy = _flag("copy", copy)
         # batches yielded straight from the ring are checked for references
         # (NOTE [kept batches] in _ring.py); one more buffer keeps the batch the
@@ -783,7 +783,7 @@ class Loader(Resumable):
         if self.process:  # the helper reads: here only the shared ring
             if res.ring is None:
                 shapes = {f: (self._ring_shape(f), torch_dtype(self.store.schema[f].dtype)) for f in self._fixed}
-                res.ring = Ring(self.ring_size, self.batch_size, shapes, False, shared=True)
+                res.ring = Ring(self.ring_size, self.batch_size, shapes, self.pin_memory, shared=True)
             return
         if res.pool is None:
             res.pool = ThreadPoolExecutor(self.tuning.threads, thread_name_prefix="mmstore-loader")

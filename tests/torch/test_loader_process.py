@@ -362,3 +362,44 @@ def test_truncated_before_the_epoch_is_refused_by_the_helper(stores, tmp_path, m
         list(L)
     L.close()
     assert memmap_backend is not None
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+
+
+@cuda
+@pytest.mark.parametrize("name", ["big", "holes", "merged"])
+def test_cuda_batches_come_through_pinned_shared_memory(stores, name):
+    """``device='cuda'`` with ``process=True``: the memory shared with the helper is page-locked
+    (``cudaHostRegister``), so the copies to the GPU are DMA out of it; the GPU batches equal the
+    thread path's, over two epochs of a permutation; a kept batch renews a buffer (the new one pinned
+    too, the old one unregistered before its mapping can go); closing gives every registration back."""
+    order = OrderSpec("permutation", seed=3)
+    want = [{f: v.cpu() for f, v in b.items()} for b in Loader(stores[name], 16, order, device="cuda")]
+    ld = Loader(stores[name], 16, order, device="cuda", process=True)
+    kept = None
+    for _ in range(2):
+        ld.set_epoch(0)
+        got = []
+        for b in ld:
+            got.append({f: v.cpu() for f, v in b.items()})
+            kept = kept or b
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            assert g.keys() == w.keys() and all(torch.equal(g[f], w[f]) for f in w)
+    ring = ld._res.ring
+    assert ring is not None and all(f is not None and f.pinned for f in ring.fds)
+    assert all(t.is_pinned() for slot in ring.slots for t in slot.values())
+    ld.close()
+    del kept, ring
+    torch.cuda.synchronize()  # no error left behind by an unregistration
+
+
+@cuda
+def test_cpu_batches_with_pin_memory_are_refused_in_process_mode(stores):
+    with pytest.raises(ValueError, match="pin_memory"):
+        Loader(stores["big"], 16, pin_memory=True, process=True)
+    ld = Loader(stores["big"], 16, device="cuda", process=True, pin_memory=False)  # unpinned: allowed
+    n = sum(len(b["idx"]) for b in ld)
+    assert n == 301
+    ld.close()
