@@ -27,13 +27,13 @@ import os
 import threading
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
 from .. import _os
 from .._os.runs import SMALL_RECORD_BYTES
-from ..errors import ResourceLimitError, StoreChangedError
+from ..errors import ResourceLimitError
 from ..order import contiguous_ranges
 from ..store.backends.base import FieldSegment
 from ..store.backends.segmented import limit_error
@@ -61,14 +61,11 @@ def field_segments(store: Store, field: str) -> list[FieldSegment] | None:
     data file (several in a merged store, format.py "Segments"), or None when
     the backend is not positional (LMDB). The loader's one call into the
     backend's segment interface."""
-    try:
+    def segments() -> list[FieldSegment] | None:
         backend = store.slot_view.backend
         return backend.field_segments(field) if backend.positional else None
-    except StoreChangedError:  # an append replaced the store: its files are the grown store's now
-        if not store.follow_append():
-            raise
-    backend = store.slot_view.backend
-    return backend.field_segments(field) if backend.positional else None
+
+    return cast("list[FieldSegment] | None", store.across_appends(segments))  # NOTE [a reader of a grown store]
 
 
 def data_paths(store: Store, fields: Sequence[str]) -> list[str]:
@@ -173,12 +170,7 @@ def prepare_store(store: Store, fields: Sequence[str]) -> None:
     """Map the fields (open the environment) and the index once, in the
     calling thread, before the reader threads use them."""
     try:
-        try:
-            store.slot_view.backend.prepare(fields)
-        except StoreChangedError:  # an append replaced the store (see field_segments)
-            if not store.follow_append():
-                raise
-            store.slot_view.backend.prepare(fields)
+        store.across_appends(lambda: store.slot_view.backend.prepare(fields))  # (see field_segments)
     except OSError as exc:
         raise _fd_limit(store, exc) from None
     store.slot_view.index  # noqa: B018 - map the index once, outside the threads

@@ -88,6 +88,9 @@ def _new_follow_lock() -> None:
 os.register_at_fork(after_in_child=_new_follow_lock)
 
 
+_FOLLOW_TRIES = 8  # reads of a Store that meets stores replaced by appends again and again
+
+
 def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
     return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
@@ -146,6 +149,7 @@ class Store:
     """
 
     replica: Replica | None = None
+    follows = 0  # grown stores followed (NOTE [a reader of a grown store])
 
     def __init__(self, path: str | os.PathLike[str], *, lmdb_readahead: bool | None = None,
                  replica: Replica | None = None) -> None:
@@ -227,23 +231,22 @@ class Store:
         # the manifest this Store reads (NOTE [a reader of a grown store]); a directory's inode alone is not
         # enough: a store replaced twice may get the first one's inode number back
         self._manifest_ident = _identity(os.stat(MANIFEST_FILE, dir_fd=dir_fd))
-        self.schema = Schema(m["schema"], classes=m["classes"], buckets=m["buckets"], label_names=m["label_names"])
-        self.slots: int = m["slots"]
-        self.records: int = m["records"]
         self.backend_name: str = m["backend"]
-        self.label_names: list[str] | None = m["label_names"]
+        slots, records, names = int(m["slots"]), int(m["records"]), m["label_names"]
+        if view is not None and (view.slots, view.records) != (slots, records):
+            if not _grown(m, None, view):
+                raise StoreChangedError(f"{self.path}: the store has {records} records in {slots} slots, "
+                                        f"not the {view.records} in {view.slots} it was opened with; reopen it")
+            slots, records, names = view.slots, view.records, view.label_names
         # path -> identity (device, inode, size, mtime) of every file, taken at
         # open: whatever this Store maps later, in any process, must be these
         # files (see format.py, "Reading a store from someone else")
         self._ident = ident
-        self._check_files()
-        if view is not None and (view.slots, view.records) != (self.slots, self.records):
-            if not _grown(m, None, view):
-                raise StoreChangedError(f"{self.path}: the store has {self.records} records in {self.slots} slots, "
-                                        f"not the {view.records} in {view.slots} it was opened with; reopen it")
-            self.slots, self.records, self.label_names = view.slots, view.records, view.label_names
-            self.schema = Schema(m["schema"], classes=m["classes"], buckets=m["buckets"],
-                                 label_names=view.label_names)
+        schema = Schema(m["schema"], classes=m["classes"], buckets=m["buckets"], label_names=names)
+        self._check_files(schema)
+        # published once the files are checked: a Store read by other threads while it follows a grown store
+        # never shows them the grown store's counts (NOTE [a reader of a grown store])
+        self.schema, self.slots, self.records, self.label_names = schema, slots, records, names
 
     def _this_view(self) -> _View:
         """The records this Store presents (what a reopen must present again)."""
@@ -270,9 +273,17 @@ class Store:
         this Store opened is not followed: the error stands. Also checked
         once per process before its first read (a ``stat`` of the
         manifest)."""
+        return self._follow(self.follows)
+
+    def _follow(self, seen: int) -> bool:
+        """``follow_append`` for a read that failed when this Store had
+        followed ``seen`` grown stores: True at once when another thread has
+        followed one since (the read is to be tried again)."""
         if self.replica is not None:
             return False
         with _FOLLOW:
+            if self.follows != seen:
+                return True
             try:
                 if _identity(os.stat(os.path.join(self.path, MANIFEST_FILE))) == self._manifest_ident:
                     return False
@@ -282,6 +293,7 @@ class Store:
                 return False  # moved, deleted, or not a store now: the error that brought us here stands
             # the backend made so far stays with whoever reads through it (its files stay open until then)
             self._open(self.path, self._lmdb_readahead, {}, self._m["store_id"], self._this_view())
+            self.follows += 1
             return True
 
     @property
@@ -324,7 +336,7 @@ class Store:
         return len(data_file_names(self.backend_name, self.schema))
 
     # -- opening ------------------------------------------------------------------
-    def _check_files(self) -> None:
+    def _check_files(self, schema: Schema) -> None:
         """NOTE [lazy parts]: a store with a part table is opened in O(1):
         the table's head and size are checked here, the whole table (digest,
         every rule) before its first use, and each part's files (existence,
@@ -333,11 +345,11 @@ class Store:
         here."""
         m = self._m
         files = m["files"]
+        slots, records, backend_name = int(m["slots"]), int(m["records"]), str(m["backend"])
         lazy = m["part_table"] is not None
-        needed = [PART_TABLE_FILE] if lazy else data_file_names(self.backend_name, self.schema, m["segments"],
-                                                                m["parts"])
+        needed = [PART_TABLE_FILE] if lazy else data_file_names(backend_name, schema, m["segments"], m["parts"])
         needed += [CHECKSUMS_FILE, KEYS_OFFSETS_FILE, KEYS_BLOB_FILE]
-        holes = self.records < self.slots
+        holes = records < slots
         if holes:
             needed += [INDEX_FILE, ERRORS_FILE]
         elif ERRORS_FILE in files:  # no holes, but skipped annotations (format.py: errors.jsonl)
@@ -345,21 +357,19 @@ class Store:
         for name in needed:
             if name not in files:
                 raise FormatError(f"{self.path}/manifest.json: 'files' does not list {name}, which a "
-                                  f"{self.backend_name} store needs")
+                                  f"{backend_name} store needs")
         extra = set(files) - set(needed)
         if extra:
             raise FormatError(f"{self.path}/manifest.json: 'files' lists unexpected file(s) {sorted(extra)}")
         if lazy:
-            self._check_table_head()
+            self._check_table_head(schema)
         else:
-            backend = open_backend(
-                self.backend_name, self.path, self.schema, self.slots, files, m["segments"], m["parts"],
-                ident=self._ident,
-            )
+            backend = open_backend(backend_name, self.path, schema, slots, files, m["segments"], m["parts"],
+                                   ident=self._ident)
             backend.check()
         j = lambda n: os.path.join(self.path, n)  # noqa: E731
-        self._ck_offset = self._check_npy(CHECKSUMS_FILE, (self.slots,))
-        self._ko_offset = self._check_npy(KEYS_OFFSETS_FILE, (self.slots + 1,))
+        self._ck_offset = self._check_npy(CHECKSUMS_FILE, (slots,))
+        self._ko_offset = self._check_npy(KEYS_OFFSETS_FILE, (slots + 1,))
         blob_size = self._stat(KEYS_BLOB_FILE)
         if blob_size != files[KEYS_BLOB_FILE]:
             raise FormatError(
@@ -369,7 +379,7 @@ class Store:
         fd = open_store_file(j(KEYS_OFFSETS_FILE), missing=f"{j(KEYS_OFFSETS_FILE)}: missing, but the manifest "
                              "lists it; the store is damaged", ident=self._ident)
         try:
-            last = int.from_bytes(os.pread(fd, 8, self._ko_offset + 8 * self.slots), "little")
+            last = int.from_bytes(os.pread(fd, 8, self._ko_offset + 8 * slots), "little")
         finally:
             os.close(fd)
         if last != blob_size:
@@ -378,13 +388,13 @@ class Store:
                 f"{blob_size} bytes; the key files are from different stores or damaged"
             )
         if holes:
-            self._ix_offset = self._check_npy(INDEX_FILE, (self.records,))
+            self._ix_offset = self._check_npy(INDEX_FILE, (records,))
         if ERRORS_FILE in needed and self._stat(ERRORS_FILE) != files[ERRORS_FILE]:
             raise FormatError(f"{j(ERRORS_FILE)}: size differs from the manifest's {files[ERRORS_FILE]} bytes")
         if not holes and os.path.lexists(j(INDEX_FILE)):
             raise FormatError(f"{j(INDEX_FILE)}: present, but the manifest says the store has no holes")
 
-    def _check_table_head(self) -> None:
+    def _check_table_head(self, schema: Schema) -> None:
         """The part table's size and head against the manifest, in O(1)."""
         path = os.path.join(self.path, PART_TABLE_FILE)
         fd = open_store_file(path, missing=f"{path}: missing, but the manifest lists it; the store is damaged: "
@@ -399,7 +409,8 @@ class Store:
             raise FormatError(f"{path}: expected {self._m['files'][PART_TABLE_FILE]} bytes (the manifest's size), "
                               f"found {st.st_size}: the file was truncated or extended; restore the store from a "
                               "copy or write it again")
-        check_part_table_head(head, st.st_size, self._m["part_table"]["parts"], self._files_per_part(), path)
+        check_part_table_head(head, st.st_size, self._m["part_table"]["parts"],
+                              len(data_file_names(self._m["backend"], schema)), path)
 
     def _check_npy(self, name: str, shape: tuple[int, ...]) -> int:
         path = os.path.join(self.path, name)
@@ -471,11 +482,12 @@ class Store:
         self._b()
         if self.records == self.slots:
             return None
-        if self._index is None:
+        ix = self._index
+        if ix is None:
             ix = self._map_npy(INDEX_FILE, self._ix_offset, self.records)
             check_index(os.path.join(self.path, INDEX_FILE), ix, self.slots)
             self._index = ix
-        return self._index
+        return ix
 
     # -- pickling / lifetime ----------------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
@@ -584,12 +596,13 @@ class Store:
     # -- reads --------------------------------------------------------------------
     def __getitem__(self, item: Any) -> dict[str, np.ndarray]:
         if type(item) is int or (isinstance(item, (int, np.integer)) and not isinstance(item, bool)):
+            seen = self.follows
             try:
                 return self._read_one(int(item))
             except StoreChangedError:  # NOTE [a reader of a grown store]
-                if not self.follow_append():
+                if not self._follow(seen):
                     raise
-            return self._read_one(int(item))
+            return self.across_appends(self._read_one, int(item))
         if isinstance(item, slice):
             return self.read_batch(np.arange(*item.indices(self.records)))
         if isinstance(item, str):
@@ -711,14 +724,21 @@ class Store:
         return self._again(self._read_batch, indices, fields, out)
 
     def _again(self, read: Callable[..., Any], *args: Any) -> Any:
-        """``read(*args)``, once more if it met a file of a store that an
-        append has replaced (NOTE [a reader of a grown store])."""
-        try:
-            return read(*args)
-        except StoreChangedError:
-            if not self.follow_append():
-                raise
-        return read(*args)
+        return self.across_appends(read, *args)
+
+    def across_appends(self, read: Callable[..., Any], *args: Any) -> Any:
+        """``read(*args)``, and again, each time it met a file of a store that
+        an append has replaced, once this Store follows that (``follow_append``,
+        or another thread's follow meanwhile: NOTE [a reader of a grown
+        store]); ``_FOLLOW_TRIES`` tries at most."""
+        for _ in range(_FOLLOW_TRIES - 1):
+            seen = self.follows
+            try:
+                return read(*args)
+            except StoreChangedError:
+                if not self._follow(seen):
+                    raise
+        return read(*args)  # appended to again and again meanwhile: the error of this try stands
 
     def _read_batch(self, indices: Any, fields: Sequence[str] | str | None,
                     out: dict[str, np.ndarray] | None) -> dict[str, Any]:
@@ -864,14 +884,15 @@ class Store:
     # -- keys and bookkeeping -------------------------------------------------------
     def _keys(self) -> tuple[np.ndarray, Any]:
         self._b()
-        if self._key_offsets is None:
+        offs, blob = self._key_offsets, self._key_blob
+        if offs is None or blob is None:
             offs = self._map_npy(KEYS_OFFSETS_FILE, self._ko_offset, self.slots + 1)
             check_key_offsets(os.path.join(self.path, KEYS_OFFSETS_FILE), offs)
-            self._key_blob = self._map_file(KEYS_BLOB_FILE) or b""
-            self._key_offsets = offs
+            blob = self._map_file(KEYS_BLOB_FILE) or b""
+            self._key_blob, self._key_offsets = blob, offs
         self._check_mapped(KEYS_OFFSETS_FILE)
         self._check_mapped(KEYS_BLOB_FILE)
-        return self._key_offsets, self._key_blob
+        return offs, blob
 
     def _slot_key_bytes(self, slot: int) -> bytes:
         """Raw key bytes of ``slot`` (holes included)."""

@@ -95,6 +95,7 @@ from ..engine.reads import data_paths, resident_fraction, shared_measures
 from ..engine.state import subset_state
 from ..engine.tuning import LoaderTuning, split_tuning
 from ..errors import EntryDecodeError, LoaderStateError, SchemaError
+from ..format.layout import note_identity, open_store_file
 from ..format.shaped import shape_problem
 from ..order import BlockShuffle, Order, OrderSpec, make_order, memory_budget
 from ._source import resolve_source, transform_call
@@ -277,7 +278,7 @@ class ExactReader(CropReader):
         fd = store.schema[field]
         self._fd = fd
         self._row_bytes = self.shape[0] * self.shape[1] * int(fd.row_bytes)
-        self._file: tuple[int, Any, int] | None = None  # (descriptor, offsets, data size), opened on first read
+        self._file: tuple[int, Any, int, int] | None = None  # (descriptor, offsets, data size, follows)
         self._open_lock = threading.Lock()
 
     @property
@@ -288,9 +289,17 @@ class ExactReader(CropReader):
         return f"each record's {self.codec} entry decoded straight into its row of the batch (no resize)"
 
     def read(self, records: np.ndarray, out: np.ndarray) -> None:
-        """Records ``records`` (of this bucket) into ``out[j]``, as stored."""
+        """Records ``records`` (of this bucket) into ``out[j]``, as stored
+        (through the grown store, once an append replaced the store: NOTE [a
+        reader of a grown store] in mmstore/store/reader.py)."""
         if len(records) == 0:
             return
+        file = self._file
+        self.store.across_appends(self._read, records, out, file)
+
+    def _read(self, records: np.ndarray, out: np.ndarray, file: Any) -> None:
+        if self._file is file and file is not None and self.store.follows != file[3]:
+            self._file = None  # opened in the store before an append: the grown store's file from now on
         slots = self.store.slot_view.slots_of(records)
         be = self.store.slot_view.backend
         if self.codec == "raw" and (self._file is not None or (
@@ -319,11 +328,18 @@ class ExactReader(CropReader):
             with self._open_lock:
                 if self._file is None:  # once per epoch and bucket; closed when the reader goes
                     path = be.entry_spans(self.field, 0, 0)[0][0]
-                    fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+                    # the very file the store was opened with (a store replaced meanwhile: StoreChangedError)
+                    fd = open_store_file(path, missing=f"{path}: missing; the store was moved, deleted or "
+                                         "replaced since it was opened", ident=be.ident)
+                    try:
+                        note_identity(be.ident, path, os.fstat(fd))
+                    except BaseException:
+                        os.close(fd)
+                        raise
                     weakref.finalize(self, os.close, fd)
                     offs = np.asarray(be.entry_offsets(self.field)).view(np.ndarray)  # gathers without memmap's
-                    self._file = (fd, offs, be.entry_data_size(self.field))
-        fd, offs, size = self._file
+                    self._file = (fd, offs, be.entry_data_size(self.field), self.store.follows)
+        fd, offs, size, _ = self._file
         nb = self._row_bytes
         a_all = np.asarray(offs[slots], np.int64)
         b_all = np.asarray(offs[slots + 1], np.int64)

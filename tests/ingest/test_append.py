@@ -657,3 +657,96 @@ def test_a_list_of_integer_labels_is_refused_in_the_store_s_terms_leaving_nothin
     with pytest.raises(AppendMismatchError, match=r"is an array file, whose labels name no class"):
         append(dest, arr, workers=0, quiet=True)
     assert not os.path.exists(dest + ".partial") and len(mmstore.open(dest)) == 6
+
+
+def test_a_bucket_loader_reads_its_store_across_an_append_and_never_another_store(tmp_path):
+    """A BucketLoader (its own reads of raw entries by descriptor) over an aspect-bucketed store: the
+    epoch after an append gives the old records (it raised FileNotFoundError); after the store is
+    replaced by another one, StoreChangedError, never that store's bytes (its raw open read them)."""
+    pytest.importorskip("torch")
+    from mmstore.torch import BucketLoader
+
+    a, b, c = (str(tmp_path / n) for n in "abc")
+    photos(a, {"cat": 4, "dog": 4}, "a", 1)
+    photos(b, {"dog": 2}, "b", 2)
+    photos(c, {"emu": 8}, "c", 3)
+    dest = str(tmp_path / "s.store")
+    mmstore.ingest(a, dest, buckets="32x32,24x40,40x24", workers=0, quiet=True)
+
+    def epoch(loader) -> list[bytes]:
+        return sorted(np.asarray(img).tobytes() for batch in loader for img in batch["image"])
+
+    store = open_store(dest)
+    loader = BucketLoader(store, 2, as_tuple=False)
+    want = epoch(loader)
+    assert len(want) == 8
+    append(dest, b, workers=0, quiet=True)
+    assert epoch(loader) == want
+    loader.close()
+    store.close()
+    plain = str(tmp_path / "plain.store")  # one segment: its raw entries read by descriptor, opened each epoch
+    mmstore.ingest(a, plain, buckets="32x32,24x40,40x24", workers=0, quiet=True)
+    store = open_store(plain)
+    loader = BucketLoader(store, 2, as_tuple=False)
+    assert epoch(loader) == want
+    mmstore.ingest(c, plain, buckets="32x32,24x40,40x24", workers=0, quiet=True, overwrite=True)
+    with pytest.raises(StoreChangedError):
+        epoch(loader)
+    loader.close()
+    store.close()
+
+
+def test_threads_reading_one_store_while_appends_follow_each_other(tmp_path):
+    """Four threads reading records, keys and holes of one Store while three appends replace the store
+    one after the other: every read gives the old store's answer, none raises (threads that met the
+    same replaced file follow it once, together; a follow is tried again if the store was replaced
+    once more meanwhile), and the Store never shows the grown store's length or labels."""
+    a = str(tmp_path / "a")
+    photos(a, {"cat": 3, "dog": 3}, "a", 1)
+    with open(os.path.join(a, "dog", "broken.jpg"), "wb") as fh:
+        fh.write(b"not a JPEG")
+    dest, ref = str(tmp_path / "s.store"), str(tmp_path / "ref.store")
+    mmstore.ingest(a, dest, size=32, workers=0, quiet=True)
+    shutil.copytree(dest, ref)
+    with open_store(ref) as r:
+        want = _store_bytes(r)
+    srcs = []
+    for k in range(3):
+        srcs.append(str(tmp_path / f"b{k}"))
+        photos(srcs[-1], {"emu": 2}, f"b{k}", 5 + k)
+    store = open_store(dest)
+    stop, bad = threading.Event(), []
+
+    def reader(kind: int) -> None:
+        while not stop.is_set():
+            try:
+                if len(store) != 6 or store.label_names != ["cat", "dog"]:
+                    bad.append(f"len {len(store)} labels {store.label_names}")
+                if kind == 0:
+                    got = store.read_batch(np.arange(6))["image"].tobytes()
+                    if got != want[2]["image"]:
+                        bad.append("other image bytes")
+                elif kind == 1:
+                    if [store.key(i) for i in range(6)] != want[3]:
+                        bad.append("other keys")
+                elif kind == 2:
+                    if [(e["slot"], e["key"]) for e in store.skipped()] != want[5]:
+                        bad.append("other holes")
+                elif np.asarray(store[int(np.random.randint(6))]["image"]).dtype != np.uint8:
+                    bad.append("other record")
+            except Exception as exc:  # noqa: BLE001 - reported by the test
+                bad.append(repr(exc))
+
+    threads = [threading.Thread(target=reader, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        for src in srcs:
+            append(dest, src, workers=0, quiet=True, duplicate_keys="keep")
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert not bad, bad[:3]
+    assert _store_bytes(store) == want
+    store.close()

@@ -631,7 +631,7 @@ class _Pin:
                 self.parts.unpin_all(self.ks)
 
 
-_MIN_OPEN_PARTS = 8
+_MIN_OPEN_PARTS = 2  # a store keeps at least this many parts open, however many share the budget
 # a read pins at most 1 / _PIN_SHARE of the open-parts cap at once, so that
 # several reader threads together stay near it
 _PIN_SHARE = 16
