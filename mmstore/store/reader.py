@@ -721,10 +721,7 @@ class Store:
         one record at a time, ``store[i]`` is cheaper still than a batch of
         one (NOTE [one-record path], backends/base.py).
         """
-        return self._again(self._read_batch, indices, fields, out)
-
-    def _again(self, read: Callable[..., Any], *args: Any) -> Any:
-        return self.across_appends(read, *args)
+        return self.across_appends(self._read_batch, indices, fields, out)
 
     def across_appends(self, read: Callable[..., Any], *args: Any) -> Any:
         """``read(*args)``, and again, each time it met a file of a store that
@@ -906,14 +903,14 @@ class Store:
 
     def key(self, i: int) -> str:
         """The source key (path or id) of dataset index ``i``."""
-        return str(self._again(lambda: decode_key(self._slot_key_bytes(int(self._slots_of([i])[0])))))
+        return str(self.across_appends(lambda: decode_key(self._slot_key_bytes(int(self._slots_of([i])[0])))))
 
     def skipped(self) -> list[dict[str, Any]]:
         """The skipped inputs (``errors.jsonl``): slot, key, reason.
 
         Raises ``FormatError`` for a line that is not such an object (the file
         is read only up to the size the manifest lists)."""
-        return list(self._again(self._skipped))
+        return list(self.across_appends(self._skipped))
 
     def _skipped(self) -> list[dict[str, Any]]:
         if self.records == self.slots:
@@ -951,7 +948,7 @@ class Store:
         """The skipped annotations of an annotated ingest (COCO): the
         ``errors.jsonl`` lines with an ``annotation`` key (format.py), in
         file order; ``[]`` for other stores."""
-        return list(self._again(self._skipped_annotations))
+        return list(self.across_appends(self._skipped_annotations))
 
     def _skipped_annotations(self) -> list[dict[str, Any]]:
         if ERRORS_FILE not in self._m["files"]:
