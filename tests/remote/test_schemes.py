@@ -99,6 +99,20 @@ def _index_vouching_for_the_damage(bucket, prefix: str, url: str, path: str, bad
     assert not os.path.lexists(tmp_path / "dest.store")
 
 
+def _no_store_is_a_one_line_error(url: str, tmp_path, monkeypatch, capsys) -> None:
+    """No store at ``url``: the library and the CLI (inspect, pull) say so in one line; nothing is left."""
+    monkeypatch.setenv("MMSTORE_CACHE_DIR", str(tmp_path / "cli-cache"))
+    with pytest.raises(RemoteNotFoundError, match="no store at this URL"):
+        mmstore.open(url, cache_dir=tmp_path / "cache")
+    with pytest.raises(RemoteNotFoundError, match="no store at this URL"):
+        pull(url, tmp_path / "dest.store")
+    for args in (["inspect", url, "--sample", "0"], ["pull", url, str(tmp_path / "dest.store")]):
+        rc, out, err = run_cli(args, capsys)
+        assert rc == 2 and out == "", err
+        _one_line(err, url, "no store at this URL")
+    assert not os.path.lexists(tmp_path / "dest.store")
+
+
 def _one_line(err: str, *names: str) -> None:
     lines = err.strip().splitlines()
     assert len(lines) == 1, err
@@ -247,17 +261,7 @@ def test_gs_a_flipped_byte_is_refused_never_data(gs, tmp_path):
 
 
 def test_gs_a_missing_store_is_a_one_line_error(gs, tmp_path, monkeypatch, capsys):
-    url = gs.url("nothing/here.store")
-    monkeypatch.setenv("MMSTORE_CACHE_DIR", str(tmp_path / "cli-cache"))
-    with pytest.raises(RemoteNotFoundError, match="no store at this URL"):
-        mmstore.open(url, cache_dir=tmp_path / "cache")
-    with pytest.raises(RemoteNotFoundError, match="no store at this URL"):
-        pull(url, tmp_path / "dest.store")
-    for args in (["inspect", url, "--sample", "0"], ["pull", url, str(tmp_path / "dest.store")]):
-        rc, out, err = run_cli(args, capsys)
-        assert rc == 2 and out == "", err
-        _one_line(err, url, "no store at this URL")
-    assert not os.path.lexists(tmp_path / "dest.store")
+    _no_store_is_a_one_line_error(gs.url("nothing/here.store"), tmp_path, monkeypatch, capsys)
 
 
 def test_gs_the_checking_tools_take_a_url(gs, tmp_path, monkeypatch, capsys):
@@ -380,17 +384,7 @@ def test_http_a_file_replaced_under_an_open_reader_is_refused(web, tmp_path):
 
 
 def test_http_a_missing_store_is_a_one_line_error(web, tmp_path, monkeypatch, capsys):
-    url = web.url("nothing/here.store")
-    monkeypatch.setenv("MMSTORE_CACHE_DIR", str(tmp_path / "cli-cache"))
-    with pytest.raises(RemoteNotFoundError, match="no store at this URL"):
-        mmstore.open(url, cache_dir=tmp_path / "cache")
-    with pytest.raises(RemoteNotFoundError, match="no store at this URL"):
-        pull(url, tmp_path / "dest.store")
-    for args in (["inspect", url, "--sample", "0"], ["pull", url, str(tmp_path / "dest.store")]):
-        rc, out, err = run_cli(args, capsys)
-        assert rc == 2 and out == "", err
-        _one_line(err, url, "no store at this URL")
-    assert not os.path.lexists(tmp_path / "dest.store")
+    _no_store_is_a_one_line_error(web.url("nothing/here.store"), tmp_path, monkeypatch, capsys)
 
 
 def test_http_a_server_that_is_not_there_is_a_typed_error(tmp_path, monkeypatch):
