@@ -177,8 +177,6 @@ def _run(source: Source, dest: str, spec: Any, o: RunOptions) -> IngestResult:
         return IngestResult.complete(dest)
     if hasattr(source, "resume_index"):  # a source that keeps its costly index in DEST.partial (tars in a bucket)
         source.resume_index(dest + PARTIAL_SUFFIX)
-    if hasattr(source, "index_processes"):  # a source that indexes its inputs in processes (local tars): as many
-        source.index_processes = nworkers  # as decode them, none with workers=0
     plan = make_plan(source, spec, o.backend, o.shard, o.codecs)
     check = PLAN_CHECK.get()
     if check is not None:

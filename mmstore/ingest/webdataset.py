@@ -119,7 +119,6 @@ import json
 import math
 import os
 import re
-import signal
 import struct
 import threading
 from array import array
@@ -129,7 +128,7 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from .._os.proc import current_pid, set_pdeathsig, usable_cores
+from .._os.proc import current_pid
 from ..errors import RemoteError, SourceError
 from ..format.schema import Schema
 from ._listing import MAX_FILE_BYTES, InputError, Listing, Source, _Builder
@@ -149,7 +148,6 @@ MAX_SMALL_MEMBER = 64 << 20  # a .txt/.json/.cls member larger than this is a ho
 MAX_BRACE_NAMES = 10_000_000
 OPEN_SHARDS = 32  # shards one process keeps open
 INDEX_THREADS = 8  # shards in object storage indexed at once by the parent
-INDEX_PROCESSES = 16  # local shards indexed at once, at most (one process each, up to the usable cores)
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _KINDS = ("image", "txt", "json", "cls")
 _RESERVED = ("image", "label", "orig_size", "box", "dst", "image_hw", "text")
@@ -161,9 +159,6 @@ class TarIndexError(ValueError):
     def __init__(self, reason: str, offset: int, name: bytes | None = None) -> None:
         super().__init__(reason)
         self.reason, self.offset, self.name = reason, offset, name
-
-    def __reduce__(self) -> tuple[Any, ...]:  # comes back whole from an index process
-        return (TarIndexError, (self.reason, self.offset, self.name))
 
 
 # -- the pattern ------------------------------------------------------------------------------
@@ -447,26 +442,6 @@ def _walk_local(path: str) -> tuple[tuple[list[tuple[bytes, int, int]], TarIndex
     return walk, struct.pack("<qq", st.st_size, st.st_mtime_ns)
 
 
-def _index_process(parent: int) -> None:
-    """An index process dies with the ingest (it holds the ingest's descriptors, its lock among them:
-    one left running after a SIGKILL would keep the resume waiting) and leaves Ctrl-C to it."""
-    set_pdeathsig()
-    if os.getppid() != parent:
-        os._exit(1)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-
-
-def _walk_in_process(path: str) -> tuple[Any, str]:
-    """``_walk_local`` in an index process: its result, or ``(None, message)`` for what it raised (an
-    exception that would not come back whole through the pool's pipe would leave the pool waiting)."""
-    try:
-        return _walk_local(path), ""
-    except SourceError as e:
-        return None, str(e)
-    except Exception as e:  # noqa: BLE001 - said by the parent, as a SourceError naming the shard
-        return None, f"{path}: cannot index the shard ({type(e).__name__}: {e}); nothing was created"
-
-
 class WebDatasetSource(Source):
     """WebDataset tar shards in img2dataset's layout (see the module docstring).
 
@@ -507,9 +482,6 @@ class WebDatasetSource(Source):
         self.index_log: IndexLog | None = None
         self.cached_types: dict[str, Any] | None = None
         self._local = threading.local()  # each thread (and forked process) its own open shards
-        # processes that walk local shards at once (an ingest gives its --workers: 0, none but this one);
-        # None: one per usable core
-        self.index_processes: int | None = None
 
     def describe(self) -> dict[str, Any]:
         d = super().describe()
@@ -535,20 +507,7 @@ class WebDatasetSource(Source):
     def _walks(self) -> Iterator[tuple[tuple[list[tuple[bytes, int, int]], TarIndexError | None, int], bytes]]:
         """Each shard's walk (:func:`scan_tar`) and identity (what its fingerprint covers), in shard order."""
         if self.objects is None:
-            most = usable_cores() if self.index_processes is None else self.index_processes
-            n = min(INDEX_PROCESSES, most, len(self.shards))
-            if n < 2:
-                yield from map(_walk_local, self.shards)
-                return
-            # NOTE [parallel index]: the walk of a shard is Python reading one header per member (most of
-            # the index's time: ~8 us a sample); shards are walked by forked processes, in order
-            import multiprocessing as mp  # not at import: `import mmstore` stays light
-
-            with mp.get_context("fork").Pool(n, _index_process, (os.getpid(),)) as pool:
-                for walk, error in pool.imap(_walk_in_process, self.shards, chunksize=1):
-                    if walk is None:
-                        raise SourceError(error)
-                    yield walk
+            yield from map(_walk_local, self.shards)
             return
         obj = self.objects
         self.index_log = log = IndexLog()
