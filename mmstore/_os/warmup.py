@@ -106,6 +106,11 @@ def warm(paths: PathLike | Iterable[PathLike], *, chunk_bytes: int = 16 * MiB,
 
     Notes
     -----
+    One file is open at a time (each is opened to be measured, then again to
+    be read), so a store of more files than the process may open at once is
+    warmed too. A file replaced between the two (another device or inode at
+    its path) is not read, and the report says so.
+
     Hints: ``POSIX_FADV_SEQUENTIAL`` for each file; the kernel's own
     readahead reads ahead of the copies (NOTE [sequential pages]) and can pull
     in up to one readahead window (typically 128 KiB - a few MiB) past the
@@ -120,71 +125,95 @@ def warm(paths: PathLike | Iterable[PathLike], *, chunk_bytes: int = 16 * MiB,
     chunk = max(PAGE_SIZE, -(-int(chunk_bytes) // PAGE_SIZE) * PAGE_SIZE)
     if max_fraction is not None and not (0 < max_fraction <= 1):
         raise ValueError(f"max_fraction must be in (0, 1] or None, got {max_fraction}")
-    fds: list[int] = []
+    files = _scan(paths)
+    report, stop = _plan(files, max_fraction)
+    t0 = time.perf_counter()
+    done, stopped, replaced = _read_pass(files, stop, chunk, report.bytes_planned, progress, stop_event)
+    report.seconds = time.perf_counter() - t0
+    report.bytes_read = done
+    _finish_report(report, stopped, replaced)
+    return report
+
+
+@dataclass
+class _File:
+    """A file of the pass: its name, identity (device, inode), size (0 for
+    what is not a regular file) and resident bytes (None: not measurable)."""
+
+    name: str
+    key: tuple[int, int]
+    size: int
+    resident: int | None
+
+
+def _open(path: PathLike) -> int:
     try:
-        names, sizes = _open_unique(paths, fds)
-        report, stop = _plan(fds, sizes, names, max_fraction)
-        t0 = time.perf_counter()
-        done, stopped = _read_pass(fds, sizes, stop, chunk, report.bytes_planned, progress, stop_event)
-        report.seconds = time.perf_counter() - t0
-        report.bytes_read = done
-        _finish_report(report, stopped)
-        return report
-    finally:
-        for fd in fds:
-            os.close(fd)
+        return open_ro(path)
+    except OSError as exc:
+        if exc.errno not in (errno.EMFILE, errno.ENFILE):
+            raise
+        raise ResourceLimitError(
+            exc.errno, f"{os.fsdecode(path)}: cannot be opened: {exc.strerror}; the process has no file "
+            "descriptor left (warming holds one file open at a time): raise the open-files limit (`ulimit -n`) "
+            "or close files") from None
 
 
-def _open_unique(paths: Iterable[PathLike], fds: list[int]) -> tuple[list[str], list[int]]:
-    """Open every file once (by device and inode), appending to ``fds``;
-    return their names and sizes (0 for what is not a regular file)."""
-    names: list[str] = []
-    sizes: list[int] = []
+def _scan(paths: Iterable[PathLike]) -> list[_File]:
+    """Each file once (by device and inode), opened, measured and closed in turn."""
+    out: list[_File] = []
     seen: set[tuple[int, int]] = set()
     for p in paths:
+        fd = _open(p)
         try:
-            fd = open_ro(p)
-        except OSError as exc:
-            if exc.errno not in (errno.EMFILE, errno.ENFILE):
-                raise
-            raise ResourceLimitError(
-                exc.errno, f"{os.fsdecode(p)}: cannot be opened: {exc.strerror}; warming holds every file it "
-                f"reads open at once, {len(fds):,} so far: raise the open-files limit (`ulimit -n`), or warm "
-                "fewer files") from None
-        st = os.fstat(fd)
-        key = (st.st_dev, st.st_ino)
-        if key in seen:
+            st = os.fstat(fd)
+            key = (st.st_dev, st.st_ino)
+            if key in seen:
+                continue
+            size = st.st_size if stat.S_ISREG(st.st_mode) else 0
+            try:
+                resident: int | None = cache.resident_fd(fd, size)
+            except (NotImplementedError, OSError):
+                resident = None
+        finally:
             os.close(fd)
-            continue
         seen.add(key)
-        fds.append(fd)
-        names.append(os.fsdecode(p))
-        sizes.append(st.st_size if stat.S_ISREG(st.st_mode) else 0)
-    return names, sizes
+        out.append(_File(os.fsdecode(p), key, size, resident))
+    return out
 
 
-def _plan(fds: list[int], sizes: list[int], names: list[str], max_fraction: float | None
-          ) -> tuple[WarmReport, tuple[int, int]]:
-    """The report before reading, and where to stop: (file index, offset);
-    ``(len(fds), 0)`` reads everything."""
-    total = sum(sizes)
+def _reopen(f: _File) -> int | None:
+    """``f`` opened again; None when its path now names another file (or none)."""
     try:
-        resident = sum(cache.resident_fd(fd, s) for fd, s in zip(fds, sizes))
-        measurable = True
-    except (NotImplementedError, OSError):
-        resident, measurable = 0, False
+        fd = _open(f.name)
+    except FileNotFoundError:
+        return None
+    st = os.fstat(fd)
+    if (st.st_dev, st.st_ino) != f.key:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _plan(files: list[_File], max_fraction: float | None) -> tuple[WarmReport, tuple[int, int]]:
+    """The report before reading, and where to stop: (file index, offset);
+    ``(len(files), 0)`` reads everything."""
+    sizes = [f.size for f in files]
+    names = [f.name for f in files]
+    total = sum(sizes)
+    measurable = all(f.resident is not None for f in files)
+    resident = sum(f.resident or 0 for f in files) if measurable else 0
     available = memory.effective_available() if max_fraction is not None else None
     report = WarmReport(paths=tuple(names), bytes_total=total, bytes_planned=total,
                         resident_before=resident, available=available)
-    stop = (len(fds), 0)
+    stop = (len(files), 0)
     if available is None or max_fraction is None:
         return report, stop
     capacity = int(max_fraction * available)
     budget = max(0, capacity - resident)
     missing = total - resident
     if missing > budget:
-        stop = _plan_stop(fds, sizes, budget) if measurable else _plan_linear(sizes, budget)
-    if stop[0] < len(fds):
+        stop = _plan_stop(files, budget) if measurable else _plan_linear(sizes, budget)
+    if stop[0] < len(files):
         planned = sum(sizes[:stop[0]]) + stop[1]
         report.bytes_planned = planned
         report.complete = False
@@ -197,40 +226,62 @@ def _plan(fds: list[int], sizes: list[int], names: list[str], max_fraction: floa
     return report, stop
 
 
-def _read_pass(fds: list[int], sizes: list[int], stop: tuple[int, int], chunk: int, planned: int,
-               progress: Callable[[int, int], Any] | None, stop_event: Any) -> tuple[int, bool]:
-    """Read the files up to ``stop``; return (bytes read, stopped by ``stop_event``)."""
+def _read_pass(files: list[_File], stop: tuple[int, int], chunk: int, planned: int,
+               progress: Callable[[int, int], Any] | None, stop_event: Any) -> tuple[int, bool, list[str]]:
+    """Read the files up to ``stop``; return (bytes read, stopped by
+    ``stop_event``, the files replaced since they were measured)."""
     stop_i, stop_off = stop
     mv = memoryview(bytearray(chunk))
     done = 0
-    for i, (fd, size) in enumerate(zip(fds, sizes)):
+    replaced: list[str] = []
+    for i, f in enumerate(files):
         if i > stop_i or (i == stop_i and stop_off == 0):
             break
-        limit = stop_off if i == stop_i else size
+        limit = stop_off if i == stop_i else f.size
         if limit <= 0:
             continue
-        cache.advise(fd, 0, 0, "sequential")
-        off = 0
-        while off < limit:
-            if stop_event is not None and stop_event.is_set():
-                return done, True
-            n = min(chunk, limit - off)
-            # NOTE [sequential pages]: plain reads, no WILLNEED ahead of them. The
-            # kernel's sequential readahead (FADV_SEQUENTIAL doubles its window)
-            # fills the page cache with large folios where the file system has
-            # them, while WILLNEED and random reads fill it with single pages; a
-            # later memory copy out of single pages (preadv or a mapping's page
-            # faults) costs a lookup per 4 KiB, so every warm epoch that follows
-            # reads slower. The readahead also keeps the disk busy during the copy,
-            # which is what the WILLNEED hint was for.
-            got = _read_chunk(fd, mv[:n], off)
-            done += got
-            off += got
-            if progress is not None:
-                progress(done, planned)
-            if got < n:  # file shrank
-                break
-    return done, False
+        fd = _reopen(f)
+        if fd is None:
+            replaced.append(f.name)
+            continue
+        try:
+            got_all, stopped = _read_file(fd, limit, mv, chunk, done, planned, progress, stop_event)
+        finally:
+            os.close(fd)
+        done += got_all
+        if stopped:
+            return done, True, replaced
+    return done, False, replaced
+
+
+def _read_file(fd: int, limit: int, mv: memoryview, chunk: int, done: int, planned: int,
+               progress: Callable[[int, int], Any] | None, stop_event: Any) -> tuple[int, bool]:
+    """The first ``limit`` bytes of ``fd`` read in ``chunk``-byte reads;
+    (bytes read, stopped by ``stop_event``). ``done`` bytes were read before
+    it (for ``progress``)."""
+    start = done
+    cache.advise(fd, 0, 0, "sequential")
+    off = 0
+    while off < limit:
+        if stop_event is not None and stop_event.is_set():
+            return done - start, True
+        n = min(chunk, limit - off)
+        # NOTE [sequential pages]: plain reads, no WILLNEED ahead of them. The
+        # kernel's sequential readahead (FADV_SEQUENTIAL doubles its window)
+        # fills the page cache with large folios where the file system has
+        # them, while WILLNEED and random reads fill it with single pages; a
+        # later memory copy out of single pages (preadv or a mapping's page
+        # faults) costs a lookup per 4 KiB, so every warm epoch that follows
+        # reads slower. The readahead also keeps the disk busy during the copy,
+        # which is what the WILLNEED hint was for.
+        got = _read_chunk(fd, mv[:n], off)
+        done += got
+        off += got
+        if progress is not None:
+            progress(done, planned)
+        if got < n:  # file shrank
+            break
+    return done - start, False
 
 
 def _read_chunk(fd: int, mv: memoryview, off: int) -> int:
@@ -244,8 +295,13 @@ def _read_chunk(fd: int, mv: memoryview, off: int) -> int:
     return got_total
 
 
-def _finish_report(report: WarmReport, stopped: bool) -> None:
+def _finish_report(report: WarmReport, stopped: bool, replaced: list[str]) -> None:
     done = report.bytes_read
+    if replaced:
+        report.complete = False
+        msg = (f"{len(replaced):,} file(s) replaced during the pass, not read: {replaced[0]}"
+               + (" and others" if len(replaced) > 1 else ""))
+        report.reason = msg if report.reason is None else report.reason + "; " + msg
     if stopped:
         report.complete = False
         msg = f"stopped by stop_event after {_gib(done)} of {_gib(report.bytes_planned)}"
@@ -264,12 +320,20 @@ def _gib(n: int) -> str:
     return f"{n} B"
 
 
-def _plan_stop(fds: list[int], sizes: list[int], budget: int) -> tuple[int, int]:
+def _plan_stop(files: list[_File], budget: int) -> tuple[int, int]:
     """The (file index, byte offset) where the pages not yet resident, counted
     in reading order, first exceed ``budget`` bytes."""
     left = budget
-    for i, (fd, size) in enumerate(zip(fds, sizes)):
-        for off, res in cache.iter_residency(fd, size):
+    for i, f in enumerate(files):
+        size = f.size
+        fd = _reopen(f)
+        if fd is None:  # replaced: the read pass skips it
+            continue
+        try:
+            pages = list(cache.iter_residency(fd, size))
+        finally:
+            os.close(fd)
+        for off, res in pages:
             missing = ~res
             # bytes of each missing page inside the file
             cost = missing.astype(np.int64) * PAGE_SIZE
@@ -281,7 +345,7 @@ def _plan_stop(fds: list[int], sizes: list[int], budget: int) -> tuple[int, int]
                 k = int(np.searchsorted(csum, left, side="right"))
                 return i, off + k * PAGE_SIZE
             left -= int(csum[-1]) if csum.size else 0
-    return len(fds), 0
+    return len(files), 0
 
 
 def _plan_linear(sizes: list[int], budget: int) -> tuple[int, int]:
