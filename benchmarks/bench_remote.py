@@ -586,7 +586,7 @@ def fetch_path(url: str, objects: list[tuple[str, int]], threads: int, client: s
             fd, base = fds[r[0]], r[1]
 
             def land(piece: memoryview, off: int) -> None:
-                os.pwrite(fd, piece, base + off)  # a slice of 256 KiB: written whole by a local file system
+                os.pwrite(fd, piece, base + off)  # a slice of 512 KiB: written whole by a local file system
 
             return int(lean.get_into(r[0], r[1], r[2], None, block, land)[0])
     else:

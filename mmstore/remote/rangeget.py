@@ -56,8 +56,8 @@ __all__ = ["LEAN_ENV", "LeanS3", "NotFoundError", "NotPartialError", "Permission
 LEAN_ENV = "MMSTORE_REMOTE_LEAN"
 _OFF = ("0", "false", "no", "off")
 _EMPTY_SHA256 = hashlib.sha256(b"").hexdigest()
-_SLICE = 256 << 10  # received, hashed and landed at a time: stays in the CPU's cache in between
-_LOWAT = 64 << 10  # a receive waits for this much of a slice (SO_RCVLOWAT): fewer wake-ups on a slow link
+_SLICE = 512 << 10  # received, hashed and landed at a time: stays in the CPU's cache in between
+_LOWAT = 128 << 10  # a receive waits for this much of a slice (SO_RCVLOWAT): fewer wake-ups on a slow link
 _HEAD_MAX = 64 << 10  # an answer's status line and headers
 _ERROR_BODY_MAX = 64 << 10  # what is read of an error answer's body (its message)
 # settings of obstore's S3 client this path does not implement: where one is set, obstore reads
