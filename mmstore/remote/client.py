@@ -383,9 +383,9 @@ class Remote:
                 if attempt > most or time.monotonic() - t0 + wait > budget:
                     if kind == "not_partial":
                         err = RemoteUnavailableError(
-                            f"{self.loc.object_url(name) if name else self.url}: could not {doing} it: asked for "
-                            f"a range of bytes {attempt} times, the server (or a proxy or CDN in front of it) "
-                            "answered with the whole object every time; check the endpoint and whatever stands "
+                            f"{self.loc.object_url(name) if name else self.url}: could not {_doing_it(doing)}: "
+                            f"asked for a range of bytes {attempt} times, the server (or a proxy or CDN in front of "
+                            "it) answered with the whole object every time; check the endpoint and whatever stands "
                             "between (a proxy or cache must pass Range requests through), then run again")
                     raise err from exc
                 with self._lock:
@@ -554,6 +554,17 @@ class Remote:
             f"{self.loc.object_url(name)}: bytes {start}-{end} do not match the digest the push recorded for them "
             "(fetched twice): the object in the bucket is damaged; push the store again from a good copy "
             "(`mmstore verify` the source first)")
+
+    def missing(self, name: str, exc: RemoteNotFoundError) -> RemoteNotFoundError:
+        """The error of object ``name``, which the store's index lists, not
+        found in the bucket (``exc``); a missing bucket stays as it was."""
+        if _names_missing_root(exc):
+            return exc
+        return RemoteNotFoundError(
+            f"{self.loc.object_url(name)}: not in the bucket, though the store's index lists it: the store at "
+            f"{self.url} was deleted, or damaged by something else, after it was pushed (`mmstore verify "
+            f"{self.url}` names every object that differs; `mmstore push` of a good copy to that URL uploads "
+            "them again; then open it again)")
 
     def lean(self) -> Any:
         """This process's lean range reader (NOTE [the lean range GET] in
@@ -773,6 +784,12 @@ def missing_root(loc: StoreURL) -> RemoteNotFoundError:
     return RemoteNotFoundError(f"{loc.url}: no such {root} {loc.bucket!r}: check the URL")
 
 
+def _doing_it(doing: str) -> str:
+    """``doing`` ("read", "look up", ...) with its object: "read it", "look it up"."""
+    verb, _, particle = doing.partition(" ")
+    return f"{verb} it {particle}" if particle in ("up", "out", "over") else f"{doing} it"
+
+
 def _names_missing_root(err: RemoteError) -> bool:
     """``err`` says that the bucket (container) itself is missing."""
     text = str(err)
@@ -804,8 +821,8 @@ def translate(exc: BaseException, where: str, doing: str, *, scheme: str = "s3")
             or "containernotfound" in low or "blobnotfound" in low):
         if "containernotfound" in low:
             what = "container"
-        elif "nosuchbucket" in low or "bucket" in low and "not" in low:
-            what = "bucket"
+        elif "nosuchbucket" in low or "specified bucket does not exist" in low or "bucket not found" in low:
+            what = "bucket"  # (an object's "Not Found" whose name holds "bucket" is an object's)
         else:
             what = "object"
         return RemoteNotFoundError(f"{where}: no such {what} ({why}); check the URL ({hints['root']}, prefix, "
@@ -820,6 +837,6 @@ def translate(exc: BaseException, where: str, doing: str, *, scheme: str = "s3")
             f"{where}: access denied ({why}); check {hints['credentials']}, and that they may "
             + doing.split()[0] + f" this {hints['root']}")
     return RemoteUnavailableError(
-        f"{where}: could not {doing} it after retries ({why}); check {hints['endpoint']}, the "
+        f"{where}: could not {_doing_it(doing)} after retries ({why}); check {hints['endpoint']}, the "
         "network and the server, then run again (MMSTORE_REMOTE_RETRIES / MMSTORE_REMOTE_RETRY_TIMEOUT "
         "set how long to keep trying)")

@@ -722,6 +722,9 @@ class Replica:
                     continue
                 got.append(self._fetch(g, evict))
                 g += 1
+        except RemoteNotFoundError as exc:  # an object the index lists is gone from the bucket
+            self.unlock_all(got)
+            raise self.remote.missing(self.sparse[int(self.owner[g0])], exc) from exc
         except BaseException:
             self.unlock_all(got)  # what this run pinned before the error
             raise
@@ -1321,7 +1324,11 @@ def _fetch_whole(remote: Remote, index: RemoteIndex, name: str, path: str) -> No
         # no object bears out fails at its first short block, having written only what arrived
         for k in range(e.nblocks(B)):
             a, b = k * B, min(e.size, (k + 1) * B)
-            pwrite_all(fd, remote.get_verified(name, a, b, e.etag, e.block(k))[0], a)
+            try:
+                data = remote.get_verified(name, a, b, e.etag, e.block(k))[0]
+            except RemoteNotFoundError as exc:  # an object the index lists is gone from the bucket
+                raise remote.missing(name, exc) from exc
+            pwrite_all(fd, data, a)
     finally:
         os.close(fd)
 

@@ -42,13 +42,24 @@ from typing import Any
 import numpy as np
 import xxhash
 
-from .._os.io import atomic_write, fmt_bytes, fsync_dir, fsync_file, pwrite_all
+from .._os.io import (
+    atomic_write,
+    check_space,
+    describe_write_error,
+    fmt_bytes,
+    free_bytes,
+    fsync_dir,
+    fsync_file,
+    pwrite_all,
+)
 from .._os.lock import acquire_lock, release_lock
 from .._os.threads import Pool, Stopped, call, wait_all
 from ..errors import (
     ChecksumError,
     DestinationError,
+    MmstoreError,
     RemoteChecksumError,
+    RemoteNotFoundError,
     ResourceLimitError,
     StoreExistsError,
     spell_option,
@@ -67,6 +78,7 @@ __all__ = ["pull"]
 _STATE = "_pull.json"
 _BLOCKS = "_pull.blocks"
 _READ_BYTES = 8 << 20
+_FULL = (errno.ENOSPC, getattr(errno, "EDQUOT", errno.ENOSPC))  # a write refused for lack of space (or quota)
 
 
 def _resumable(partial: str, identity: dict[str, str], index: RemoteIndex, marks_bytes: int) -> bool:
@@ -239,6 +251,9 @@ def pull(url: str, dest: str | os.PathLike[str], *, overwrite: bool = False, job
             marks[manifest_blocks] = 1  # written from the copy already read, last
             todo = np.flatnonzero(marks == 0)
             need = int(sizes[todo].sum())
+            # a pull that cannot fit stops before its first request (one that fills the disk
+            # meanwhile stops typed below, keeping what it wrote for a rerun)
+            check_space(partial, need, f"pulling {loc.url} into {dest}")
             report["resumed_bytes"] = int(sizes.sum()) - need - len(raw_manifest)
             if on_total is not None:
                 on_total(need + len(raw_manifest))
@@ -250,7 +265,10 @@ def pull(url: str, dest: str | os.PathLike[str], *, overwrite: bool = False, job
                     e = index.files[name]
                     k = gb - first[name]
                     a = k * B
-                    view, _ = remote.get_verified(name, a, a + int(sizes[gb]), e.etag, e.block(k))
+                    try:
+                        view, _ = remote.get_verified(name, a, a + int(sizes[gb]), e.etag, e.block(k))
+                    except RemoteNotFoundError as exc:  # an object the index lists is gone from the bucket
+                        raise remote.missing(name, exc) from exc
                     pwrite_all(fds[name], view, a)
                     marks[gb] = 1
                     with mu:
@@ -303,6 +321,13 @@ def pull(url: str, dest: str | os.PathLike[str], *, overwrite: bool = False, job
                                     "in the bucket is damaged: push it again from a good copy")
             report["verified_records"] = int(read_manifest(partial)["records"])
         publish(dest)
+    except OSError as exc:
+        if exc.errno not in _FULL or isinstance(exc, MmstoreError):
+            raise
+        raise ResourceLimitError(
+            exc.errno, f"{dest}: {describe_write_error(exc)}; what was pulled is kept in {partial}: free some "
+            f"space on its disk ({fmt_bytes(free_bytes(os.path.dirname(dest)))} free now) and run the same pull "
+            "again, which resumes, or pull to another destination") from None
     finally:
         release_lock(dest, lock)
     secs = time.monotonic() - t0

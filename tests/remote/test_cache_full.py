@@ -1,8 +1,9 @@
-"""A full disk under the cache of a store opened from a URL, for real: a small tmpfs mounted
-as the cache directory in a private mount namespace (``unshare --mount``), a SeaweedFS server
-on loopback. The reader gets a typed ``CacheFullError`` that names the cache directory, the
-bytes needed and ``cache_limit`` (never a bus error, never a bare ``OSError``), lives on, and
-what the message says to do works: a smaller ``cache_limit``, or space freed."""
+"""A full disk under the cache of a store opened from a URL, or under a pull's destination, for
+real: a small tmpfs mounted as the cache directory in a private mount namespace (``unshare
+--mount``), a SeaweedFS server on loopback. The reader gets a typed ``CacheFullError`` that
+names the cache directory, the bytes needed and ``cache_limit`` (never a bus error, never a bare
+``OSError``), lives on, and what the message says to do works: a smaller ``cache_limit``, or
+space freed. A pull gets a typed error naming the destination, and its rerun finishes."""
 
 from __future__ import annotations
 
@@ -83,12 +84,55 @@ print(json.dumps(out), flush=True)
 """
 
 
-def _in_a_small_tmpfs(cache: str, size: str, *argv: str) -> subprocess.CompletedProcess:
-    """``python -c _READER argv...`` in a private mount namespace where ``cache`` is a tmpfs of ``size``."""
+# The same for a pull whose destination is on such a disk: with no byte left, then with less
+# room than the store needs, then with the room freed.
+_PULLER = r"""
+import errno, json, os, sys
+import numpy as np
+import mmstore
+from mmstore.transfer import pull
+
+url, disk, src = sys.argv[1:4]
+dest = os.path.join(disk, "copy.store")
+filler = os.path.join(disk, "filler")
+out = {}
+
+def fill(leave):
+    with open(filler, "wb") as f:
+        try:
+            while True:
+                f.write(b"x" * 65536)
+                f.flush()
+        except OSError as exc:
+            assert exc.errno == errno.ENOSPC, exc
+    os.truncate(filler, max(0, os.path.getsize(filler) - leave))
+
+def failure(call):
+    try:
+        call()
+    except Exception as exc:
+        return {"type": type(exc).__name__, "errno": getattr(exc, "errno", None), "message": str(exc)}
+    return None
+
+fill(0)
+out["full"] = failure(lambda: pull(url, dest))
+fill(1_200_000)
+out["short"] = failure(lambda: pull(url, dest))
+os.unlink(filler)
+rep = pull(url, dest)
+want = mmstore.open(src).read_batch(np.arange(1500))
+got = mmstore.open(dest).read_batch(np.arange(1500))
+out["after_freeing"] = rep["verified_records"] == 1500 and all(np.array_equal(got[k], want[k]) for k in want)
+print(json.dumps(out), flush=True)
+"""
+
+
+def _in_a_small_tmpfs(cache: str, size: str, *argv: str, script: str = _READER) -> subprocess.CompletedProcess:
+    """``python -c script argv...`` in a private mount namespace where ``cache`` is a tmpfs of ``size``."""
     os.makedirs(cache, exist_ok=True)
-    script = 'mount -t tmpfs -o size="$1" tmpfs "$2" && shift 2 && exec "$@"'
-    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", script, "sh", size, cache,
-           sys.executable, "-c", _READER, *argv]
+    mount = 'mount -t tmpfs -o size="$1" tmpfs "$2" && shift 2 && exec "$@"'
+    cmd = ["unshare", "--mount", "--propagation", "private", "sh", "-c", mount, "sh", size, cache,
+           sys.executable, "-c", script, *argv]
     return subprocess.run(cmd, capture_output=True, text=True, env=cli_env(), cwd=REPO, timeout=180)
 
 
@@ -118,6 +162,26 @@ def test_a_full_cache_disk_is_a_typed_error_the_reader_survives(s3, tmp_path):
         assert cache in msg and url in msg and "cache_limit" in msg and "free space" in msg, msg
         assert "more were needed" in msg and "cache_dir" in msg, msg
     assert got.get("with_the_limit") is True, got  # the smaller cache_limit the message gave works
+    assert got["after_freeing"] is True
+
+
+def test_a_pull_onto_a_full_disk_is_a_typed_error_and_the_rerun_finishes(s3, tmp_path):
+    if not _can_mount():
+        pytest.skip("a tmpfs in a private mount namespace needs root and unshare(1)")
+    src = written_image_store(tmp_path / "src.store", n=1500)  # 2.6 MB of images
+    url = s3.url("pulled.store")
+    push(src, url, block_bytes=BLOCK)
+    disk = str(tmp_path / "disk")
+    r = _in_a_small_tmpfs(disk, "6m", url, disk, src, script=_PULLER)
+    assert r.returncode == 0, f"the pull's process died (code {r.returncode}): {r.stderr[-3000:]}"
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    dest = os.path.join(disk, "copy.store")
+    for how in ("full", "short"):
+        err = got[how]
+        assert err is not None and err["type"] == "ResourceLimitError" and err["errno"] == 28, err
+        assert dest in err["message"], err
+    assert "run the same pull again" in got["full"]["message"], got["full"]  # a write failed: kept, resumed
+    assert "free at least" in got["short"]["message"], got["short"]  # refused before its first request
     assert got["after_freeing"] is True
 
 

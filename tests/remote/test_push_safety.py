@@ -12,6 +12,7 @@ import json
 import os
 import subprocess
 import sys
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,7 +20,13 @@ from remote.helpers import BLOCK, same_files, written_image_store
 from support.stores import SMALL_SCHEMA, write_store
 
 import mmstore
-from mmstore.errors import ForeignObjectsError, RemoteChangedError, RemoteChecksumError, StoreExistsError
+from mmstore.errors import (
+    ForeignObjectsError,
+    RemoteChangedError,
+    RemoteChecksumError,
+    RemoteNotFoundError,
+    StoreExistsError,
+)
 from mmstore.transfer import pull, push
 
 pytest.importorskip("obstore")
@@ -102,20 +109,20 @@ def test_overwrite_deletes_the_old_stores_objects_only(s3, tmp_path):
     same_files(b, str(pull(url, tmp_path / "b2.store")["store"]))
 
 
-@pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "replace-small"])
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "delete-small", "replace-small"])
 def test_a_plain_push_repairs_a_damaged_store_and_the_readers_advice_works(s3, tmp_path, damage):
     src = written_image_store(tmp_path / "src.store", n=120)
     url = s3.url("r/x.store")
     push(src, url, block_bytes=BLOCK)
     local = mmstore.open(src)
-    key = "r/x.store/image.npy" if damage != "replace-small" else "r/x.store/label.npy"
+    key = "r/x.store/image.npy" if not damage.endswith("-small") else "r/x.store/label.npy"
     data = bytearray(s3.server.get_object_raw(s3.bucket, key))
     if damage == "flip":
         data[len(data) // 2] ^= 0x5A
         s3.server.put_object_raw(s3.bucket, key, bytes(data))
     elif damage == "truncate":
         s3.server.put_object_raw(s3.bucket, key, bytes(data[: len(data) - 1000]))
-    elif damage == "delete":
+    elif damage.startswith("delete"):
         import obstore
 
         obstore.delete(s3.store(endpoint=s3.server.endpoint), key)
@@ -127,6 +134,14 @@ def test_a_plain_push_repairs_a_damaged_store_and_the_readers_advice_works(s3, t
             s.read_batch(np.arange(len(s)))
     if isinstance(got.value, RemoteChangedError):
         assert "mmstore verify" in str(got.value) and "mmstore push" in str(got.value)
+    if damage.startswith("delete"):
+        # the object, not the bucket, is missing: a reader and a pull say so, and what to do
+        # (a small file is fetched whole when the cache is made, a data file block by block)
+        for err in (got.value, _raised(lambda: pull(url, tmp_path / "pulled.store"))):
+            msg = str(err)
+            assert isinstance(err, RemoteNotFoundError), repr(err)
+            assert f"{s3.url(key)}: not in the bucket" in msg and "no such bucket" not in msg, msg
+            assert f"mmstore verify {url}" in msg and "mmstore push" in msg, msg
     # verify names the object, exits 1 and says what to do
     out = _cli("verify", url, "--json")
     assert out.returncode == 1, out.stderr
@@ -146,6 +161,14 @@ def test_a_plain_push_repairs_a_damaged_store_and_the_readers_advice_works(s3, t
         got_all = s.read_batch(np.arange(len(s)))
     want = local.read_batch(np.arange(len(local)))
     assert all(np.array_equal(got_all[f], want[f]) for f in want)
+
+
+def _raised(call: Any) -> BaseException:
+    try:
+        call()
+    except Exception as exc:  # noqa: BLE001 - the caller checks what it is
+        return exc
+    raise AssertionError("no error")
 
 
 def test_verify_deep_finds_damage_the_listing_cannot_see(s3, tmp_path):
