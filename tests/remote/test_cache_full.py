@@ -24,23 +24,14 @@ from mmstore.transfer import push
 
 pytest.importorskip("obstore")
 
-# The reader, in the mount namespace where its cache directory is a tmpfs of a few MB:
-# open the URL, fill the disk, read (an epoch of a Loader, then read_batch), follow the
-# message's advice, free the space, read again. Prints one JSON line of what it saw.
-_READER = r"""
+# What both scripts below start with: fill the disk (a file of every byte of the tmpfs, then
+# `leave` given back), and the error a call raised, as a dict (None: it raised none).
+_DISK = r"""
 import errno, json, os, re, sys
 import numpy as np
 import mmstore
-from mmstore.order import OrderSpec
-from mmstore.torch import Loader
-
-url, cache, src = sys.argv[1:4]
-want = mmstore.open(src).read_batch(np.arange(1500))
-out = {}
-filler = os.path.join(cache, "filler")
 
 def fill(leave):
-    # every byte of the tmpfs, then give `leave` back
     with open(filler, "wb") as f:
         try:
             while True:
@@ -50,19 +41,32 @@ def fill(leave):
             assert exc.errno == errno.ENOSPC, exc
     os.truncate(filler, max(0, os.path.getsize(filler) - leave))
 
-def epoch(store):
-    got = {"image": [], "label": []}
-    for batch in Loader(store, 100, OrderSpec("sequential")):
-        for k in got:
-            got[k].append(batch[k].numpy().copy())
-    return all(np.array_equal(np.concatenate(got[k]), want[k]) for k in got)
-
 def failure(call):
     try:
         call()
     except Exception as exc:
         return {"type": type(exc).__name__, "errno": getattr(exc, "errno", None), "message": str(exc)}
     return None
+"""
+
+# The reader, in the mount namespace where its cache directory is a tmpfs of a few MB:
+# open the URL, fill the disk, read (an epoch of a Loader, then read_batch), follow the
+# message's advice, free the space, read again. Prints one JSON line of what it saw.
+_READER = _DISK + r"""
+from mmstore.order import OrderSpec
+from mmstore.torch import Loader
+
+url, cache, src = sys.argv[1:4]
+want = mmstore.open(src).read_batch(np.arange(1500))
+out = {}
+filler = os.path.join(cache, "filler")
+
+def epoch(store):
+    got = {"image": [], "label": []}
+    for batch in Loader(store, 100, OrderSpec("sequential")):
+        for k in got:
+            got[k].append(batch[k].numpy().copy())
+    return all(np.array_equal(np.concatenate(got[k]), want[k]) for k in got)
 
 s = mmstore.open(url, cache_dir=cache)
 fill(0)
@@ -86,33 +90,13 @@ print(json.dumps(out), flush=True)
 
 # The same for a pull whose destination is on such a disk: with no byte left, then with less
 # room than the store needs, then with the room freed.
-_PULLER = r"""
-import errno, json, os, sys
-import numpy as np
-import mmstore
+_PULLER = _DISK + r"""
 from mmstore.transfer import pull
 
 url, disk, src = sys.argv[1:4]
 dest = os.path.join(disk, "copy.store")
 filler = os.path.join(disk, "filler")
 out = {}
-
-def fill(leave):
-    with open(filler, "wb") as f:
-        try:
-            while True:
-                f.write(b"x" * 65536)
-                f.flush()
-        except OSError as exc:
-            assert exc.errno == errno.ENOSPC, exc
-    os.truncate(filler, max(0, os.path.getsize(filler) - leave))
-
-def failure(call):
-    try:
-        call()
-    except Exception as exc:
-        return {"type": type(exc).__name__, "errno": getattr(exc, "errno", None), "message": str(exc)}
-    return None
 
 fill(0)
 out["full"] = failure(lambda: pull(url, dest))
