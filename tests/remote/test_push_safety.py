@@ -12,7 +12,6 @@ import json
 import os
 import subprocess
 import sys
-from typing import Any
 
 import numpy as np
 import pytest
@@ -137,7 +136,9 @@ def test_a_plain_push_repairs_a_damaged_store_and_the_readers_advice_works(s3, t
     if damage.startswith("delete"):
         # the object, not the bucket, is missing: a reader and a pull say so, and what to do
         # (a small file is fetched whole when the cache is made, a data file block by block)
-        for err in (got.value, _raised(lambda: pull(url, tmp_path / "pulled.store"))):
+        with pytest.raises(RemoteNotFoundError) as pulled:
+            pull(url, tmp_path / "pulled.store")
+        for err in (got.value, pulled.value):
             msg = str(err)
             assert isinstance(err, RemoteNotFoundError), repr(err)
             assert f"{s3.url(key)}: not in the bucket" in msg and "no such bucket" not in msg, msg
@@ -161,14 +162,6 @@ def test_a_plain_push_repairs_a_damaged_store_and_the_readers_advice_works(s3, t
         got_all = s.read_batch(np.arange(len(s)))
     want = local.read_batch(np.arange(len(local)))
     assert all(np.array_equal(got_all[f], want[f]) for f in want)
-
-
-def _raised(call: Any) -> BaseException:
-    try:
-        call()
-    except Exception as exc:  # noqa: BLE001 - the caller checks what it is
-        return exc
-    raise AssertionError("no error")
 
 
 def test_verify_deep_finds_damage_the_listing_cannot_see(s3, tmp_path):

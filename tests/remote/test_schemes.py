@@ -87,12 +87,19 @@ def _index_vouching_for_the_damage(bucket, prefix: str, url: str, path: str, bad
     index = json.loads(bucket.read(f"{prefix}/_remote.json"))
     index["files"]["image.npy"]["etag"] = etag
     bucket.write(f"{prefix}/_remote.json", json.dumps(index).encode())
+    _damage_refused(url, path, _record_of(path, "image", 2 * BLOCK), bad, tmp_path / "vouched", tmp_path)
+
+
+def _damage_refused(url: str, path: str, good: int, bad: int, cache, tmp_path, tries: int = 1) -> None:
+    """Through a cache at ``cache``: record ``good`` of the store at ``url`` reads as the local
+    store's at ``path``, record ``bad`` is refused ``tries`` times in a row (fetched again each
+    time, never its bytes) and nothing unverified stays cached; a pull is refused leaving nothing."""
     local = mmstore.open(path)
-    with mmstore.open(url, cache_dir=tmp_path / "vouched") as store:
-        good = _record_of(path, "image", 2 * BLOCK)
+    with mmstore.open(url, cache_dir=cache) as store:
         np.testing.assert_array_equal(store[good]["image"], local[good]["image"])
-        with pytest.raises(RemoteChecksumError, match="image.npy"):
-            store[bad]
+        for _ in range(tries):
+            with pytest.raises(RemoteChecksumError, match="image.npy"):
+                store[bad]
         assert store.replica.verify_present() == 0
     with pytest.raises(ChecksumError, match="image.npy"):
         pull(url, tmp_path / "dest.store")
@@ -357,16 +364,7 @@ def test_http_a_flipped_byte_is_a_checksum_error_never_data(web, tmp_path):
     web.s3.server.put_object_raw(web.s3.bucket, f"{prefix}/image.npy", bytes(data))
     url = web.url(prefix)
     bad, good = _record_of(path, "image", pos), _record_of(path, "image", 2 * BLOCK)
-    local = mmstore.open(path)
-    with mmstore.open(url, cache_dir=tmp_path / "cache") as store:
-        np.testing.assert_array_equal(store[good]["image"], local[good]["image"])
-        for _ in range(2):  # fetched twice each time, refused each time
-            with pytest.raises(RemoteChecksumError, match="image.npy"):
-                store[bad]
-        assert store.replica.verify_present() == 0
-    with pytest.raises(ChecksumError, match="image.npy"):
-        pull(url, tmp_path / "dest.store")
-    assert not os.path.lexists(tmp_path / "dest.store")
+    _damage_refused(url, path, good, bad, tmp_path / "cache", tmp_path, tries=2)  # fetched twice, refused each time
 
 
 def test_http_a_file_replaced_under_an_open_reader_is_refused(web, tmp_path):
